@@ -1,0 +1,1 @@
+//! Control plane actors (router, pools, KV transfer).

@@ -1,0 +1,138 @@
+//! The compute seam: the small set of operations the DeepSeek-V3 forward pass needs. The model is
+//! written once over [`Backend`]; the CPU backend (f32) is the reference, the CUDA backend the fast
+//! path. Tensors are 2-D `[rows, cols]`, one row per token.
+
+pub mod cpu;
+
+use crate::error::Result;
+use crate::weights::LinearSource;
+
+/// One sequence's slice of an attention batch.
+#[derive(Debug, Clone)]
+pub struct AttnSeq {
+    /// First row of this sequence's queries in the batch.
+    pub q_start: usize,
+    /// Number of new tokens (1 for decode, the chunk length for prefill).
+    pub q_len: usize,
+    /// Tokens in the cache after this step's tokens are written (the new ones included).
+    pub ctx_len: usize,
+    /// Physical block ids covering positions `0..ctx_len`.
+    pub block_table: Vec<u32>,
+}
+
+/// Attention metadata for one forward step.
+#[derive(Debug, Clone, Default)]
+pub struct AttnBatch {
+    pub seqs: Vec<AttnSeq>,
+}
+
+/// Static MLA shape handed to the attention op.
+#[derive(Debug, Clone, Copy)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
+    pub kv_lora: usize,
+    pub scale: f32,
+}
+
+/// Static router parameters for `noaux_tc` group-limited routing.
+#[derive(Debug, Clone, Copy)]
+pub struct RouterParams {
+    pub n_experts: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+    pub scaling: f32,
+}
+
+/// One routed expert's three projections.
+pub struct ExpertSource<'a> {
+    pub gate: LinearSource<'a>,
+    pub up: LinearSource<'a>,
+    pub down: LinearSource<'a>,
+}
+
+/// Shape of the paged latent cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    /// Values per token per layer (`kv_lora_rank + qk_rope_head_dim`).
+    pub width: usize,
+}
+
+impl KvLayout {
+    /// Values held by one block across all layers.
+    pub fn block_values(&self) -> usize {
+        self.layers * self.block_size * self.width
+    }
+}
+
+/// The operations of the DeepSeek-V3 forward pass on one device.
+pub trait Backend {
+    /// Activations `[rows, cols]`; also used for norm weights and tables.
+    type Tensor;
+    /// A linear layer's weight `[out, in]` in whatever format this backend keeps.
+    type Weight;
+    /// A MoE layer's routed experts.
+    type Experts;
+    /// Per-token expert choice and weights.
+    type Routing;
+    /// The paged latent KV cache of every layer.
+    type KvCache;
+
+    /// Short name for logs (`cpu`, `cuda:0`).
+    fn name(&self) -> String;
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+    /// `(rows, cols)` of a tensor.
+    fn dims(&self, t: &Self::Tensor) -> (usize, usize);
+
+    /// Loads a linear weight; several sources are stacked along the output dimension.
+    fn load_linear(&self, parts: &[LinearSource<'_>]) -> Result<Self::Weight>;
+    fn load_experts(&self, experts: &[ExpertSource<'_>]) -> Result<Self::Experts>;
+    fn alloc_kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache>;
+
+    /// Rows of `table` picked by token id.
+    fn embedding(&self, table: &Self::Tensor, ids: &[u32]) -> Result<Self::Tensor>;
+    /// RMSNorm of each row over its first `w.cols` columns; later columns pass through unchanged.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+    /// `residual += x`, then returns `rms_norm(residual)` (fused).
+    fn add_rms_norm(&self, residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+    /// `x @ W^T`.
+    fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
+    /// `[n, 2i] -> [n, i]`: `silu(x[:, :i]) * x[:, i:]`.
+    fn silu_mul(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `a += b`.
+    fn add_assign(&self, a: &mut Self::Tensor, b: &Self::Tensor) -> Result<()>;
+    /// The listed rows of `x`.
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
+
+    /// Rotates, in every row, `heads` slices of `rope` columns that start at
+    /// `offset + h * stride`, by the angle of that row's position. `cos_sin` is
+    /// `[max_pos, rope]`: `rope/2` cosines then `rope/2` sines per position.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(&self, x: &mut Self::Tensor, cos_sin: &Self::Tensor, positions: &[u32], heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> Result<()>;
+
+    /// Writes each row of `latent` `[n, width]` into cache slot `slots[i]` (block * block_size + offset) of `layer`.
+    fn write_kv(&self, cache: &mut Self::KvCache, layer: usize, latent: &Self::Tensor, slots: &[u32]) -> Result<()>;
+    /// Causal MLA attention of `q` `[n, heads * (nope + rope)]` over the cached latents of `layer`,
+    /// with `kv_b` `[heads * (nope + v), kv_lora]` expanding latents to keys and values.
+    /// Returns `[n, heads * v]`.
+    fn mla_attention(&self, q: &Self::Tensor, cache: &Self::KvCache, layer: usize, kv_b: &Self::Weight, batch: &AttnBatch, dims: MlaDims) -> Result<Self::Tensor>;
+
+    /// Router: `logits` `[n, experts]` (f32) and the selection bias -> per-token experts and weights.
+    fn moe_route(&self, logits: &Self::Tensor, bias: &Self::Tensor, params: RouterParams) -> Result<Self::Routing>;
+    /// Weighted sum of each token's routed experts' outputs.
+    fn moe_experts(&self, x: &Self::Tensor, routing: &Self::Routing, experts: &Self::Experts) -> Result<Self::Tensor>;
+
+    /// Copies whole blocks (all layers) out of the cache, in block order.
+    fn export_blocks(&self, cache: &Self::KvCache, blocks: &[u32]) -> Result<Vec<f32>>;
+    /// Writes blocks exported by [`Backend::export_blocks`] into `blocks`.
+    fn import_blocks(&self, cache: &mut Self::KvCache, blocks: &[u32], data: &[f32]) -> Result<()>;
+}

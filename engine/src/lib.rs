@@ -1,0 +1,11 @@
+//! One rank of cleave: a DeepSeek-V3/R1-architecture model loaded from an unmodified Hugging
+//! Face checkpoint, its paged latent KV cache, a continuous-batching scheduler and a sampler,
+//! computing over a [`backend::Backend`].
+
+pub mod backend;
+pub mod error;
+pub mod model;
+pub mod tokenizer;
+pub mod weights;
+
+pub use error::{EngineError, Result};

@@ -1,0 +1,1 @@
+//! Tokenizer, chat template and incremental detokenization (in progress).

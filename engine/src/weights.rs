@@ -1,0 +1,274 @@
+//! Memory-mapped safetensors checkpoints in the Hugging Face layout: one `model.safetensors` or
+//! shards listed by `model.safetensors.index.json`. Tensors are read lazily by name; every error
+//! names the file and the tensor.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
+use safetensors::SafeTensors;
+
+use crate::error::{EngineError, Result};
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    data_start: usize,
+    meta: Metadata,
+}
+
+/// An opened checkpoint directory.
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    by_name: HashMap<String, usize>,
+}
+
+/// A tensor as stored: dtype, shape and little-endian bytes borrowed from the mapping.
+#[derive(Clone, Copy)]
+pub struct RawTensor<'a> {
+    pub name: &'a str,
+    pub path: &'a Path,
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+/// A linear layer's weight `[out, in]` with its FP8 block scales when quantized.
+#[derive(Clone, Copy)]
+pub struct LinearSource<'a> {
+    pub weight: RawTensor<'a>,
+    /// `weight_scale_inv` `[ceil(out/b0), ceil(in/b1)]` and the block size `[b0, b1]`.
+    pub scale_inv: Option<(RawTensor<'a>, [usize; 2])>,
+}
+
+impl Checkpoint {
+    /// Opens `dir`, mapping every shard and indexing tensor names.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index_path.exists() {
+            shard_files(&index_path)?.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            let single = dir.join("model.safetensors");
+            if single.exists() {
+                vec![single]
+            } else {
+                let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                    .map_err(|e| EngineError::io(dir, e))?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                    .collect();
+                found.sort();
+                if found.is_empty() {
+                    return Err(EngineError::checkpoint(
+                        dir,
+                        "no model.safetensors, model.safetensors.index.json or *.safetensors file",
+                    ));
+                }
+                found
+            }
+        };
+        let mut shards = Vec::with_capacity(files.len());
+        let mut by_name = HashMap::new();
+        for path in files {
+            let file = File::open(&path).map_err(|e| EngineError::io(&path, e))?;
+            // SAFETY: the mapping is read-only; checkpoints are not modified while being served.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| EngineError::io(&path, e))?;
+            let (header_len, meta) = SafeTensors::read_metadata(&mmap)
+                .map_err(|e| EngineError::checkpoint(&path, format!("not a valid safetensors file: {e}")))?;
+            for name in meta.tensors().keys() {
+                by_name.insert(name.clone(), shards.len());
+            }
+            shards.push(Shard { path, mmap, data_start: 8 + header_len, meta });
+        }
+        Ok(Checkpoint { dir: dir.to_path_buf(), shards, by_name })
+    }
+
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether a tensor of this name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// All tensor names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.by_name.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The stored tensor `name`.
+    pub fn raw(&self, name: &str) -> Result<RawTensor<'_>> {
+        let shard = &self.shards[*self.by_name.get(name).ok_or_else(|| EngineError::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })?];
+        let info: &TensorInfo = shard.meta.info(name).expect("indexed tensor has info");
+        let (a, b) = info.data_offsets;
+        let bytes = shard
+            .mmap
+            .get(shard.data_start + a..shard.data_start + b)
+            .ok_or_else(|| EngineError::checkpoint(&shard.path, format!("tensor `{name}` lies outside the file")))?;
+        let (key, _) = self.by_name.get_key_value(name).expect("present");
+        Ok(RawTensor { name: key, path: &shard.path, dtype: info.dtype, shape: &info.shape, bytes })
+    }
+
+    /// The stored tensor `name`, checked to have `shape`.
+    pub fn raw_shaped(&self, name: &str, shape: &[usize]) -> Result<RawTensor<'_>> {
+        let t = self.raw(name)?;
+        t.expect_shape(shape)?;
+        Ok(t)
+    }
+
+    /// `name` converted to f32 after checking its shape.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.raw_shaped(name, shape)?.to_f32()
+    }
+
+    /// The linear weight `<prefix>.weight` of shape `[out, inp]`, with FP8 scales when the
+    /// checkpoint is block-quantized and this tensor is stored as float8.
+    pub fn linear(&self, prefix: &str, out: usize, inp: usize, fp8_block: Option<[usize; 2]>) -> Result<LinearSource<'_>> {
+        let weight = self.raw_shaped(&format!("{prefix}.weight"), &[out, inp])?;
+        let scale_inv = if weight.dtype == Dtype::F8_E4M3 {
+            let block = fp8_block.unwrap_or([128, 128]);
+            let sname = format!("{prefix}.weight_scale_inv");
+            let s = self.raw_shaped(&sname, &[out.div_ceil(block[0]), inp.div_ceil(block[1])])?;
+            Some((s, block))
+        } else {
+            None
+        };
+        Ok(LinearSource { weight, scale_inv })
+    }
+}
+
+fn shard_files(index_path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index_path).map_err(|e| EngineError::io(index_path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| EngineError::checkpoint(index_path, format!("not valid JSON: {e}")))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| EngineError::checkpoint(index_path, "missing object `weight_map`"))?;
+    let mut files: Vec<String> = Vec::new();
+    for (name, file) in map {
+        let f = file
+            .as_str()
+            .ok_or_else(|| EngineError::checkpoint(index_path, format!("`weight_map.{name}` is not a file name")))?;
+        if !files.iter().any(|x| x == f) {
+            files.push(f.to_string());
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+impl RawTensor<'_> {
+    /// Fails with a message naming the file and tensor unless the shape is `shape`.
+    pub fn expect_shape(&self, shape: &[usize]) -> Result<()> {
+        if self.shape != shape {
+            return Err(EngineError::TensorShape {
+                path: self.path.to_path_buf(),
+                name: self.name.to_string(),
+                expected: shape.to_vec(),
+                actual: self.shape.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Converts F32 / BF16 / F16 / F8_E4M3 to f32 (FP8 without scales: the raw values).
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let b = self.bytes;
+        let v: Vec<f32> = match self.dtype {
+            Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::BF16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+            Dtype::F8_E4M3 => b.iter().map(|&x| fp8_e4m3_to_f32(x)).collect(),
+            other => {
+                return Err(EngineError::TensorDtype {
+                    path: self.path.to_path_buf(),
+                    name: self.name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        if v.len() != self.numel() {
+            return Err(EngineError::checkpoint(
+                self.path,
+                format!("tensor `{}` holds {} values, its shape {:?} needs {}", self.name, v.len(), self.shape, self.numel()),
+            ));
+        }
+        Ok(v)
+    }
+}
+
+impl LinearSource<'_> {
+    /// `[out, in]` row-major f32, dequantized blockwise: `W[i,j] = q[i,j] * s[i/b0, j/b1]`.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let mut w = self.weight.to_f32()?;
+        if let Some((s, [b0, b1])) = &self.scale_inv {
+            let s = s.to_f32()?;
+            let (out, inp) = (self.weight.shape[0], self.weight.shape[1]);
+            let sc = inp.div_ceil(*b1);
+            for i in 0..out {
+                let srow = &s[(i / b0) * sc..(i / b0 + 1) * sc];
+                for (j, x) in w[i * inp..(i + 1) * inp].iter_mut().enumerate() {
+                    *x *= srow[j / b1];
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    /// `[out, in]` of the weight.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.weight.shape[0], self.weight.shape[1])
+    }
+}
+
+/// Decodes one OCP float8 e4m3fn value (bias 7, no infinities, S.1111.111 is NaN).
+pub fn fp8_e4m3_to_f32(x: u8) -> f32 {
+    let sign = if x & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = ((x >> 3) & 0x0f) as i32;
+    let man = (x & 0x07) as f32;
+    if exp == 0x0f && (x & 0x07) == 0x07 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f32.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_decoding_matches_the_format() {
+        assert_eq!(fp8_e4m3_to_f32(0x00), 0.0);
+        assert_eq!(fp8_e4m3_to_f32(0x38), 1.0); // exp 7, man 0
+        assert_eq!(fp8_e4m3_to_f32(0x7e), 448.0); // the largest finite value
+        assert_eq!(fp8_e4m3_to_f32(0xfe), -448.0);
+        assert_eq!(fp8_e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
+        assert!(fp8_e4m3_to_f32(0x7f).is_nan());
+    }
+}
