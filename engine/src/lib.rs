@@ -4,7 +4,10 @@
 
 pub mod backend;
 pub mod error;
+pub mod kv_cache;
+pub mod scheduler;
 pub mod model;
+pub mod sampler;
 pub mod tokenizer;
 pub mod weights;
 

@@ -141,8 +141,9 @@ mod tests {
         let p = RouterParams { n_experts: 8, n_group: 4, topk_group: 2, top_k: 3, norm_topk_prob: false, scaling: 1.0 };
         let logits = [3.0, -1.0, 2.5, 2.4, -3.0, -3.0, 0.0, 1.0];
         let (ids, w) = route_token(&logits, &[0.0; 8], p);
-        // Groups: [3,-1]=>2.0 (sum of sigmoids), [2.5,2.4], [-3,-3], [0,1]; keep groups 1 and 0.
-        assert_eq!(ids, vec![0, 2, 3]);
-        assert!((w[0] - 1.0 / (1.0 + (-3.0f32).exp())).abs() < 1e-6);
+        // Group scores (sums of sigmoids): [3,-1] 1.222, [2.5,2.4] 1.841, [-3,-3] 0.095,
+        // [0,1] 1.231: groups 1 and 3 are kept, so expert 0 (the best single score) is out.
+        assert_eq!(ids, vec![2, 3, 7]);
+        assert!((w[0] - 1.0 / (1.0 + (-2.5f32).exp())).abs() < 1e-6);
     }
 }

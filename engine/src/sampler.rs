@@ -1,0 +1,261 @@
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeded
+//! randomness, and the logprob of the chosen token under the unmodified model distribution.
+
+/// How to pick tokens and when to stop, per request (OpenAI / vLLM semantics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// In (0, 1]; 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// In [0, 1]; 0 disables.
+    pub min_p: f32,
+    /// 1 disables; > 1 discourages tokens already in the prompt or output.
+    pub repetition_penalty: f32,
+    pub seed: Option<u64>,
+    pub max_tokens: usize,
+    /// EOS and stop token ids are suppressed until this many tokens exist.
+    pub min_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    /// Stop strings; the output ends before them and never contains them.
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    /// How many top alternatives to return with each token (0: none).
+    pub top_logprobs: usize,
+    pub skip_special_tokens: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            max_tokens: 16,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            top_logprobs: 0,
+            skip_special_tokens: true,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding of `max_tokens` tokens.
+    pub fn greedy(max_tokens: usize) -> Self {
+        SamplingParams { temperature: 0.0, max_tokens, ..Default::default() }
+    }
+}
+
+/// A sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// Natural-log probability under the unmodified distribution.
+    pub logprob: f32,
+    /// The most likely tokens and their logprobs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// xoshiro256** seeded through splitmix64: small, fast, and the same stream for the same seed.
+#[derive(Debug, Clone)]
+pub struct Rng([u64; 4]);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9e3779b97f4a7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+            z ^ (z >> 31)
+        };
+        Rng([next(), next(), next(), next()])
+    }
+
+    /// A seed from the clock and a counter, for requests without one.
+    pub fn entropy() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        Rng::new(t ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(32))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.0;
+        let r = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        r
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// `log_softmax(logits)[i]` for every i.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = m + logits.iter().map(|x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32;
+    logits.iter().map(|x| x - lse).collect()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Picks the next token. `history` holds the prompt and output so far (for the repetition
+/// penalty); `banned` tokens cannot be chosen (EOS before `min_tokens`).
+pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng, history: &[u32], banned: &[u32]) -> Sampled {
+    let logprobs = log_softmax(logits);
+    let mut l = logits.to_vec();
+    if p.repetition_penalty != 1.0 {
+        let mut seen = vec![false; l.len()];
+        for &t in history {
+            if let Some(s) = seen.get_mut(t as usize) {
+                *s = true;
+            }
+        }
+        for (x, s) in l.iter_mut().zip(seen) {
+            if s {
+                *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
+            }
+        }
+    }
+    for &b in banned {
+        if let Some(x) = l.get_mut(b as usize) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    let token = if p.temperature <= 1e-5 { argmax(&l) } else { draw(&l, p, rng) };
+    let top = if p.top_logprobs > 0 {
+        let mut idx: Vec<usize> = (0..logprobs.len()).collect();
+        let k = p.top_logprobs.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| logprobs[b].total_cmp(&logprobs[a]));
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| logprobs[b].total_cmp(&logprobs[a]).then(a.cmp(&b)));
+        idx.into_iter().map(|i| (i as u32, logprobs[i])).collect()
+    } else {
+        Vec::new()
+    };
+    Sampled { token: token as u32, logprob: logprobs[token], top }
+}
+
+fn draw(l: &[f32], p: &SamplingParams, rng: &mut Rng) -> usize {
+    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut cand: Vec<(usize, f64)> = l
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.is_finite())
+        .map(|(i, x)| (i, (((x - m) / p.temperature) as f64).exp()))
+        .collect();
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if p.top_k > 0 {
+        cand.truncate(p.top_k);
+    }
+    let total: f64 = cand.iter().map(|c| c.1).sum();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut keep = cand.len();
+        for (i, c) in cand.iter().enumerate() {
+            acc += c.1 / total;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand.truncate(keep.max(1));
+    }
+    if p.min_p > 0.0 {
+        let floor = cand[0].1 * p.min_p as f64;
+        cand.retain(|c| c.1 >= floor);
+    }
+    let total: f64 = cand.iter().map(|c| c.1).sum();
+    let mut u = rng.next_f64() * total;
+    for c in &cand {
+        u -= c.1;
+        if u < 0.0 {
+            return c.0;
+        }
+    }
+    cand.last().map_or(0, |c| c.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(t: f32) -> SamplingParams {
+        SamplingParams { temperature: t, ..Default::default() }
+    }
+
+    #[test]
+    fn greedy_picks_argmax_and_reports_the_unmodified_logprob() {
+        let l = [1.0, 3.0, 2.0];
+        let mut p = params(0.0);
+        p.repetition_penalty = 2.0;
+        let s = sample(&l, &p, &mut Rng::new(0), &[1], &[]);
+        // The penalty halves token 1's logit to 1.5, so token 2 wins; the logprob is the raw one.
+        assert_eq!(s.token, 2);
+        assert!((s.logprob - log_softmax(&l)[2]).abs() < 1e-6);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_filters_hold() {
+        let l: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let mut p = params(1.0);
+        p.top_k = 5;
+        let draw_all = |seed| (0..200).map(|_| 0).scan(Rng::new(seed), |r, _| Some(sample(&l, &p, r, &[], &[]).token)).collect::<Vec<_>>();
+        let a = draw_all(7);
+        assert_eq!(a, draw_all(7));
+        assert_ne!(a, draw_all(8));
+        let mut top5: Vec<usize> = (0..50).collect();
+        top5.sort_by(|&x, &y| l[y].total_cmp(&l[x]));
+        assert!(a.iter().all(|t| top5[..5].contains(&(*t as usize))));
+        let distinct: std::collections::HashSet<_> = a.iter().collect();
+        assert!(distinct.len() > 1);
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        let l = [5.0, 4.9, 0.0, -1.0];
+        let mut p = params(1.0);
+        p.top_p = 0.5;
+        let mut rng = Rng::new(3);
+        assert!((0..100).all(|_| sample(&l, &p, &mut rng, &[], &[]).token == 0));
+        let mut p = params(1.0);
+        p.min_p = 0.5;
+        assert!((0..200).all(|_| sample(&l, &p, &mut rng, &[], &[]).token < 2));
+    }
+
+    #[test]
+    fn banned_tokens_are_never_chosen_and_top_logprobs_sorted() {
+        let l = [9.0, 1.0, 2.0];
+        let mut p = params(0.0);
+        p.top_logprobs = 2;
+        let s = sample(&l, &p, &mut Rng::new(1), &[], &[0]);
+        assert_eq!(s.token, 2);
+        assert_eq!(s.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 2]);
+    }
+}
