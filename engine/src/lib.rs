@@ -3,12 +3,17 @@
 //! computing over a [`backend::Backend`].
 
 pub mod backend;
+mod engine;
 pub mod error;
 pub mod kv_cache;
 pub mod scheduler;
 pub mod model;
 pub mod sampler;
 pub mod tokenizer;
+mod stop;
 pub mod weights;
 
+pub use engine::{Engine, EngineConfig, FinishReason, Request, TokenOutput};
 pub use error::{EngineError, Result};
+pub use sampler::SamplingParams;
+pub use stop::StopMatcher;

@@ -14,8 +14,13 @@ pub struct Yarn {
     pub original_max_position_embeddings: usize,
     pub beta_fast: f64,
     pub beta_slow: f64,
+    /// 0 when absent (transformers treats a missing value as falsy).
     pub mscale: f64,
     pub mscale_all_dim: f64,
+    /// Explicit cos/sin factor, overriding the mscale rule.
+    pub attention_factor: Option<f64>,
+    /// Floor/ceil the correction range (default true).
+    pub truncate: bool,
 }
 
 /// FP8 block quantization as declared by `quantization_config`.
@@ -294,13 +299,20 @@ fn yarn(f: &Fields) -> Result<Option<Yarn>> {
                 Some(v) => v,
                 None => f.usize("max_position_embeddings")?,
             };
+            let max_pos = f.usize_or("max_position_embeddings", orig)? as f64;
+            let nonzero = |v: f64, d: f64| if v == 0.0 { d } else { v };
             Ok(Some(Yarn {
-                factor: p.f64_or("factor", 1.0)?,
+                factor: p.f64_or("factor", max_pos / orig as f64)?,
                 original_max_position_embeddings: orig,
-                beta_fast: p.f64_or("beta_fast", 32.0)?,
-                beta_slow: p.f64_or("beta_slow", 1.0)?,
-                mscale: p.f64_or("mscale", 1.0)?,
+                beta_fast: nonzero(p.f64_or("beta_fast", 32.0)?, 32.0),
+                beta_slow: nonzero(p.f64_or("beta_slow", 1.0)?, 1.0),
+                mscale: p.f64_or("mscale", 0.0)?,
                 mscale_all_dim: p.f64_or("mscale_all_dim", 0.0)?,
+                attention_factor: match p.obj.get("attention_factor") {
+                    None | Some(Value::Null) => None,
+                    Some(_) => Some(p.f64_or("attention_factor", 1.0)?),
+                },
+                truncate: p.bool_or("truncate", true)?,
             }))
         }
         other => Err(EngineError::checkpoint(

@@ -13,15 +13,18 @@ pub fn inv_freq(cfg: &ModelConfig) -> (Vec<f32>, f32) {
     let Some(y) = &cfg.yarn else {
         return (pos_freqs.iter().map(|p| (1.0 / p) as f32).collect(), 1.0);
     };
-    let attention_factor = if y.mscale != 0.0 && y.mscale_all_dim != 0.0 {
-        yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)
-    } else {
-        yarn_mscale(y.factor, 1.0)
+    let attention_factor = match y.attention_factor {
+        Some(a) => a,
+        None if y.mscale != 0.0 && y.mscale_all_dim != 0.0 => {
+            yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)
+        }
+        None => yarn_mscale(y.factor, 1.0),
     };
     let orig = y.original_max_position_embeddings as f64;
     let correction_dim = |rot: f64| dim as f64 * (orig / (rot * 2.0 * PI)).ln() / (2.0 * base.ln());
-    let low = correction_dim(y.beta_fast).floor().max(0.0);
-    let mut high = correction_dim(y.beta_slow).ceil().min(dim as f64 - 1.0);
+    let (low, high) = (correction_dim(y.beta_fast), correction_dim(y.beta_slow));
+    let (low, high) = if y.truncate { (low.floor(), high.ceil()) } else { (low, high) };
+    let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
     if low == high {
         high += 0.001;
     }

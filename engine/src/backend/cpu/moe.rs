@@ -22,9 +22,10 @@ fn top_indices(v: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-/// Routes one token from its f32 router logits (REFERENCE.md section 5): sigmoid, bias for
-/// selection only, groups scored by their top-2 sum, non-selected groups masked with 0.0 as
-/// HF does, top-k, weights from the unbiased scores.
+/// Routes one token from its f32 router logits: sigmoid, bias for selection only, groups scored
+/// by their top-2 sum, experts of the dropped groups masked with -inf (as transformers 5.x and
+/// DeepSeek's own inference code do; older transformers filled 0.0), top-k, weights from the
+/// unbiased scores.
 pub fn route_token(logits: &[f32], bias: &[f32], p: RouterParams) -> (Vec<u32>, Vec<f32>) {
     let scores: Vec<f32> = logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
     let mut choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
@@ -36,7 +37,7 @@ pub fn route_token(logits: &[f32], bias: &[f32], p: RouterParams) -> (Vec<u32>, 
     let keep = top_indices(&group_scores, p.topk_group);
     for (g, chunk) in choice.chunks_exact_mut(per_group).enumerate() {
         if !keep.contains(&g) {
-            chunk.iter_mut().for_each(|x| *x = 0.0);
+            chunk.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
         }
     }
     let ids = top_indices(&choice, p.top_k);
@@ -125,14 +126,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn masked_groups_are_zero_not_minus_infinity() {
-        // 4 experts in 2 groups; the bias pushes group 0's choice scores below zero, and only
-        // group 1 is kept: HF fills group 0 with 0.0, which then beats group 1's negative scores.
+    fn dropped_groups_never_win_even_against_negative_scores() {
+        // 4 experts in 2 groups; the bias pushes every choice score below zero and only group 1
+        // is kept. A 0.0 fill (old transformers) would pick group 0's experts here.
         let p = RouterParams { n_experts: 4, n_group: 2, topk_group: 1, top_k: 2, norm_topk_prob: true, scaling: 2.5 };
         let logits = [0.0, 0.0, 0.0, 0.0];
         let bias = [-0.9, -0.9, -0.7, -0.8];
         let (ids, w) = route_token(&logits, &bias, p);
-        assert_eq!(ids, vec![0, 1]);
+        assert_eq!(ids, vec![2, 3]);
         assert!((w.iter().sum::<f32>() - 2.5).abs() < 1e-6);
     }
 

@@ -1,0 +1,376 @@
+//! One rank's engine: requests in, tokens out. Each `step` schedules a batch, runs the model on
+//! the backend, samples, detokenizes and applies the stop conditions.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::{AttnSeq, Backend, KvLayout};
+use crate::error::{EngineError, Result};
+use crate::kv_cache::blocks_for;
+use crate::model::{Model, StepInput};
+use crate::sampler::{sample, Rng, SamplingParams};
+use crate::scheduler::{Scheduler, SchedulerConfig, SeqId};
+use crate::stop::StopMatcher;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+
+/// Limits of one rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    /// Longest prompt + output; `None`: the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { max_num_seqs: 64, max_num_batched_tokens: 2048, block_size: 64, num_blocks: 512, max_model_len: None }
+    }
+}
+
+/// A generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub id: SeqId,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Prefill, sample the first token, then hold the KV for a transfer.
+    pub prefill_only: bool,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// One sampled token of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOutput {
+    pub id: SeqId,
+    pub token: u32,
+    pub logprob: f32,
+    pub top_logprobs: Vec<(u32, f32)>,
+    /// Newly completed text (empty without a tokenizer); never part of a stop string.
+    pub text: String,
+    pub finish: Option<FinishReason>,
+    /// A prefill-only request's prompt KV is complete and held for transfer.
+    pub prefilled: bool,
+}
+
+struct ReqState {
+    params: SamplingParams,
+    rng: Rng,
+    generated: usize,
+    detok: Option<IncrementalDecoder>,
+    stop: StopMatcher,
+    prefill_only: bool,
+}
+
+/// A model, its KV cache and its scheduler on one backend.
+pub struct Engine<B: Backend> {
+    be: B,
+    model: Model<B>,
+    cache: B::KvCache,
+    sched: Scheduler,
+    reqs: HashMap<SeqId, ReqState>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    eos: Vec<u32>,
+    max_len: usize,
+}
+
+impl<B: Backend> Engine<B> {
+    /// Loads the checkpoint in `dir` (and its tokenizer when present) onto `be`.
+    pub fn load(be: B, dir: &Path, cfg: EngineConfig) -> Result<Self> {
+        let model = Model::load(&be, dir, cfg.max_model_len)?;
+        let tokenizer = if dir.join("tokenizer.json").exists() { Some(Arc::new(Tokenizer::from_dir(dir)?)) } else { None };
+        Self::new(be, model, tokenizer, cfg)
+    }
+
+    /// Wraps a loaded model.
+    pub fn new(be: B, model: Model<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
+        let mc = model.config();
+        let max_len = model.max_len();
+        for (name, v) in [("max_num_seqs", cfg.max_num_seqs), ("max_num_batched_tokens", cfg.max_num_batched_tokens), ("block_size", cfg.block_size), ("num_blocks", cfg.num_blocks)] {
+            if v == 0 {
+                return Err(EngineError::InvalidRequest(format!("{name} must be positive")));
+            }
+        }
+        if cfg.num_blocks * cfg.block_size < max_len {
+            return Err(EngineError::CacheCapacity(format!(
+                "{} blocks of {} tokens hold {} tokens, less than max_model_len {max_len}; raise num_blocks or lower max_model_len",
+                cfg.num_blocks,
+                cfg.block_size,
+                cfg.num_blocks * cfg.block_size
+            )));
+        }
+        let layout = KvLayout { layers: mc.num_hidden_layers, num_blocks: cfg.num_blocks, block_size: cfg.block_size, width: mc.latent_dim() };
+        let cache = be.alloc_kv_cache(layout)?;
+        let mut eos = mc.eos_token_ids.clone();
+        if let Some(id) = tokenizer.as_ref().and_then(|t| t.eos_token().and_then(|e| t.token_to_id(e))) {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+        let sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            block_size: cfg.block_size,
+            num_blocks: cfg.num_blocks,
+        });
+        Ok(Engine { be, model, cache, sched, reqs: HashMap::new(), tokenizer, eos, max_len })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.be
+    }
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref()
+    }
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+    /// Longest prompt + output this engine serves.
+    pub fn max_model_len(&self) -> usize {
+        self.max_len
+    }
+    /// Token ids that end a sequence unless `ignore_eos`.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+    pub fn has_work(&self) -> bool {
+        self.sched.has_work()
+    }
+    pub fn num_requests(&self) -> usize {
+        self.reqs.len()
+    }
+
+    fn validate(&self, r: &Request) -> Result<()> {
+        let vocab = self.model.config().vocab_size;
+        if r.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!("token id {t} is outside the vocabulary of {vocab}")));
+        }
+        if self.reqs.contains_key(&r.id) {
+            return Err(EngineError::InvalidRequest(format!("request id {} is already in use", r.id)));
+        }
+        if r.params.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        if r.prompt.len() + r.params.max_tokens > self.max_len {
+            return Err(EngineError::InvalidRequest(format!(
+                "this model's maximum context length is {} tokens; the prompt has {} and max_tokens is {}",
+                self.max_len,
+                r.prompt.len(),
+                r.params.max_tokens
+            )));
+        }
+        if !r.params.stop.is_empty() && self.tokenizer.is_none() {
+            return Err(EngineError::InvalidRequest("stop strings need a tokenizer".into()));
+        }
+        Ok(())
+    }
+
+    fn state_for(&self, r: &Request, first: Option<u32>) -> ReqState {
+        let tail_from = r.prompt.len().saturating_sub(5);
+        let detok = self.tokenizer.as_ref().map(|_| {
+            let mut ctx = r.prompt[tail_from..].to_vec();
+            ctx.extend(first);
+            IncrementalDecoder::with_prompt(&ctx, r.params.skip_special_tokens)
+        });
+        ReqState {
+            rng: r.params.seed.map_or_else(Rng::entropy, Rng::new),
+            params: r.params.clone(),
+            generated: usize::from(first.is_some()),
+            detok,
+            stop: StopMatcher::new(&r.params.stop),
+            prefill_only: r.prefill_only,
+        }
+    }
+
+    /// Queues a request.
+    pub fn add_request(&mut self, r: Request) -> Result<()> {
+        self.validate(&r)?;
+        let state = self.state_for(&r, None);
+        self.sched.add(r.id, r.prompt, r.prefill_only);
+        self.reqs.insert(r.id, state);
+        Ok(())
+    }
+
+    /// Removes a request wherever it is and frees its blocks. Returns whether it existed.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        let known = self.reqs.remove(&id).is_some();
+        self.sched.remove(id) || known
+    }
+
+    /// Aborts every request (after a failed step), returning their ids.
+    pub fn abort_all(&mut self) -> Vec<SeqId> {
+        let ids: Vec<SeqId> = self.reqs.keys().copied().collect();
+        for &id in &ids {
+            self.abort(id);
+        }
+        ids
+    }
+
+    /// Runs one batch. Returns the tokens sampled in it (none while only prefill chunks ran).
+    pub fn step(&mut self) -> Result<Vec<TokenOutput>> {
+        let work = self.sched.schedule();
+        if work.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut input = StepInput::default();
+        let bs = self.sched.config().block_size;
+        let mut samplers = Vec::new();
+        for w in &work {
+            let seq = self.sched.get(w.id).expect("scheduled sequence exists");
+            let q_start = input.ids.len();
+            for pos in w.start..w.start + w.len {
+                input.ids.push(seq.tokens[pos]);
+                input.positions.push(pos as u32);
+                input.slots.push(seq.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
+            }
+            input.attn.seqs.push(AttnSeq { q_start, q_len: w.len, ctx_len: w.start + w.len, block_table: seq.blocks.clone() });
+            if w.sample {
+                input.sample_rows.push((input.ids.len() - 1) as u32);
+                samplers.push(w.id);
+            }
+        }
+        let logits = self.model.forward(&self.be, &mut self.cache, &input)?;
+        self.sched.commit(&work);
+        let vocab = self.model.config().vocab_size;
+        let mut out = Vec::with_capacity(samplers.len());
+        for (i, id) in samplers.into_iter().enumerate() {
+            out.push(self.on_logits(id, &logits[i * vocab..(i + 1) * vocab])?);
+        }
+        Ok(out)
+    }
+
+    fn on_logits(&mut self, id: SeqId, logits: &[f32]) -> Result<TokenOutput> {
+        let st = self.reqs.get_mut(&id).expect("scheduled request has state");
+        let seq = self.sched.get(id).expect("scheduled sequence exists");
+        let p = &st.params;
+        let mut banned: Vec<u32> = Vec::new();
+        if st.generated < p.min_tokens {
+            banned.extend(p.stop_token_ids.iter().copied());
+            if !p.ignore_eos {
+                banned.extend(self.eos.iter().copied());
+            }
+        }
+        let s = sample(logits, p, &mut st.rng, if p.repetition_penalty != 1.0 { &seq.tokens } else { &[] }, &banned);
+        let total_len = seq.tokens.len() + 1;
+        st.generated += 1;
+        let mut finish = None;
+        if (!p.ignore_eos && self.eos.contains(&s.token)) || p.stop_token_ids.contains(&s.token) {
+            finish = Some(FinishReason::Stop);
+        }
+        let mut text = String::new();
+        if let (Some(tok), Some(detok)) = (&self.tokenizer, st.detok.as_mut()) {
+            let delta = if finish.is_none() { detok.push(tok, s.token)? } else { String::new() };
+            let (emit, stopped) = st.stop.push(&delta);
+            text = emit;
+            if stopped {
+                finish = Some(FinishReason::Stop);
+            }
+        }
+        if finish.is_none() && (st.generated >= p.max_tokens || total_len >= self.max_len) {
+            finish = Some(FinishReason::Length);
+        }
+        if let (Some(f), Some(tok), Some(detok)) = (finish, &self.tokenizer, st.detok.as_mut()) {
+            if f == FinishReason::Length {
+                let tail = detok.finish(tok)?;
+                let (emit, _) = st.stop.push(&tail);
+                text.push_str(&emit);
+                text.push_str(&st.stop.flush());
+            }
+        }
+        let prefill_only = st.prefill_only;
+        self.sched.push_token(id, s.token);
+        let mut prefilled = false;
+        if finish.is_some() {
+            self.reqs.remove(&id);
+            self.sched.remove(id);
+        } else if prefill_only {
+            self.sched.hold(id);
+            prefilled = true;
+        }
+        Ok(TokenOutput { id, token: s.token, logprob: s.logprob, top_logprobs: s.top, text, finish, prefilled })
+    }
+
+    /// The held prompt KV of a prefilled request: its blocks' contents, covering `prompt_len`
+    /// tokens, in block order.
+    pub fn export_kv(&self, id: SeqId) -> Result<(usize, Vec<f32>)> {
+        let seq = self.sched.get(id).ok_or_else(|| EngineError::InvalidRequest(format!("no sequence {id} to export")))?;
+        let n = blocks_for(seq.prompt_len, self.sched.config().block_size);
+        Ok((seq.prompt_len, self.be.export_blocks(&self.cache, &seq.blocks[..n])?))
+    }
+
+    /// Frees a held (transferred) request.
+    pub fn release(&mut self, id: SeqId) -> bool {
+        self.abort(id)
+    }
+
+    /// Reserves blocks for an incoming transfer of `tokens` tokens.
+    pub fn reserve_blocks(&mut self, tokens: usize) -> Option<Vec<u32>> {
+        self.sched.reserve(blocks_for(tokens, self.sched.config().block_size))
+    }
+
+    /// Returns reserved blocks after a failed transfer.
+    pub fn unreserve_blocks(&mut self, blocks: &[u32]) {
+        self.sched.unreserve(blocks);
+    }
+
+    /// Writes transferred KV into reserved blocks.
+    pub fn import_kv(&mut self, blocks: &[u32], data: &[f32]) -> Result<()> {
+        self.be.import_blocks(&mut self.cache, blocks, data)
+    }
+
+    /// Admits a request whose prompt KV was imported into `blocks` and whose first token was
+    /// already sampled (and sent to the client) by a prefill rank.
+    pub fn admit_prefilled(&mut self, r: Request, first_token: u32, blocks: Vec<u32>) -> Result<()> {
+        self.validate(&r)?;
+        let state = self.state_for(&r, Some(first_token));
+        let prompt_len = r.prompt.len();
+        let mut tokens = r.prompt;
+        tokens.push(first_token);
+        self.sched.add_computed(r.id, tokens, prompt_len, prompt_len, blocks);
+        self.reqs.insert(r.id, state);
+        Ok(())
+    }
+
+    /// Runs `requests` to completion and returns each one's outputs (a convenience for the CLI
+    /// and tests).
+    pub fn generate(&mut self, requests: Vec<Request>) -> Result<HashMap<SeqId, Vec<TokenOutput>>> {
+        let mut out: HashMap<SeqId, Vec<TokenOutput>> = HashMap::new();
+        for r in requests {
+            out.insert(r.id, Vec::new());
+            self.add_request(r)?;
+        }
+        while self.has_work() {
+            for t in self.step()? {
+                out.entry(t.id).or_default().push(t);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,110 @@
+//! `cleave generate`: one prompt through one CPU rank, printed as text or JSON.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::tokenizer::ChatMessage;
+use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Hugging Face checkpoint directory (default: the embedded models/tiny-r1).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Render the prompt as a user message through the chat template.
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    min_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A stop string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Limit on prompt + output tokens (default: the model's).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let dir = a.model.clone().unwrap_or_else(crate::model_dir::default_model);
+    let model_cfg = cleave_engine::model::ModelConfig::from_dir(&dir)?;
+    let max_len = a.max_model_len.unwrap_or(model_cfg.max_position_embeddings);
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        block_size: 64,
+        num_blocks: max_len.div_ceil(64),
+        max_model_len: Some(max_len),
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::load(CpuBackend, &dir, cfg).with_context(|| format!("loading {}", dir.display()))?;
+    let prompt = match (&a.prompt, &a.prompt_ids) {
+        (_, Some(_)) if a.chat => bail!("--chat renders text: give --prompt, not --prompt-ids"),
+        (_, Some(ids)) => ids.clone(),
+        (Some(text), None) => {
+            let tok = engine.tokenizer().context("this model directory has no tokenizer.json: use --prompt-ids")?;
+            if a.chat {
+                let msg = ChatMessage { role: "user".into(), content: text.clone(), reasoning_content: None };
+                tok.encode_chat(&[msg], true, None)?
+            } else {
+                tok.encode(text, true)?
+            }
+        }
+        (None, None) => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
+    };
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+        max_tokens: a.max_tokens.min(engine.max_model_len().saturating_sub(prompt.len())).max(1),
+        min_tokens: a.min_tokens,
+        stop: a.stop.clone(),
+        ignore_eos: a.ignore_eos,
+        ..SamplingParams::default()
+    };
+    let mut out = engine.generate(vec![Request { id: 0, prompt, params, prefill_only: false }])?;
+    let tokens = out.remove(&0).unwrap_or_default();
+    let text: String = tokens.iter().map(|t| t.text.as_str()).collect();
+    match a.output {
+        Output::Text => println!("{text}"),
+        Output::Json => {
+            let ids: Vec<u32> = tokens.iter().map(|t| t.token).collect();
+            let logprobs: Vec<f32> = tokens.iter().map(|t| t.logprob).collect();
+            println!("{}", serde_json::json!({ "token_ids": ids, "logprobs": logprobs, "text": text }));
+        }
+    }
+    Ok(())
+}
