@@ -2,8 +2,9 @@
 //! shards listed by `model.safetensors.index.json`. Tensors are read lazily by name; every error
 //! names the file and the tensor.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::sync::Mutex;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -24,6 +25,7 @@ pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<Shard>,
     by_name: HashMap<String, usize>,
+    read: Mutex<HashSet<String>>,
 }
 
 /// A tensor as stored: dtype, shape and little-endian bytes borrowed from the mapping.
@@ -83,7 +85,7 @@ impl Checkpoint {
             }
             shards.push(Shard { path, mmap, data_start: 8 + header_len, meta });
         }
-        Ok(Checkpoint { dir: dir.to_path_buf(), shards, by_name })
+        Ok(Checkpoint { dir: dir.to_path_buf(), shards, by_name, read: Mutex::new(HashSet::new()) })
     }
 
     /// The checkpoint directory.
@@ -103,6 +105,14 @@ impl Checkpoint {
         v
     }
 
+    /// Names of tensors never read so far, sorted.
+    pub fn unread(&self) -> Vec<String> {
+        let read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<String> = self.by_name.keys().filter(|k| !read.contains(*k)).cloned().collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The stored tensor `name`.
     pub fn raw(&self, name: &str) -> Result<RawTensor<'_>> {
         let shard = &self.shards[*self.by_name.get(name).ok_or_else(|| EngineError::MissingTensor {
@@ -116,6 +126,7 @@ impl Checkpoint {
             .get(shard.data_start + a..shard.data_start + b)
             .ok_or_else(|| EngineError::checkpoint(&shard.path, format!("tensor `{name}` lies outside the file")))?;
         let (key, _) = self.by_name.get_key_value(name).expect("present");
+        self.read.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone());
         Ok(RawTensor { name: key, path: &shard.path, dtype: info.dtype, shape: &info.shape, bytes })
     }
 

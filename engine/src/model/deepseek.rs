@@ -174,6 +174,11 @@ impl<B: Backend> Model<B> {
         if max_len == 0 {
             return Err(EngineError::InvalidRequest("max_model_len must be positive".into()));
         }
+        let mtp = format!("model.layers.{}.", cfg.num_hidden_layers);
+        let unread: Vec<String> = ck.unread().into_iter().filter(|n| !n.starts_with(&mtp)).collect();
+        if !unread.is_empty() {
+            tracing::warn!(count = unread.len(), first = %unread[0], "checkpoint tensors not used by the model");
+        }
         let cos_sin = be.upload(&cos_sin_table(&cfg, max_len), max_len, cfg.qk_rope_head_dim)?;
         let dims = MlaDims {
             heads: cfg.num_attention_heads,
