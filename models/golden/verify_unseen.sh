@@ -11,5 +11,5 @@ export CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
 $g --custom u-bf16-wide --dtype bf16 --hidden 96 --layers 4 --dense-layers 2 --heads 6 --q-lora 64 --kv-lora 48 --experts 16 --groups 4 --topk-group 2 --topk 4 --shared 1 --seed 101 --bias-mode signed
 $g --custom u-f32-noq --dtype f32 --hidden 80 --layers 3 --heads 2 --q-lora 0 --kv-lora 40 --nope 24 --rope 16 --v 32 --experts 12 --groups 3 --topk-group 1 --topk 2 --shared 2 --shards 3 --seed 202
 $g --custom u-fp8-b48 --dtype fp8 --block 48 --hidden 100 --layers 3 --heads 5 --q-lora 56 --kv-lora 36 --experts 8 --groups 2 --topk-group 1 --topk 3 --seed 303 --mtp --bias-mode signed
-$g --custom u-f16ish-yarn --dtype bf16 --hidden 64 --layers 5 --dense-layers 1 --yarn-factor 8 --yarn-orig 64 --mscale 0.9 --mscale-all-dim 0.9 --seed 404 --prompt-lens 3,70,150
+$g --custom u-f16ish-yarn --dtype bf16 --hidden 64 --layers 5 --dense-layers 1 --yarn-factor 8 --yarn-orig 128 --mscale 0.9 --mscale-all-dim 0.9 --seed 404 --prompt-lens 3,70,150
 python3 "$here/compare_cleave.py" --cleave "$cleave" "$out"/u-*
