@@ -1,0 +1,342 @@
+//! Command-line options, named as `vllm bench serve` names them.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{Map, Value};
+
+/// `cleave-bench`: with no subcommand, one benchmark run (like `vllm bench serve`).
+#[derive(Debug, Parser)]
+#[command(name = "cleave-bench", version, about = "Benchmark an OpenAI-compatible server the way `vllm bench serve` does")]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// A subcommand; none runs one benchmark.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Options of the plain benchmark.
+    #[command(flatten)]
+    pub bench: BenchArgs,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one benchmark per max-concurrency or request-rate value; write JSON, CSV and charts.
+    Sweep(SweepArgs),
+    /// Draw the charts of one or more sweep directories on one figure.
+    Chart(ChartArgs),
+    /// Long reasoning streams in the background plus periodic long prompts.
+    Mixed(MixedArgs),
+    /// Send tagged prompts and write tagged responses (reasoning and content apart).
+    Batch(BatchArgs),
+}
+
+/// Where to send requests.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Server base URL (scheme, host, port).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub base_url: String,
+    /// API path: /v1/completions or /v1/chat/completions.
+    #[arg(long, default_value = "/v1/completions")]
+    pub endpoint: String,
+    /// Model name to send (default: the first model of GET /v1/models).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Sampling temperature (default: the server's).
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// JSON object merged into every request body, e.g. '{"top_p": 0.95}'.
+    #[arg(long)]
+    pub extra_body: Option<String>,
+}
+
+impl ServerArgs {
+    /// `--temperature` and `--extra-body` as one object.
+    pub fn extra_body(&self) -> Result<Option<Map<String, Value>>> {
+        let mut body = match &self.extra_body {
+            Some(s) => match serde_json::from_str(s).context("--extra-body is not JSON")? {
+                Value::Object(m) => m,
+                _ => bail!("--extra-body must be a JSON object"),
+            },
+            None => Map::new(),
+        };
+        if let Some(t) = self.temperature {
+            body.insert("temperature".into(), t.into());
+        }
+        Ok((!body.is_empty()).then_some(body))
+    }
+}
+
+/// Dataset kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DatasetKind {
+    /// Random token ids, exact lengths, built with the server's tokenizer.
+    Random,
+    /// A JSONL file (--dataset-path): {"prompt": ...} or {"messages": ...}, optional "output_len".
+    Jsonl,
+}
+
+/// What to send and how to measure it.
+#[derive(Debug, Clone, Args)]
+pub struct WorkloadArgs {
+    /// Dataset.
+    #[arg(long, alias = "dataset-name", value_enum, default_value = "random")]
+    pub dataset: DatasetKind,
+    /// The JSONL file for --dataset jsonl.
+    #[arg(long)]
+    pub dataset_path: Option<PathBuf>,
+    /// Mean prompt length in tokens (random dataset).
+    #[arg(long, default_value_t = 1024)]
+    pub random_input_len: usize,
+    /// Mean output length in tokens (random dataset; default for JSONL rows without one).
+    #[arg(long, default_value_t = 128)]
+    pub random_output_len: usize,
+    /// Lengths are uniform in [len*(1-r), len*(1+r)].
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    /// Draw random token ids from LO:HI (exclusive) instead of the ids of a built-in corpus.
+    #[arg(long, value_parser = parse_range)]
+    pub token_id_range: Option<(u32, u32)>,
+    /// Send random prompts as token ids (completions only) instead of text.
+    #[arg(long)]
+    pub prompt_token_ids: bool,
+    /// Number of prompts.
+    #[arg(long, default_value_t = 1000)]
+    pub num_prompts: usize,
+    /// Send ignore_eos (always on for the random dataset, as in vLLM).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Seed of prompts and arrival times.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Gamma shape of request gaps (1 = Poisson); only with a finite --request-rate.
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Goodput SLOs in ms: ttft:MS tpot:MS e2el:MS.
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<String>,
+    /// Percentiles to report, comma-separated.
+    #[arg(long, default_value = "99")]
+    pub metric_percentiles: String,
+    /// Metrics to report percentiles of: ttft, tpot, itl, e2el.
+    #[arg(long, default_value = "ttft,tpot,itl,e2el")]
+    pub percentile_metrics: String,
+    /// Warm-up requests (the first prompt) before the measured run.
+    #[arg(long, default_value_t = 0)]
+    pub num_warmups: usize,
+    /// Retry the initial test request for this many seconds (0: one try).
+    #[arg(long, default_value_t = 0.0)]
+    pub ready_check_timeout_sec: f64,
+    /// No progress bar.
+    #[arg(long)]
+    pub disable_tqdm: bool,
+}
+
+impl WorkloadArgs {
+    /// The `--metric-percentiles` list.
+    pub fn percentiles(&self) -> Result<Vec<f64>> {
+        self.metric_percentiles
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| {
+                let p: f64 = s.trim().parse().with_context(|| format!("--metric-percentiles: {s:?}"))?;
+                if !(0.0..=100.0).contains(&p) {
+                    bail!("--metric-percentiles: {p} is not in [0, 100]");
+                }
+                Ok(p)
+            })
+            .collect()
+    }
+
+    /// The `--percentile-metrics` list, checked.
+    pub fn selected_metrics(&self) -> Result<Vec<String>> {
+        let v: Vec<String> = self.percentile_metrics.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        for m in &v {
+            if !["ttft", "tpot", "itl", "e2el"].contains(&m.as_str()) {
+                bail!("--percentile-metrics: unknown metric {m:?} (ttft, tpot, itl, e2el)");
+            }
+        }
+        Ok(v)
+    }
+}
+
+fn parse_range(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s.split_once(':').ok_or("expected LO:HI")?;
+    Ok((a.trim().parse().map_err(|e| format!("{e}"))?, b.trim().parse().map_err(|e| format!("{e}"))?))
+}
+
+/// One benchmark run.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Workload.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Requests per second ("inf": all at once).
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub request_rate: f64,
+    /// Most requests in flight at once.
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Write the result JSON here.
+    #[arg(long)]
+    pub save_result: Option<PathBuf>,
+    /// A label stored in the result.
+    #[arg(long)]
+    pub label: Option<String>,
+}
+
+/// A sweep over max concurrency or request rate.
+#[derive(Debug, Clone, Args)]
+pub struct SweepArgs {
+    /// Server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Workload of every point.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Max-concurrency values, e.g. 1,2,4,8 (requests released all at once).
+    #[arg(long, value_delimiter = ',', conflicts_with = "request_rate")]
+    pub max_concurrency: Vec<usize>,
+    /// Request-rate values, e.g. 1,2,4 (no concurrency cap).
+    #[arg(long, value_delimiter = ',')]
+    pub request_rate: Vec<f64>,
+    /// With --max-concurrency: send N x concurrency prompts at each point instead of --num-prompts.
+    #[arg(long)]
+    pub prompts_per_concurrency: Option<usize>,
+    /// Directory for the per-point JSON, sweep.csv, sweep.json and the charts.
+    #[arg(long, default_value = "sweep-results")]
+    pub output_dir: PathBuf,
+    /// Label of this result set (legends, file contents).
+    #[arg(long, default_value = "cleave")]
+    pub label: String,
+}
+
+/// Overlay of sweep results.
+#[derive(Debug, Clone, Args)]
+pub struct ChartArgs {
+    /// A sweep directory (holding sweep.json); repeat for several sets.
+    #[arg(long, required = true)]
+    pub input: Vec<PathBuf>,
+    /// Legend label for each --input, in order (default: the label stored in each set).
+    #[arg(long)]
+    pub label: Vec<String>,
+    /// Output path without extension; .png and .svg are written.
+    #[arg(long, default_value = "sweep-chart")]
+    pub output: PathBuf,
+    /// Chart title.
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+/// The mixed scenario.
+#[derive(Debug, Clone, Args)]
+pub struct MixedArgs {
+    /// Server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Background streams kept in flight.
+    #[arg(long, default_value_t = 4)]
+    pub background_concurrency: usize,
+    /// Prompt tokens of each background request.
+    #[arg(long, default_value_t = 64)]
+    pub background_input_len: usize,
+    /// Output tokens of each background request (long reasoning).
+    #[arg(long, default_value_t = 1024)]
+    pub background_output_len: usize,
+    /// Prompt tokens of each periodic long prompt.
+    #[arg(long, default_value_t = 4096)]
+    pub long_input_len: usize,
+    /// Output tokens of each long prompt.
+    #[arg(long, default_value_t = 16)]
+    pub long_output_len: usize,
+    /// Seconds between long prompts.
+    #[arg(long, default_value_t = 5.0)]
+    pub long_interval: f64,
+    /// Number of long prompts (the run lasts about num_long * long_interval seconds).
+    #[arg(long, default_value_t = 6)]
+    pub num_long: usize,
+    /// Seconds of background only before the first long prompt.
+    #[arg(long, default_value_t = 2.0)]
+    pub warmup: f64,
+    /// Draw random token ids from LO:HI (exclusive) instead of a built-in corpus.
+    #[arg(long, value_parser = parse_range)]
+    pub token_id_range: Option<(u32, u32)>,
+    /// Seed of the prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Percentiles to report besides the median, comma-separated.
+    #[arg(long, default_value = "99")]
+    pub metric_percentiles: String,
+    /// Write the result JSON here.
+    #[arg(long)]
+    pub save_result: Option<PathBuf>,
+    /// A label stored in the result.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// No progress bar.
+    #[arg(long)]
+    pub disable_tqdm: bool,
+}
+
+/// The batch prompt sender.
+#[derive(Debug, Clone, Args)]
+pub struct BatchArgs {
+    /// Server (chat completions are used whatever --endpoint says).
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// JSON list of {"tag", "prompt", optional "system"}.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Where to write the JSON list of {"tag", "reasoning", "content", "finish_reason", "usage", "error"}.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub max_concurrency: usize,
+    /// max_completion_tokens of each request.
+    #[arg(long, default_value_t = 2048)]
+    pub max_tokens: usize,
+    /// No progress bar.
+    #[arg(long)]
+    pub disable_tqdm: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_vllm_style_options_and_subcommands() {
+        let cli = Cli::try_parse_from([
+            "cleave-bench", "--base-url", "http://h:1", "--endpoint", "/v1/chat/completions", "--request-rate", "inf",
+            "--max-concurrency", "4", "--goodput", "ttft:500", "tpot:50", "--random-range-ratio", "0.2", "--ignore-eos",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        assert!(cli.bench.request_rate.is_infinite());
+        assert_eq!(cli.bench.max_concurrency, Some(4));
+        assert_eq!(cli.bench.workload.goodput, vec!["ttft:500", "tpot:50"]);
+        let cli = Cli::try_parse_from(["cleave-bench", "sweep", "--max-concurrency", "1,2,4,8", "--output-dir", "o"]).unwrap();
+        let Some(Command::Sweep(s)) = cli.command else { panic!() };
+        assert_eq!(s.max_concurrency, vec![1, 2, 4, 8]);
+        let cli = Cli::try_parse_from(["cleave-bench", "sweep", "--request-rate", "1,2.5"]).unwrap();
+        let Some(Command::Sweep(s)) = cli.command else { panic!() };
+        assert_eq!(s.request_rate, vec![1.0, 2.5]);
+        assert!(Cli::try_parse_from(["cleave-bench", "sweep", "--request-rate", "1", "--max-concurrency", "2"]).is_err());
+        let cli = Cli::try_parse_from(["cleave-bench", "chart", "--input", "a", "--input", "b", "--label", "x", "--label", "y"]).unwrap();
+        let Some(Command::Chart(c)) = cli.command else { panic!() };
+        assert_eq!((c.input.len(), c.label.len()), (2, 2));
+        let cli = Cli::try_parse_from(["cleave-bench", "--token-id-range", "3:100", "--metric-percentiles", "50,99.9"]).unwrap();
+        assert_eq!(cli.bench.workload.token_id_range, Some((3, 100)));
+        assert_eq!(cli.bench.workload.percentiles().unwrap(), vec![50.0, 99.9]);
+        assert!(Cli::try_parse_from(["cleave-bench", "--percentile-metrics", "foo"]).unwrap().bench.workload.selected_metrics().is_err());
+        let s = ServerArgs { base_url: String::new(), endpoint: String::new(), model: None, temperature: Some(0.0), extra_body: Some("{\"top_p\":0.9}".into()) };
+        let b = s.extra_body().unwrap().unwrap();
+        assert_eq!((b["temperature"].as_f64(), b["top_p"].as_f64()), (Some(0.0), Some(0.9)));
+    }
+}

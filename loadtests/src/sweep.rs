@@ -1,0 +1,248 @@
+//! `cleave-bench sweep`: one benchmark per max-concurrency or request-rate value, each saved as
+//! a vLLM-style result JSON, plus `sweep.csv`, `sweep.json` and the charts of the set.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{self, write_json};
+use crate::charts::{self, Series};
+use crate::cli::SweepArgs;
+use crate::metrics::{self, Goodput};
+use crate::runner::LoadSpec;
+
+/// The swept variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SweepVar {
+    /// `--max-concurrency`, requests released all at once.
+    MaxConcurrency,
+    /// `--request-rate`, no concurrency cap.
+    RequestRate,
+}
+
+impl SweepVar {
+    /// Axis title.
+    pub fn axis_label(self) -> &'static str {
+        match self {
+            SweepVar::MaxConcurrency => "max concurrency",
+            SweepVar::RequestRate => "request rate (req/s)",
+        }
+    }
+}
+
+/// The numbers of one point that the CSV and the charts use (all latencies in ms).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct SweepPoint {
+    /// The swept value.
+    pub x: f64,
+    pub num_prompts: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub duration: f64,
+    pub request_throughput: f64,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    pub mean_ttft_ms: f64,
+    pub median_ttft_ms: f64,
+    pub p99_ttft_ms: f64,
+    pub mean_tpot_ms: f64,
+    pub median_tpot_ms: f64,
+    pub p99_tpot_ms: f64,
+    pub mean_itl_ms: f64,
+    pub median_itl_ms: f64,
+    pub p99_itl_ms: f64,
+    /// Mean time to last token (= E2EL).
+    pub mean_e2el_ms: f64,
+    pub median_e2el_ms: f64,
+    pub p99_e2el_ms: f64,
+}
+
+/// A whole sweep: what `sweep.json` holds and `chart` reads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SweepSummary {
+    /// Legend label.
+    pub label: String,
+    /// What was swept.
+    pub variable: SweepVar,
+    /// Model benchmarked.
+    pub model: String,
+    /// API path.
+    pub endpoint: String,
+    /// Mean prompt and output lengths asked for.
+    pub input_len: usize,
+    /// Mean output length asked for.
+    pub output_len: usize,
+    /// One per value, in the order run.
+    pub points: Vec<SweepPoint>,
+}
+
+/// The summary row of a finished run.
+pub fn point_from(x: f64, run: &bench::BenchRun) -> SweepPoint {
+    let m = metrics::calculate(&run.outcome.outputs, run.outcome.duration, &[99.0], &Goodput::default());
+    SweepPoint {
+        x,
+        num_prompts: run.meta.num_prompts,
+        completed: m.completed,
+        failed: m.failed,
+        duration: run.outcome.duration,
+        request_throughput: m.request_throughput,
+        output_throughput: m.output_throughput,
+        total_token_throughput: m.total_token_throughput,
+        mean_ttft_ms: m.ttft.mean,
+        median_ttft_ms: m.ttft.median,
+        p99_ttft_ms: m.ttft.at(99.0).unwrap_or(0.0),
+        mean_tpot_ms: m.tpot.mean,
+        median_tpot_ms: m.tpot.median,
+        p99_tpot_ms: m.tpot.at(99.0).unwrap_or(0.0),
+        mean_itl_ms: m.itl.mean,
+        median_itl_ms: m.itl.median,
+        p99_itl_ms: m.itl.at(99.0).unwrap_or(0.0),
+        mean_e2el_ms: m.e2el.mean,
+        median_e2el_ms: m.e2el.median,
+        p99_e2el_ms: m.e2el.at(99.0).unwrap_or(0.0),
+    }
+}
+
+/// Column names of `sweep.csv`.
+pub const CSV_COLUMNS: &str = "label,variable,x,num_prompts,completed,failed,duration_s,request_throughput,output_throughput,\
+total_token_throughput,mean_ttft_ms,median_ttft_ms,p99_ttft_ms,mean_tpot_ms,median_tpot_ms,p99_tpot_ms,mean_itl_ms,\
+median_itl_ms,p99_itl_ms,mean_ttlt_ms,median_ttlt_ms,p99_ttlt_ms";
+
+/// The CSV of a sweep, one row per point.
+pub fn to_csv(s: &SweepSummary) -> String {
+    let mut out = String::from(CSV_COLUMNS);
+    out.push('\n');
+    let var = serde_json::to_value(s.variable).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+    for p in &s.points {
+        let _ = writeln!(
+            out,
+            "{},{var},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4}",
+            s.label.replace(',', ";"),
+            p.x,
+            p.num_prompts,
+            p.completed,
+            p.failed,
+            p.duration,
+            p.request_throughput,
+            p.output_throughput,
+            p.total_token_throughput,
+            p.mean_ttft_ms,
+            p.median_ttft_ms,
+            p.p99_ttft_ms,
+            p.mean_tpot_ms,
+            p.median_tpot_ms,
+            p.p99_tpot_ms,
+            p.mean_itl_ms,
+            p.median_itl_ms,
+            p.p99_itl_ms,
+            p.mean_e2el_ms,
+            p.median_e2el_ms,
+            p.p99_e2el_ms,
+        );
+    }
+    out
+}
+
+/// Reads `sweep.json` from a sweep directory (or the file itself).
+pub fn load_summary(path: &Path) -> Result<SweepSummary> {
+    let file = if path.is_dir() { path.join("sweep.json") } else { path.to_path_buf() };
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not a sweep summary", file.display()))
+}
+
+/// Number formatting for file names: `4`, `2.5`.
+fn num(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x}")
+    }
+}
+
+/// `cleave-bench sweep`.
+pub async fn main(args: SweepArgs) -> Result<()> {
+    let (variable, values): (SweepVar, Vec<f64>) = match (args.max_concurrency.is_empty(), args.request_rate.is_empty()) {
+        (false, true) => (SweepVar::MaxConcurrency, args.max_concurrency.iter().map(|&c| c as f64).collect()),
+        (true, false) => (SweepVar::RequestRate, args.request_rate.clone()),
+        _ => bail!("give exactly one of --max-concurrency 1,2,4,... or --request-rate 1,2,4,..."),
+    };
+    std::fs::create_dir_all(&args.output_dir).with_context(|| format!("creating {}", args.output_dir.display()))?;
+    let (target, max_len) = bench::resolve_target(&args.server).await?;
+    let extra = args.server.extra_body()?;
+    let mut summary = SweepSummary {
+        label: args.label.clone(),
+        variable,
+        model: target.model.clone(),
+        endpoint: args.server.endpoint.clone(),
+        input_len: args.workload.random_input_len,
+        output_len: args.workload.random_output_len,
+        points: vec![],
+    };
+    for (i, &x) in values.iter().enumerate() {
+        let (load, num_prompts, name) = match variable {
+            SweepVar::MaxConcurrency => {
+                let c = x as usize;
+                let n = args.prompts_per_concurrency.map_or(args.workload.num_prompts, |k| (k * c).max(1));
+                let load = LoadSpec { request_rate: f64::INFINITY, burstiness: args.workload.burstiness, max_concurrency: Some(c), seed: args.workload.seed };
+                (load, n, format!("{}-concurrency{c}.json", args.label))
+            }
+            SweepVar::RequestRate => {
+                let load = LoadSpec { request_rate: x, burstiness: args.workload.burstiness, max_concurrency: None, seed: args.workload.seed };
+                (load, args.workload.num_prompts, format!("{}-{}qps.json", args.label, num(x)))
+            }
+        };
+        println!("\n### sweep point {}/{}: {} = {}", i + 1, values.len(), variable.axis_label(), num(x));
+        // A different seed per point: repeated prompts would hit a prefix cache.
+        let seed = args.workload.seed + i as u64;
+        let reqs = bench::load_requests(&target, &args.workload, num_prompts, seed, max_len).await?;
+        let run = bench::run_point(&target, &args.workload, &extra, &reqs, &load, Some(args.label.clone())).await?;
+        print!("{}", run.report);
+        write_json(&args.output_dir.join(&name), &run.result)?;
+        summary.points.push(point_from(x, &run));
+    }
+    let csv_path = args.output_dir.join("sweep.csv");
+    std::fs::write(&csv_path, to_csv(&summary)).with_context(|| format!("writing {}", csv_path.display()))?;
+    write_json(&args.output_dir.join("sweep.json"), &serde_json::to_value(&summary)?)?;
+    let title = format!("{}: {} in / {} out, {}", summary.label, summary.input_len, summary.output_len, summary.model);
+    let series = [Series { label: summary.label.clone(), points: summary.points.clone() }];
+    let (png, svg) = charts::draw_sweep(&series, variable, &title, &args.output_dir.join("sweep"))?;
+    println!("Wrote {} points, {}, {} and {}", summary.points.len(), csv_path.display(), png.display(), svg.display());
+    Ok(())
+}
+
+/// The paths `chart` writes for an output base.
+pub fn chart_paths(base: &Path) -> (PathBuf, PathBuf) {
+    (base.with_extension("png"), base.with_extension("svg"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_has_one_row_per_point_and_roundtrips_the_summary() {
+        let p = SweepPoint {
+            x: 2.0, num_prompts: 4, completed: 4, failed: 0, duration: 1.5, request_throughput: 2.0, output_throughput: 30.0,
+            total_token_throughput: 90.0, mean_ttft_ms: 10.0, median_ttft_ms: 9.0, p99_ttft_ms: 12.0, mean_tpot_ms: 5.0,
+            median_tpot_ms: 5.0, p99_tpot_ms: 6.0, mean_itl_ms: 5.0, median_itl_ms: 5.0, p99_itl_ms: 7.0, mean_e2el_ms: 80.0,
+            median_e2el_ms: 79.0, p99_e2el_ms: 90.0,
+        };
+        let s = SweepSummary {
+            label: "a,b".into(), variable: SweepVar::MaxConcurrency, model: "m".into(), endpoint: "/v1/completions".into(),
+            input_len: 8, output_len: 16, points: vec![p.clone(), SweepPoint { x: 4.0, ..p }],
+        };
+        let csv = to_csv(&s);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0].split(',').count(), lines[1].split(',').count());
+        assert!(lines[1].starts_with("a;b,max_concurrency,2,4,4,0,1.5000,"));
+        let back: SweepSummary = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+        assert_eq!(back.points, s.points);
+        assert_eq!(num(2.5), "2.5");
+        assert_eq!(num(4.0), "4");
+    }
+}
