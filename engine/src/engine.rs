@@ -192,28 +192,52 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    fn state_for(&self, r: &Request, first: Option<u32>) -> ReqState {
-        let tail_from = r.prompt.len().saturating_sub(5);
-        let detok = self.tokenizer.as_ref().map(|_| {
-            let mut ctx = r.prompt[tail_from..].to_vec();
-            ctx.extend(first);
-            IncrementalDecoder::with_prompt(&ctx, r.params.skip_special_tokens)
-        });
-        ReqState {
+    /// Per-request state. `emitted` are tokens another rank already sampled and sent: they are
+    /// replayed through the detokenizer and the stop matcher (their text discarded) so that text
+    /// held back there (an incomplete character, a possible stop string) comes out here exactly
+    /// as it would have without the move.
+    fn state_for(&self, r: &Request, emitted: &[u32]) -> Result<ReqState> {
+        let mut detok = self.tokenizer.as_ref().map(|_| IncrementalDecoder::with_prompt(&r.prompt, r.params.skip_special_tokens));
+        let mut stop = StopMatcher::new(&r.params.stop);
+        if let (Some(tok), Some(detok)) = (&self.tokenizer, detok.as_mut()) {
+            for &t in emitted {
+                let delta = detok.push(tok, t)?;
+                stop.push(&delta);
+            }
+        }
+        Ok(ReqState {
             rng: r.params.seed.map_or_else(Rng::entropy, Rng::new),
             params: r.params.clone(),
-            generated: usize::from(first.is_some()),
+            generated: emitted.len(),
             detok,
-            stop: StopMatcher::new(&r.params.stop),
+            stop,
             prefill_only: r.prefill_only,
-        }
+        })
     }
 
     /// Queues a request.
     pub fn add_request(&mut self, r: Request) -> Result<()> {
         self.validate(&r)?;
-        let state = self.state_for(&r, None);
+        let state = self.state_for(&r, &[])?;
         self.sched.add(r.id, r.prompt, r.prefill_only);
+        self.reqs.insert(r.id, state);
+        Ok(())
+    }
+
+    /// Queues a request that another rank started and that must continue here: `emitted` tokens
+    /// were already sampled and sent to the client (the first token of a failed KV transfer, or
+    /// the output of a rank that died). The prompt and those tokens are prefilled here, then
+    /// sampling continues with `max_tokens`, `min_tokens` and the text exactly as if the request
+    /// had never moved (a seeded random stream restarts, though).
+    pub fn add_resumed(&mut self, r: Request, emitted: &[u32]) -> Result<()> {
+        self.validate(&r)?;
+        if emitted.len() >= r.params.max_tokens {
+            return Err(EngineError::InvalidRequest(format!("{} of max_tokens {} were already generated", emitted.len(), r.params.max_tokens)));
+        }
+        let state = self.state_for(&r, emitted)?;
+        let mut tokens = r.prompt;
+        tokens.extend_from_slice(emitted);
+        self.sched.add(r.id, tokens, false);
         self.reqs.insert(r.id, state);
         Ok(())
     }
@@ -349,7 +373,7 @@ impl<B: Backend> Engine<B> {
     /// already sampled (and sent to the client) by a prefill rank.
     pub fn admit_prefilled(&mut self, r: Request, first_token: u32, blocks: Vec<u32>) -> Result<()> {
         self.validate(&r)?;
-        let state = self.state_for(&r, Some(first_token));
+        let state = self.state_for(&r, &[first_token])?;
         let prompt_len = r.prompt.len();
         let mut tokens = r.prompt;
         tokens.push(first_token);

@@ -1,0 +1,370 @@
+//! [`Cluster`]: the handle the gateway holds. It starts the actix System thread (router, pools,
+//! KV-transfer actor) and one OS thread per rank, validates and submits requests, and exposes
+//! stats and metrics.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, Addr};
+use cleave_engine::model::ModelConfig;
+use cleave_engine::tokenizer::Tokenizer;
+use cleave_engine::{EngineConfig, SamplingParams};
+
+use crate::config::{ConfigError, DeployConfig, Device};
+use crate::error::ActorError;
+use crate::pool::Pool;
+use crate::rank::{spawner, CpuRankFactory, Fault, RankCmd, RankFactory, RankInfo};
+use crate::request::{ReqCtx, TokenStream};
+use crate::router::{RouteRequest, Router};
+use crate::table::{RankStats, RankStatus, RankTable, Role};
+use crate::transfer::KvTransfer;
+
+/// What the gateway needs to know about the served model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub served_model_name: String,
+    pub model_dir: PathBuf,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    /// Ids that end a sequence unless `ignore_eos` (config.json's and the tokenizer's EOS).
+    pub eos_token_ids: Vec<u32>,
+    /// The `</think>` token, where the reasoning section ends.
+    pub think_end_id: Option<u32>,
+}
+
+/// A snapshot of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStats {
+    /// Prefill ranks first, then decode ranks, in configuration order.
+    pub ranks: Vec<RankStats>,
+    /// Requests that some rank, actor or channel still holds.
+    pub in_flight: usize,
+}
+
+impl ClusterStats {
+    /// KV blocks allocated over every rank.
+    pub fn blocks_in_use(&self) -> usize {
+        self.ranks.iter().map(|r| r.blocks_in_use).sum()
+    }
+
+    /// Nothing in flight and no block allocated anywhere.
+    pub fn is_idle(&self) -> bool {
+        self.in_flight == 0 && self.ranks.iter().all(|r| r.blocks_in_use == 0 && r.running == 0 && r.waiting == 0 && r.held == 0)
+    }
+}
+
+struct Inner {
+    cfg: DeployConfig,
+    table: Arc<RankTable>,
+    router: Addr<Router>,
+    system: actix::System,
+    tokenizer: Arc<Tokenizer>,
+    info: ModelInfo,
+    next_id: AtomicU64,
+    stopped: AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.stopped.swap(true, Ordering::SeqCst) {
+            self.table.shutdown();
+            self.system.stop();
+        }
+    }
+}
+
+/// The serving cluster: cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+fn load_err(e: impl std::fmt::Display) -> ActorError {
+    ActorError::Load(e.to_string())
+}
+
+/// Reads the model's config and tokenizer once for the whole cluster.
+fn model_info(cfg: &DeployConfig) -> Result<(Arc<Tokenizer>, ModelInfo), ActorError> {
+    let mc = ModelConfig::from_dir(&cfg.model).map_err(load_err)?;
+    if !cfg.model.join("tokenizer.json").is_file() {
+        return Err(ActorError::Load(format!("{}: no tokenizer.json", cfg.model.display())));
+    }
+    let tokenizer = Arc::new(Tokenizer::from_dir(&cfg.model).map_err(load_err)?);
+    let max_model_len = cfg.max_model_len.unwrap_or(mc.max_position_embeddings);
+    if max_model_len > mc.max_position_embeddings {
+        return Err(ConfigError {
+            file: None,
+            field: Some("max_model_len".into()),
+            line: None,
+            message: format!("{max_model_len} exceeds the model's max_position_embeddings {}", mc.max_position_embeddings),
+        }
+        .into());
+    }
+    let mut eos_token_ids = mc.eos_token_ids.clone();
+    if let Some(id) = tokenizer.eos_token().and_then(|e| tokenizer.token_to_id(e)) {
+        if !eos_token_ids.contains(&id) {
+            eos_token_ids.push(id);
+        }
+    }
+    let info = ModelInfo {
+        served_model_name: cfg.served_model_name(),
+        model_dir: cfg.model.clone(),
+        max_model_len,
+        vocab_size: mc.vocab_size,
+        eos_token_ids,
+        think_end_id: tokenizer.think_end_id(),
+    };
+    Ok((tokenizer, info))
+}
+
+impl Cluster {
+    /// Starts the deployment `cfg` (resolving a relative `model` against the current directory)
+    /// and returns once every rank has loaded its model.
+    pub fn start(mut cfg: DeployConfig) -> Result<Cluster, ActorError> {
+        cfg.check()?;
+        if !cfg.model.join("config.json").is_file() {
+            cfg.resolve_model(None)?;
+        }
+        match cfg.device {
+            Device::Cpu => Self::start_with(cfg, CpuRankFactory::new()),
+            Device::Cuda => Err(ConfigError {
+                file: None,
+                field: Some("device".into()),
+                line: None,
+                message: "cuda ranks are not available in this build yet; use device: cpu".into(),
+            }
+            .into()),
+        }
+    }
+
+    /// Starts the deployment with ranks built by `factory` (the seam for GPU backends).
+    pub fn start_with<F: RankFactory>(cfg: DeployConfig, factory: F) -> Result<Cluster, ActorError> {
+        cfg.check()?;
+        let (tokenizer, info) = model_info(&cfg)?;
+        let mut ranks: Vec<(usize, Role)> = cfg.prefill.ranks.iter().map(|&r| (r, Role::Prefill)).collect();
+        ranks.extend(cfg.decode.ranks.iter().map(|&r| (r, Role::Decode)));
+        let num_blocks = match cfg.device {
+            Device::Cpu => cfg.cpu_num_blocks(),
+            Device::Cuda => cfg.kv_cache.num_blocks.unwrap_or(0),
+        };
+        let engine = |role: Role| {
+            let (seqs, tokens) = match role {
+                Role::Prefill => (cfg.prefill.max_num_seqs, cfg.prefill.max_num_batched_tokens),
+                Role::Decode => (cfg.decode.max_num_seqs, cfg.decode.max_num_batched_tokens),
+            };
+            EngineConfig {
+                max_num_seqs: seqs,
+                max_num_batched_tokens: tokens,
+                block_size: cfg.kv_cache.block_size,
+                num_blocks,
+                max_model_len: Some(info.max_model_len),
+            }
+        };
+        let infos: Vec<RankInfo> = ranks
+            .iter()
+            .map(|&(rank, role)| RankInfo {
+                rank,
+                role,
+                num_ranks: ranks.len(),
+                device: cfg.device,
+                model_dir: cfg.model.clone(),
+                engine: engine(role),
+                gpu_memory_utilization: cfg.kv_cache.gpu_memory_utilization,
+                tokenizer: tokenizer.clone(),
+            })
+            .collect();
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let table = Arc::new(RankTable::new(&ranks, metrics, cfg.kv_transfer.failure_policy, cfg.kv_cache.block_size));
+        let spawn = spawner(factory, infos);
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (t, router_cfg) = (table.clone(), cfg.router.clone());
+        let timeout = Duration::from_millis(cfg.kv_transfer.timeout_ms);
+        let heartbeat = Duration::from_millis(cfg.supervisor.heartbeat_timeout_ms);
+        let has_prefill = !cfg.prefill.ranks.is_empty();
+        std::thread::Builder::new()
+            .name("cleave-actors".into())
+            .spawn(move || {
+                let sys = actix::System::new();
+                let addrs = sys.block_on(async move {
+                    let transfer = KvTransfer::new(t.clone(), timeout).start();
+                    if has_prefill {
+                        Pool::new(Role::Prefill, t.clone(), spawn.clone(), transfer.clone(), heartbeat).start();
+                    }
+                    Pool::new(Role::Decode, t.clone(), spawn, transfer, heartbeat).start();
+                    (Router::new(t, router_cfg).start(), actix::System::current())
+                });
+                let _ = tx.send(addrs);
+                if let Err(e) = sys.run() {
+                    tracing::error!(error = %e, "actor system ended with an error");
+                }
+            })
+            .map_err(|e| ActorError::Internal(format!("cannot start the actor thread: {e}")))?;
+        let (router, system) = rx.recv().map_err(|_| ActorError::Internal("the actor system did not start".into()))?;
+        let inner = Inner { cfg, table, router, system, tokenizer, info, next_id: AtomicU64::new(1), stopped: AtomicBool::new(false) };
+        let cluster = Cluster { inner: Arc::new(inner) };
+        if let Err(m) = cluster.inner.table.wait_all_up() {
+            cluster.shutdown();
+            return Err(ActorError::Load(m));
+        }
+        tracing::info!(
+            prefill = ?cluster.inner.cfg.prefill.ranks,
+            decode = ?cluster.inner.cfg.decode.ranks,
+            model = %cluster.inner.info.served_model_name,
+            "cluster up"
+        );
+        Ok(cluster)
+    }
+
+    /// The configuration the cluster runs.
+    pub fn config(&self) -> &DeployConfig {
+        &self.inner.cfg
+    }
+
+    pub fn tokenizer(&self) -> Arc<Tokenizer> {
+        self.inner.tokenizer.clone()
+    }
+
+    pub fn model_info(&self) -> ModelInfo {
+        self.inner.info.clone()
+    }
+
+    /// Checks a request against the model before it is queued.
+    pub fn validate(&self, prompt: &[u32], params: &SamplingParams) -> Result<(), ActorError> {
+        let info = &self.inner.info;
+        let bad = |m: String| Err(ActorError::Invalid(m));
+        if prompt.is_empty() {
+            return bad("the prompt is empty".into());
+        }
+        if let Some(t) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return bad(format!("token id {t} is outside the vocabulary of {}", info.vocab_size));
+        }
+        if params.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if prompt.len() + params.max_tokens > info.max_model_len {
+            return bad(format!(
+                "this model's maximum context length is {} tokens; the prompt has {} and max_tokens is {}",
+                info.max_model_len,
+                prompt.len(),
+                params.max_tokens
+            ));
+        }
+        if !(params.temperature >= 0.0 && params.temperature.is_finite()) {
+            return bad(format!("temperature must be a finite number >= 0, got {}", params.temperature));
+        }
+        if !(params.top_p > 0.0 && params.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", params.top_p));
+        }
+        if !(0.0..=1.0).contains(&params.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", params.min_p));
+        }
+        if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
+            return bad(format!("repetition_penalty must be > 0, got {}", params.repetition_penalty));
+        }
+        Ok(())
+    }
+
+    /// Submits a tokenized request; its tokens arrive on the returned stream. Dropping the
+    /// stream aborts the request wherever it is and frees its blocks on every rank.
+    pub async fn submit(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<TokenStream, ActorError> {
+        self.validate(&prompt, &params)?;
+        let inner = &self.inner;
+        if inner.stopped.load(Ordering::SeqCst) {
+            return Err(ActorError::ShuttingDown);
+        }
+        let limit = inner.cfg.server.max_concurrent_requests;
+        if inner.table.in_flight.load(Ordering::SeqCst) >= limit {
+            return Err(ActorError::Overloaded(format!("{limit} requests are in flight")));
+        }
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let n = prompt.len() as u64;
+        let (ctx, mut stream) = ReqCtx::new(id, prompt, params, inner.table.clone());
+        tracing::debug!(request_id = id, prompt_tokens = n, "submitted");
+        match inner.router.send(RouteRequest(ctx)).await {
+            Ok(Ok(_)) => {
+                inner.table.metrics.prompt_tokens.inc_by(n);
+                Ok(stream)
+            }
+            Ok(Err(e)) => {
+                stream.disarm();
+                Err(e)
+            }
+            Err(_) => {
+                stream.disarm();
+                Err(ActorError::ShuttingDown)
+            }
+        }
+    }
+
+    /// Prometheus text exposition (names prefixed `cleave_`).
+    pub fn metrics_text(&self) -> String {
+        let t = &self.inner.table;
+        let m = &t.metrics;
+        let mut queued = [0i64; 2];
+        for r in t.stats() {
+            let (rank, pool) = (r.rank.to_string(), r.role.as_str());
+            let labels = [rank.as_str(), pool];
+            m.running.with_label_values(&labels).set(r.running as i64);
+            m.waiting.with_label_values(&labels).set(r.waiting as i64);
+            m.kv_blocks_in_use.with_label_values(&labels).set(r.blocks_in_use as i64);
+            m.kv_blocks_total.with_label_values(&labels).set(r.blocks_total as i64);
+            match r.role {
+                Role::Prefill => queued[0] += r.queued as i64,
+                Role::Decode => queued[1] += (r.waiting + r.queued) as i64,
+            }
+        }
+        m.queue_depth.with_label_values(&["prefill"]).set(queued[0]);
+        m.queue_depth.with_label_values(&["decode"]).set(queued[1]);
+        m.in_flight.set(t.in_flight.load(Ordering::SeqCst) as i64);
+        m.render()
+    }
+
+    /// Per-rank state and the requests in flight.
+    pub fn stats(&self) -> ClusterStats {
+        let t = &self.inner.table;
+        ClusterStats { ranks: t.stats(), in_flight: t.in_flight.load(Ordering::SeqCst) }
+    }
+
+    /// Waits until nothing is in flight and no rank holds a block, or `timeout` passes; returns
+    /// the last stats either way (tests assert on them).
+    pub fn wait_idle(&self, timeout: Duration) -> ClusterStats {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let s = self.stats();
+            if s.is_idle() || std::time::Instant::now() >= end {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Ends every request with [`ActorError::ShuttingDown`], stops the ranks and the actors.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        if inner.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::info!("cluster shutting down");
+        inner.table.shutdown();
+        inner.system.stop();
+    }
+
+    /// Test hook: injects a one-shot fault into the rank with configured id `rank`.
+    #[doc(hidden)]
+    pub fn inject_fault(&self, rank: usize, fault: Fault) -> bool {
+        let t = &self.inner.table;
+        let Some(slot) = t.slots.iter().position(|s| s.rank == rank) else { return false };
+        *t.shared(slot).fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(fault);
+        t.send(slot, RankCmd::Wake)
+    }
+
+    /// Status of the rank with configured id `rank`.
+    pub fn rank_status(&self, rank: usize) -> Option<RankStatus> {
+        let t = &self.inner.table;
+        t.slots.iter().position(|s| s.rank == rank).map(|i| t.status(i))
+    }
+}

@@ -1,0 +1,154 @@
+//! Pool actors (one for the prefill ranks, one for the decode ranks) start and supervise their
+//! ranks. A rank that panics, fails a step or misses its heartbeat is retired and restarted; the
+//! requests it held are recovered per `failure_policy`, and transfers from or to it fail fast.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, Addr, AsyncContext, Context, Handler, Message};
+
+use crate::error::ActorError;
+use crate::rank::{Launch, RankEvents, Spawner};
+use crate::request::OWNER_NONE;
+use crate::table::{RankStatus, RankTable, Role};
+use crate::transfer::{KvTransfer, RankDown};
+
+/// A rank loaded its model and runs its loop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct RankReady {
+    pub slot: usize,
+    pub inc: u64,
+}
+
+/// A rank's thread ended: cleanly (`error: None`), failing to load (`loaded: false`), or failing
+/// while serving.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct RankExited {
+    pub slot: usize,
+    pub inc: u64,
+    pub loaded: bool,
+    pub error: Option<String>,
+}
+
+/// Supervisor of one pool's ranks.
+pub(crate) struct Pool {
+    role: Role,
+    slots: Vec<usize>,
+    table: Arc<RankTable>,
+    spawner: Spawner,
+    transfer: Addr<KvTransfer>,
+    heartbeat: Duration,
+}
+
+impl Pool {
+    pub fn new(role: Role, table: Arc<RankTable>, spawner: Spawner, transfer: Addr<KvTransfer>, heartbeat: Duration) -> Self {
+        let slots = (0..table.slots.len()).filter(|&i| table.slots[i].role == role).collect();
+        Pool { role, slots, table, spawner, transfer, heartbeat }
+    }
+
+    fn launch(&self, slot: usize, me: Addr<Pool>) {
+        let Some((shared, rx)) = self.table.take_launch(slot) else { return };
+        let inc = shared.inc;
+        let events = RankEvents { transfer: self.transfer.clone(), pool: me };
+        if let Err(e) = (self.spawner)(Launch { slot, shared, rx, events }) {
+            self.table.set_status(slot, inc, RankStatus::Failed(format!("cannot start its thread: {e}")));
+            self.recover_orphans(slot, inc, "its thread could not start");
+        }
+    }
+
+    /// Recovers the requests the incarnation `inc` of `slot` held.
+    fn recover_orphans(&self, slot: usize, inc: u64, why: &str) {
+        let shared = self.table.shared(slot);
+        let orphans: Vec<_> = if shared.inc == inc {
+            std::mem::take(&mut *shared.tracked.lock().unwrap_or_else(|e| e.into_inner())).into_values().collect()
+        } else {
+            Vec::new()
+        };
+        self.recover(orphans, inc, slot, why);
+    }
+
+    fn recover(&self, orphans: Vec<Arc<crate::request::ReqCtx>>, inc: u64, slot: usize, why: &str) {
+        let rank = self.table.slots[slot].rank;
+        for ctx in orphans {
+            if ctx.claim(inc, OWNER_NONE) {
+                let err = ActorError::RankFailed(format!("{} rank {rank} failed: {why}", self.role.as_str()));
+                self.table.recover(ctx, err, None);
+            }
+        }
+    }
+
+    /// Retires the current incarnation of `slot`, starts a new one and recovers the requests.
+    fn restart(&self, slot: usize, why: &str, me: Addr<Pool>) {
+        let rank = self.table.slots[slot].rank;
+        tracing::error!(rank, pool = self.role.as_str(), reason = why, "restarting rank");
+        self.table.metrics.rank_restarts.with_label_values(&[self.role.as_str()]).inc();
+        let old = self.table.replace(slot);
+        self.transfer.do_send(RankDown { slot, inc: old.inc });
+        let orphans: Vec<_> = std::mem::take(&mut *old.tracked.lock().unwrap_or_else(|e| e.into_inner())).into_values().collect();
+        self.launch(slot, me);
+        self.recover(orphans, old.inc, slot, why);
+    }
+
+    fn check_heartbeats(&self, me: Addr<Pool>) {
+        for &slot in &self.slots {
+            if self.table.status(slot) != RankStatus::Up {
+                continue;
+            }
+            let silence = self.table.shared(slot).silence();
+            if silence > self.heartbeat {
+                self.restart(slot, &format!("no heartbeat for {} ms", silence.as_millis()), me.clone());
+            }
+        }
+    }
+}
+
+impl Actor for Pool {
+    type Context = Context<Self>;
+
+    fn started(&mut self, cx: &mut Context<Self>) {
+        for &slot in &self.slots {
+            self.launch(slot, cx.address());
+        }
+        let every = (self.heartbeat / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        cx.run_interval(every, |act, cx| {
+            if !act.table.is_shutting_down() {
+                act.check_heartbeats(cx.address());
+            }
+        });
+    }
+}
+
+impl Handler<RankReady> for Pool {
+    type Result = ();
+
+    fn handle(&mut self, m: RankReady, _: &mut Context<Self>) {
+        self.table.set_status(m.slot, m.inc, RankStatus::Up);
+    }
+}
+
+impl Handler<RankExited> for Pool {
+    type Result = ();
+
+    fn handle(&mut self, m: RankExited, cx: &mut Context<Self>) {
+        if self.table.inc(m.slot) != m.inc {
+            return; // an incarnation already replaced (e.g. after a missed heartbeat)
+        }
+        match m.error {
+            None => {
+                self.table.set_status(m.slot, m.inc, RankStatus::Stopped);
+                self.recover_orphans(m.slot, m.inc, "it stopped");
+            }
+            Some(_) if self.table.is_shutting_down() => {
+                self.table.set_status(m.slot, m.inc, RankStatus::Stopped);
+            }
+            Some(e) if !m.loaded => {
+                // A model that does not load will not load on a retry either.
+                self.table.set_status(m.slot, m.inc, RankStatus::Failed(e.clone()));
+                self.recover_orphans(m.slot, m.inc, &e);
+            }
+            Some(e) => self.restart(m.slot, &e, cx.address()),
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! CPU ranks: the reference backend, each rank in its own rayon pool (the machine's cores split
+//! between ranks, so a prefill rank does not steal a decode rank's cores), KV moved by memcpy.
+
+use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::model::Model;
+use cleave_engine::Engine;
+
+use super::{RankFactory, RankInfo};
+use crate::error::ActorError;
+use crate::transport::{MemcpyHub, Transport};
+
+/// Builds CPU ranks that exchange KV through one [`MemcpyHub`].
+pub struct CpuRankFactory {
+    hub: MemcpyHub,
+    threads_per_rank: Option<usize>,
+}
+
+impl CpuRankFactory {
+    /// A factory whose ranks split the machine's cores evenly.
+    pub fn new() -> Self {
+        CpuRankFactory { hub: MemcpyHub::new(), threads_per_rank: None }
+    }
+
+    /// Fixes the rayon threads of each rank.
+    pub fn with_threads_per_rank(mut self, n: usize) -> Self {
+        self.threads_per_rank = Some(n.max(1));
+        self
+    }
+
+    /// The hub the ranks' transports share (tests check it is empty afterwards).
+    pub fn hub(&self) -> MemcpyHub {
+        self.hub.clone()
+    }
+
+    fn threads(&self, info: &RankInfo) -> usize {
+        self.threads_per_rank.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            (cores / info.num_ranks.max(1)).max(1)
+        })
+    }
+}
+
+impl Default for CpuRankFactory {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RankFactory for CpuRankFactory {
+    type Backend = CpuBackend;
+
+    fn create(&self, info: &RankInfo) -> Result<(Engine<CpuBackend>, Box<dyn Transport<CpuBackend>>), ActorError> {
+        let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
+        let model = Model::load(&CpuBackend, &info.model_dir, info.engine.max_model_len).map_err(load)?;
+        let engine = Engine::new(CpuBackend, model, Some(info.tokenizer.clone()), info.engine).map_err(load)?;
+        Ok((engine, Box::new(self.hub.endpoint())))
+    }
+
+    fn run_thread(&self, info: &RankInfo, body: Box<dyn FnOnce() + Send + '_>) {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads(info))
+            .thread_name({
+                let (role, rank) = (info.role.as_str(), info.rank);
+                move |i| format!("cleave-{role}-{rank}-w{i}")
+            })
+            .build();
+        match pool {
+            Ok(pool) => pool.install(body),
+            Err(e) => {
+                tracing::warn!(rank = info.rank, error = %e, "no rayon pool for this rank; using the global one");
+                body()
+            }
+        }
+    }
+}

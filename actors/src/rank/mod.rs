@@ -1,0 +1,170 @@
+//! Ranks: one OS thread each, owning its engine (weights, KV cache, scheduler) and its transport
+//! endpoint, both created on that thread by a [`RankFactory`]. A rank takes [`RankCmd`]s from a
+//! flume channel, runs its step loop, and sends each request's tokens on that request's own
+//! channel. Panics and errors end the thread; its pool restarts it.
+
+mod cpu;
+mod worker;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Addr;
+use cleave_engine::backend::Backend;
+use cleave_engine::tokenizer::Tokenizer;
+use cleave_engine::{Engine, EngineConfig};
+
+pub use cpu::CpuRankFactory;
+
+use crate::config::Device;
+use crate::error::ActorError;
+use crate::pool::{Pool, RankExited, RankReady};
+use crate::request::{ReqCtx, ReqId};
+use crate::table::{RankShared, Role};
+use crate::transfer::KvTransfer;
+use crate::transport::{TransferTicket, Transport};
+
+/// What a rank is asked to do.
+pub(crate) enum RankCmd {
+    /// Prefill rank: prefill the prompt, send the first token, hold the KV for decode slot `dst`.
+    Prefill { ctx: Arc<ReqCtx>, dst: usize },
+    /// Decode rank: prefill locally (the prompt plus any tokens already sent) and decode.
+    Generate { ctx: Arc<ReqCtx> },
+    /// Decode rank: reserve blocks for an incoming transfer, then receive and admit it.
+    Reserve { ctx: Arc<ReqCtx>, first: u32, ticket: TransferTicket },
+    /// Prefill rank: send the held KV of `ticket.req`, then release it.
+    SendKv { ticket: TransferTicket },
+    /// Decode rank: abandon an incoming transfer and return its blocks.
+    CancelRecv { id: ReqId },
+    /// Prefill rank: drop the held KV of a request whose transfer was abandoned.
+    Release { id: ReqId },
+    /// Any rank: the client is gone; drop the request wherever it is here.
+    Abort { id: ReqId },
+    /// Wakes an idle rank (e.g. to notice an injected fault).
+    Wake,
+    /// End every request with an error and exit.
+    Shutdown,
+}
+
+/// Failures a test can inject into a rank (see [`crate::Cluster::inject_fault`]). One-shot: the
+/// restarted rank is healthy.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Panic at the next loop iteration.
+    Panic,
+    /// Panic when asked to send a KV transfer (after the decode rank reserved its blocks).
+    PanicOnKvSend,
+    /// Report a transport error on the next KV send.
+    FailKvSend,
+    /// Stop answering (no heartbeat, no steps) for this long.
+    Hang(Duration),
+}
+
+/// Everything a factory needs to build one rank, computed by the cluster from the config.
+#[derive(Clone)]
+pub struct RankInfo {
+    /// Configured rank id (a thread label on CPU, the device ordinal on CUDA).
+    pub rank: usize,
+    pub role: Role,
+    /// Ranks in the cluster (to size per-rank thread pools).
+    pub num_ranks: usize,
+    pub device: Device,
+    pub model_dir: PathBuf,
+    /// Limits for this rank's engine. On CUDA with `gpu_memory_utilization`, `num_blocks` is 0
+    /// and the factory sizes the cache.
+    pub engine: EngineConfig,
+    pub gpu_memory_utilization: Option<f64>,
+    /// The cluster's tokenizer, shared by every rank.
+    pub tokenizer: Arc<Tokenizer>,
+}
+
+/// Builds a rank's backend, engine and transport endpoint. Both methods run on the rank's own
+/// thread, so nothing device-bound ever crosses threads.
+pub trait RankFactory: Send + Sync + 'static {
+    type Backend: Backend + 'static;
+
+    /// Loads the model and returns the engine and this rank's transport endpoint.
+    #[allow(clippy::type_complexity)]
+    fn create(&self, info: &RankInfo) -> Result<(Engine<Self::Backend>, Box<dyn Transport<Self::Backend>>), ActorError>;
+
+    /// Wraps the rank's whole life on its thread (a CPU rank runs inside its own rayon pool).
+    fn run_thread(&self, info: &RankInfo, body: Box<dyn FnOnce() + Send + '_>) {
+        let _ = info;
+        body()
+    }
+}
+
+/// Where a rank reports.
+#[derive(Clone)]
+pub(crate) struct RankEvents {
+    pub transfer: Addr<KvTransfer>,
+    pub pool: Addr<Pool>,
+}
+
+/// One incarnation of a rank, ready to run.
+pub(crate) struct Launch {
+    pub slot: usize,
+    pub shared: Arc<RankShared>,
+    pub rx: flume::Receiver<RankCmd>,
+    pub events: RankEvents,
+}
+
+/// Starts a rank thread for a launch.
+pub(crate) type Spawner = Arc<dyn Fn(Launch) -> std::io::Result<()> + Send + Sync>;
+
+/// A spawner over `factory`, with the per-slot infos.
+pub(crate) fn spawner<F: RankFactory>(factory: F, infos: Vec<RankInfo>) -> Spawner {
+    let factory = Arc::new(factory);
+    Arc::new(move |l: Launch| {
+        let info = infos[l.slot].clone();
+        let f = factory.clone();
+        std::thread::Builder::new().name(format!("cleave-{}-{}", info.role.as_str(), info.rank)).spawn(move || run_rank(&*f, info, l))?;
+        Ok(())
+    })
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into())
+}
+
+fn run_rank<F: RankFactory>(factory: &F, info: RankInfo, l: Launch) {
+    let Launch { slot, shared, rx, events } = l;
+    let inc = shared.inc;
+    let mut loaded = false;
+    let mut outcome: Option<Result<(), String>> = None;
+    {
+        let (loaded, outcome, events) = (&mut loaded, &mut outcome, events.clone());
+        let info2 = info.clone();
+        factory.run_thread(
+            &info,
+            Box::new(move || {
+                let r = catch_unwind(AssertUnwindSafe(|| -> Result<(), ActorError> {
+                    let (engine, transport) = factory.create(&info2)?;
+                    *loaded = true;
+                    let mut w = worker::Worker::new(slot, &info2, engine, transport, shared, events.clone());
+                    w.publish();
+                    events.pool.do_send(RankReady { slot, inc });
+                    tracing::info!(rank = info2.rank, pool = info2.role.as_str(), "rank up");
+                    w.run(&rx)
+                }));
+                *outcome = Some(match r {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(p) => Err(format!("panicked: {}", panic_message(&*p))),
+                });
+            }),
+        );
+    }
+    let error = match outcome {
+        Some(Ok(())) => None,
+        Some(Err(e)) => Some(e),
+        None => Some("the rank's thread wrapper did not run it".into()),
+    };
+    if let Some(e) = &error {
+        tracing::error!(rank = info.rank, pool = info.role.as_str(), error = %e, "rank failed");
+    }
+    events.pool.do_send(RankExited { slot, inc, loaded, error });
+}
