@@ -3,6 +3,7 @@
 //! path. Tensors are 2-D `[rows, cols]`, one row per token.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::error::Result;
 use crate::weights::LinearSource;

@@ -1,0 +1,393 @@
+//! The CUDA backend: bf16 weights, f32 activations, f32 accumulation. GEMMs go through cuBLAS;
+//! norms, RoPE, MLA attention over the paged latent cache, MoE routing and the grouped expert
+//! GEMM are cleave's own kernels (crate `cleave-kernels`). Nothing here synchronizes with the
+//! host inside a forward step except `download`.
+//!
+//! A `CudaBackend` owns its device context and stream; create it on the thread that runs the
+//! rank and keep it there.
+
+mod attention;
+mod load;
+mod moe;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use cleave_kernels::cudarc::driver::CudaSlice;
+pub use cleave_kernels::Gpu;
+use cleave_kernels::{ptr, KernelError};
+
+use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
+use crate::error::{EngineError, Result};
+use crate::weights::LinearSource;
+
+pub(crate) fn kerr(e: KernelError) -> EngineError {
+    EngineError::Backend(format!("cuda: {e}"))
+}
+
+/// An f32 matrix on the device.
+pub struct CudaTensor {
+    buf: CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CudaTensor {
+    pub fn ptr(&self) -> u64 {
+        ptr(&self.buf)
+    }
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A bf16 linear weight `[out, in]`.
+pub struct CudaWeight {
+    buf: CudaSlice<u16>,
+    pub out: usize,
+    pub inp: usize,
+}
+
+impl CudaWeight {
+    pub fn ptr(&self) -> u64 {
+        ptr(&self.buf)
+    }
+}
+
+/// Routed experts, stacked: `gate_up` `[E, 2I, H]` with gate and up rows interleaved (row 2j is
+/// gate j, row 2j+1 up j) and `down` `[E, H, I]`, bf16.
+pub struct CudaExperts {
+    gate_up: CudaSlice<u16>,
+    down: CudaSlice<u16>,
+    pub experts: usize,
+    pub hidden: usize,
+    pub inter: usize,
+}
+
+/// Per-token expert ids and weights, on the device.
+pub struct CudaRouting {
+    ids: CudaSlice<u32>,
+    weights: CudaSlice<f32>,
+    pub rows: usize,
+    pub top_k: usize,
+}
+
+/// The latent cache, block-major `[num_blocks, layers, block_size, width]` bf16: one block of
+/// every layer is one contiguous region (what KV transfer moves).
+pub struct CudaKvCache {
+    buf: CudaSlice<u16>,
+    pub layout: KvLayout,
+}
+
+impl CudaKvCache {
+    /// Device address and byte length of block `b` (all layers).
+    pub fn block_region(&self, b: u32) -> (u64, usize) {
+        let bytes = self.layout.block_values() * 2;
+        (ptr(&self.buf) + b as u64 * bytes as u64, bytes)
+    }
+}
+
+pub struct CudaBackend {
+    gpu: Gpu,
+    /// Small per-step index arrays (token ids, positions, slots, attention metadata), re-uploaded
+    /// only when their content changes: the 2 x layers attention calls of a step share one upload.
+    uploads: RefCell<HashMap<&'static str, (Vec<u32>, CudaSlice<u32>)>>,
+    /// Fill every output with NaN before a kernel writes it (kernels-check).
+    poison: Cell<bool>,
+    /// When set, `moe_experts` records how many experts received tokens (synchronizes).
+    expert_stats: RefCell<Option<Vec<usize>>>,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` and loads (or compiles) the kernels.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Ok(CudaBackend {
+            gpu: Gpu::new(ordinal).map_err(kerr)?,
+            uploads: RefCell::new(HashMap::new()),
+            poison: Cell::new(false),
+            expert_stats: RefCell::new(None),
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    pub fn set_poison(&self, on: bool) {
+        self.poison.set(on);
+    }
+
+    /// Starts (`true`) or stops counting experts with tokens per `moe_experts` call.
+    pub fn record_expert_stats(&self, on: bool) {
+        *self.expert_stats.borrow_mut() = if on { Some(Vec::new()) } else { None };
+    }
+
+    pub fn take_expert_stats(&self) -> Vec<usize> {
+        self.expert_stats.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.gpu.sync().map_err(kerr)
+    }
+
+    /// KV blocks that fit in `fraction` of the device memory, counting what is already in use
+    /// (weights) against it: `(fraction * total - used) / bytes per block`.
+    pub fn kv_blocks_for_memory(&self, fraction: f64, layers: usize, block_size: usize, width: usize) -> Result<usize> {
+        let (free, total) = self.gpu.mem_info().map_err(kerr)?;
+        let used = total - free;
+        let budget = (fraction * total as f64) as i64 - used as i64 - (1 << 30); // 1 GiB for activations
+        let per_block = (layers * block_size * width * 2) as i64;
+        Ok((budget.max(0) / per_block) as usize)
+    }
+
+    /// Fills the whole cache with uniform values in [-1, 1) (benchmarks).
+    pub fn fill_kv_random(&self, cache: &mut CudaKvCache, seed: u64) -> Result<()> {
+        self.gpu.fill_uniform_bf16(ptr(&cache.buf), cache.buf.len(), seed, -1.0, 1.0).map_err(kerr)
+    }
+
+    /// A routing decided elsewhere (tests: the CPU router's choice).
+    pub fn routing_from_host(&self, ids: &[u32], weights: &[f32], top_k: usize) -> Result<CudaRouting> {
+        let rows = ids.len() / top_k.max(1);
+        let id_buf = self.gpu.alloc::<u32>(ids.len()).map_err(kerr)?;
+        let w_buf = self.gpu.alloc::<f32>(weights.len()).map_err(kerr)?;
+        self.gpu.htod(ids, ptr(&id_buf)).map_err(kerr)?;
+        self.gpu.htod(weights, ptr(&w_buf)).map_err(kerr)?;
+        Ok(CudaRouting { ids: id_buf, weights: w_buf, rows, top_k })
+    }
+
+    pub fn routing_to_host(&self, r: &CudaRouting) -> Result<(Vec<u32>, Vec<f32>)> {
+        let mut ids = vec![0u32; r.rows * r.top_k];
+        let mut w = vec![0f32; r.rows * r.top_k];
+        self.gpu.dtoh(ptr(&r.ids), &mut ids).map_err(kerr)?;
+        self.gpu.dtoh(ptr(&r.weights), &mut w).map_err(kerr)?;
+        Ok((ids, w))
+    }
+
+    fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
+        let b = self.gpu.alloc::<f32>(n).map_err(kerr)?;
+        if self.poison.get() {
+            self.gpu.memset(ptr(&b), 0xff, n * 4).map_err(kerr)?;
+        }
+        Ok(b)
+    }
+
+    fn alloc_u16(&self, n: usize) -> Result<CudaSlice<u16>> {
+        let b = self.gpu.alloc::<u16>(n).map_err(kerr)?;
+        if self.poison.get() {
+            self.gpu.memset(ptr(&b), 0xff, n * 2).map_err(kerr)?;
+        }
+        Ok(b)
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        Ok(CudaTensor { buf: self.alloc_f32(rows * cols)?, rows, cols })
+    }
+
+    /// Device copy of `data` under `key`, uploaded only when it differs from the last one.
+    fn upload_u32(&self, key: &'static str, data: &[u32]) -> Result<u64> {
+        let mut up = self.uploads.borrow_mut();
+        if let Some((v, buf)) = up.get(key) {
+            if v.as_slice() == data {
+                return Ok(ptr(buf));
+            }
+        }
+        let buf = self.gpu.alloc::<u32>(data.len()).map_err(kerr)?;
+        self.gpu.htod(data, ptr(&buf)).map_err(kerr)?;
+        let p = ptr(&buf);
+        up.insert(key, (data.to_vec(), buf));
+        Ok(p)
+    }
+
+    /// `x` as bf16 (for GEMM operands).
+    fn to_bf16(&self, x: &CudaTensor) -> Result<CudaSlice<u16>> {
+        let b = self.gpu.alloc::<u16>(x.len()).map_err(kerr)?;
+        self.gpu.cast_f32_bf16(x.ptr(), ptr(&b), x.len()).map_err(kerr)?;
+        Ok(b)
+    }
+
+    fn check_same(a: &CudaTensor, b: &CudaTensor, op: &str) -> Result<()> {
+        if (a.rows, a.cols) != (b.rows, b.cols) {
+            return Err(EngineError::Backend(format!("{op}: shapes {}x{} and {}x{} differ", a.rows, a.cols, b.rows, b.cols)));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Weight = CudaWeight;
+    type Experts = CudaExperts;
+    type Routing = CudaRouting;
+    type KvCache = CudaKvCache;
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.gpu.ctx.ordinal())
+    }
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CudaTensor> {
+        if data.len() != rows * cols {
+            return Err(EngineError::Backend(format!("upload: {} values for shape {rows}x{cols}", data.len())));
+        }
+        let t = self.tensor(rows, cols)?;
+        self.gpu.htod(data, t.ptr()).map_err(kerr)?;
+        Ok(t)
+    }
+
+    fn download(&self, t: &CudaTensor) -> Result<Vec<f32>> {
+        let mut v = vec![0f32; t.len()];
+        self.gpu.dtoh(t.ptr(), &mut v).map_err(kerr)?;
+        Ok(v)
+    }
+
+    fn dims(&self, t: &CudaTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn load_linear(&self, parts: &[LinearSource<'_>]) -> Result<CudaWeight> {
+        load::linear(self, parts)
+    }
+
+    fn load_experts(&self, experts: &[ExpertSource<'_>]) -> Result<CudaExperts> {
+        load::experts(self, experts)
+    }
+
+    fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
+        let n = layout.num_blocks * layout.block_values();
+        let buf = self.gpu.alloc::<u16>(n).map_err(kerr)?;
+        self.gpu.memset(ptr(&buf), 0, n * 2).map_err(kerr)?;
+        Ok(CudaKvCache { buf, layout })
+    }
+
+    fn embedding(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
+        if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.rows) {
+            return Err(EngineError::InvalidRequest(format!("token id {id} is outside the vocabulary of {}", table.rows)));
+        }
+        let out = self.tensor(ids.len(), table.cols)?;
+        let ip = self.upload_u32("ids", ids)?;
+        self.gpu.embedding(table.ptr(), ip, out.ptr(), ids.len(), table.cols).map_err(kerr)?;
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor> {
+        if w.len() > x.cols {
+            return Err(EngineError::Backend(format!("rms_norm: weight of {} for rows of {}", w.len(), x.cols)));
+        }
+        let y = self.tensor(x.rows, x.cols)?;
+        self.gpu.rms_norm(x.ptr(), 0, w.ptr(), y.ptr(), x.rows, x.cols, w.len(), eps).map_err(kerr)?;
+        Ok(y)
+    }
+
+    fn add_rms_norm(&self, residual: &mut CudaTensor, x: &CudaTensor, w: &CudaTensor, eps: f32) -> Result<CudaTensor> {
+        Self::check_same(residual, x, "add_rms_norm")?;
+        if w.len() > x.cols {
+            return Err(EngineError::Backend(format!("add_rms_norm: weight of {} for rows of {}", w.len(), x.cols)));
+        }
+        let y = self.tensor(x.rows, x.cols)?;
+        self.gpu.rms_norm(x.ptr(), residual.ptr(), w.ptr(), y.ptr(), x.rows, x.cols, w.len(), eps).map_err(kerr)?;
+        Ok(y)
+    }
+
+    fn linear(&self, x: &CudaTensor, w: &CudaWeight) -> Result<CudaTensor> {
+        if x.cols != w.inp {
+            return Err(EngineError::Backend(format!("linear: input has {} columns, weight expects {}", x.cols, w.inp)));
+        }
+        let y = self.tensor(x.rows, w.out)?;
+        if x.rows > 0 {
+            let xb = self.to_bf16(x)?;
+            self.gpu.linear_bf16(ptr(&xb), w.ptr(), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
+        }
+        Ok(y)
+    }
+
+    fn silu_mul(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        let h = x.cols / 2;
+        let y = self.tensor(x.rows, h)?;
+        self.gpu.silu_mul(x.ptr(), y.ptr(), x.rows, h).map_err(kerr)?;
+        Ok(y)
+    }
+
+    fn add_assign(&self, a: &mut CudaTensor, b: &CudaTensor) -> Result<()> {
+        Self::check_same(a, b, "add")?;
+        self.gpu.add(a.ptr(), b.ptr(), a.len()).map_err(kerr)
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= x.rows) {
+            return Err(EngineError::Backend(format!("gather_rows: row {r} of {}", x.rows)));
+        }
+        let y = self.tensor(rows.len(), x.cols)?;
+        let rp = self.upload_u32("gather", rows)?;
+        self.gpu.gather_rows(x.ptr(), rp, y.ptr(), rows.len(), x.cols).map_err(kerr)?;
+        Ok(y)
+    }
+
+    fn rope(&self, x: &mut CudaTensor, cos_sin: &CudaTensor, positions: &[u32], heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> Result<()> {
+        if positions.len() != x.rows {
+            return Err(EngineError::Backend(format!("rope: {} positions for {} rows", positions.len(), x.rows)));
+        }
+        if let Some(&p) = positions.iter().find(|&&p| p as usize >= cos_sin.rows) {
+            return Err(EngineError::InvalidRequest(format!("position {p} is beyond the rotary table of {}", cos_sin.rows)));
+        }
+        if heads > 0 && offset + (heads - 1) * stride + rope > x.cols {
+            return Err(EngineError::Backend("rope: rotated columns run past the row".into()));
+        }
+        let pp = self.upload_u32("positions", positions)?;
+        self.gpu.rope(x.ptr(), cos_sin.ptr(), pp, x.rows, x.cols, heads, offset, stride, rope, interleaved).map_err(kerr)
+    }
+
+    fn write_kv(&self, cache: &mut CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[u32]) -> Result<()> {
+        let l = cache.layout;
+        if latent.cols != l.width || slots.len() != latent.rows || layer >= l.layers {
+            return Err(EngineError::Backend("write_kv: latent shape, slots or layer disagree with the cache".into()));
+        }
+        if let Some(&s) = slots.iter().find(|&&s| s as usize >= l.num_blocks * l.block_size) {
+            return Err(EngineError::Backend(format!("write_kv: slot {s} outside the cache")));
+        }
+        let sp = self.upload_u32("slots", slots)?;
+        self.gpu
+            .write_kv(latent.ptr(), sp, ptr(&cache.buf), latent.rows, l.width, l.layers, layer, l.block_size)
+            .map_err(kerr)
+    }
+
+    fn mla_attention(&self, q: &CudaTensor, cache: &CudaKvCache, layer: usize, kv_b: &CudaWeight, batch: &AttnBatch, dims: MlaDims) -> Result<CudaTensor> {
+        attention::mla_attention(self, q, cache, layer, kv_b, batch, dims)
+    }
+
+    fn moe_route(&self, logits: &CudaTensor, bias: &CudaTensor, params: RouterParams) -> Result<CudaRouting> {
+        moe::route(self, logits, bias, params)
+    }
+
+    fn moe_experts(&self, x: &CudaTensor, routing: &CudaRouting, experts: &CudaExperts) -> Result<CudaTensor> {
+        moe::experts(self, x, routing, experts)
+    }
+
+    fn export_blocks(&self, cache: &CudaKvCache, blocks: &[u32]) -> Result<Vec<f32>> {
+        let per = cache.layout.block_values();
+        if let Some(&b) = blocks.iter().find(|&&b| b as usize >= cache.layout.num_blocks) {
+            return Err(EngineError::Backend(format!("export_blocks: block {b} outside the cache")));
+        }
+        let out = self.alloc_f32(blocks.len() * per)?;
+        let bp = self.upload_u32("blocks", blocks)?;
+        self.gpu.kv_export(ptr(&cache.buf), bp, ptr(&out), blocks.len(), per).map_err(kerr)?;
+        let mut v = vec![0f32; blocks.len() * per];
+        self.gpu.dtoh(ptr(&out), &mut v).map_err(kerr)?;
+        Ok(v)
+    }
+
+    fn import_blocks(&self, cache: &mut CudaKvCache, blocks: &[u32], data: &[f32]) -> Result<()> {
+        let per = cache.layout.block_values();
+        if data.len() != blocks.len() * per {
+            return Err(EngineError::Backend(format!("import_blocks: {} values for {} blocks of {per}", data.len(), blocks.len())));
+        }
+        if let Some(&b) = blocks.iter().find(|&&b| b as usize >= cache.layout.num_blocks) {
+            return Err(EngineError::Backend(format!("import_blocks: block {b} outside the cache")));
+        }
+        let src = self.gpu.alloc::<f32>(data.len()).map_err(kerr)?;
+        self.gpu.htod(data, ptr(&src)).map_err(kerr)?;
+        let bp = self.upload_u32("blocks", blocks)?;
+        self.gpu.kv_import(ptr(&src), bp, ptr(&cache.buf), blocks.len(), per).map_err(kerr)
+    }
+}

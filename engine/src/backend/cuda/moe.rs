@@ -1,0 +1,60 @@
+//! DeepSeek MoE on the GPU: routing in one kernel, then the experts as two grouped GEMMs over
+//! the expert row tiles that received tokens (gate/up with SiLU-mul fused, then down) and a
+//! weighted combine. No host synchronization: tile counts stay on the device.
+
+use cleave_kernels::{ptr, Gpu};
+
+use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor};
+use crate::backend::RouterParams;
+use crate::error::{EngineError, Result};
+
+pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
+    if logits.cols != p.n_experts || bias.len() != p.n_experts {
+        return Err(EngineError::Backend(format!("moe_route: {} logits and {} biases for {} experts", logits.cols, bias.len(), p.n_experts)));
+    }
+    let n = logits.rows;
+    let gpu = be.gpu();
+    let ids = gpu.alloc::<u32>(n * p.top_k).map_err(kerr)?;
+    let weights = be.alloc_f32(n * p.top_k)?;
+    if be.poison.get() {
+        gpu.memset(ptr(&ids), 0xff, n * p.top_k * 4).map_err(kerr)?;
+    }
+    gpu.moe_route(logits.ptr(), bias.ptr(), ptr(&ids), ptr(&weights), n, p.n_experts, p.n_group, p.topk_group, p.top_k, p.norm_topk_prob, p.scaling)
+        .map_err(kerr)?;
+    Ok(CudaRouting { ids, weights, rows: n, top_k: p.top_k })
+}
+
+pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &CudaExperts) -> Result<CudaTensor> {
+    let (n, h, k, e, i) = (x.rows, x.cols, r.top_k, ex.experts, ex.inter);
+    if h != ex.hidden || r.rows != n {
+        return Err(EngineError::Backend(format!("moe_experts: {n}x{h} input, routing of {} rows, experts of width {}", r.rows, ex.hidden)));
+    }
+    let out = be.tensor(n, h)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let gpu = be.gpu();
+    let a = n * k;
+    // Row tiles of 64 once experts average 32 rows or more (prefill), else 16 (decode).
+    let bm = if a >= 32 * e { 64 } else { 16 };
+    let max_tiles = Gpu::moe_max_tiles(a, e, bm);
+    let sorted_tok = gpu.alloc::<i32>(a).map_err(kerr)?;
+    let inv = gpu.alloc::<i32>(a).map_err(kerr)?;
+    let tiles = gpu.alloc::<i32>(3 * max_tiles).map_err(kerr)?;
+    let meta = gpu.alloc::<i32>(1).map_err(kerr)?;
+    gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta)).map_err(kerr)?;
+    let xb = be.to_bf16(x)?;
+    let act = be.alloc_u16(a * i)?;
+    gpu.grouped_gemm(bm, true, ptr(&xb), ptr(&sorted_tok), ptr(&ex.gate_up), ptr(&act), ptr(&tiles), ptr(&meta), max_tiles, 2 * i, h)
+        .map_err(kerr)?;
+    let y = be.alloc_f32(a * h)?;
+    gpu.grouped_gemm(bm, false, ptr(&act), 0, ptr(&ex.down), ptr(&y), ptr(&tiles), ptr(&meta), max_tiles, h, i).map_err(kerr)?;
+    gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
+    if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
+        let (ids, _) = be.routing_to_host(r)?;
+        let mut used = vec![false; e];
+        ids.iter().for_each(|&id| used[(id as usize).min(e - 1)] = true);
+        stats.push(used.iter().filter(|&&u| u).count());
+    }
+    Ok(out)
+}

@@ -1,0 +1,140 @@
+//! NVRTC compilation to a CUBIN for the device's own architecture (`sm_90a` on Hopper), cached on
+//! disk under a key made of the source, the options, the GPU and the NVRTC version.
+
+use std::ffi::{CStr, CString};
+use std::path::PathBuf;
+
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use crate::KernelError;
+
+/// FNV-1a, 64 bits: stable across builds, unlike `DefaultHasher`.
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// `$CLEAVE_KERNEL_CACHE`, else `$XDG_CACHE_HOME/cleave/kernels`, else `~/.cache/cleave/kernels`,
+/// else a directory under the system temp dir.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CLEAVE_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("cleave/kernels");
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        return PathBuf::from(h).join(".cache/cleave/kernels");
+    }
+    std::env::temp_dir().join("cleave-kernels")
+}
+
+/// The NVRTC version as `major.minor`.
+pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
+    let (mut a, mut b) = (0, 0);
+    unsafe { nvrtc_sys::nvrtcVersion(&mut a, &mut b) }.result().map_err(|e| KernelError::Compile(format!("nvrtcVersion: {e}")))?;
+    Ok((a, b))
+}
+
+/// Outcome of [`compile_cached`]: the CUBIN and whether it came from the disk cache.
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub cached: bool,
+    pub seconds: f64,
+}
+
+/// Compiles `src` for `arch` (e.g. `sm_90a`), or reads the cached CUBIN.
+pub fn compile_cached(name: &str, src: &str, arch: &str, gpu_key: &str) -> Result<Compiled, KernelError> {
+    let (maj, min) = nvrtc_version()?;
+    let options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-default-device".to_string()];
+    let ver = format!("{maj}.{min}");
+    let key = fnv1a(&[src.as_bytes(), options.join(" ").as_bytes(), gpu_key.as_bytes(), ver.as_bytes()]);
+    let dir = cache_dir();
+    let path = dir.join(format!("{name}-{key:016x}.cubin"));
+    let t0 = std::time::Instant::now();
+    if let Ok(cubin) = std::fs::read(&path) {
+        if !cubin.is_empty() {
+            return Ok(Compiled { cubin, cached: true, seconds: t0.elapsed().as_secs_f64() });
+        }
+    }
+    let cubin = compile(name, src, &options)?;
+    // A cache that cannot be written only costs a recompile next time.
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let tmp = dir.join(format!(".{name}-{key:016x}.{}.tmp", std::process::id()));
+        if std::fs::write(&tmp, &cubin).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(Compiled { cubin, cached: false, seconds: t0.elapsed().as_secs_f64() })
+}
+
+/// Compiles without caching and returns the CUBIN size and ptxas' resource report (registers,
+/// shared memory, spills) for every kernel. Needs only libnvrtc, no GPU.
+pub fn resource_report(name: &str, src: &str, arch: &str) -> Result<(usize, String), KernelError> {
+    let options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-default-device".to_string(), "--ptxas-options=-v".to_string()];
+    let (cubin, log) = compile_with_log(name, src, &options)?;
+    Ok((cubin.len(), log))
+}
+
+fn compile(name: &str, src: &str, options: &[String]) -> Result<Vec<u8>, KernelError> {
+    compile_with_log(name, src, options).map(|(c, _)| c)
+}
+
+fn compile_with_log(name: &str, src: &str, options: &[String]) -> Result<(Vec<u8>, String), KernelError> {
+    let csrc = CString::new(src).map_err(|_| KernelError::Compile(format!("{name}: source has a NUL byte")))?;
+    let cname = CString::new(format!("{name}.cu")).expect("no NUL in name");
+    let prog = nvrtc::create_program(&csrc, Some(&cname)).map_err(|e| KernelError::Compile(format!("{name}: {e}")))?;
+    let res = unsafe { nvrtc::compile_program(prog, options) };
+    let log = unsafe { nvrtc::get_program_log(prog) }
+        .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Err(e) = res {
+        let _ = unsafe { nvrtc::destroy_program(prog) };
+        return Err(KernelError::Compile(format!("{name}.cu ({e}) with {options:?}:\n{log}")));
+    }
+    let mut size = 0usize;
+    let r = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) }.result();
+    let mut cubin = vec![0u8; size];
+    let r = r.and_then(|_| unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _) }.result());
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    r.map_err(|e| KernelError::Compile(format!("{name}: nvrtcGetCUBIN: {e}")))?;
+    Ok((cubin, log))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_is_stable_and_separates_parts() {
+        assert_eq!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"ab", b"c"]));
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+        assert_eq!(fnv1a(&[]), 0xcbf29ce484222325);
+    }
+
+    /// Compiles every module for sm_90a when libnvrtc can be opened (no GPU needed), so that
+    /// syntax and PTX errors surface before a GPU run; skipped otherwise.
+    #[test]
+    fn modules_compile_for_hopper() {
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: libnvrtc is not on the library path");
+            return;
+        }
+        for (name, src, _) in crate::MODULES {
+            let full = format!("{}\n{src}", crate::COMMON);
+            let (size, log) = resource_report(name, &full, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("== {name}.cu: {size} bytes of CUBIN\n{log}");
+            assert!(size > 0);
+            let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
+            assert!(!spills, "{name}.cu spills registers:\n{log}")
+        }
+    }
+}

@@ -1,0 +1,201 @@
+// MLA attention in the absorbed form over the paged latent cache (block-major
+// [num_blocks, layers, block_size, L + R] bf16). Every query row carries its own number of visible
+// keys, so one launch serves decode rows and causal prefill chunks of many sequences together.
+//
+// scores[h, t] = (q_lat[h] . c_t[:L] + q_rope[h] . c_t[L:]) * scale over the row's visible keys;
+// o_lat[h] = softmax(scores[h]) . c[:, :L]. q_lat = q_nope W_UK and out = o_lat W_UV^T are
+// batched GEMMs outside this kernel.
+//
+// Grid (rows, splits, ceil(heads / 16)); 128 threads. A block takes 16 heads of one row as the
+// M = 16 dimension of m16n8k16 tensor-core MMAs, streams 32-key tiles of its split of the context
+// through shared memory with cp.async (double-buffered), keeps an online softmax per head and
+// writes an unnormalized partial output plus (max, sum) per head; mla_combine merges the splits.
+
+#define HB 16
+#define TT 32
+#define NWARP 4
+#define MAX_NT 16  // L <= 32 * MAX_NT
+
+extern "C" __global__ void __launch_bounds__(128) mla_decode(
+    const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
+    const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
+    float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers,
+    int layer, int bs, int chunk, int splits, float scale) {
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HB;
+    const int W = L + R, Wp = (W + 15) & ~15, S = Wp + 8;
+    const int KBUF = TT * S + 64;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
+    bf16_t* sK = sQ + HB * S;
+    float* sS = reinterpret_cast<float*>(sK + 2 * KBUF);
+    bf16_t* sP = reinterpret_cast<bf16_t*>(sS + HB * TT);
+    const int PS = TT + 8;
+    float* sM = reinterpret_cast<float*>(sP + HB * PS);
+    float* sL = sM + HB;
+    float* sSc = sL + HB;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int kv_len = row_len[row];
+    const int t_begin = split * chunk;
+    const int t_end = min(kv_len, t_begin + chunk);
+    const int* tab = tables + row_tab[row];
+    const u64 blk_stride = (u64)layers * bs * W;
+
+    for (int i = tid; i < HB * Wp; i += blockDim.x) {
+        const int h = i / Wp, c = i % Wp;
+        float v = 0.f;
+        if (h0 + h < heads) {
+            if (c < L) v = q_lat[((u64)row * heads + h0 + h) * L + c];
+            else if (c < W) v = q[(u64)row * heads * qk + (u64)(h0 + h) * qk + nope + (c - L)];
+        }
+        sQ[h * S + c] = f2bf(v);
+    }
+    if (tid < HB) {
+        sM[tid] = NEG_INF;
+        sL[tid] = 0.f;
+        sSc[tid] = 1.f;
+    }
+    const int nt = (L + 31) / 32;
+    float acc[MAX_NT][4];
+#pragma unroll
+    for (int j = 0; j < MAX_NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+    const int ntiles = t_end > t_begin ? (t_end - t_begin + TT - 1) / TT : 0;
+    const int cpr = Wp / 8;
+    auto load_tile = [&](int buf, int tile) {
+        bf16_t* dst = sK + buf * KBUF;
+        const int t0 = t_begin + tile * TT;
+        for (int i = tid; i < TT * cpr; i += blockDim.x) {
+            const int tok = i / cpr, c8 = (i % cpr) * 8, pos = t0 + tok;
+            const bool ok = pos < t_end && c8 < W;
+            const bf16_t* src = cache;
+            if (ok) src = cache + (u64)tab[pos / bs] * blk_stride + ((u64)layer * bs + pos % bs) * W + c8;
+            cp_async16(dst + tok * S + c8, src, ok ? 16 : 0);
+        }
+    };
+    if (ntiles > 0) load_tile(0, 0);
+    cp_async_commit();
+    __syncthreads();
+
+    for (int it = 0; it < ntiles; it++) {
+        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16_t* kb = sK + (it & 1) * KBUF;
+        const int t0 = t_begin + it * TT;
+        {  // scores for keys warp*8 .. warp*8+7
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            const bf16_t* kr = kb + (warp * 8 + g) * S;
+            for (int k0 = 0; k0 < Wp; k0 += 16) {
+                const u32 a0 = ld_u32(sQ + g * S + k0 + 2 * t4);
+                const u32 a1 = ld_u32(sQ + (g + 8) * S + k0 + 2 * t4);
+                const u32 a2 = ld_u32(sQ + g * S + k0 + 8 + 2 * t4);
+                const u32 a3 = ld_u32(sQ + (g + 8) * S + k0 + 8 + 2 * t4);
+                mma_bf16(c, a0, a1, a2, a3, ld_u32(kr + k0 + 2 * t4), ld_u32(kr + k0 + 8 + 2 * t4));
+            }
+            const int tok = warp * 8 + 2 * t4;
+            sS[g * TT + tok] = (t0 + tok < t_end) ? c[0] * scale : NEG_INF;
+            sS[g * TT + tok + 1] = (t0 + tok + 1 < t_end) ? c[1] * scale : NEG_INF;
+            sS[(g + 8) * TT + tok] = (t0 + tok < t_end) ? c[2] * scale : NEG_INF;
+            sS[(g + 8) * TT + tok + 1] = (t0 + tok + 1 < t_end) ? c[3] * scale : NEG_INF;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < HB / NWARP; rr++) {  // online softmax, one head per pass, one key per lane
+            const int h = warp * (HB / NWARP) + rr;
+            const float s = sS[h * TT + lane];
+            const float m_old = sM[h];
+            const float m_new = fmaxf(m_old, warp_max(s));
+            const float p = (m_new == NEG_INF) ? 0.f : expf(s - m_new);
+            const float sum = warp_sum(p);
+            if (lane == 0) {
+                const float sc = (m_new == NEG_INF) ? 1.f : expf(m_old - m_new);
+                sSc[h] = sc;
+                sL[h] = sL[h] * sc + sum;
+                sM[h] = m_new;
+            }
+            sP[h * PS + lane] = f2bf(p);
+        }
+        __syncthreads();
+        {  // O = O * rescale + P V over the latent columns of this warp
+            const float sc0 = sSc[g], sc1 = sSc[g + 8];
+#pragma unroll
+            for (int j = 0; j < MAX_NT; j++) {
+                if (j < nt) {
+                    acc[j][0] *= sc0;
+                    acc[j][1] *= sc0;
+                    acc[j][2] *= sc1;
+                    acc[j][3] *= sc1;
+                }
+            }
+#pragma unroll
+            for (int k0 = 0; k0 < TT; k0 += 16) {
+                const u32 a0 = ld_u32(sP + g * PS + k0 + 2 * t4);
+                const u32 a1 = ld_u32(sP + (g + 8) * PS + k0 + 2 * t4);
+                const u32 a2 = ld_u32(sP + g * PS + k0 + 8 + 2 * t4);
+                const u32 a3 = ld_u32(sP + (g + 8) * PS + k0 + 8 + 2 * t4);
+                const bf16_t* v0 = kb + (k0 + 2 * t4) * S;
+#pragma unroll
+                for (int j = 0; j < MAX_NT; j++) {
+                    if (j < nt) {
+                        const int col = (j * NWARP + warp) * 8 + g;
+                        const u32 b0 = (u32)v0[col] | ((u32)v0[S + col] << 16);
+                        const u32 b1 = (u32)v0[8 * S + col] | ((u32)v0[9 * S + col] << 16);
+                        mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const u64 pbase = ((u64)row * splits + split) * heads;
+    const int hA = h0 + g, hB = h0 + g + 8;
+#pragma unroll
+    for (int j = 0; j < MAX_NT; j++) {
+        if (j < nt) {
+            const int col = (j * NWARP + warp) * 8 + 2 * t4;
+            if (hA < heads) {
+                if (col < L) part_o[(pbase + hA) * L + col] = acc[j][0];
+                if (col + 1 < L) part_o[(pbase + hA) * L + col + 1] = acc[j][1];
+            }
+            if (hB < heads) {
+                if (col < L) part_o[(pbase + hB) * L + col] = acc[j][2];
+                if (col + 1 < L) part_o[(pbase + hB) * L + col + 1] = acc[j][3];
+            }
+        }
+    }
+    if (tid < HB && h0 + tid < heads) {
+        part_ml[(pbase + h0 + tid) * 2] = sM[tid];
+        part_ml[(pbase + h0 + tid) * 2 + 1] = sL[tid];
+    }
+}
+
+// Merges the splits of each (row, head): o_lat = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s, as bf16.
+extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L, int splits) {
+    const int row = blockIdx.x, h = blockIdx.y;
+    __shared__ float wts[64];
+    __shared__ float inv_denom;
+    if (threadIdx.x == 0) {
+        float M = NEG_INF;
+        for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[(((u64)row * splits + s) * heads + h) * 2]);
+        float denom = 0.f;
+        for (int s = 0; s < splits; s++) {
+            const u64 b = (((u64)row * splits + s) * heads + h) * 2;
+            const float m = part_ml[b], l = part_ml[b + 1];
+            const float w = (m == NEG_INF) ? 0.f : expf(m - M);
+            wts[s] = w;
+            denom += w * l;
+        }
+        inv_denom = denom > 0.f ? 1.f / denom : 0.f;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < L; c += blockDim.x) {
+        float o = 0.f;
+        for (int s = 0; s < splits; s++) {
+            if (wts[s] != 0.f) o += wts[s] * part_o[(((u64)row * splits + s) * heads + h) * L + c];
+        }
+        o_lat[((u64)row * heads + h) * L + c] = f2bf(o * inv_denom);
+    }
+}

@@ -1,0 +1,154 @@
+// Row-wise and element-wise kernels: embedding, RMSNorm (+ residual), SiLU-mul, add, gather,
+// RoPE, KV-cache writes and block copies, dtype conversion at load, random fill.
+
+extern "C" __global__ void embedding_f32(const float* table, const u32* ids, float* out, int n, int cols) {
+    const int r = blockIdx.x;
+    if (r >= n) return;
+    const float* src = table + (u64)ids[r] * cols;
+    float* dst = out + (u64)r * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+}
+
+// One block per row. With `res` non-null: res += x, then y = rmsnorm(res). RMSNorm covers the
+// first `wc` columns; later columns are copied through.
+extern "C" __global__ void rms_norm_f32(const float* x, float* res, const float* w, float* y, int cols, int wc, float eps) {
+    const int r = blockIdx.x;
+    const float* xr = x + (u64)r * cols;
+    float* yr = y + (u64)r * cols;
+    float* rr = res ? res + (u64)r * cols : 0;
+    float ss = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = xr[c];
+        if (rr) {
+            v += rr[c];
+            rr[c] = v;
+        }
+        if (c < wc) ss += v * v;
+        yr[c] = v;
+    }
+    ss = block_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)wc + eps);
+    for (int c = threadIdx.x; c < wc; c += blockDim.x) yr[c] = yr[c] * inv * w[c];
+}
+
+extern "C" __global__ void silu_mul_f32(const float* x, float* y, int rows, int half) {
+    const u64 n = (u64)rows * half;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / half, c = i % half;
+        const float g = x[r * 2 * half + c], u = x[r * 2 * half + half + c];
+        y[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+extern "C" __global__ void add_f32(float* a, const float* b, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) a[i] += b[i];
+}
+
+extern "C" __global__ void gather_rows_f32(const float* x, const u32* rows, float* y, int n, int cols) {
+    const int r = blockIdx.x;
+    if (r >= n) return;
+    const float* src = x + (u64)rows[r] * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) y[(u64)r * cols + c] = src[c];
+}
+
+// In place: for every row and head, rotates `rope` columns starting at offset + h * stride.
+extern "C" __global__ void rope_f32(float* x, const float* cos_sin, const u32* pos, int n, int cols, int heads, int offset,
+                                    int stride, int rope, int interleaved) {
+    const int half = rope / 2;
+    const u64 total = (u64)n * heads * half;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int p = (int)(i % half);
+        const u64 rh = i / half;
+        const int h = (int)(rh % heads);
+        const u64 r = rh / heads;
+        const float* cs = cos_sin + (u64)pos[r] * rope;
+        const float c = cs[p], s = cs[half + p];
+        float* v = x + r * cols + offset + (u64)h * stride;
+        const int a = interleaved ? 2 * p : p, b = interleaved ? 2 * p + 1 : p + half;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x1 * c + x0 * s;
+    }
+}
+
+// The cache is block-major: [num_blocks, layers, block_size, width] bf16.
+extern "C" __global__ void write_kv_bf16(const float* latent, const u32* slots, bf16_t* cache, int n, int width, int layers,
+                                         int layer, int bs) {
+    const u64 total = (u64)n * width;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / width, c = i % width;
+        const u32 slot = slots[r];
+        const u64 blk = slot / bs, off = slot % bs;
+        cache[((blk * layers + layer) * bs + off) * width + c] = f2bf(latent[i]);
+    }
+}
+
+extern "C" __global__ void kv_export_f32(const bf16_t* cache, const u32* blocks, float* out, int nb, u64 per_block) {
+    const u64 total = (u64)nb * per_block;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 b = i / per_block, j = i % per_block;
+        out[i] = bf2f(cache[(u64)blocks[b] * per_block + j]);
+    }
+}
+
+extern "C" __global__ void kv_import_f32(const float* in, const u32* blocks, bf16_t* cache, int nb, u64 per_block) {
+    const u64 total = (u64)nb * per_block;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 b = i / per_block, j = i % per_block;
+        cache[(u64)blocks[b] * per_block + j] = f2bf(in[i]);
+    }
+}
+
+extern "C" __global__ void cast_f32_bf16(const float* x, bf16_t* y, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) y[i] = f2bf(x[i]);
+}
+
+extern "C" __global__ void cast_bf16_f32(const bf16_t* x, float* y, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) y[i] = bf2f(x[i]);
+}
+
+__device__ __forceinline__ float fp8_e4m3(unsigned char x) {
+    const int e = (x >> 3) & 15, m = x & 7;
+    float v;
+    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else if (e == 0) v = ldexpf((float)m, -9);
+    else v = ldexpf((float)(8 + m), e - 10);
+    return (x & 0x80) ? -v : v;
+}
+
+// Converts a stored [rows, cols] weight to bf16 into dst rows `row_base + r * row_mul + row_off`.
+// dtype: 0 bf16, 1 f16, 2 f32, 3 fp8 e4m3 with f32 block scales [ceil(rows/sb0), ceil(cols/sb1)].
+extern "C" __global__ void convert_weight(const unsigned char* src, int dtype, int rows, int cols, const float* scale,
+                                          int sb0, int sb1, bf16_t* dst, int row_base, int row_mul, int row_off) {
+    const u64 total = (u64)rows * cols;
+    const int scols = sb1 > 0 ? (cols + sb1 - 1) / sb1 : 0;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int r = (int)(i / cols), c = (int)(i % cols);
+        float v;
+        if (dtype == 0) v = bf2f(reinterpret_cast<const bf16_t*>(src)[i]);
+        else if (dtype == 1) v = h2f(reinterpret_cast<const unsigned short*>(src)[i]);
+        else if (dtype == 2) v = reinterpret_cast<const float*>(src)[i];
+        else {
+            v = fp8_e4m3(src[i]);
+            if (scale) v *= scale[(r / sb0) * scols + c / sb1];
+        }
+        dst[((u64)row_base + (u64)r * row_mul + row_off) * cols + c] = f2bf(v);
+    }
+}
+
+__device__ __forceinline__ u32 hash_u32(u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return (u32)x;
+}
+
+// Uniform values in [lo, hi) from a counter hash: benchmark caches and weights, never zeros.
+extern "C" __global__ void fill_uniform_bf16(bf16_t* dst, u64 n, u64 seed, float lo, float hi) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const float u = (hash_u32(i * 0x9E3779B97F4A7C15ULL + seed) >> 8) * (1.0f / 16777216.0f);
+        dst[i] = f2bf(lo + (hi - lo) * u);
+    }
+}

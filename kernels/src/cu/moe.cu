@@ -1,0 +1,297 @@
+// DeepSeek MoE on the GPU: noaux_tc routing in one kernel, the assignment sort into per-expert
+// row tiles, a grouped bf16 tensor-core GEMM over every (expert tile, column tile) pair in one
+// launch, and the weighted combine. Nothing here needs the host to know how many tokens each
+// expert received.
+
+// One warp per token; E <= 256 (8 experts per lane), n_group <= 32, top_k <= 32.
+extern "C" __global__ void moe_route(const float* logits, const float* bias, u32* ids, float* wts, int n, int E, int n_group,
+                                     int topk_group, int top_k, int norm, float scaling) {
+    const int tok = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (tok >= n) return;
+    const float* lg = logits + (u64)tok * E;
+    float sc[8], ch[8];
+    bool taken[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int e = lane + 32 * j;
+        taken[j] = e >= E;
+        if (e < E) {
+            const float s = 1.0f / (1.0f + expf(-lg[e]));
+            sc[j] = s;
+            ch[j] = s + bias[e];
+        } else {
+            sc[j] = 0.f;
+            ch[j] = NEG_INF;
+        }
+    }
+    const int gs = E / n_group;
+    if (topk_group < n_group) {
+        float mine = NEG_INF;  // lane g holds group g's score
+        for (int grp = 0; grp < n_group; grp++) {
+            float b1 = NEG_INF, b2 = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int e = lane + 32 * j;
+                if (e < E && e / gs == grp) {
+                    const float v = ch[j];
+                    if (v > b1) {
+                        b2 = b1;
+                        b1 = v;
+                    } else if (v > b2) {
+                        b2 = v;
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float o1 = __shfl_xor_sync(0xffffffffu, b1, o), o2 = __shfl_xor_sync(0xffffffffu, b2, o);
+                const float n1 = fmaxf(b1, o1), n2 = fmaxf(fminf(b1, o1), fmaxf(b2, o2));
+                b1 = n1;
+                b2 = n2;
+            }
+            const float score = gs >= 2 ? b1 + b2 : b1;
+            if (lane == grp) mine = score;
+        }
+        bool gtaken = lane >= n_group;
+        u32 keep = 0;
+        for (int i = 0; i < topk_group; i++) {
+            float v = mine;
+            int idx = gtaken ? 0x7fffffff : lane;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+                const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
+                if (other) {
+                    v = ov;
+                    idx = oi;
+                }
+            }
+            if (idx != 0x7fffffff) {
+                keep |= 1u << idx;
+                if (lane == idx) gtaken = true;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int e = lane + 32 * j;
+            if (e < E && !((keep >> (e / gs)) & 1u)) ch[j] = NEG_INF;
+        }
+    }
+    float my_w = 0.f;
+    u32 my_id = 0;
+    for (int i = 0; i < top_k; i++) {
+        float v = NEG_INF;
+        int idx = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int e = lane + 32 * j;
+            if (!taken[j] && (idx == 0x7fffffff || ch[j] > v)) {
+                v = ch[j];
+                idx = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
+            if (other) {
+                v = ov;
+                idx = oi;
+            }
+        }
+        float w = 0.f;
+        if (idx != 0x7fffffff && (idx & 31) == lane) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j == (idx >> 5)) {
+                    taken[j] = true;
+                    w = sc[j];
+                }
+            }
+        }
+        w = __shfl_sync(0xffffffffu, w, idx & 31);
+        if (lane == i) {
+            my_w = w;
+            my_id = (u32)idx;
+        }
+    }
+    const float total = warp_sum(lane < top_k ? my_w : 0.f);
+    if (norm) my_w /= total + 1e-20f;
+    if (lane < top_k) {
+        ids[(u64)tok * top_k + lane] = my_id;
+        wts[(u64)tok * top_k + lane] = my_w * scaling;
+    }
+}
+
+// One block (1024 threads). Sorts the n*top_k assignments by expert: sorted_tok[p] is the token of
+// sorted position p, inv[i] the sorted position of assignment i; tiles[3t..3t+3] = (expert, first
+// sorted row, rows) for row tiles of at most BM rows; meta[0] = number of tiles.
+extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, int BM, int* sorted_tok, int* inv, int* tiles,
+                                     int* meta) {
+    extern __shared__ int sh[];
+    int* cnt = sh;
+    int* off = sh + E;
+    int* cur = sh + 2 * E;
+    int* toff = sh + 3 * E;
+    const int tid = threadIdx.x, bd = blockDim.x;
+    for (int e = tid; e < E; e += bd) {
+        cnt[e] = 0;
+        cur[e] = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < A; i += bd) atomicAdd(&cnt[ids[i]], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int o = 0, t = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o;
+            toff[e] = t;
+            o += cnt[e];
+            t += (cnt[e] + BM - 1) / BM;
+        }
+        meta[0] = t;
+    }
+    __syncthreads();
+    for (int i = tid; i < A; i += bd) {
+        const int e = ids[i];
+        const int p = off[e] + atomicAdd(&cur[e], 1);
+        sorted_tok[p] = i / top_k;
+        inv[i] = p;
+    }
+    for (int e = tid; e < E; e += bd) {
+        const int c = cnt[e];
+        for (int j = 0; j * BM < c; j++) {
+            const int t = toff[e] + j;
+            tiles[3 * t] = e;
+            tiles[3 * t + 1] = off[e] + j * BM;
+            tiles[3 * t + 2] = min(BM, c - j * BM);
+        }
+    }
+}
+
+// Grouped GEMM: for each tile (expert e, sorted rows rs..rs+rc) and column block n0..n0+128,
+// Y[rs + r, n] = sum_k X[row(rs + r), k] * W[e, n, k], with row(p) = rowidx[p] (or p when null).
+// EPI 0 stores f32 [*, N]; EPI 1 takes interleaved gate/up columns (2j gate, 2j+1 up) and stores
+// bf16 silu(gate) * up as [*, N/2]. K % 8 == 0. 128 threads, 3-stage cp.async pipeline, BK = 32.
+template <int BM, int WM, int WN, int EPI>
+__device__ __forceinline__ void grouped_gemm(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
+                                             const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
+                                             const int* __restrict__ meta, int N, int K) {
+    constexpr int BN = 128, BK = 32, ST = 3, SA = BK + 8;
+    constexpr int MT = BM / WM / 16, NT = BN / WN / 8;
+    __shared__ __align__(16) bf16_t sA[ST][BM * SA];
+    __shared__ __align__(16) bf16_t sB[ST][BN * SA];
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) return;
+    const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
+    const int n0 = blockIdx.x * BN;
+    const bf16_t* Wb = Wt + (u64)e * N * K;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int wm = warp / WN, wn = warp % WN;
+    auto load = [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        for (int i = tid; i < BM * (BK / 8); i += 128) {
+            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
+            const bool ok = r < rc && k0 + c < K;
+            const bf16_t* src = X;
+            if (ok) {
+                const int p = rs + r;
+                const int row = rowidx ? rowidx[p] : p;
+                src = X + (u64)row * K + k0 + c;
+            }
+            cp_async16(&sA[stage][r * SA + c], src, ok ? 16 : 0);
+        }
+        for (int i = tid; i < BN * (BK / 8); i += 128) {
+            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
+            const bool ok = n0 + r < N && k0 + c < K;
+            const bf16_t* src = ok ? Wb + (u64)(n0 + r) * K + k0 + c : Wt;
+            cp_async16(&sB[stage][r * SA + c], src, ok ? 16 : 0);
+        }
+    };
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int a = 0; a < MT; a++)
+#pragma unroll
+        for (int b = 0; b < NT; b++) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0.f;
+    const int KT = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < KT) load(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<ST - 2>();
+        __syncthreads();
+        if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
+        cp_async_commit();
+        const bf16_t* a = sA[kt % ST];
+        const bf16_t* b = sB[kt % ST];
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            u32 af[MT][4], bfr[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int r = wm * (BM / WM) + mt * 16 + g;
+                af[mt][0] = ld_u32(a + r * SA + kk + 2 * t4);
+                af[mt][1] = ld_u32(a + (r + 8) * SA + kk + 2 * t4);
+                af[mt][2] = ld_u32(a + r * SA + kk + 8 + 2 * t4);
+                af[mt][3] = ld_u32(a + (r + 8) * SA + kk + 8 + 2 * t4);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int n = wn * (BN / WN) + nt * 8 + g;
+                bfr[nt][0] = ld_u32(b + n * SA + kk + 2 * t4);
+                bfr[nt][1] = ld_u32(b + n * SA + kk + 8 + 2 * t4);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mma_bf16(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[nt][0], bfr[nt][1]);
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int col = n0 + wn * (BN / WN) + nt * 8 + 2 * t4;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = wm * (BM / WM) + mt * 16 + g + hh * 8;
+                if (r >= rc) continue;
+                const u64 p = (u64)(rs + r);
+                const float c0 = acc[mt][nt][2 * hh], c1 = acc[mt][nt][2 * hh + 1];
+                if (EPI == 0) {
+                    float* y = reinterpret_cast<float*>(Y) + p * N;
+                    if (col < N) y[col] = c0;
+                    if (col + 1 < N) y[col + 1] = c1;
+                } else {
+                    bf16_t* y = reinterpret_cast<bf16_t*>(Y) + p * (N / 2);
+                    if (col + 1 < N) y[col / 2] = f2bf(c0 / (1.0f + expf(-c0)) * c1);
+                }
+            }
+        }
+    }
+}
+
+#define GG_ARGS const bf16_t *X, const int *rowidx, const bf16_t *Wt, void *Y, const int *tiles, const int *meta, int N, int K
+#define GG_PASS X, rowidx, Wt, Y, tiles, meta, N, K
+extern "C" __global__ void __launch_bounds__(128) gg16_f32(GG_ARGS) { grouped_gemm<16, 1, 4, 0>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg16_silu(GG_ARGS) { grouped_gemm<16, 1, 4, 1>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg64_f32(GG_ARGS) { grouped_gemm<64, 2, 2, 0>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg64_silu(GG_ARGS) { grouped_gemm<64, 2, 2, 1>(GG_PASS); }
+
+// out[t] = sum_j w[t, j] * Y[inv[t * top_k + j]].
+extern "C" __global__ void moe_combine(const float* Y, const int* inv, const float* wts, float* out, int n, int top_k, int H) {
+    const int t = blockIdx.x;
+    if (t >= n) return;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) {
+        float s = 0.f;
+        for (int j = 0; j < top_k; j++) s += wts[(u64)t * top_k + j] * Y[(u64)inv[(u64)t * top_k + j] * H + c];
+        out[(u64)t * H + c] = s;
+    }
+}

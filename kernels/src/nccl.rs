@@ -1,0 +1,172 @@
+//! NCCL point-to-point transport for latent KV blocks. Each rank's communicator is created on,
+//! and stays on, the thread that owns its GPU (the raw handle makes [`NcclComm`] neither Send nor
+//! Sync). Sends and receives of one transfer go in one group call, so a rank that sends and
+//! receives at once never deadlocks; [`NcclComm::wait`] bounds the wait and aborts the
+//! communicator on a timeout or an asynchronous NCCL error.
+
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use cudarc::nccl::{result as nccl, sys};
+
+use crate::{Gpu, KernelError, Result};
+
+/// The rendezvous id every rank of one communicator is created with (plain bytes: Send + Copy).
+#[derive(Clone, Copy)]
+pub struct NcclId(pub [std::ffi::c_char; 128]);
+
+/// One direction of one contiguous byte range.
+#[derive(Debug, Clone, Copy)]
+pub struct P2p {
+    pub ptr: u64,
+    pub bytes: usize,
+    pub peer: usize,
+}
+
+/// Whether the NCCL library can be opened here.
+pub fn available() -> bool {
+    unsafe { sys::is_culib_present() }
+}
+
+pub struct NcclComm {
+    comm: sys::ncclComm_t,
+    rank: usize,
+    world: usize,
+    aborted: bool,
+}
+
+fn err(what: &str, e: impl std::fmt::Debug) -> KernelError {
+    KernelError::Nccl(format!("{what}: {e:?}"))
+}
+
+impl NcclComm {
+    /// A fresh rendezvous id (made once, handed to every rank's thread).
+    pub fn unique_id() -> Result<NcclId> {
+        if !available() {
+            return Err(KernelError::Nccl("libnccl is not on the library path".into()));
+        }
+        let id = nccl::get_uniqueid().map_err(|e| err("ncclGetUniqueId", e))?;
+        Ok(NcclId(id.internal))
+    }
+
+    /// Joins the communicator as `rank` of `world` on `gpu`'s device; blocks until every rank joined.
+    pub fn init(gpu: &Gpu, id: NcclId, rank: usize, world: usize) -> Result<NcclComm> {
+        gpu.ctx.bind_to_thread()?;
+        let mut comm = std::mem::MaybeUninit::uninit();
+        unsafe { nccl::comm_init_rank(comm.as_mut_ptr(), world as i32, sys::ncclUniqueId { internal: id.0 }, rank as i32) }
+            .map_err(|e| err("ncclCommInitRank", e))?;
+        Ok(NcclComm { comm: unsafe { comm.assume_init() }, rank, world, aborted: false })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Queues every send and receive of one transfer on `gpu`'s stream as one NCCL group.
+    pub fn transfer(&self, gpu: &Gpu, sends: &[P2p], recvs: &[P2p]) -> Result<()> {
+        if self.aborted {
+            return Err(KernelError::Nccl("the communicator was aborted after an earlier failure".into()));
+        }
+        gpu.ctx.bind_to_thread()?;
+        let stream = gpu.stream.cu_stream() as sys::cudaStream_t;
+        nccl::group_start().map_err(|e| err("ncclGroupStart", e))?;
+        let mut res = Ok(());
+        for s in sends.iter().filter(|s| s.bytes > 0) {
+            let r = unsafe { nccl::send(s.ptr as *const c_void, s.bytes, sys::ncclDataType_t::ncclUint8, s.peer as i32, self.comm, stream) };
+            if let Err(e) = r {
+                res = Err(err("ncclSend", e));
+                break;
+            }
+        }
+        if res.is_ok() {
+            for r in recvs.iter().filter(|r| r.bytes > 0) {
+                let x = unsafe { nccl::recv(r.ptr as *mut c_void, r.bytes, sys::ncclDataType_t::ncclUint8, r.peer as i32, self.comm, stream) };
+                if let Err(e) = x {
+                    res = Err(err("ncclRecv", e));
+                    break;
+                }
+            }
+        }
+        let end = nccl::group_end().map_err(|e| err("ncclGroupEnd", e));
+        res.and(end.map(|_| ()))
+    }
+
+    /// Waits for the queued transfer; on a timeout or an asynchronous error the communicator is
+    /// aborted (its pending operations are cancelled) and the error returned.
+    pub fn wait(&mut self, gpu: &Gpu, timeout: Duration) -> Result<()> {
+        let ev = gpu.record()?;
+        let t0 = Instant::now();
+        loop {
+            if ev.try_is_complete()? {
+                return Ok(());
+            }
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+            if state != sys::ncclResult_t::ncclSuccess && state != sys::ncclResult_t::ncclInProgress {
+                self.abort();
+                return Err(KernelError::Nccl(format!("asynchronous NCCL error {state:?}")));
+            }
+            if t0.elapsed() > timeout {
+                self.abort();
+                return Err(KernelError::Nccl(format!("transfer timed out after {} ms", timeout.as_millis())));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    fn abort(&mut self) {
+        if !self.aborted {
+            let _ = unsafe { nccl::comm_abort(self.comm) };
+            self.aborted = true;
+        }
+    }
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if !self.aborted {
+            let _ = unsafe { nccl::comm_destroy(self.comm) };
+        }
+    }
+}
+
+/// Merges sorted block ids into runs of consecutive ids: `(first, count)`.
+pub fn block_runs(blocks: &[u32]) -> Vec<(u32, u32)> {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &b in blocks {
+        match runs.last_mut() {
+            Some((s, n)) if *s + *n == b => *n += 1,
+            _ => runs.push((b, 1)),
+        }
+    }
+    runs
+}
+
+/// Pairs the sender's and receiver's block lists into ranges that are contiguous on both sides:
+/// `(src_first, dst_first, count)`.
+pub fn paired_runs(src: &[u32], dst: &[u32]) -> Vec<(u32, u32, u32)> {
+    let mut runs: Vec<(u32, u32, u32)> = Vec::new();
+    for (&s, &d) in src.iter().zip(dst) {
+        match runs.last_mut() {
+            Some((a, b, n)) if *a + *n == s && *b + *n == d => *n += 1,
+            _ => runs.push((s, d, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge_consecutive_blocks() {
+        assert_eq!(block_runs(&[3, 4, 5, 9, 10, 2]), vec![(3, 3), (9, 2), (2, 1)]);
+        assert_eq!(paired_runs(&[1, 2, 3, 7], &[10, 11, 20, 21]), vec![(1, 10, 2), (3, 20, 1), (7, 21, 1)]);
+        assert!(paired_runs(&[], &[]).is_empty());
+    }
+}
