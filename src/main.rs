@@ -2,6 +2,7 @@
 
 mod generate;
 mod model_dir;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -16,6 +17,8 @@ struct Cli {
 enum Command {
     /// Generate from one prompt on one rank and print the result.
     Generate(generate::Args),
+    /// Serve a deployment behind the OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -25,5 +28,6 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }

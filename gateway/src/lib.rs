@@ -1,1 +1,151 @@
-//! OpenAI-compatible HTTP gateway.
+//! cleave's OpenAI-compatible HTTP gateway (warp on tokio).
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (streaming and not),
+//! `GET /v1/models`, `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`,
+//! `GET /version`.
+//!
+//! A request is validated in one place ([`validate`]), admitted against
+//! `max_concurrent_requests` (429 with `Retry-After` beyond it), sent to the [`Backend`] as one
+//! request per choice, and answered as SSE ([`sse`]) or one JSON body ([`collect`]). Chat output
+//! of a reasoning model is split into `reasoning_content` and `content` on the `</think>` token
+//! id ([`reasoning`]). Errors are one enum ([`ApiError`]) mapped to HTTP at the edge.
+
+pub mod backend;
+pub mod choice;
+pub mod cluster;
+pub mod collect;
+pub mod defaults;
+pub mod errors;
+mod generate;
+pub mod metrics;
+pub mod openai;
+pub mod reasoning;
+mod routes;
+pub mod sse;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use cleave_engine::tokenizer::Tokenizer;
+use tokio::sync::{oneshot, Semaphore};
+use warp::Filter;
+
+pub use backend::{Backend, BackendLoad, ModelInfo, TokenEvents};
+pub use defaults::SamplingDefaults;
+pub use errors::ApiError;
+pub use metrics::GatewayMetrics;
+
+/// Largest `n` a request may ask for (also bounded by `max_concurrent_requests`).
+pub const MAX_N: usize = 128;
+
+/// Gateway settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayConfig {
+    /// Generation requests (choices) in flight at most; more get 429.
+    pub max_concurrent_requests: usize,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Seconds in the `Retry-After` of a 429.
+    pub retry_after_s: u32,
+    /// Sampling defaults (from the model's `generation_config.json`).
+    pub defaults: SamplingDefaults,
+    /// `root` of the model in `/v1/models` (the model directory).
+    pub model_root: String,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig { max_concurrent_requests: 256, max_body_bytes: 32 << 20, retry_after_s: 1, defaults: SamplingDefaults::default(), model_root: String::new() }
+    }
+}
+
+/// Failure to start the server.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid gateway configuration: {0}")]
+    Config(String),
+}
+
+/// What every handler shares.
+pub(crate) struct State {
+    backend: Arc<dyn Backend>,
+    cfg: GatewayConfig,
+    info: ModelInfo,
+    tokenizer: Option<Arc<Tokenizer>>,
+    admission: Arc<Semaphore>,
+    metrics: GatewayMetrics,
+    /// Unix seconds at start (`created` of the model in `/v1/models`).
+    started: u64,
+}
+
+impl State {
+    fn max_n(&self) -> usize {
+        MAX_N.min(self.cfg.max_concurrent_requests)
+    }
+}
+
+/// A running gateway.
+pub struct Server {
+    addr: SocketAddr,
+    metrics: GatewayMetrics,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `addr` (port 0 picks a free port) and starts serving on the current tokio runtime.
+    pub async fn start(backend: Arc<dyn Backend>, cfg: GatewayConfig, addr: SocketAddr) -> Result<Server, GatewayError> {
+        if cfg.max_concurrent_requests == 0 {
+            return Err(GatewayError::Config("max_concurrent_requests must be at least 1".into()));
+        }
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
+        let addr = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
+        let metrics = GatewayMetrics::new();
+        let state = Arc::new(State {
+            info: backend.model_info(),
+            tokenizer: backend.tokenizer(),
+            admission: Arc::new(Semaphore::new(cfg.max_concurrent_requests)),
+            metrics: metrics.clone(),
+            started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            backend,
+            cfg,
+        });
+        let filter = routes::api(state).recover(routes::recover).unify();
+        let (tx, rx) = oneshot::channel::<()>();
+        let server = warp::serve(filter).incoming(listener).graceful(async move {
+            let _ = rx.await;
+        });
+        let task = tokio::spawn(server.run());
+        Ok(Server { addr, metrics, shutdown: Some(tx), task })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The gateway's counters.
+    pub fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+
+    /// Stops accepting connections and waits for open ones to finish.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+
+    /// Waits until the server stops (it runs until [`Server::shutdown`] or a fatal error).
+    pub async fn wait(&mut self) {
+        let _ = (&mut self.task).await;
+    }
+}

@@ -1,0 +1,138 @@
+//! One choice's progress through its token stream: the reasoning split, logprobs waiting for a
+//! chunk to carry them, the completion-token count and the finish reason. Pure over
+//! [`TokenOutput`]s; the SSE formatter and the non-streaming collector both build on it.
+
+use cleave_engine::{FinishReason, TokenOutput};
+
+use crate::reasoning::ReasoningSplitter;
+
+/// A token's logprob and its top alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// Most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What one token adds to a choice.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChoiceDelta {
+    /// This is the choice's first token (the role chunk goes out now).
+    pub first: bool,
+    pub reasoning: String,
+    pub content: String,
+    /// Logprobs of the tokens whose text this delta carries (and of text-less tokens before it).
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+}
+
+impl ChoiceDelta {
+    /// Whether a chunk should carry this delta (it has text or ends the choice).
+    pub fn has_chunk(&self) -> bool {
+        !self.reasoning.is_empty() || !self.content.is_empty() || self.finish.is_some()
+    }
+}
+
+/// The state of one choice.
+#[derive(Debug, Clone)]
+pub struct ChoiceState {
+    pub index: usize,
+    splitter: ReasoningSplitter,
+    include_reasoning: bool,
+    want_logprobs: bool,
+    pending: Vec<TokenLogprob>,
+    /// Tokens generated so far (reasoning included).
+    pub completion_tokens: usize,
+    pub finish: Option<FinishReason>,
+}
+
+impl ChoiceState {
+    /// `think_end`: the `</think>` id for a chat with a reasoning model, `None` for no split.
+    pub fn new(index: usize, think_end: Option<u32>, include_reasoning: bool, want_logprobs: bool) -> Self {
+        ChoiceState {
+            index,
+            splitter: ReasoningSplitter::new(think_end),
+            include_reasoning,
+            want_logprobs,
+            pending: Vec::new(),
+            completion_tokens: 0,
+            finish: None,
+        }
+    }
+
+    /// Whether reasoning is separated from content for this choice.
+    pub fn splits_reasoning(&self) -> bool {
+        self.splitter.active()
+    }
+
+    /// Whether the `</think>` token came (so the answer has a content part).
+    pub fn reasoning_ended(&self) -> bool {
+        self.splitter.ended()
+    }
+
+    /// Takes one token. Tokens after the finish are ignored.
+    pub fn push(&mut self, t: &TokenOutput) -> ChoiceDelta {
+        if self.finish.is_some() {
+            return ChoiceDelta::default();
+        }
+        let first = self.completion_tokens == 0;
+        self.completion_tokens += 1;
+        let was_reasoning = self.splitter.in_reasoning();
+        let split = self.splitter.push(t.token, &t.text);
+        let keep_token = self.include_reasoning || !was_reasoning;
+        if self.want_logprobs && keep_token {
+            self.pending.push(TokenLogprob { token: t.token, logprob: t.logprob, top: t.top_logprobs.clone() });
+        }
+        let mut d = ChoiceDelta {
+            first,
+            reasoning: if self.include_reasoning { split.reasoning } else { String::new() },
+            content: split.content,
+            logprobs: Vec::new(),
+            finish: t.finish,
+        };
+        self.finish = t.finish;
+        if d.has_chunk() {
+            d.logprobs = std::mem::take(&mut self.pending);
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn tok(token: u32, text: &str, finish: Option<FinishReason>) -> TokenOutput {
+        TokenOutput { id: 0, token, logprob: -(token as f32) / 100.0, top_logprobs: vec![(token, -0.1)], text: text.into(), finish, prefilled: false }
+    }
+
+    #[test]
+    fn logprobs_of_textless_tokens_ride_on_the_next_chunk() {
+        let mut c = ChoiceState::new(0, Some(9), true, true);
+        let d = c.push(&tok(1, "", None));
+        assert!(d.first && !d.has_chunk());
+        let d = c.push(&tok(2, "ab", None));
+        assert_eq!(d.logprobs.iter().map(|l| l.token).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(d.reasoning, "ab");
+        let d = c.push(&tok(9, "</think>", None));
+        assert!(!d.has_chunk());
+        let d = c.push(&tok(3, "x", Some(FinishReason::Stop)));
+        assert_eq!((d.content.as_str(), d.finish), ("x", Some(FinishReason::Stop)));
+        assert_eq!(d.logprobs.len(), 2);
+        assert_eq!(c.completion_tokens, 4);
+        assert!(c.reasoning_ended());
+        assert!(!c.push(&tok(4, "late", None)).has_chunk());
+    }
+
+    #[test]
+    fn excluded_reasoning_sends_neither_text_nor_logprobs() {
+        let mut c = ChoiceState::new(1, Some(9), false, true);
+        assert!(!c.push(&tok(1, "hmm", None)).has_chunk());
+        assert!(!c.push(&tok(9, "</think>", None)).has_chunk());
+        let d = c.push(&tok(2, "yes", Some(FinishReason::Length)));
+        assert_eq!(d.content, "yes");
+        assert_eq!(d.logprobs.iter().map(|l| l.token).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(c.completion_tokens, 3, "usage still counts reasoning tokens");
+    }
+}

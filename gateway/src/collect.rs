@@ -1,0 +1,167 @@
+//! Non-streaming responses: every choice's tokens gathered into one `chat.completion` or
+//! `text_completion` body. Pure: token outputs in, JSON out.
+
+use std::sync::Arc;
+
+use cleave_engine::tokenizer::Tokenizer;
+use cleave_engine::TokenOutput;
+
+use crate::choice::{ChoiceState, TokenLogprob};
+use crate::openai::{AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, TokenStrings, Usage};
+use crate::sse::ResponseMeta;
+use crate::validate::Endpoint;
+
+#[derive(Default)]
+struct Gathered {
+    reasoning: String,
+    content: String,
+    logprobs: Vec<TokenLogprob>,
+}
+
+/// Gathers the outputs of `n` choices.
+pub struct Collector {
+    meta: ResponseMeta,
+    tokenizer: Option<Arc<Tokenizer>>,
+    choices: Vec<ChoiceState>,
+    gathered: Vec<Gathered>,
+    include_reasoning: bool,
+}
+
+impl Collector {
+    /// See [`crate::sse::StreamFormatter::new`].
+    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, think_end: Option<u32>, include_reasoning: bool) -> Self {
+        let think_end = if meta.endpoint == Endpoint::Chat { think_end } else { None };
+        let choices = (0..n).map(|i| ChoiceState::new(i, think_end, include_reasoning, meta.logprobs)).collect();
+        Collector { meta, tokenizer, choices, gathered: (0..n).map(|_| Gathered::default()).collect(), include_reasoning }
+    }
+
+    /// Takes one token of choice `choice`.
+    pub fn on_token(&mut self, choice: usize, t: &TokenOutput) {
+        let (Some(state), Some(g)) = (self.choices.get_mut(choice), self.gathered.get_mut(choice)) else { return };
+        let d = state.push(t);
+        g.reasoning.push_str(&d.reasoning);
+        g.content.push_str(&d.content);
+        g.logprobs.extend(d.logprobs);
+    }
+
+    /// Whether every choice has its finish reason.
+    pub fn all_finished(&self) -> bool {
+        self.choices.iter().all(|c| c.finish.is_some())
+    }
+
+    /// Token counts.
+    pub fn usage(&self) -> Usage {
+        Usage::new(self.meta.prompt_tokens, self.choices.iter().map(|c| c.completion_tokens).sum())
+    }
+
+    /// The response body.
+    pub fn into_json(self) -> Vec<u8> {
+        let usage = self.usage();
+        let strings = TokenStrings(self.tokenizer.as_deref());
+        let m = &self.meta;
+        let out = match m.endpoint {
+            Endpoint::Chat => {
+                let choices = self
+                    .choices
+                    .iter()
+                    .zip(self.gathered)
+                    .map(|(c, g)| {
+                        let (content, reasoning_content) = if !c.splits_reasoning() {
+                            (Some(g.content), None)
+                        } else {
+                            let content = c.reasoning_ended().then_some(g.content);
+                            (content, self.include_reasoning.then_some(g.reasoning))
+                        };
+                        ChatChoice {
+                            index: c.index,
+                            message: AssistantMessage { role: "assistant", content, reasoning_content },
+                            logprobs: m.logprobs.then(|| strings.chat(&g.logprobs)),
+                            finish_reason: c.finish.map(|f| f.as_str()),
+                        }
+                    })
+                    .collect();
+                serde_json::to_vec(&ChatCompletion { id: &m.id, object: "chat.completion", created: m.created, model: &m.model, choices, usage })
+            }
+            Endpoint::Completion => {
+                let choices = self
+                    .choices
+                    .iter()
+                    .zip(&self.gathered)
+                    .map(|(c, g)| CompletionChoice {
+                        index: c.index,
+                        text: &g.content,
+                        logprobs: m.logprobs.then(|| strings.completion(&g.logprobs, 0)),
+                        finish_reason: c.finish.map(|f| f.as_str()),
+                    })
+                    .collect();
+                serde_json::to_vec(&Completion { id: &m.id, object: "text_completion", created: m.created, model: &m.model, choices, usage: Some(usage) })
+            }
+        };
+        out.unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cleave_engine::FinishReason;
+    use serde_json::{json, Value};
+
+    fn tok(token: u32, text: &str, finish: Option<FinishReason>) -> TokenOutput {
+        TokenOutput { id: 0, token, logprob: -0.5, top_logprobs: vec![], text: text.into(), finish, prefilled: false }
+    }
+
+    fn meta(endpoint: Endpoint, logprobs: bool) -> ResponseMeta {
+        ResponseMeta { id: "x".into(), created: 1, model: "m".into(), endpoint, prompt_tokens: 3, include_usage: false, logprobs }
+    }
+
+    fn run(c: &mut Collector, toks: &[TokenOutput]) -> Value {
+        for t in toks {
+            c.on_token(0, t);
+        }
+        let c = std::mem::replace(c, Collector::new(meta(Endpoint::Chat, false), None, 1, None, true));
+        serde_json::from_slice(&c.into_json()).unwrap()
+    }
+
+    #[test]
+    fn chat_message_carries_reasoning_and_content() {
+        let toks = [tok(1, "think", None), tok(9, "</think>", None), tok(2, "answer", Some(FinishReason::Stop))];
+        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, Some(9), true);
+        let v = run(&mut c, &toks);
+        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "answer", "reasoning_content": "think"}));
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["usage"], json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}));
+        assert_eq!(v["object"], "chat.completion");
+        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, Some(9), false);
+        let v = run(&mut c, &toks);
+        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "answer", "reasoning_content": null}));
+    }
+
+    #[test]
+    fn no_think_end_means_null_content_and_no_split_means_plain_content() {
+        let toks = [tok(1, "still", None), tok(2, " thinking", Some(FinishReason::Length))];
+        let mut c = Collector::new(meta(Endpoint::Chat, true), None, 1, Some(9), true);
+        let v = run(&mut c, &toks);
+        assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
+        assert_eq!(v["choices"][0]["message"]["reasoning_content"], "still thinking");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["choices"][0]["logprobs"]["content"].as_array().unwrap().len(), 2);
+        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, None, true);
+        let v = run(&mut c, &toks);
+        assert_eq!(v["choices"][0]["message"]["content"], "still thinking");
+        assert_eq!(v["choices"][0]["message"]["reasoning_content"], Value::Null);
+    }
+
+    #[test]
+    fn completion_body_has_text_and_usage() {
+        let mut c = Collector::new(meta(Endpoint::Completion, true), None, 2, Some(9), true);
+        c.on_token(1, &tok(5, "b", Some(FinishReason::Stop)));
+        c.on_token(0, &tok(9, "</think>", Some(FinishReason::Length)));
+        assert!(c.all_finished());
+        let v: Value = serde_json::from_slice(&c.into_json()).unwrap();
+        assert_eq!(v["choices"][0]["text"], "</think>");
+        assert_eq!(v["choices"][1]["text"], "b");
+        assert_eq!(v["choices"][1]["logprobs"]["token_logprobs"], json!([-0.5]));
+        assert_eq!(v["usage"]["completion_tokens"], 2);
+    }
+}

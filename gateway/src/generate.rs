@@ -1,0 +1,222 @@
+//! Running a validated request: admission, one backend request per choice, then either an SSE
+//! body fed by a task or one collected JSON body.
+//!
+//! Admission holds one slot per choice until the response is complete: for a stream, until its
+//! body is finished or dropped. When the client goes away, hyper drops the body; the task sees
+//! its channel close, drops the backend streams, and the backend aborts the requests and frees
+//! their KV blocks.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::stream::{select_all, BoxStream};
+use futures::{FutureExt, Stream, StreamExt};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tracing::{debug, info, warn};
+
+use crate::backend::TokenEvents;
+use crate::collect::Collector;
+use crate::errors::ApiError;
+use crate::sse::{ResponseMeta, StreamFormatter};
+use crate::validate::{Endpoint, GenerateRequest};
+use crate::State;
+
+/// Chunks buffered between the generating task and a slow client.
+const STREAM_BUFFER: usize = 64;
+/// Events gathered into one body write when they are already waiting.
+const MAX_BATCH: usize = 64;
+
+type Merged = BoxStream<'static, (usize, Result<cleave_engine::TokenOutput, ApiError>)>;
+
+/// An admission slot, released (and the in-flight gauge lowered) on drop.
+pub(crate) struct Admission {
+    _permit: OwnedSemaphorePermit,
+    gauge: prometheus::IntGauge,
+    n: i64,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.gauge.sub(self.n);
+    }
+}
+
+/// Takes `n` slots or answers 429.
+pub(crate) fn admit(state: &State, n: usize) -> Result<Admission, ApiError> {
+    match state.admission.clone().try_acquire_many_owned(n as u32) {
+        Ok(permit) => {
+            state.metrics.in_flight.add(n as i64);
+            Ok(Admission { _permit: permit, gauge: state.metrics.in_flight.clone(), n: n as i64 })
+        }
+        Err(_) => {
+            state.metrics.rejected.inc();
+            Err(ApiError::TooManyRequests { limit: state.cfg.max_concurrent_requests, retry_after_s: state.cfg.retry_after_s })
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A response id: a prefix and 24 hex digits, unique within the process and unlikely to repeat
+/// across processes.
+pub(crate) fn new_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut x = nanos ^ (u64::from(std::process::id()) << 32) ^ c.wrapping_mul(0x9e3779b97f4a7c15);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xbf58476d1ce4e5b9);
+    format!("{prefix}-{x:016x}{:08x}", c as u32)
+}
+
+/// Submits one backend request per choice (choice `i` with seed `seed + i`) and merges their
+/// streams, each item tagged with its choice index.
+async fn submit_all(state: &State, req: &GenerateRequest) -> Result<Merged, ApiError> {
+    let mut streams: Vec<TokenEvents> = Vec::with_capacity(req.n);
+    for i in 0..req.n {
+        let mut params = req.params.clone();
+        params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+        // On an error the streams submitted so far are dropped here, which aborts them.
+        streams.push(state.backend.submit(req.prompt.clone(), params).await?);
+    }
+    Ok(select_all(streams.into_iter().enumerate().map(|(i, s)| s.map(move |e| (i, e)))).boxed())
+}
+
+/// Serves a validated generation request.
+pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp::reply::Response, ApiError> {
+    let admission = admit(&state, req.n)?;
+    let prefix = if req.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    let meta = ResponseMeta {
+        id: new_id(prefix),
+        created: unix_now(),
+        model: state.info.served_model_name.clone(),
+        endpoint: req.endpoint,
+        prompt_tokens: req.prompt.len(),
+        include_usage: req.include_usage,
+        logprobs: req.logprobs.is_some(),
+    };
+    info!(request_id = %meta.id, prompt_tokens = req.prompt.len(), n = req.n, stream = req.stream, max_tokens = req.params.max_tokens, "admitted");
+    let merged = submit_all(&state, &req).await.inspect_err(|e| warn!(request_id = %meta.id, error = %e, "submit failed"))?;
+    let think_end = state.info.think_end_id;
+    if req.stream {
+        let fmt = StreamFormatter::new(meta, state.tokenizer.clone(), req.n, think_end, req.include_reasoning);
+        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(stream_task(state.clone(), merged, fmt, tx));
+        let body = SseBody { rx, _admission: admission };
+        let mut res = warp::reply::Reply::into_response(warp::reply::stream(body));
+        let h = res.headers_mut();
+        h.insert("content-type", warp::http::HeaderValue::from_static("text/event-stream"));
+        h.insert("cache-control", warp::http::HeaderValue::from_static("no-cache"));
+        return Ok(res);
+    }
+    let collector = Collector::new(meta.clone(), state.tokenizer.clone(), req.n, think_end, req.include_reasoning);
+    let body = collect(&state, &meta, merged, collector).await?;
+    drop(admission);
+    let mut res = warp::reply::Response::new(Bytes::from(body).into());
+    res.headers_mut().insert("content-type", warp::http::HeaderValue::from_static("application/json"));
+    Ok(res)
+}
+
+async fn collect(state: &State, meta: &ResponseMeta, mut merged: Merged, mut c: Collector) -> Result<Vec<u8>, ApiError> {
+    let start = Instant::now();
+    while let Some((i, ev)) = merged.next().await {
+        match ev {
+            Ok(t) => c.on_token(i, &t),
+            Err(e) => {
+                warn!(request_id = %meta.id, error = %e, "generation failed");
+                return Err(e);
+            }
+        }
+    }
+    if !c.all_finished() {
+        return Err(ApiError::Internal("a token stream ended without a finish reason".into()));
+    }
+    let usage = c.usage();
+    state.metrics.completion_tokens.inc_by(usage.completion_tokens as u64);
+    info!(request_id = %meta.id, completion_tokens = usage.completion_tokens, elapsed_ms = start.elapsed().as_millis() as u64, "finished");
+    Ok(c.into_json())
+}
+
+/// Drives the merged token streams into SSE bytes until every choice finishes, an error occurs,
+/// or the client goes away.
+async fn stream_task(state: Arc<State>, mut merged: Merged, mut fmt: StreamFormatter, tx: mpsc::Sender<Bytes>) {
+    let start = Instant::now();
+    let id = fmt.id().to_string();
+    let mut buf = Vec::with_capacity(1024);
+    let mut done = false;
+    while !done {
+        let first = tokio::select! {
+            biased;
+            _ = tx.closed() => None,
+            ev = merged.next() => Some(ev),
+        };
+        let Some(mut ev) = first else {
+            state.metrics.client_disconnects.inc();
+            debug!(request_id = %id, "client disconnected; aborting");
+            break;
+        };
+        let mut batched = 0;
+        loop {
+            match ev {
+                Some((i, Ok(t))) => fmt.on_token(i, &t, &mut buf),
+                Some((_, Err(e))) => {
+                    warn!(request_id = %id, error = %e, "generation failed after the stream started");
+                    fmt.error(&e, &mut buf);
+                    done = true;
+                }
+                None if fmt.all_finished() => {
+                    fmt.finish(&mut buf);
+                    done = true;
+                }
+                None => {
+                    fmt.error(&ApiError::Internal("a token stream ended without a finish reason".into()), &mut buf);
+                    done = true;
+                }
+            }
+            batched += 1;
+            if done || batched >= MAX_BATCH {
+                break;
+            }
+            match merged.next().now_or_never() {
+                Some(next) => ev = next,
+                None => break,
+            }
+        }
+        if buf.is_empty() {
+            continue;
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut buf, Vec::with_capacity(1024)));
+        if tx.send(chunk).await.is_err() {
+            state.metrics.client_disconnects.inc();
+            debug!(request_id = %id, "client disconnected; aborting");
+            break;
+        }
+    }
+    let usage = fmt.usage();
+    state.metrics.sse_events.inc_by(fmt.events());
+    state.metrics.completion_tokens.inc_by(usage.completion_tokens as u64);
+    info!(request_id = %id, completion_tokens = usage.completion_tokens, complete = done, elapsed_ms = start.elapsed().as_millis() as u64, "stream ended");
+    // `merged` drops here: unfinished backend requests are aborted.
+}
+
+/// The body of a streaming response: chunks from the task, plus the admission slot it holds
+/// until the body is finished or dropped.
+struct SseBody {
+    rx: mpsc::Receiver<Bytes>,
+    _admission: Admission,
+}
+
+impl Stream for SseBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|c| c.map(Ok))
+    }
+}

@@ -1,0 +1,226 @@
+//! OpenAI response bodies: chat completions and their stream chunks, text completions, usage and
+//! the two logprob shapes (chat's `content: [{token, logprob, bytes, top_logprobs}]`,
+//! completions' parallel `tokens` / `token_logprobs` / `top_logprobs` / `text_offset` lists).
+
+use std::collections::BTreeMap;
+
+use cleave_engine::tokenizer::Tokenizer;
+use serde::Serialize;
+
+use crate::choice::TokenLogprob;
+
+/// Token counts of a request; `completion_tokens` includes reasoning tokens and sums all choices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+/// A `chat.completion.chunk`.
+#[derive(Debug, Serialize)]
+pub struct ChatChunk<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<ChatChunkChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One choice inside a [`ChatChunk`].
+#[derive(Debug, Serialize)]
+pub struct ChatChunkChoice<'a> {
+    pub index: usize,
+    pub delta: ChatDelta<'a>,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// `delta` of a chat chunk: absent fields are left out (`{}` on a bare finish chunk).
+#[derive(Debug, Default, Serialize)]
+pub struct ChatDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
+}
+
+/// A complete `chat.completion`.
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+/// One choice of a [`ChatCompletion`].
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The generated message: `content` is null when a reasoning model never closed its reasoning.
+#[derive(Debug, Serialize)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: Option<String>,
+    pub reasoning_content: Option<String>,
+}
+
+/// Chat logprobs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One token in [`ChatLogprobs`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+/// An alternative in [`ChatTokenLogprob::top_logprobs`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// A `text_completion` (complete, or one stream chunk).
+#[derive(Debug, Serialize)]
+pub struct Completion<'a> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<CompletionChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// One choice of a [`Completion`].
+#[derive(Debug, Serialize)]
+pub struct CompletionChoice<'a> {
+    pub index: usize,
+    pub text: &'a str,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// Completions logprobs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// Appends another chunk's lists.
+    pub fn extend(&mut self, other: CompletionLogprobs) {
+        self.tokens.extend(other.tokens);
+        self.token_logprobs.extend(other.token_logprobs);
+        self.top_logprobs.extend(other.top_logprobs);
+        self.text_offset.extend(other.text_offset);
+    }
+}
+
+/// Turns token ids into the strings logprobs show (each token decoded alone, special tokens
+/// included; `token_id:N` without a tokenizer).
+#[derive(Clone, Copy)]
+pub struct TokenStrings<'a>(pub Option<&'a Tokenizer>);
+
+/// vLLM clamps -inf logprobs to this so the JSON stays a number.
+const MIN_LOGPROB: f32 = -9999.0;
+
+fn clamp(lp: f32) -> f32 {
+    if lp.is_nan() {
+        MIN_LOGPROB
+    } else {
+        lp.max(MIN_LOGPROB)
+    }
+}
+
+impl TokenStrings<'_> {
+    /// The text of one token.
+    pub fn text(&self, id: u32) -> String {
+        self.0.and_then(|t| t.decode(&[id], false).ok()).unwrap_or_else(|| format!("token_id:{id}"))
+    }
+
+    /// Chat-shaped logprobs of `lps`.
+    pub fn chat(&self, lps: &[TokenLogprob]) -> ChatLogprobs {
+        let content = lps
+            .iter()
+            .map(|l| {
+                let token = self.text(l.token);
+                let top_logprobs = l
+                    .top
+                    .iter()
+                    .map(|&(id, lp)| {
+                        let token = self.text(id);
+                        ChatTopLogprob { bytes: token.as_bytes().to_vec(), token, logprob: clamp(lp) }
+                    })
+                    .collect();
+                ChatTokenLogprob { bytes: token.as_bytes().to_vec(), token, logprob: clamp(l.logprob), top_logprobs }
+            })
+            .collect();
+        ChatLogprobs { content }
+    }
+
+    /// Completions-shaped logprobs of `lps`; `offset` is the length of the text before them.
+    pub fn completion(&self, lps: &[TokenLogprob], mut offset: usize) -> CompletionLogprobs {
+        let mut out = CompletionLogprobs::default();
+        for l in lps {
+            let token = self.text(l.token);
+            out.text_offset.push(offset);
+            offset += token.len();
+            out.tokens.push(token);
+            out.token_logprobs.push(clamp(l.logprob));
+            out.top_logprobs.push(l.top.iter().map(|&(id, lp)| (self.text(id), clamp(lp))).collect());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprob_shapes_match_openai() {
+        let lps = vec![TokenLogprob { token: 7, logprob: f32::NEG_INFINITY, top: vec![(7, -0.5), (8, -1.5)] }];
+        let s = TokenStrings(None);
+        let chat = serde_json::to_value(s.chat(&lps)).unwrap();
+        assert_eq!(chat["content"][0]["token"], "token_id:7");
+        assert_eq!(chat["content"][0]["logprob"], -9999.0);
+        assert_eq!(chat["content"][0]["top_logprobs"][1]["token"], "token_id:8");
+        assert!(chat["content"][0]["bytes"].is_array());
+        let c = serde_json::to_value(s.completion(&lps, 3)).unwrap();
+        assert_eq!(c["tokens"][0], "token_id:7");
+        assert_eq!(c["text_offset"][0], 3);
+        assert_eq!(c["top_logprobs"][0]["token_id:8"], -1.5);
+        let d = serde_json::to_string(&ChatDelta::default()).unwrap();
+        assert_eq!(d, "{}");
+    }
+}

@@ -1,0 +1,166 @@
+//! HTTP routing: one warp filter that reads the method, path and (size-limited) body and
+//! dispatches by hand, so every answer, including unknown paths and wrong methods, goes through
+//! [`ApiError::into_response`] and is counted.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use serde_json::json;
+use warp::http::{HeaderMap, Method, StatusCode};
+use warp::reply::Response;
+use warp::Filter;
+
+use crate::errors::ApiError;
+use crate::validate::Validator;
+use crate::{generate, State};
+
+/// The whole API as one filter.
+pub(crate) fn api(state: Arc<State>) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+    warp::method().and(warp::path::full()).and(warp::header::headers_cloned()).and(warp::body::stream()).then(
+        move |method: Method, path: warp::path::FullPath, headers: HeaderMap, body| {
+            let state = state.clone();
+            async move { handle(state, method, path.as_str(), headers, body).await }
+        },
+    )
+}
+
+/// Known paths and the method each takes.
+const ROUTES: &[(&str, Method)] = &[
+    ("/v1/chat/completions", Method::POST),
+    ("/v1/completions", Method::POST),
+    ("/v1/models", Method::GET),
+    ("/health", Method::GET),
+    ("/metrics", Method::GET),
+    ("/tokenize", Method::POST),
+    ("/detokenize", Method::POST),
+    ("/version", Method::GET),
+];
+
+async fn handle<S, B>(state: Arc<State>, method: Method, path: &str, headers: HeaderMap, body: S) -> Response
+where
+    S: Stream<Item = Result<B, warp::Error>> + Send + 'static,
+    B: Buf,
+{
+    let known = ROUTES.iter().find(|(p, _)| *p == path);
+    let route = known.map_or("other", |(p, _)| *p);
+    let result = match known {
+        None => Err(ApiError::NotFound(path.to_string())),
+        Some((_, m)) if *m != method && !(method == Method::HEAD && *m == Method::GET) => Err(ApiError::MethodNotAllowed),
+        Some((p, m)) if *m == Method::GET => get(&state, p).await,
+        Some((p, _)) => match read_body(&headers, body, state.cfg.max_body_bytes).await {
+            Ok(bytes) => post(&state, p, bytes).await,
+            Err(e) => Err(e),
+        },
+    };
+    let res = result.unwrap_or_else(|e| {
+        tracing::debug!(route, error = %e, "request refused");
+        e.into_response()
+    });
+    state.metrics.observe(route, res.status().as_u16());
+    res
+}
+
+/// Reads the body, refusing it (413) once it exceeds `limit` bytes.
+async fn read_body<S, B>(headers: &HeaderMap, body: S, limit: usize) -> Result<Bytes, ApiError>
+where
+    S: Stream<Item = Result<B, warp::Error>> + Send + 'static,
+    B: Buf,
+{
+    let declared = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    let mut body = std::pin::pin!(body);
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
+        if buf.len() + chunk.remaining() > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            let n = part.len();
+            buf.extend_from_slice(part);
+            chunk.advance(n);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
+    let mut res = Response::new(Bytes::from(value.to_string()).into());
+    *res.status_mut() = status;
+    res.headers_mut().insert("content-type", warp::http::HeaderValue::from_static("application/json"));
+    res
+}
+
+async fn get(state: &State, path: &str) -> Result<Response, ApiError> {
+    match path {
+        "/health" => {
+            let status = if state.backend.healthy() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            let mut res = Response::new(Bytes::new().into());
+            *res.status_mut() = status;
+            Ok(res)
+        }
+        "/v1/models" => {
+            let info = &state.info;
+            let model = json!({
+                "id": info.served_model_name,
+                "object": "model",
+                "created": state.started,
+                "owned_by": "cleave",
+                "root": state.cfg.model_root,
+                "parent": null,
+                "max_model_len": info.max_model_len,
+                "permission": [],
+            });
+            Ok(json_response(StatusCode::OK, &json!({"object": "list", "data": [model]})))
+        }
+        "/metrics" => {
+            let mut text = state.backend.metrics_text();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&state.metrics.text());
+            let mut res = Response::new(Bytes::from(text).into());
+            res.headers_mut().insert("content-type", warp::http::HeaderValue::from_static("text/plain; version=0.0.4"));
+            Ok(res)
+        }
+        "/version" => Ok(json_response(StatusCode::OK, &json!({"version": env!("CARGO_PKG_VERSION")}))),
+        _ => Err(ApiError::NotFound(path.to_string())),
+    }
+}
+
+async fn post(state: &Arc<State>, path: &str, body: Bytes) -> Result<Response, ApiError> {
+    let v = Validator { info: &state.info, tokenizer: state.tokenizer.as_deref(), defaults: &state.cfg.defaults, max_n: state.max_n() };
+    match path {
+        "/v1/chat/completions" => {
+            let req = v.chat(&body)?;
+            generate::run(state.clone(), req).await
+        }
+        "/v1/completions" => {
+            let req = v.completion(&body)?;
+            generate::run(state.clone(), req).await
+        }
+        "/tokenize" => {
+            let tokens = v.tokenize(&body)?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"count": tokens.len(), "max_model_len": state.info.max_model_len, "tokens": tokens, "token_strs": null}),
+            ))
+        }
+        "/detokenize" => {
+            let tokens = v.detokenize(&body)?;
+            let tok = state.tokenizer.as_deref().ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer".into()))?;
+            Ok(json_response(StatusCode::OK, &json!({"prompt": tok.decode(&tokens, false)?})))
+        }
+        _ => Err(ApiError::NotFound(path.to_string())),
+    }
+}
+
+/// Answers a rejection warp raised itself (only possible when the body was taken twice).
+pub(crate) async fn recover(_: warp::Rejection) -> Result<Response, Infallible> {
+    Ok(ApiError::Internal("unhandled request".into()).into_response())
+}

@@ -1,0 +1,400 @@
+//! Request validation, in one place: raw body bytes in, a [`GenerateRequest`] (prompt ids and
+//! engine [`SamplingParams`]) or an [`ApiError`] naming the offending field out.
+//!
+//! Fields are read one by one from the JSON object so every type error names its field; fields
+//! this server does not know are ignored, as OpenAI-compatible servers do.
+
+use cleave_engine::tokenizer::{ChatMessage, Tokenizer};
+use cleave_engine::SamplingParams;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::backend::ModelInfo;
+use crate::defaults::SamplingDefaults;
+use crate::errors::ApiError;
+
+/// Most alternatives per token a request may ask for (vLLM's default `max_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Which OpenAI endpoint a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: chat template, reasoning split, `message` / `delta`.
+    Chat,
+    /// `/v1/completions`: raw prompt, `text`.
+    Completion,
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    pub endpoint: Endpoint,
+    /// Prompt token ids (chat: the rendered template).
+    pub prompt: Vec<u32>,
+    /// Engine parameters of choice 0; choice `i` uses `seed + i` when a seed is given.
+    pub params: SamplingParams,
+    /// Independent choices.
+    pub n: usize,
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// `Some(k)`: return each token's logprob and its top `k` alternatives.
+    pub logprobs: Option<usize>,
+    /// Chat: send the reasoning (`include_reasoning`, default true).
+    pub include_reasoning: bool,
+}
+
+/// Validates requests against one served model.
+pub struct Validator<'a> {
+    pub info: &'a ModelInfo,
+    pub tokenizer: Option<&'a Tokenizer>,
+    pub defaults: &'a SamplingDefaults,
+    /// Largest `n` accepted.
+    pub max_n: usize,
+}
+
+/// Parses a body that must be a JSON object.
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::InvalidRequest("the request body must be a JSON object".into())),
+        Err(e) => Err(ApiError::MalformedJson(e.to_string())),
+    }
+}
+
+/// Typed access to the fields of a JSON object, with errors that name the field.
+pub(crate) struct Fields<'a>(pub &'a Map<String, Value>);
+
+impl Fields<'_> {
+    /// The field as `T`; absent and `null` are `None`.
+    pub fn opt<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, ApiError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => T::deserialize(v).map(Some).map_err(|e| ApiError::field(key, format!("`{key}`: {e}"))),
+        }
+    }
+
+    fn num(&self, key: &str) -> Result<Option<f64>, ApiError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(v) => Err(ApiError::field(key, format!("`{key}` must be a number, got {}", kind(v)))),
+        }
+    }
+
+    fn int(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) if n.is_i64() => Ok(n.as_i64()),
+            Some(Value::Number(n)) if n.is_u64() => Ok(Some(i64::MAX)),
+            Some(v) => Err(ApiError::field(key, format!("`{key}` must be an integer, got {}", kind(v)))),
+        }
+    }
+
+    fn bool(&self, key: &str, default: bool) -> Result<bool, ApiError> {
+        Ok(self.opt::<bool>(key)?.unwrap_or(default))
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn positive(f: &Fields, key: &str) -> Result<Option<usize>, ApiError> {
+    match f.int(key)? {
+        Some(v) if v <= 0 => Err(ApiError::field(key, format!("`{key}` must be at least 1, got {v}"))),
+        v => Ok(v.map(|v| v as usize)),
+    }
+}
+
+impl Validator<'_> {
+    fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
+        self.tokenizer.ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer: send prompts as token ids".into()))
+    }
+
+    fn check_model(&self, f: &Fields) -> Result<(), ApiError> {
+        match f.opt::<String>("model")? {
+            Some(m) if m != self.info.served_model_name => Err(ApiError::ModelNotFound(m)),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_ids(&self, ids: &[u32], param: &str) -> Result<(), ApiError> {
+        match ids.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+            Some(t) => Err(ApiError::field(param, format!("token id {t} is outside the vocabulary of {}", self.info.vocab_size))),
+            None => Ok(()),
+        }
+    }
+
+    /// Validates a `/v1/chat/completions` body.
+    pub fn chat(&self, body: &[u8]) -> Result<GenerateRequest, ApiError> {
+        let obj = parse_object(body)?;
+        let f = Fields(&obj);
+        self.check_model(&f)?;
+        let mut req = self.common(&f, Endpoint::Chat)?;
+        let messages = messages(obj.get("messages"))?;
+        let kwargs = chat_template_kwargs(&f)?;
+        let add_generation_prompt = f.bool("add_generation_prompt", true)?;
+        req.prompt = self.tokenizer()?.encode_chat(&messages, add_generation_prompt, kwargs.as_ref())?;
+        self.finish(&f, req, "messages")
+    }
+
+    /// Validates a `/v1/completions` body.
+    pub fn completion(&self, body: &[u8]) -> Result<GenerateRequest, ApiError> {
+        let obj = parse_object(body)?;
+        let f = Fields(&obj);
+        self.check_model(&f)?;
+        let mut req = self.common(&f, Endpoint::Completion)?;
+        req.prompt = self.completion_prompt(obj.get("prompt"))?;
+        if f.bool("echo", false)? {
+            return Err(ApiError::field("echo", "`echo` is not supported"));
+        }
+        if f.int("best_of")?.is_some_and(|b| b as usize != req.n) {
+            return Err(ApiError::field("best_of", "`best_of` other than `n` is not supported"));
+        }
+        self.finish(&f, req, "prompt")
+    }
+
+    /// Validates a `/tokenize` body (vLLM's shape): `prompt` (with `add_special_tokens`, default
+    /// true) or `messages` (with `add_generation_prompt`, default true, and
+    /// `chat_template_kwargs`).
+    pub fn tokenize(&self, body: &[u8]) -> Result<Vec<u32>, ApiError> {
+        let obj = parse_object(body)?;
+        let f = Fields(&obj);
+        self.check_model(&f)?;
+        let tok = self.tokenizer()?;
+        if obj.contains_key("messages") {
+            let messages = messages(obj.get("messages"))?;
+            let kwargs = chat_template_kwargs(&f)?;
+            let ids = tok.encode_chat(&messages, f.bool("add_generation_prompt", true)?, kwargs.as_ref())?;
+            // The rendered template holds BOS already; vLLM adds nothing by default here.
+            if f.bool("add_special_tokens", false)? {
+                let text = tok.decode(&ids, false)?;
+                return Ok(tok.encode(&text, true)?);
+            }
+            return Ok(ids);
+        }
+        let prompt = f.opt::<String>("prompt")?.ok_or_else(|| ApiError::field("prompt", "`prompt` or `messages` is required"))?;
+        Ok(tok.encode(&prompt, f.bool("add_special_tokens", true)?)?)
+    }
+
+    /// Validates a `/detokenize` body: `{"tokens": [ids]}`.
+    pub fn detokenize(&self, body: &[u8]) -> Result<Vec<u32>, ApiError> {
+        let obj = parse_object(body)?;
+        let f = Fields(&obj);
+        self.check_model(&f)?;
+        self.tokenizer()?;
+        let ids: Vec<u32> = f.opt("tokens")?.ok_or_else(|| ApiError::field("tokens", "`tokens` is required"))?;
+        self.check_ids(&ids, "tokens")?;
+        Ok(ids)
+    }
+
+    fn completion_prompt(&self, v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+        let one_text = |s: &str| -> Result<Vec<u32>, ApiError> { Ok(self.tokenizer()?.encode(s, true)?) };
+        let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+            items.iter().map(|x| x.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32)).collect::<Option<Vec<_>>>().ok_or_else(|| {
+                ApiError::field("prompt", "`prompt` must be a string, a list of one string, or a list of token ids")
+            })
+        };
+        let prompt = match v {
+            None | Some(Value::Null) => return Err(ApiError::field("prompt", "`prompt` is required")),
+            Some(Value::String(s)) => one_text(s)?,
+            Some(Value::Array(items)) => match items.as_slice() {
+                [Value::String(s)] => one_text(s)?,
+                [Value::Array(inner)] => ids(inner)?,
+                [Value::Number(_), ..] => ids(items)?,
+                [] => return Err(ApiError::field("prompt", "`prompt` is empty")),
+                _ => return Err(ApiError::field("prompt", "a list of several prompts is not supported; send one prompt per request")),
+            },
+            Some(other) => return Err(ApiError::field("prompt", format!("`prompt` must be a string or a list, got {}", kind(other)))),
+        };
+        if prompt.is_empty() {
+            return Err(ApiError::field("prompt", "the prompt has no tokens"));
+        }
+        self.check_ids(&prompt, "prompt")?;
+        Ok(prompt)
+    }
+
+    /// Everything but the prompt and the output length.
+    fn common(&self, f: &Fields, endpoint: Endpoint) -> Result<GenerateRequest, ApiError> {
+        let d = self.defaults;
+        let mut p = SamplingParams { top_logprobs: 0, ..SamplingParams::default() };
+        p.temperature = match f.num("temperature")? {
+            Some(t) if !(t >= 0.0 && t.is_finite()) => return Err(ApiError::field("temperature", format!("`temperature` must be >= 0, got {t}"))),
+            Some(t) => t as f32,
+            None => d.temperature,
+        };
+        p.top_p = match f.num("top_p")? {
+            Some(t) if !(t > 0.0 && t <= 1.0) => return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], got {t}"))),
+            Some(t) => t as f32,
+            None => d.top_p,
+        };
+        p.top_k = match f.int("top_k")? {
+            Some(k) if k < -1 => return Err(ApiError::field("top_k", format!("`top_k` must be -1 (disabled) or >= 0, got {k}"))),
+            Some(k) => k.max(0) as usize,
+            None => d.top_k,
+        };
+        p.min_p = match f.num("min_p")? {
+            Some(m) if !(0.0..=1.0).contains(&m) => return Err(ApiError::field("min_p", format!("`min_p` must be in [0, 1], got {m}"))),
+            Some(m) => m as f32,
+            None => d.min_p,
+        };
+        p.repetition_penalty = match f.num("repetition_penalty")? {
+            Some(r) if !(r > 0.0 && r.is_finite()) => {
+                return Err(ApiError::field("repetition_penalty", format!("`repetition_penalty` must be > 0, got {r}")))
+            }
+            Some(r) => r as f32,
+            None => d.repetition_penalty,
+        };
+        for key in ["presence_penalty", "frequency_penalty"] {
+            if f.num(key)?.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::field(key, format!("`{key}` is not supported; use repetition_penalty")));
+            }
+        }
+        if f.opt::<Map<String, Value>>("logit_bias")?.is_some_and(|m| !m.is_empty()) {
+            return Err(ApiError::field("logit_bias", "`logit_bias` is not supported"));
+        }
+        p.seed = match f.0.get("seed") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) if n.is_u64() => n.as_u64(),
+            Some(Value::Number(n)) if n.is_i64() => n.as_i64().map(|s| s as u64),
+            Some(v) => return Err(ApiError::field("seed", format!("`seed` must be an integer, got {}", kind(v)))),
+        };
+        p.stop = match f.0.get("stop") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(_)) => f.opt::<Vec<String>>("stop")?.unwrap_or_default(),
+            Some(v) => return Err(ApiError::field("stop", format!("`stop` must be a string or a list of strings, got {}", kind(v)))),
+        };
+        if !p.stop.is_empty() && self.tokenizer.is_none() {
+            return Err(ApiError::field("stop", "stop strings need a tokenizer, which this model lacks"));
+        }
+        p.stop_token_ids = f.opt("stop_token_ids")?.unwrap_or_default();
+        p.ignore_eos = f.bool("ignore_eos", false)?;
+        p.skip_special_tokens = f.bool("skip_special_tokens", true)?;
+        p.min_tokens = match f.int("min_tokens")? {
+            Some(m) if m < 0 => return Err(ApiError::field("min_tokens", format!("`min_tokens` must be >= 0, got {m}"))),
+            m => m.unwrap_or(0) as usize,
+        };
+        let n = match f.int("n")? {
+            Some(n) if n < 1 => return Err(ApiError::field("n", format!("`n` must be at least 1, got {n}"))),
+            Some(n) if n as usize > self.max_n => return Err(ApiError::field("n", format!("`n` must be at most {}, got {n}", self.max_n))),
+            n => n.unwrap_or(1) as usize,
+        };
+        let stream = f.bool("stream", false)?;
+        let include_usage = match f.opt::<Map<String, Value>>("stream_options")? {
+            Some(_) if !stream => return Err(ApiError::field("stream_options", "`stream_options` is only allowed when `stream` is true")),
+            Some(o) => Fields(&o).bool("include_usage", false).map_err(|_| ApiError::field("stream_options.include_usage", "`stream_options.include_usage` must be a boolean"))?,
+            None => false,
+        };
+        let logprobs = match endpoint {
+            Endpoint::Chat => {
+                let want = f.bool("logprobs", false)?;
+                let top = f.int("top_logprobs")?;
+                match top {
+                    Some(k) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
+                        return Err(ApiError::field("top_logprobs", format!("`top_logprobs` must be in [0, {MAX_TOP_LOGPROBS}], got {k}")))
+                    }
+                    Some(k) if k > 0 && !want => return Err(ApiError::field("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+                    _ => {}
+                }
+                want.then_some(top.unwrap_or(0) as usize)
+            }
+            Endpoint::Completion => match f.int("logprobs")? {
+                Some(k) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
+                    return Err(ApiError::field("logprobs", format!("`logprobs` must be in [0, {MAX_TOP_LOGPROBS}], got {k}")))
+                }
+                k => k.map(|k| k as usize),
+            },
+        };
+        p.top_logprobs = logprobs.unwrap_or(0);
+        let include_reasoning = f.bool("include_reasoning", true)?;
+        Ok(GenerateRequest { endpoint, prompt: Vec::new(), params: p, n, stream, include_usage, logprobs, include_reasoning })
+    }
+
+    /// Output length and the context check, once the prompt is known.
+    fn finish(&self, f: &Fields, mut req: GenerateRequest, prompt_param: &'static str) -> Result<GenerateRequest, ApiError> {
+        let max_len = self.info.max_model_len;
+        let prompt_len = req.prompt.len();
+        let requested = match positive(f, "max_completion_tokens")? {
+            Some(m) if req.endpoint == Endpoint::Chat => Some(m),
+            _ => positive(f, "max_tokens")?,
+        };
+        let room = max_len.saturating_sub(prompt_len);
+        let max_tokens = match requested.or(self.defaults.max_tokens.map(|m| m.min(room))) {
+            Some(m) => m,
+            None => room,
+        };
+        if max_tokens == 0 || prompt_len + max_tokens > max_len {
+            return Err(ApiError::ContextLength { param: prompt_param, max_model_len: max_len, prompt_tokens: prompt_len, max_tokens: max_tokens.max(1), requested: prompt_len + max_tokens.max(1) });
+        }
+        if req.params.min_tokens > max_tokens {
+            return Err(ApiError::field("min_tokens", format!("`min_tokens` ({}) must not exceed max_tokens ({max_tokens})", req.params.min_tokens)));
+        }
+        req.params.max_tokens = max_tokens;
+        Ok(req)
+    }
+}
+
+fn chat_template_kwargs(f: &Fields) -> Result<Option<Value>, ApiError> {
+    match f.0.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Object(_)) => Ok(Some(v.clone())),
+        Some(v) => Err(ApiError::field("chat_template_kwargs", format!("`chat_template_kwargs` must be an object, got {}", kind(v)))),
+    }
+}
+
+/// Reads `messages`: a non-empty list of `{role, content}` where content is a string, a list of
+/// `{type: "text", text}` parts, or null. `reasoning_content` on assistant turns is accepted and
+/// ignored; `developer` is treated as `system`.
+pub fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match v {
+        Some(Value::Array(l)) if !l.is_empty() => l,
+        Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
+        None | Some(Value::Null) => return Err(ApiError::field("messages", "`messages` is required")),
+        Some(other) => return Err(ApiError::field("messages", format!("`messages` must be a list, got {}", kind(other)))),
+    };
+    list.iter().enumerate().map(|(i, m)| message(i, m)).collect()
+}
+
+fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
+    let at = |k: &str| format!("messages[{i}].{k}");
+    let obj = m.as_object().ok_or_else(|| ApiError::field(format!("messages[{i}]"), format!("`messages[{i}]` must be an object")))?;
+    let role = match obj.get("role") {
+        Some(Value::String(r)) => r.as_str(),
+        None => return Err(ApiError::field(at("role"), format!("`{}` is required", at("role")))),
+        Some(v) => return Err(ApiError::field(at("role"), format!("`{}` must be a string, got {}", at("role"), kind(v)))),
+    };
+    let role = match role {
+        "system" | "user" | "assistant" | "tool" => role,
+        "developer" => "system",
+        other => return Err(ApiError::field(at("role"), format!("unknown role `{other}` in `{}`", at("role")))),
+    };
+    let content = match obj.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) if role == "assistant" => String::new(),
+        None | Some(Value::Null) => return Err(ApiError::field(at("content"), format!("`{}` is required", at("content")))),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let p = format!("messages[{i}].content[{j}]");
+                match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    (Some("text"), _) => return Err(ApiError::field(format!("{p}.text"), format!("`{p}.text` must be a string"))),
+                    (Some(other), _) => return Err(ApiError::field(format!("{p}.type"), format!("content parts of type `{other}` are not supported"))),
+                    (None, _) => return Err(ApiError::field(format!("{p}.type"), format!("`{p}.type` is required"))),
+                }
+            }
+            text
+        }
+        Some(v) => return Err(ApiError::field(at("content"), format!("`{}` must be a string or a list of parts, got {}", at("content"), kind(v)))),
+    };
+    Ok(ChatMessage { role: role.to_string(), content, reasoning_content: None })
+}
