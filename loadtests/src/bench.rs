@@ -137,9 +137,11 @@ pub async fn run_point(
         println!("Warmup run completed.");
     }
     println!("Starting main benchmark run...");
-    println!("Traffic request rate: {}", if load.request_rate.is_finite() { load.request_rate.to_string() } else { "inf".into() });
+    // Python's float formatting, as vLLM prints them: 1.0, 40.0, inf.
+    let py = |x: f64| if x.is_finite() { format!("{x:?}") } else { "inf".into() };
+    println!("Traffic request rate: {}", py(load.request_rate));
     let dist = if load.burstiness == 1.0 { "Poisson process" } else { "Gamma distribution" };
-    println!("Burstiness factor: {} ({dist})", load.burstiness);
+    println!("Burstiness factor: {} ({dist})", py(load.burstiness));
     println!("Maximum request concurrency: {}", load.max_concurrency.map_or("None".to_string(), |c| c.to_string()));
     let mut outcome = runner::run(target, inputs, load, !w.disable_tqdm).await?;
     fill_missing_output_counts(target, &mut outcome.outputs).await;

@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use plotters::coord::ranged1d::{AsRangedCoord, Ranged, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::cli::ChartArgs;
 use crate::sweep::{self, SweepPoint, SweepVar};
@@ -69,7 +70,10 @@ pub fn draw_sweep(series: &[Series], var: SweepVar, title: &str, base: &Path) ->
     Ok((png, svg))
 }
 
-fn lines_of(series: &[Series], metrics: &[(&str, bool, fn(&SweepPoint) -> f64)]) -> Vec<Line> {
+/// `(legend suffix, dashed, value)` of one metric drawn per series.
+type MetricSpec<'a> = (&'a str, bool, fn(&SweepPoint) -> f64);
+
+fn lines_of(series: &[Series], metrics: &[MetricSpec]) -> Vec<Line> {
     let mut out = vec![];
     for (i, s) in series.iter().enumerate() {
         let mut pts = s.points.clone();
@@ -156,9 +160,12 @@ where
         };
         chart.draw_series(l.points.iter().map(|&p| marker(p))).map_err(err)?;
     }
+    // The legend goes in the upper corner whose side has the lower values.
+    let ends = |last: bool| lines.iter().filter_map(|l| if last { l.points.last() } else { l.points.first() }).map(|p| p.1).fold(0.0, f64::max);
+    let corner = if ends(false) <= ends(true) { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::UpperRight };
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(corner)
         .label_font(("sans-serif", 16))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
@@ -239,6 +246,13 @@ fn draw_bars_on<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, labels: &[Stri
             .map_err(err)?
             .label(label.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
+        let values = groups.iter().enumerate().map(move |(gi, g)| {
+            let v = g.values.get(li).copied().unwrap_or(0.0);
+            let x = gi as f64 - 0.4 + (li as f64 + 0.46) * width;
+            let style = ("sans-serif", 15).into_font().color(&BLACK).pos(Pos::new(HPos::Center, VPos::Bottom));
+            Text::new(format!("{v:.2}"), (x, v + ymax * 0.005), style)
+        });
+        chart.draw_series(values).map_err(err)?;
     }
     chart
         .configure_series_labels()

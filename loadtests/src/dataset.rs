@@ -86,7 +86,9 @@ pub struct RandomSpec {
     pub seed: u64,
 }
 
-/// Words of several scripts; the server's tokenizer turns them into the id pool.
+/// Words, numbers, code and punctuation, ASCII only: every token of a byte-level BPE is then
+/// valid UTF-8 on its own, so random sequences of them decode to clean text that re-encodes to
+/// about the same length (partial multi-byte tokens would decode to U+FFFD and grow).
 const CORPUS_WORDS: &str = "the of and to in is was that for on with as by at from his her which \
 or an be this are not have had one were all their there been has more when will would who so no \
 time people year way day man thing woman life child world school state family student group \
@@ -95,13 +97,13 @@ night point home water room mother area money story fact month lot right study b
 business issue side kind head house service friend father power hour game line end member law car \
 city community name president team minute idea kid body information back parent face others level \
 office door health person art war history party result change morning reason research girl guy \
-moment air teacher force education think reason prefill decode latency throughput token cache \
-matrix vector kernel tensor expert router attention benchmark server request stream chunk \
-0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2025 3.14 -7 x+y=z f(x) {a:1} [1,2] <p> #include \
-fn main() let mut i = 0; for i in range(10): print(i) return None; SELECT * FROM t WHERE id=1 \
-Hello, world! What? Yes. No... (maybe) \"quoted\" 'single' a/b c\\d e_f g-h #tag @user $5 %20 \
-café naïve über straße façade jalapeño смысл привет мир данные 中文 数据 模型 推理 日本語 東京 \
-한국어 데이터 العربية مرحبا हिन्दी नमस्ते ελληνικά γειά עברית שלום ไทย สวัสดี";
+moment air teacher force education think prefill decode latency throughput token cache matrix \
+vector kernel tensor expert router attention benchmark server request stream chunk quickly \
+brown fox jumps over lazy dog Alpha Beta Gamma Delta NASA HTTP JSON Rust Python Linux GPU CPU \
+0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2025 3.14 -7 1e-6 0x1F x+y=z f(x) {a:1} [1,2] <p> \
+#include fn main() let mut i = 0; for i in range(10): print(i) return None; SELECT * FROM t \
+WHERE id=1 Hello, world! What? Yes. No... (maybe) \"quoted\" 'single' a/b c\\d e_f g-h #tag \
+@user $5 %20 ~home ^up &amp; |pipe| `code` ==> <= != ** // /* */ :: -> => ; ,";
 
 /// The id pool: `[lo, hi)` when given, else every distinct id the tokenizer produces for the
 /// built-in corpus (ordinary text only, so never a special token).

@@ -266,9 +266,9 @@ mod tests {
         let o = RequestOutput { success: true, start_time: 0.5, ttft: 0.5, itl: vec![0.1, 0.5, 0.1], ..Default::default() };
         let t = token_times(&o);
         assert!((t[3] - 1.7).abs() < 1e-9);
-        let got = itl_during(&[o.clone()], &[(1.2, 1.4)]);
+        let got = itl_during(std::slice::from_ref(&o), &[(1.2, 1.4)]);
         assert_eq!(got, vec![0.5]);
-        assert_eq!(itl_during(&[o.clone()], &[(2.0, 3.0)]), Vec::<f64>::new());
+        assert_eq!(itl_during(std::slice::from_ref(&o), &[(2.0, 3.0)]), Vec::<f64>::new());
         assert_eq!(itl_during(&[o], &[(0.0, 1.05), (1.65, 1.66)]).len(), 2);
     }
 }

@@ -197,7 +197,7 @@ mod tests {
             prompt_len: 10,
             ..Default::default()
         };
-        let m = calculate(&[out.clone()], 1.0, &[99.0], &Goodput::default());
+        let m = calculate(std::slice::from_ref(&out), 1.0, &[99.0], &Goodput::default());
         let meta = RunMeta {
             label: None,
             model: "m".into(),

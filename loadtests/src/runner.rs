@@ -50,10 +50,10 @@ pub struct LoadSpec {
 /// from Gamma(shape = burstiness, scale = 1 / (rate * burstiness)), summed, then scaled so the
 /// last request goes out at exactly `n / rate`. All zeros for an infinite rate.
 pub fn arrival_offsets(n: usize, rate: f64, burstiness: f64, seed: u64) -> Result<Vec<f64>> {
-    if !(rate > 0.0) {
+    if rate.is_nan() || rate <= 0.0 {
         bail!("--request-rate must be positive, got {rate}");
     }
-    if !(burstiness > 0.0) {
+    if burstiness.is_nan() || burstiness <= 0.0 {
         bail!("--burstiness must be positive, got {burstiness}");
     }
     if rate.is_infinite() || n == 0 {

@@ -2,7 +2,7 @@
 //! a vLLM-style result JSON, plus `sweep.csv`, `sweep.json` and the charts of the set.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -212,11 +212,6 @@ pub async fn main(args: SweepArgs) -> Result<()> {
     let (png, svg) = charts::draw_sweep(&series, variable, &title, &args.output_dir.join("sweep"))?;
     println!("Wrote {} points, {}, {} and {}", summary.points.len(), csv_path.display(), png.display(), svg.display());
     Ok(())
-}
-
-/// The paths `chart` writes for an output base.
-pub fn chart_paths(base: &Path) -> (PathBuf, PathBuf) {
-    (base.with_extension("png"), base.with_extension("svg"))
 }
 
 #[cfg(test)]

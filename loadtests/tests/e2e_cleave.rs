@@ -1,0 +1,226 @@
+//! End-to-end against the real `cleave serve` (the workspace's `cleave` binary) on the CPU:
+//! a 20-prompt benchmark, a 3-point sweep with its charts, a batch run and a small mixed run,
+//! all through one server started with `--port 0`.
+//!
+//! The server runs configs/cpu-tiny.yaml (the CPU default) when models/tiny-r1 holds a
+//! checkpoint that starts, else the same config pointed at the golden bf16 checkpoint. The
+//! binary is target/<profile>/cleave; when absent it is built with `cargo build --bin cleave`.
+//! When it cannot be built or has no `serve`, the test is skipped with a message, unless
+//! CLEAVE_BENCH_REQUIRE_SERVE=1 (then it fails).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{read_json, temp_dir};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// The profile directory this test binary was built into (debug, release, ...).
+fn profile_dir() -> PathBuf {
+    // target/<profile>/deps/e2e_cleave-HASH
+    let exe = std::env::current_exe().expect("test exe");
+    exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_else(|| root().join("target/debug"))
+}
+
+fn skip(why: &str) {
+    if std::env::var("CLEAVE_BENCH_REQUIRE_SERVE").is_ok_and(|v| v == "1") {
+        panic!("cleave serve is required (CLEAVE_BENCH_REQUIRE_SERVE=1): {why}");
+    }
+    eprintln!("SKIPPED e2e against cleave serve: {why}");
+}
+
+fn cleave_binary() -> Result<PathBuf, String> {
+    let bin = profile_dir().join(format!("cleave{}", std::env::consts::EXE_SUFFIX));
+    if !bin.is_file() {
+        eprintln!("{} is absent: running cargo build --bin cleave", bin.display());
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--bin", "cleave"]).current_dir(root());
+        if profile_dir().file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().map_err(|e| format!("running cargo: {e}"))?;
+        if !status.success() || !bin.is_file() {
+            return Err(format!("cargo build --bin cleave failed ({status})"));
+        }
+    }
+    let help = Command::new(&bin).args(["serve", "--help"]).output().map_err(|e| format!("running {}: {e}", bin.display()))?;
+    if !help.status.success() {
+        return Err(format!("{} has no `serve` subcommand (rebuild it: cargo build --bin cleave)", bin.display()));
+    }
+    Ok(bin)
+}
+
+/// A running `cleave serve`, killed on drop.
+struct Serve {
+    child: Child,
+    url: String,
+    model: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_serve(bin: &Path, config: &Path) -> Result<Serve, String> {
+    let mut child = Command::new(bin)
+        .args(["serve", "--config", config.to_str().unwrap(), "--port", "0"])
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawning cleave serve: {e}"))?;
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("ready at ").nth(1) {
+                let url = rest.split_whitespace().next().unwrap_or("").to_string();
+                let model = rest.split("(model ").nth(1).map(|m| m.trim_end_matches(')').to_string()).unwrap_or_default();
+                let _ = tx.send((url, model));
+            }
+        }
+    });
+    let stderr = child.stderr.take().unwrap();
+    let (etx, erx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tail = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            tail.push(line);
+        }
+        let _ = etx.send(tail.join("\n"));
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok((url, model)) => Ok(Serve { child, url, model }),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = erx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+            Err(format!("cleave serve --config {} did not get ready: {err}", config.display()))
+        }
+    }
+}
+
+/// The CPU default when tiny-r1 has weights and starts, else the golden bf16 checkpoint.
+fn start_any(bin: &Path, dir: &Path) -> Result<Serve, String> {
+    let default = root().join("configs/cpu-tiny.yaml");
+    let yaml = std::fs::read_to_string(&default).map_err(|e| format!("reading {}: {e}", default.display()))?;
+    let mut why = String::new();
+    if root().join("models/tiny-r1/model.safetensors").is_file() {
+        match start_serve(bin, &default) {
+            Ok(s) => return Ok(s),
+            Err(e) => why = format!("{e}; "),
+        }
+    }
+    let golden = root().join("models/golden/bf16-qlora");
+    let cfg: String = yaml
+        .lines()
+        .map(|l| {
+            if l.starts_with("model:") {
+                format!("model: {}", golden.display())
+            } else if l.starts_with("served_model_name:") {
+                "served_model_name: golden".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = dir.join("golden.yaml");
+    std::fs::write(&path, cfg).map_err(|e| e.to_string())?;
+    start_serve(bin, &path).map_err(|e| format!("{why}{e}"))
+}
+
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_cleave-bench")).args(args).output().expect("running cleave-bench");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "cleave-bench {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    stdout.to_string()
+}
+
+#[test]
+fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
+    let bin = match cleave_binary() {
+        Ok(b) => b,
+        Err(why) => return skip(&why),
+    };
+    let dir = temp_dir("cleave-serve");
+    let serve = match start_any(&bin, &dir) {
+        Ok(s) => s,
+        Err(why) => return skip(&why),
+    };
+    eprintln!("cleave serve at {} with model {}", serve.url, serve.model);
+    let url = serve.url.as_str();
+
+    // 1. The 20-prompt benchmark: exact random input lengths as the server counts them.
+    let result = dir.join("bench.json");
+    let stdout = bench(&[
+        "--base-url", url, "--num-prompts", "20", "--random-input-len", "32", "--random-output-len", "8",
+        "--max-concurrency", "4", "--seed", "1", "--disable-tqdm", "--save-result", result.to_str().unwrap(),
+    ]);
+    println!("{stdout}");
+    assert!(stdout.contains("============ Serving Benchmark Result ============"));
+    let j = read_json(&result);
+    assert_eq!((j["completed"].as_u64(), j["failed"].as_u64()), (Some(20), Some(0)), "errors: {}", j["errors"]);
+    assert_eq!(j["model_id"], serve.model.as_str());
+    assert!(j["input_lens"].as_array().unwrap().iter().all(|x| x == 32), "input lens {}", j["input_lens"]);
+    assert!(j["output_lens"].as_array().unwrap().iter().all(|x| x == 8), "ignore_eos gives full outputs: {}", j["output_lens"]);
+    assert_eq!(j["total_input_tokens"], 640);
+    assert!(j["mean_ttft_ms"].as_f64().unwrap() > 0.0);
+    assert!(j["mean_e2el_ms"].as_f64().unwrap() >= j["mean_ttft_ms"].as_f64().unwrap());
+
+    // 2. A 3-point sweep with its charts.
+    let sweep = dir.join("sweep");
+    bench(&[
+        "sweep", "--base-url", url, "--max-concurrency", "1,2,4", "--num-prompts", "6", "--random-input-len", "32",
+        "--random-output-len", "8", "--disable-tqdm", "--label", "cleave", "--output-dir", sweep.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read_to_string(sweep.join("sweep.csv")).unwrap().lines().count(), 4);
+    for c in [1, 2, 4] {
+        assert_eq!(read_json(&sweep.join(format!("cleave-concurrency{c}.json")))["completed"], 6);
+    }
+    assert!(std::fs::metadata(sweep.join("sweep.png")).unwrap().len() > 20_000);
+    assert!(std::fs::metadata(sweep.join("sweep.svg")).unwrap().len() > 10_000);
+
+    // 3. A batch run: tagged chat prompts, reasoning and content apart, input order.
+    let prompts = dir.join("prompts.json");
+    std::fs::write(
+        &prompts,
+        r#"[{"tag": "a", "prompt": "What is 12 + 30?"}, {"tag": "b", "prompt": "Count to three.", "system": "Be brief."}, {"tag": "c", "prompt": "Hello"}]"#,
+    )
+    .unwrap();
+    let responses = dir.join("responses.json");
+    bench(&["batch", "--base-url", url, "--input", prompts.to_str().unwrap(), "--output", responses.to_str().unwrap(), "--max-concurrency", "2", "--max-tokens", "12", "--disable-tqdm"]);
+    let r = read_json(&responses);
+    let r = r.as_array().unwrap();
+    assert_eq!(r.iter().map(|x| x["tag"].as_str().unwrap()).collect::<Vec<_>>(), ["a", "b", "c"]);
+    for x in r {
+        assert!(x["error"].is_null(), "{x}");
+        assert!(x["reasoning"].is_string() || x["content"].is_string(), "{x}");
+        assert!(["stop", "length"].contains(&x["finish_reason"].as_str().unwrap()), "{x}");
+        assert!(x["usage"]["completion_tokens"].as_u64().unwrap() <= 12);
+    }
+
+    // 4. A small mixed run: long prompts (over the prefill threshold) among background streams.
+    let mixed = dir.join("mixed.json");
+    bench(&[
+        "mixed", "--base-url", url, "--background-concurrency", "2", "--background-input-len", "16", "--background-output-len",
+        "48", "--long-input-len", "300", "--long-output-len", "4", "--long-interval", "0.5", "--num-long", "2", "--warmup", "0.3",
+        "--disable-tqdm", "--save-result", mixed.to_str().unwrap(),
+    ]);
+    let m = read_json(&mixed);
+    assert_eq!(m["long"]["completed"], 2, "{}", m["long"]["errors"]);
+    assert_eq!(m["long"]["input_lens"], serde_json::json!([300, 300]));
+    assert!(m["background"]["completed"].as_u64().unwrap() >= 2);
+    assert_eq!(m["background"]["failed"], 0);
+}
