@@ -82,6 +82,14 @@ pub struct Cluster {
     inner: Arc<Inner>,
 }
 
+// The gateway shares the cluster between handlers and moves streams into tasks.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Cluster>();
+    send::<TokenStream>();
+};
+
 fn load_err(e: impl std::fmt::Display) -> ActorError {
     ActorError::Load(e.to_string())
 }

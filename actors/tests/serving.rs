@@ -151,3 +151,41 @@ async fn invalid_and_excess_requests_are_refused_at_submit() {
     c.shutdown();
     assert!(matches!(c.submit(prompt(10, 3), greedy(2)).await.err(), Some(ActorError::ShuttingDown)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_token_requests_queue_limit_and_seeded_sampling() {
+    let c = start(config("cpu-tiny.yaml", |cfg| cfg.router.max_prefill_queue = 1));
+    // The first token is also the last: the request ends on the prefill rank, nothing moves.
+    let p = prompt(300, 1);
+    let one = collect(c.submit(p.clone(), greedy(1)).await.unwrap()).await;
+    assert_eq!(one.tokens, reference(std::slice::from_ref(&p), 1)[0].tokens);
+    assert_eq!(one.finish, Some(cleave_engine::FinishReason::Length));
+    assert_no_leaks(&c);
+    let m = c.metrics_text();
+    assert_eq!(metric(&m, "cleave_router_requests_total{route=\"prefill_pool\"}"), 1.0);
+    assert_eq!(metric(&m, "cleave_kv_transfers_total"), 0.0);
+
+    // With the prefill rank stalled, one long prompt fills its queue (limit 1): the others are
+    // prefilled locally on the decode rank.
+    assert!(c.inject_fault(0, cleave_actors::Fault::Hang(std::time::Duration::from_millis(300))));
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let ps: Vec<Vec<u32>> = (0..4).map(|i| prompt(300 + i, 50 + i)).collect();
+    let streams = join_all(ps.iter().map(|p| c.submit(p.clone(), greedy(MAX_TOKENS)))).await;
+    let got = join_all(streams.into_iter().map(|s| collect(s.unwrap()))).await;
+    for (g, w) in got.iter().zip(reference(&ps, MAX_TOKENS)) {
+        assert_eq!(g.tokens, w.tokens);
+    }
+    let m = c.metrics_text();
+    assert_eq!(metric(&m, "cleave_router_requests_total{route=\"prefill_pool\"}"), 2.0, "{m}");
+    assert_eq!(metric(&m, "cleave_router_requests_total{route=\"decode_local\"}"), 3.0);
+
+    // Seeded sampling gives the same tokens through a KV transfer as on one rank.
+    let seeded = cleave_engine::SamplingParams { temperature: 1.1, top_p: 0.9, seed: Some(3), ignore_eos: true, ..greedy(MAX_TOKENS) };
+    let far = collect(c.submit(prompt(400, 7), seeded.clone()).await.unwrap()).await;
+    let colocated = start(config("cpu-colocated.yaml", |_| {}));
+    let local = collect(colocated.submit(prompt(400, 7), seeded).await.unwrap()).await;
+    assert_eq!(far.tokens, local.tokens);
+    assert_eq!(metric(&c.metrics_text(), "cleave_router_requests_total{route=\"prefill_pool\"}"), 3.0);
+    assert_no_leaks(&c);
+    assert_no_leaks(&colocated);
+}

@@ -9,7 +9,7 @@ use crate::backend::{AttnSeq, Backend, KvLayout};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::blocks_for;
 use crate::model::{Model, StepInput};
-use crate::sampler::{sample, Rng, SamplingParams};
+use crate::sampler::{sample, skip_samples, Rng, SamplingParams};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqId};
 use crate::stop::StopMatcher;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -195,7 +195,7 @@ impl<B: Backend> Engine<B> {
     /// Per-request state. `emitted` are tokens another rank already sampled and sent: they are
     /// replayed through the detokenizer and the stop matcher (their text discarded) so that text
     /// held back there (an incomplete character, a possible stop string) comes out here exactly
-    /// as it would have without the move.
+    /// as it would have without the move, and a seeded random stream continues after their draws.
     fn state_for(&self, r: &Request, emitted: &[u32]) -> Result<ReqState> {
         let mut detok = self.tokenizer.as_ref().map(|_| IncrementalDecoder::with_prompt(&r.prompt, r.params.skip_special_tokens));
         let mut stop = StopMatcher::new(&r.params.stop);
@@ -205,8 +205,10 @@ impl<B: Backend> Engine<B> {
                 stop.push(&delta);
             }
         }
+        let mut rng = r.params.seed.map_or_else(Rng::entropy, Rng::new);
+        skip_samples(&mut rng, &r.params, emitted.len());
         Ok(ReqState {
-            rng: r.params.seed.map_or_else(Rng::entropy, Rng::new),
+            rng,
             params: r.params.clone(),
             generated: emitted.len(),
             detok,
@@ -228,7 +230,7 @@ impl<B: Backend> Engine<B> {
     /// were already sampled and sent to the client (the first token of a failed KV transfer, or
     /// the output of a rank that died). The prompt and those tokens are prefilled here, then
     /// sampling continues with `max_tokens`, `min_tokens` and the text exactly as if the request
-    /// had never moved (a seeded random stream restarts, though).
+    /// had never moved (a seeded random stream included).
     pub fn add_resumed(&mut self, r: Request, emitted: &[u32]) -> Result<()> {
         self.validate(&r)?;
         if emitted.len() >= r.params.max_tokens {

@@ -125,6 +125,20 @@ fn argmax(v: &[f32]) -> usize {
     best
 }
 
+fn is_greedy(p: &SamplingParams) -> bool {
+    p.temperature <= 1e-5
+}
+
+/// Advances `rng` past the random draws of `n` tokens sampled under `p` (one per non-greedy
+/// token), so that a request resumed on another rank continues its seeded stream.
+pub fn skip_samples(rng: &mut Rng, p: &SamplingParams, n: usize) {
+    if !is_greedy(p) {
+        for _ in 0..n {
+            rng.next_f64();
+        }
+    }
+}
+
 /// Picks the next token. `history` holds the prompt and output so far (for the repetition
 /// penalty); `banned` tokens cannot be chosen (EOS before `min_tokens`).
 pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng, history: &[u32], banned: &[u32]) -> Sampled {
@@ -148,7 +162,7 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng, history: &[u32]
             *x = f32::NEG_INFINITY;
         }
     }
-    let token = if p.temperature <= 1e-5 { argmax(&l) } else { draw(&l, p, rng) };
+    let token = if is_greedy(p) { argmax(&l) } else { draw(&l, p, rng) };
     let top = if p.top_logprobs > 0 {
         let mut idx: Vec<usize> = (0..logprobs.len()).collect();
         let k = p.top_logprobs.min(idx.len());

@@ -105,6 +105,18 @@ fn moved_requests_continue_with_identical_tokens_and_text() {
 }
 
 #[test]
+fn seeded_sampling_continues_its_random_stream_after_a_move() {
+    let p = prompt(120, 8);
+    let params = SamplingParams { temperature: 1.3, top_k: 50, seed: Some(42), ignore_eos: true, ..SamplingParams::greedy(16) };
+    let mut e = engine();
+    let mut direct = Vec::new();
+    e.add_request(req(&p, &params, false)).unwrap();
+    run(&mut e, &mut direct);
+    assert_eq!(text(&transferred(&p, &params)), text(&direct));
+    assert_eq!(text(&resumed(&p, &params, 4)), text(&direct));
+}
+
+#[test]
 fn resuming_with_nothing_left_to_generate_is_refused() {
     let mut e = engine();
     let p = prompt(10, 1);
