@@ -112,6 +112,15 @@ def check(tok):
         for gen in (True, False):
             r = template.render(messages=msgs, add_generation_prompt=gen, bos_token=data.BOS)
             assert r == data.render_prompt(msgs, gen), (r, data.render_prompt(msgs, gen))
+    try:  # Rust's minijinja (what cleave uses) through its Python binding, when installed
+        import minijinja
+        env = minijinja.Environment(templates={"chat": CHAT_TEMPLATE})
+        env.pycompat = True
+        for msgs in cases[:200]:
+            r = env.render_template("chat", messages=msgs, add_generation_prompt=True, bos_token=data.BOS)
+            assert r == data.render_prompt(msgs), (r, data.render_prompt(msgs))
+    except ImportError:
+        print("minijinja not installed: template checked with jinja2 only")
     ids = tok.encode(data.render_prompt(cases[0])).ids
     assert ids.count(0) == 1 and ids[0] == 0
 
