@@ -42,6 +42,8 @@ struct CtxState {
     last_token_at: Option<Instant>,
     /// A final token or an error was sent.
     done: bool,
+    /// Times the request was recovered after a failure.
+    recoveries: u32,
     /// Load the router put on the chosen decode rank until the request arrives there.
     decode_ledger: Option<Ledger>,
     /// Load the router put on the chosen prefill rank until its first token.
@@ -77,7 +79,7 @@ impl ReqCtx {
         let cancelled = Arc::new(AtomicBool::new(false));
         table.in_flight.fetch_add(1, Ordering::SeqCst);
         let stream = TokenStream::new(id, rx, cancelled.clone(), table.clone());
-        let state = CtxState { owner: OWNER_NONE, generated: Vec::new(), last_token_at: None, done: false, decode_ledger: None, prefill_ledger: None };
+        let state = CtxState { owner: OWNER_NONE, generated: Vec::new(), last_token_at: None, done: false, recoveries: 0, decode_ledger: None, prefill_ledger: None };
         let ctx = ReqCtx { id, prompt, params, tx, cancelled, arrival: Instant::now(), table, state: Mutex::new(state) };
         (Arc::new(ctx), stream)
     }
@@ -150,6 +152,13 @@ impl ReqCtx {
     /// Tokens already sent to the client.
     pub fn generated_len(&self) -> usize {
         self.lock().generated.len()
+    }
+
+    /// Counts a recovery and returns how many there were, this one included.
+    pub fn note_recovery(&self) -> u32 {
+        let mut st = self.lock();
+        st.recoveries += 1;
+        st.recoveries
     }
 
     /// Tokens already sent to the client (a rank that takes the request over replays them).

@@ -16,6 +16,9 @@ use crate::metrics::Metrics;
 use crate::rank::{Fault, RankCmd};
 use crate::request::{ReqCtx, ReqId, OWNER_NONE};
 
+/// Recoveries of one request before it is failed instead.
+pub(crate) const MAX_RECOVERIES: u32 = 3;
+
 /// Which pool a rank belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -399,6 +402,11 @@ impl RankTable {
     pub fn recover(&self, ctx: Arc<ReqCtx>, err: ActorError, prefer: Option<usize>) {
         if ctx.is_cancelled() {
             return;
+        }
+        if ctx.note_recovery() > MAX_RECOVERIES {
+            // A request that keeps failing ranks (e.g. one whose step panics) is not retried
+            // forever: it would crash-loop every rank it lands on.
+            return ctx.fail(ActorError::RankFailed(format!("given up after {MAX_RECOVERIES} recoveries; last failure: {err}")));
         }
         match self.policy {
             FailurePolicy::Fail => ctx.fail(err),

@@ -182,3 +182,30 @@ async fn a_model_that_does_not_load_is_a_start_error() {
     assert!(matches!(&e, Some(ActorError::Load(m)) if m.contains("rank")), "{e:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_keeps_killing_ranks_is_failed_not_retried_forever() {
+    let c = start(config("cpu-colocated.yaml", |_| {}));
+    let mut s = c.submit(prompt(20, 60), greedy(400)).await.unwrap();
+    assert!(matches!(s.recv_async().await, Some(StreamEvent::Token(_))));
+    // Kill the rank under the request again and again, as a poisonous request would.
+    let mut last = None;
+    for i in 0..4 {
+        wait_up(&c, 0).await;
+        assert!(c.inject_fault(0, Fault::Panic));
+        // Wait until the restart happened before the next kill.
+        for _ in 0..400 {
+            if restarts(&c, 0) > i {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(restarts(&c, 0), i + 1);
+    }
+    while let Some(ev) = s.recv_async().await {
+        last = Some(ev);
+    }
+    assert!(matches!(&last, Some(StreamEvent::Error(ActorError::RankFailed(m))) if m.contains("given up")), "{last:?}");
+    wait_up(&c, 0).await;
+    assert_no_leaks(&c);
+}
