@@ -114,12 +114,15 @@ pub async fn run(target: &Target, inputs: Vec<RequestInput>, load: &LoadSpec, pr
         if due > Instant::now() {
             tokio::time::sleep_until(due.into()).await;
         }
-        let (target, sem, pb) = (target.clone(), sem.clone(), pb.clone());
+        // Taking the permit here (not in the task) sends capped requests in input order, as
+        // asyncio's FIFO semaphore does in vLLM; later arrivals queue behind it.
+        let permit = match &sem {
+            Some(s) => Some(s.clone().acquire_owned().await?),
+            None => None,
+        };
+        let (target, pb) = (target.clone(), pb.clone());
         tasks.push(tokio::spawn(async move {
-            let _permit = match &sem {
-                Some(s) => Some(s.clone().acquire_owned().await.expect("semaphore closed")),
-                None => None,
-            };
+            let _permit = permit;
             let out = target.send(&input, epoch).await;
             pb.inc(1);
             out

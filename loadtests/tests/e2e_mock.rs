@@ -341,3 +341,31 @@ async fn mixed_scenario_reports_background_and_long_prompts_apart() {
         assert!(svg.contains("colocated") && svg.contains("1p1d"));
     }
 }
+
+/// Random prompts sent as token ids (completions): BOS first, exact lengths, spread by the
+/// range ratio, as the server counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_id_prompts_with_range_ratio() {
+    let _serial = SERIAL.lock().await;
+    let server = start(MockConfig::default()).await;
+    let dir = temp_dir("ids");
+    let out = dir.join("r.json");
+    let (ok, stdout, stderr) = run_bench(args(&[
+        "--base-url", &server.base_url, "--num-prompts", "12", "--random-input-len", "40", "--random-output-len", "10",
+        "--random-range-ratio", "0.5", "--prompt-token-ids", "--max-concurrency", "1", "--disable-tqdm", "--save-result", out.to_str().unwrap(),
+    ]))
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    let j = read_json(&out);
+    // One at a time, so the server's log is in input order (after the initial test request).
+    let log = server.log.lock().unwrap();
+    assert_eq!(log.len(), 13);
+    for (i, r) in log.iter().skip(1).enumerate() {
+        let ids = r.body["prompt"].as_array().expect("token ids sent");
+        assert_eq!(ids[0], 0, "BOS first");
+        assert_eq!(j["input_lens"][i].as_u64().unwrap() as usize, ids.len());
+        assert!((20..=60).contains(&ids.len()), "{}", ids.len()); // 1 + [19, 59]
+        let n = r.body["max_tokens"].as_u64().unwrap();
+        assert!((5..=15).contains(&n) && j["output_lens"][i] == n);
+    }
+}
