@@ -5,6 +5,7 @@
 //! The server runs configs/cpu-tiny.yaml (the CPU default) when models/tiny-r1 holds a
 //! checkpoint that starts, else the same config pointed at the golden bf16 checkpoint. The
 //! binary is target/<profile>/cleave; when absent it is built with `cargo build --bin cleave`.
+//! CLEAVE_BENCH_E2E_MODEL=golden skips tiny-r1 and uses the golden checkpoint.
 //! When it cannot be built or has no `serve`, the test is skipped with a message, unless
 //! CLEAVE_BENCH_REQUIRE_SERVE=1 (then it fails).
 
@@ -116,7 +117,8 @@ fn start_any(bin: &Path, dir: &Path) -> Result<Serve, String> {
     let default = root().join("configs/cpu-tiny.yaml");
     let yaml = std::fs::read_to_string(&default).map_err(|e| format!("reading {}: {e}", default.display()))?;
     let mut why = String::new();
-    if root().join("models/tiny-r1/model.safetensors").is_file() {
+    let force_golden = std::env::var("CLEAVE_BENCH_E2E_MODEL").is_ok_and(|v| v == "golden");
+    if !force_golden && root().join("models/tiny-r1/model.safetensors").is_file() {
         match start_serve(bin, &default) {
             Ok(s) => return Ok(s),
             Err(e) => why = format!("{e}; "),
