@@ -91,7 +91,7 @@ async fn prefill_rank_killed_mid_transfer_ends_streams_with_an_error_under_fail(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_and_timed_out_transfers_are_recomputed() {
-    let c = start(config("cpu-tiny.yaml", |cfg| cfg.kv_transfer.timeout_ms = 150));
+    let c = start(config("cpu-tiny.yaml", |cfg| cfg.kv_transfer.timeout_ms = 400));
     let p = prompt(300, 31);
     let want = reference(std::slice::from_ref(&p), MAX_TOKENS);
     // A transport error on the prefill rank.
@@ -100,7 +100,7 @@ async fn failed_and_timed_out_transfers_are_recomputed() {
     assert_eq!((got.error, &got.tokens), (None, &want[0].tokens));
     assert_eq!(metric(&c.metrics_text(), "cleave_kv_transfer_failures_total{reason=\"error\"}"), 1.0);
     // The decode rank stalls past the transfer's timeout.
-    assert!(c.inject_fault(1, Fault::Hang(Duration::from_millis(700))));
+    assert!(c.inject_fault(1, Fault::Hang(Duration::from_millis(1200))));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let got = collect(c.submit(p.clone(), greedy(MAX_TOKENS)).await.unwrap()).await;
     assert_eq!((got.error, &got.tokens), (None, &want[0].tokens));
@@ -157,13 +157,13 @@ async fn decode_rank_panic_while_decoding_is_recomputed_on_the_restarted_rank() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_decode_rank_is_replaced_after_a_missed_heartbeat() {
-    let c = start(config("cpu-colocated.yaml", |cfg| cfg.supervisor.heartbeat_timeout_ms = 300));
+    let c = start(config("cpu-colocated.yaml", |cfg| cfg.supervisor.heartbeat_timeout_ms = 400));
     disturb_while_decoding(&c, Fault::Hang(Duration::from_millis(1500))).await;
     wait_up(&c, 0).await;
     assert_eq!(restarts(&c, 0), 1);
     assert_no_leaks(&c);
     // Let the old incarnation wake up: it must exit without writing anything anywhere.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_no_leaks(&c);
     let again = collect(c.submit(prompt(10, 40), greedy(5)).await.unwrap()).await;
     assert_eq!(again.tokens.len(), 5);
