@@ -48,11 +48,11 @@ pub struct ChoiceState {
 }
 
 impl ChoiceState {
-    /// `think_end`: the `</think>` id for a chat with a reasoning model, `None` for no split.
-    pub fn new(index: usize, think_end: Option<u32>, include_reasoning: bool, want_logprobs: bool) -> Self {
+    /// `splitter`: how this request's output divides into reasoning and content.
+    pub fn new(index: usize, splitter: ReasoningSplitter, include_reasoning: bool, want_logprobs: bool) -> Self {
         ChoiceState {
             index,
-            splitter: ReasoningSplitter::new(think_end),
+            splitter,
             include_reasoning,
             want_logprobs,
             pending: Vec::new(),
@@ -61,7 +61,7 @@ impl ChoiceState {
         }
     }
 
-    /// Whether reasoning is separated from content for this choice.
+    /// Whether this choice's output has a reasoning section.
     pub fn splits_reasoning(&self) -> bool {
         self.splitter.active()
     }
@@ -109,7 +109,7 @@ mod tests {
 
     #[test]
     fn logprobs_of_textless_tokens_ride_on_the_next_chunk() {
-        let mut c = ChoiceState::new(0, Some(9), true, true);
+        let mut c = ChoiceState::new(0, ReasoningSplitter::new(Some(9)), true, true);
         let d = c.push(&tok(1, "", None));
         assert!(d.first && !d.has_chunk());
         let d = c.push(&tok(2, "ab", None));
@@ -127,7 +127,7 @@ mod tests {
 
     #[test]
     fn excluded_reasoning_sends_neither_text_nor_logprobs() {
-        let mut c = ChoiceState::new(1, Some(9), false, true);
+        let mut c = ChoiceState::new(1, ReasoningSplitter::new(Some(9)), false, true);
         assert!(!c.push(&tok(1, "hmm", None)).has_chunk());
         assert!(!c.push(&tok(9, "</think>", None)).has_chunk());
         let d = c.push(&tok(2, "yes", Some(FinishReason::Length)));

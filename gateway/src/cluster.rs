@@ -70,7 +70,7 @@ impl GatewayConfig {
         Ok(GatewayConfig {
             max_concurrent_requests: cfg.server.max_concurrent_requests,
             defaults: SamplingDefaults::from_model_dir(&cfg.model)?,
-            model_root: cfg.model.display().to_string(),
+            model_root: cfg.model.canonicalize().unwrap_or_else(|_| cfg.model.clone()).display().to_string(),
             ..GatewayConfig::default()
         })
     }

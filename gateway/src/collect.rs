@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 
+use crate::reasoning::ReasoningSplitter;
 use crate::choice::{ChoiceState, TokenLogprob};
 use crate::openai::{AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, TokenStrings, Usage};
 use crate::sse::ResponseMeta;
@@ -29,9 +30,9 @@ pub struct Collector {
 
 impl Collector {
     /// See [`crate::sse::StreamFormatter::new`].
-    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, think_end: Option<u32>, include_reasoning: bool) -> Self {
-        let think_end = if meta.endpoint == Endpoint::Chat { think_end } else { None };
-        let choices = (0..n).map(|i| ChoiceState::new(i, think_end, include_reasoning, meta.logprobs)).collect();
+    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, splitter: ReasoningSplitter, include_reasoning: bool) -> Self {
+        let splitter = if meta.endpoint == Endpoint::Chat { splitter } else { ReasoningSplitter::off() };
+        let choices = (0..n).map(|i| ChoiceState::new(i, splitter.clone(), include_reasoning, meta.logprobs)).collect();
         Collector { meta, tokenizer, choices, gathered: (0..n).map(|_| Gathered::default()).collect(), include_reasoning }
     }
 
@@ -119,20 +120,20 @@ mod tests {
         for t in toks {
             c.on_token(0, t);
         }
-        let c = std::mem::replace(c, Collector::new(meta(Endpoint::Chat, false), None, 1, None, true));
+        let c = std::mem::replace(c, Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(None), true));
         serde_json::from_slice(&c.into_json()).unwrap()
     }
 
     #[test]
     fn chat_message_carries_reasoning_and_content() {
         let toks = [tok(1, "think", None), tok(9, "</think>", None), tok(2, "answer", Some(FinishReason::Stop))];
-        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, Some(9), true);
+        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), true);
         let v = run(&mut c, &toks);
         assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "answer", "reasoning_content": "think"}));
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
         assert_eq!(v["usage"], json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}));
         assert_eq!(v["object"], "chat.completion");
-        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, Some(9), false);
+        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), false);
         let v = run(&mut c, &toks);
         assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "answer", "reasoning_content": null}));
     }
@@ -140,13 +141,13 @@ mod tests {
     #[test]
     fn no_think_end_means_null_content_and_no_split_means_plain_content() {
         let toks = [tok(1, "still", None), tok(2, " thinking", Some(FinishReason::Length))];
-        let mut c = Collector::new(meta(Endpoint::Chat, true), None, 1, Some(9), true);
+        let mut c = Collector::new(meta(Endpoint::Chat, true), None, 1, ReasoningSplitter::new(Some(9)), true);
         let v = run(&mut c, &toks);
         assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
         assert_eq!(v["choices"][0]["message"]["reasoning_content"], "still thinking");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["choices"][0]["logprobs"]["content"].as_array().unwrap().len(), 2);
-        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, None, true);
+        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(None), true);
         let v = run(&mut c, &toks);
         assert_eq!(v["choices"][0]["message"]["content"], "still thinking");
         assert_eq!(v["choices"][0]["message"]["reasoning_content"], Value::Null);
@@ -154,7 +155,7 @@ mod tests {
 
     #[test]
     fn completion_body_has_text_and_usage() {
-        let mut c = Collector::new(meta(Endpoint::Completion, true), None, 2, Some(9), true);
+        let mut c = Collector::new(meta(Endpoint::Completion, true), None, 2, ReasoningSplitter::new(Some(9)), true);
         c.on_token(1, &tok(5, "b", Some(FinishReason::Stop)));
         c.on_token(0, &tok(9, "</think>", Some(FinishReason::Length)));
         assert!(c.all_finished());

@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 use crate::backend::TokenEvents;
 use crate::collect::Collector;
 use crate::errors::ApiError;
+use crate::reasoning::ReasoningSplitter;
 use crate::sse::{ResponseMeta, StreamFormatter};
 use crate::validate::{Endpoint, GenerateRequest};
 use crate::State;
@@ -63,17 +64,20 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// A response id: a prefix and 24 hex digits, unique within the process and unlikely to repeat
-/// across processes.
+/// A response id: a prefix and 32 hex digits from the clock, the process id and a counter,
+/// mixed, so ids are unique within the process and unlikely to repeat across processes.
 pub(crate) fn new_id(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
+    fn mix(mut x: u64) -> u64 {
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
+        x ^ (x >> 31)
+    }
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let c = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut x = nanos ^ (u64::from(std::process::id()) << 32) ^ c.wrapping_mul(0x9e3779b97f4a7c15);
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xbf58476d1ce4e5b9);
-    format!("{prefix}-{x:016x}{:08x}", c as u32)
+    let a = mix(nanos ^ (u64::from(std::process::id()) << 40));
+    format!("{prefix}-{a:016x}{:016x}", mix(a ^ c.wrapping_mul(0x9e3779b97f4a7c15)))
 }
 
 /// Submits one backend request per choice (choice `i` with seed `seed + i`) and merges their
@@ -104,9 +108,10 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
     };
     info!(request_id = %meta.id, prompt_tokens = req.prompt.len(), n = req.n, stream = req.stream, max_tokens = req.params.max_tokens, "admitted");
     let merged = submit_all(&state, &req).await.inspect_err(|e| warn!(request_id = %meta.id, error = %e, "submit failed"))?;
-    let think_end = state.info.think_end_id;
+    let think_start = state.tokenizer.as_ref().and_then(|t| t.token_to_id("<think>"));
+    let splitter = ReasoningSplitter::for_prompt(&req.prompt, think_start, state.info.think_end_id);
     if req.stream {
-        let fmt = StreamFormatter::new(meta, state.tokenizer.clone(), req.n, think_end, req.include_reasoning);
+        let fmt = StreamFormatter::new(meta, state.tokenizer.clone(), req.n, splitter.clone(), req.include_reasoning);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream_task(state.clone(), merged, fmt, tx));
         let body = SseBody { rx, _admission: admission };
@@ -116,7 +121,7 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
         h.insert("cache-control", warp::http::HeaderValue::from_static("no-cache"));
         return Ok(res);
     }
-    let collector = Collector::new(meta.clone(), state.tokenizer.clone(), req.n, think_end, req.include_reasoning);
+    let collector = Collector::new(meta.clone(), state.tokenizer.clone(), req.n, splitter, req.include_reasoning);
     let body = collect(&state, &meta, merged, collector).await?;
     drop(admission);
     let mut res = warp::reply::Response::new(Bytes::from(body).into());
@@ -218,5 +223,16 @@ impl Stream for SseBody {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx).map(|c| c.map(Ok))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_are_prefixed_unique_hex() {
+        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| super::new_id("chatcmpl")).collect();
+        assert_eq!(ids.len(), 10_000);
+        let id = ids.iter().next().unwrap();
+        assert!(id.starts_with("chatcmpl-") && id.len() == 9 + 32 && id[9..].chars().all(|c| c.is_ascii_hexdigit()));
     }
 }

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod openai;
 pub mod reasoning;
 mod routes;
+mod server;
 pub mod sse;
 pub mod validate;
 
@@ -28,13 +29,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use cleave_engine::tokenizer::Tokenizer;
-use tokio::sync::{oneshot, Semaphore};
-use warp::Filter;
+use tokio::sync::Semaphore;
 
 pub use backend::{Backend, BackendLoad, ModelInfo, TokenEvents};
 pub use defaults::SamplingDefaults;
 pub use errors::ApiError;
 pub use metrics::GatewayMetrics;
+pub use server::Server;
 
 /// Largest `n` a request may ask for (also bounded by `max_concurrent_requests`).
 pub const MAX_N: usize = 128;
@@ -88,64 +89,5 @@ pub(crate) struct State {
 impl State {
     fn max_n(&self) -> usize {
         MAX_N.min(self.cfg.max_concurrent_requests)
-    }
-}
-
-/// A running gateway.
-pub struct Server {
-    addr: SocketAddr,
-    metrics: GatewayMetrics,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Server {
-    /// Binds `addr` (port 0 picks a free port) and starts serving on the current tokio runtime.
-    pub async fn start(backend: Arc<dyn Backend>, cfg: GatewayConfig, addr: SocketAddr) -> Result<Server, GatewayError> {
-        if cfg.max_concurrent_requests == 0 {
-            return Err(GatewayError::Config("max_concurrent_requests must be at least 1".into()));
-        }
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
-        let addr = listener.local_addr().map_err(|source| GatewayError::Bind { addr, source })?;
-        let metrics = GatewayMetrics::new();
-        let state = Arc::new(State {
-            info: backend.model_info(),
-            tokenizer: backend.tokenizer(),
-            admission: Arc::new(Semaphore::new(cfg.max_concurrent_requests)),
-            metrics: metrics.clone(),
-            started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            backend,
-            cfg,
-        });
-        let filter = routes::api(state).recover(routes::recover).unify();
-        let (tx, rx) = oneshot::channel::<()>();
-        let server = warp::serve(filter).incoming(listener).graceful(async move {
-            let _ = rx.await;
-        });
-        let task = tokio::spawn(server.run());
-        Ok(Server { addr, metrics, shutdown: Some(tx), task })
-    }
-
-    /// The address actually bound.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The gateway's counters.
-    pub fn metrics(&self) -> &GatewayMetrics {
-        &self.metrics
-    }
-
-    /// Stops accepting connections and waits for open ones to finish.
-    pub async fn shutdown(mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-
-    /// Waits until the server stops (it runs until [`Server::shutdown`] or a fatal error).
-    pub async fn wait(&mut self) {
-        let _ = (&mut self.task).await;
     }
 }

@@ -24,40 +24,80 @@ pub struct SplitText {
     pub content: String,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// No split: all text is content.
+    Off,
+    /// The prompt did not open a reasoning section: a first `<think>` token opens one,
+    /// anything else means plain content.
+    Undecided,
+    Reasoning,
+    /// After `</think>`.
+    Content,
+}
+
 /// Splits one choice's token stream into reasoning and content.
 #[derive(Debug, Clone)]
 pub struct ReasoningSplitter {
+    think_start: Option<u32>,
     think_end: Option<u32>,
-    in_reasoning: bool,
+    mode: Mode,
     /// Reasoning text so far is empty (a leading `<think>` is dropped).
     at_start: bool,
 }
 
 impl ReasoningSplitter {
-    /// A splitter for a model whose `</think>` token is `think_end`. `None` (a model without the
-    /// token) means no split: all text is content.
+    /// A splitter that starts inside the reasoning, for a model whose `</think>` token is
+    /// `think_end`. `None` (a model without the token) means no split: all text is content.
     pub fn new(think_end: Option<u32>) -> Self {
-        ReasoningSplitter { think_end, in_reasoning: think_end.is_some(), at_start: true }
+        let mode = if think_end.is_some() { Mode::Reasoning } else { Mode::Off };
+        ReasoningSplitter { think_start: None, think_end, mode, at_start: true }
     }
 
-    /// Whether this splitter separates reasoning at all.
+    /// No split at all (text completions).
+    pub fn off() -> Self {
+        Self::new(None)
+    }
+
+    /// The split for a chat whose rendered prompt is `prompt`. The output starts inside the
+    /// reasoning when the prompt's last `<think>` comes after its last `</think>` (R1's template
+    /// ends with `<think>\n`); otherwise only an output that itself begins with `<think>` is
+    /// split (older R1 templates), and anything else is plain content (e.g. a template rendered
+    /// with thinking disabled, which closes the section in the prompt).
+    pub fn for_prompt(prompt: &[u32], think_start: Option<u32>, think_end: Option<u32>) -> Self {
+        let Some(end) = think_end else { return Self::off() };
+        let last = |id: Option<u32>| id.and_then(|id| prompt.iter().rposition(|&t| t == id));
+        let opened = match (last(think_start), last(Some(end))) {
+            (Some(s), Some(e)) => s > e,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let mode = if opened { Mode::Reasoning } else { Mode::Undecided };
+        ReasoningSplitter { think_start, think_end, mode, at_start: true }
+    }
+
+    /// Whether the output has a reasoning section (so far).
     pub fn active(&self) -> bool {
-        self.think_end.is_some()
+        matches!(self.mode, Mode::Reasoning | Mode::Content)
     }
 
     /// Whether the `</think>` token has been seen (the output has a content section).
     pub fn ended(&self) -> bool {
-        self.active() && !self.in_reasoning
+        self.mode == Mode::Content
     }
 
-    /// Whether the next token will still be part of the reasoning.
+    /// Whether the next token will still be part of the reasoning (an undecided first token
+    /// counts as reasoning: `<think>` belongs to it).
     pub fn in_reasoning(&self) -> bool {
-        self.in_reasoning
+        matches!(self.mode, Mode::Reasoning | Mode::Undecided)
     }
 
     /// Assigns the text of one generated token.
     pub fn push(&mut self, token: u32, text: &str) -> SplitText {
-        if !self.in_reasoning {
+        if self.mode == Mode::Undecided {
+            self.mode = if self.think_start == Some(token) { Mode::Reasoning } else { Mode::Off };
+        }
+        if matches!(self.mode, Mode::Off | Mode::Content) {
             return SplitText { reasoning: String::new(), content: text.to_string() };
         }
         let mut text = text;
@@ -68,7 +108,7 @@ impl ReasoningSplitter {
             }
         }
         if Some(token) == self.think_end {
-            self.in_reasoning = false;
+            self.mode = Mode::Content;
             return match text.rfind(THINK_END) {
                 Some(pos) => SplitText { reasoning: text[..pos].to_string(), content: text[pos + THINK_END.len()..].to_string() },
                 None => SplitText { reasoning: text.to_string(), content: String::new() },
@@ -136,5 +176,25 @@ mod tests {
         let (r, c) = run(&mut s, &[(1, "<think>"), (2, "still thinking")]);
         assert_eq!((r.as_str(), c.as_str()), ("still thinking", ""));
         assert!(s.active() && !s.ended());
+    }
+
+    #[test]
+    fn the_prompt_decides_whether_the_output_starts_in_reasoning() {
+        const START: u32 = 382;
+        // R1's template: the prompt ends with <think>\n.
+        let mut s = ReasoningSplitter::for_prompt(&[0, 380, 7, 381, START, 10], Some(START), Some(END));
+        let (r, c) = run(&mut s, &[(1, "a"), (END, "</think>"), (2, "b")]);
+        assert_eq!((r.as_str(), c.as_str()), ("a", "b"));
+        // Thinking disabled: the prompt closes the section; the output is plain content.
+        let mut s = ReasoningSplitter::for_prompt(&[0, 381, START, END], Some(START), Some(END));
+        let (r, c) = run(&mut s, &[(1, "a"), (END, "</think>"), (2, "b")]);
+        assert_eq!((r.as_str(), c.as_str()), ("", "a</think>b"));
+        assert!(!s.active());
+        // An older template: no <think> in the prompt, the model writes it.
+        let mut s = ReasoningSplitter::for_prompt(&[0, 381], Some(START), Some(END));
+        let (r, c) = run(&mut s, &[(START, "<think>"), (1, "\nhm"), (END, "</think>"), (2, "ok")]);
+        assert_eq!((r.as_str(), c.as_str()), ("\nhm", "ok"));
+        assert!(s.ended());
+        assert!(!ReasoningSplitter::for_prompt(&[0, 381, START], Some(START), None).active());
     }
 }

@@ -12,6 +12,7 @@ use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 use serde::Serialize;
 
+use crate::reasoning::ReasoningSplitter;
 use crate::choice::{ChoiceDelta, ChoiceState};
 use crate::errors::ApiError;
 use crate::openai::{ChatChunk, ChatChunkChoice, ChatDelta, Completion, CompletionChoice, TokenStrings, Usage};
@@ -53,10 +54,10 @@ pub struct StreamFormatter {
 }
 
 impl StreamFormatter {
-    /// `think_end`: the `</think>` id when chat output is split into reasoning and content.
-    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, think_end: Option<u32>, include_reasoning: bool) -> Self {
-        let think_end = if meta.endpoint == Endpoint::Chat { think_end } else { None };
-        let choices = (0..n).map(|i| ChoiceState::new(i, think_end, include_reasoning, meta.logprobs)).collect();
+    /// `splitter`: how chat output divides into reasoning and content (ignored for completions).
+    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, splitter: ReasoningSplitter, include_reasoning: bool) -> Self {
+        let splitter = if meta.endpoint == Endpoint::Chat { splitter } else { ReasoningSplitter::off() };
+        let choices = (0..n).map(|i| ChoiceState::new(i, splitter.clone(), include_reasoning, meta.logprobs)).collect();
         StreamFormatter { meta, tokenizer, choices, sent: vec![0; n], events: 0 }
     }
 
@@ -206,7 +207,7 @@ mod tests {
 
     #[test]
     fn chat_stream_has_role_reasoning_content_finish_usage_done() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, Some(9), true);
+        let mut f = StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(Some(9)), true);
         let mut out = Vec::new();
         for t in [tok(1, "hmm", None), tok(9, "</think>", None), tok(2, "\n\nYes", None), tok(3, "", Some(FinishReason::Stop))] {
             f.on_token(0, &t, &mut out);
@@ -232,7 +233,7 @@ mod tests {
 
     #[test]
     fn completion_stream_with_logprobs_and_two_choices() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Completion, false, true), None, 2, Some(9), true);
+        let mut f = StreamFormatter::new(meta(Endpoint::Completion, false, true), None, 2, ReasoningSplitter::new(Some(9)), true);
         let mut out = Vec::new();
         f.on_token(1, &tok(4, "b", Some(FinishReason::Length)), &mut out);
         f.on_token(0, &tok(9, "</think>", None), &mut out);
@@ -253,7 +254,7 @@ mod tests {
 
     #[test]
     fn error_after_start_is_an_error_event_then_done() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, None, true);
+        let mut f = StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(None), true);
         let mut out = Vec::new();
         f.on_token(0, &tok(1, "x", None), &mut out);
         f.error(&ApiError::Internal("rank 3 failed".into()), &mut out);
@@ -267,7 +268,7 @@ mod tests {
 
     #[test]
     fn late_reasoning_and_content_on_the_think_end_token_are_two_chunks() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Chat, false, true), None, 1, Some(9), true);
+        let mut f = StreamFormatter::new(meta(Endpoint::Chat, false, true), None, 1, ReasoningSplitter::new(Some(9)), true);
         let mut out = Vec::new();
         f.on_token(0, &tok(1, "", None), &mut out);
         f.on_token(0, &tok(9, "r</think>c", Some(FinishReason::Stop)), &mut out);

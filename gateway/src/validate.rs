@@ -164,7 +164,7 @@ impl Validator<'_> {
 
     /// Validates a `/tokenize` body (vLLM's shape): `prompt` (with `add_special_tokens`, default
     /// true) or `messages` (with `add_generation_prompt`, default true, and
-    /// `chat_template_kwargs`).
+    /// `chat_template_kwargs`; the template's own special tokens only, like the chat endpoint).
     pub fn tokenize(&self, body: &[u8]) -> Result<Vec<u32>, ApiError> {
         let obj = parse_object(body)?;
         let f = Fields(&obj);
@@ -173,13 +173,8 @@ impl Validator<'_> {
         if obj.contains_key("messages") {
             let messages = messages(obj.get("messages"))?;
             let kwargs = chat_template_kwargs(&f)?;
-            let ids = tok.encode_chat(&messages, f.bool("add_generation_prompt", true)?, kwargs.as_ref())?;
-            // The rendered template holds BOS already; vLLM adds nothing by default here.
-            if f.bool("add_special_tokens", false)? {
-                let text = tok.decode(&ids, false)?;
-                return Ok(tok.encode(&text, true)?);
-            }
-            return Ok(ids);
+            // The rendered template holds its special tokens (BOS) already, so nothing is added.
+            return Ok(tok.encode_chat(&messages, f.bool("add_generation_prompt", true)?, kwargs.as_ref())?);
         }
         let prompt = f.opt::<String>("prompt")?.ok_or_else(|| ApiError::field("prompt", "`prompt` or `messages` is required"))?;
         Ok(tok.encode(&prompt, f.bool("add_special_tokens", true)?)?)
@@ -398,3 +393,7 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     };
     Ok(ChatMessage { role: role.to_string(), content, reasoning_content: None })
 }
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;

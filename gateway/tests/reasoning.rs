@@ -89,6 +89,9 @@ async fn scripted_reasoning_split_streaming_and_not() {
     assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
     assert_eq!(v["choices"][0]["message"]["reasoning_content"], "Let me add");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // A prompt that does not open a reasoning section (no `<think>` at its end) is not split.
+    let v: Value = post(json!({"messages": [{"role": "user", "content": "2+2?"}], "add_generation_prompt": false})).await.unwrap().json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "reasoning_content": null, "content": "Let me add them</think>\n\nThe answer is 4."}));
     // Completions have no split.
     let v: Value = client.post(format!("{url}/v1/completions")).json(&json!({"prompt": "2+2?"})).send().await.unwrap().json().await.unwrap();
     assert_eq!(v["choices"][0]["text"], "Let me add them</think>\n\nThe answer is 4.");

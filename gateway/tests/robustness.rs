@@ -185,4 +185,36 @@ async fn a_hundred_clients_disconnecting_mid_stream_leave_nothing_running() {
     let disconnects = metrics.lines().find(|l| l.starts_with("cleave_gateway_client_disconnects_total ")).unwrap();
     let n: u64 = disconnects.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(n >= 90, "the gateway saw the disconnects: {disconnects}");
+    assert_eq!(aborted(&s).await, 100, "the cluster aborted every one");
+}
+
+/// `cleave_requests_finished_total{reason="abort"}` of the cluster.
+async fn aborted(s: &TestServer) -> u64 {
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    metrics
+        .lines()
+        .find(|l| l.starts_with("cleave_requests_finished_total{reason=\"abort\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streaming_clients_that_give_up_abort_their_requests() {
+    let s = TestServer::golden(64).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_millis(150)).build().unwrap();
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (client, url) = (client.clone(), s.url.clone());
+            let body = json!({"prompt": format!("patience {i}"), "max_tokens": 1000, "temperature": 0, "ignore_eos": true});
+            tokio::spawn(async move { client.post(format!("{url}/v1/completions")).json(&body).send().await.is_err() })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap(), "the client timed out before 1000 tokens");
+    }
+    let stats = s.wait_idle();
+    assert_eq!((stats.in_flight, stats.blocks_in_use()), (0, 0), "{stats:?}");
+    eprintln!("20 abandoned requests cleaned up {:?} after the start", started.elapsed());
+    assert_eq!(aborted(&s).await, 20, "every abandoned request was aborted, none ran to the end");
 }
