@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::Backend;
 use cleave_engine::tokenizer::ChatMessage;
 use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
 
@@ -48,6 +50,18 @@ pub struct Args {
     max_model_len: Option<usize>,
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
+    /// Where to run the model.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    /// GPU ordinal for `--device cuda`.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Device {
+    Cpu,
+    Cuda,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -57,6 +71,13 @@ enum Output {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    match a.device {
+        Device::Cpu => run_on(CpuBackend, a),
+        Device::Cuda => run_on(CudaBackend::new(a.gpu).context("opening the GPU")?, a),
+    }
+}
+
+fn run_on<B: Backend>(be: B, a: Args) -> anyhow::Result<()> {
     let dir = a.model.clone().unwrap_or_else(crate::model_dir::default_model);
     let model_cfg = cleave_engine::model::ModelConfig::from_dir(&dir)?;
     let max_len = a.max_model_len.unwrap_or(model_cfg.max_position_embeddings);
@@ -67,7 +88,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_model_len: Some(max_len),
         ..EngineConfig::default()
     };
-    let mut engine = Engine::load(CpuBackend, &dir, cfg).with_context(|| format!("loading {}", dir.display()))?;
+    let mut engine = Engine::load(be, &dir, cfg).with_context(|| format!("loading {}", dir.display()))?;
     let prompt = match (&a.prompt, &a.prompt_ids) {
         (_, Some(_)) if a.chat => bail!("--chat renders text: give --prompt, not --prompt-ids"),
         (_, Some(ids)) => ids.clone(),

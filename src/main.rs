@@ -1,6 +1,8 @@
 //! `cleave`: serve DeepSeek-V3/R1-class models with disaggregated prefill and decode.
 
+mod gen_checkpoint;
 mod generate;
+mod kernels_check;
 mod model_dir;
 mod serve;
 
@@ -17,6 +19,11 @@ struct Cli {
 enum Command {
     /// Generate from one prompt on one rank and print the result.
     Generate(generate::Args),
+    /// Check every CUDA kernel against the CPU backend, the golden checkpoints end to end, and
+    /// benchmark (exits 0 with a message when no GPU is present).
+    KernelsCheck(kernels_check::Args),
+    /// Write a random-weight checkpoint at a real model shape (performance work).
+    GenCheckpoint(gen_checkpoint::Args),
     /// Serve a deployment behind the OpenAI-compatible HTTP API.
     Serve(serve::Args),
 }
@@ -28,6 +35,8 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Generate(args) => generate::run(args),
+        Command::KernelsCheck(args) => kernels_check::run(args),
+        Command::GenCheckpoint(args) => gen_checkpoint::run(args),
         Command::Serve(args) => serve::run(args),
     }
 }

@@ -100,6 +100,41 @@ impl Gpu {
         r.map_err(|e| KernelError::Blas(format!("{e:?} in {g:?}")))
     }
 
+    /// Row-major `Y[n, m] = X[n, k] W[m, k]^T` all in f32 with f32 compute (no TF32): the MoE
+    /// router, whose logits decide discrete expert choices.
+    pub fn linear_f32(&self, x: u64, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let f = sys::cudaDataType_t::CUDA_R_32F;
+        self.ctx.bind_to_thread()?;
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                op(true),
+                op(false),
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                f,
+                k as i32,
+                x as *const c_void,
+                f,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                f,
+                m as i32,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| KernelError::Blas(format!("{e:?} in f32 GEMM {n}x{k} by {m}x{k}")))
+    }
+
     /// Row-major `Y[n, m] = X[n, k] W[m, k]^T` (X, W bf16; Y f32): the linear layer.
     pub fn linear_bf16(&self, x: u64, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
         self.gemm(&Gemm {

@@ -38,13 +38,16 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
             "cast_bf16_f32",
             "convert_weight",
             "fill_uniform_bf16",
+            "write_kv_f32",
+            "kv_gather_f32",
+            "kv_scatter_f32",
         ],
     ),
-    ("attention", include_str!("cu/attention.cu"), &["mla_decode", "mla_combine"]),
+    ("attention", include_str!("cu/attention.cu"), &["mla_decode", "mla_combine", "mla_ref_f32"]),
     (
         "moe",
         include_str!("cu/moe.cu"),
-        &["moe_route", "moe_align", "gg16_f32", "gg16_silu", "gg64_f32", "gg64_silu", "moe_combine"],
+        &["moe_route", "moe_align", "gg16_f32", "gg16_silu", "gg64_f32", "gg64_silu", "moe_combine", "moe_f32_gateup", "moe_f32_down"],
     ),
 ];
 

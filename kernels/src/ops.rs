@@ -271,7 +271,7 @@ impl Gpu {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_align(&self, ids: u64, assignments: usize, top_k: usize, experts: usize, bm: usize, sorted_tok: u64, inv: u64, tiles: u64, meta: u64) -> Result<()> {
+    pub fn moe_align(&self, ids: u64, assignments: usize, top_k: usize, experts: usize, bm: usize, sorted_tok: u64, inv: u64, tiles: u64, meta: u64, row_expert: u64) -> Result<()> {
         if experts > 4096 {
             return Err(KernelError::Invalid(format!("moe_align: {experts} experts (at most 4096)")));
         }
@@ -280,7 +280,7 @@ impl Gpu {
             (1, 1, 1),
             1024,
             (16 * experts) as u32,
-            &[Ptr(ids), I32(assignments as i32), I32(top_k as i32), I32(experts as i32), I32(bm as i32), Ptr(sorted_tok), Ptr(inv), Ptr(tiles), Ptr(meta)],
+            &[Ptr(ids), I32(assignments as i32), I32(top_k as i32), I32(experts as i32), I32(bm as i32), Ptr(sorted_tok), Ptr(inv), Ptr(tiles), Ptr(meta), Ptr(row_expert)],
         )
     }
 
@@ -305,6 +305,70 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(&self, y: u64, inv: u64, wts: u64, out: u64, n: usize, top_k: usize, h: usize) -> Result<()> {
         self.launch("moe_combine", (n as u32, 1, 1), 256, 0, &[Ptr(y), Ptr(inv), Ptr(wts), Ptr(out), I32(n as i32), I32(top_k as i32), I32(h as i32)])
+    }
+}
+
+/// Reference-precision (f32) kernels: the CPU backend's algorithms on the GPU, for small models
+/// and for checking the fast kernels end to end.
+impl Gpu {
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_kv_f32(&self, latent: u64, slots: u64, cache: u64, n: usize, width: usize, layers: usize, layer: usize, bs: usize) -> Result<()> {
+        let total = (n * width) as u64;
+        self.launch(
+            "write_kv_f32",
+            (self.grid1(total), 1, 1),
+            256,
+            0,
+            &[Ptr(latent), Ptr(slots), Ptr(cache), I32(n as i32), I32(width as i32), I32(layers as i32), I32(layer as i32), I32(bs as i32)],
+        )
+    }
+
+    pub fn kv_gather_f32(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
+        let total = (nb * per_block) as u64;
+        self.launch("kv_gather_f32", (self.grid1(total), 1, 1), 256, 0, &[Ptr(cache), Ptr(blocks), Ptr(out), I32(nb as i32), U64(per_block as u64)])
+    }
+
+    pub fn kv_scatter_f32(&self, input: u64, blocks: u64, cache: u64, nb: usize, per_block: usize) -> Result<()> {
+        let total = (nb * per_block) as u64;
+        self.launch("kv_scatter_f32", (self.grid1(total), 1, 1), 256, 0, &[Ptr(input), Ptr(blocks), Ptr(cache), I32(nb as i32), U64(per_block as u64)])
+    }
+
+    /// `out[row, h*V..]` for every row and head, all in f32 (see attention.cu `mla_ref_f32`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mla_ref_f32(&self, p: &MlaLaunch, v: usize, q: u64, cache: u64, row_len: u64, row_tab: u64, tables: u64, kv_b: u64, out: u64) -> Result<()> {
+        if p.kv_lora > 512 || p.rope > 64 {
+            return Err(KernelError::Invalid(format!("f32 MLA supports kv_lora_rank <= 512 and qk_rope_head_dim <= 64 (got {} and {})", p.kv_lora, p.rope)));
+        }
+        self.launch(
+            "mla_ref_f32",
+            (p.rows as u32, p.heads as u32, 1),
+            128,
+            0,
+            &[
+                Ptr(q),
+                Ptr(cache),
+                Ptr(row_len),
+                Ptr(row_tab),
+                Ptr(tables),
+                Ptr(kv_b),
+                Ptr(out),
+                I32(p.heads as i32),
+                I32(p.kv_lora as i32),
+                I32(p.rope as i32),
+                I32(p.nope as i32),
+                I32(v as i32),
+                I32(p.layers as i32),
+                I32(p.layer as i32),
+                I32(p.block_size as i32),
+                F32(p.scale),
+            ],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_f32(&self, x: u64, sorted_tok: u64, row_expert: u64, gate_up: u64, down: u64, act: u64, y: u64, rows: usize, h: usize, i: usize) -> Result<()> {
+        self.launch("moe_f32_gateup", (rows as u32, 1, 1), 128, 0, &[Ptr(x), Ptr(sorted_tok), Ptr(row_expert), Ptr(gate_up), Ptr(act), I32(h as i32), I32(i as i32)])?;
+        self.launch("moe_f32_down", (rows as u32, 1, 1), 128, 0, &[Ptr(act), Ptr(row_expert), Ptr(down), Ptr(y), I32(h as i32), I32(i as i32)])
     }
 }
 

@@ -199,3 +199,83 @@ extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml
         o_lat[((u64)row * heads + h) * L + c] = f2bf(o * inv_denom);
     }
 }
+
+// Reference-precision MLA attention, f32 throughout (f32 cache and kv_b): the CPU backend's
+// absorbed form, one block per (row, head). For small models and checks, not for speed.
+extern "C" __global__ void mla_ref_f32(const float* __restrict__ q, const float* __restrict__ cache,
+                                       const int* __restrict__ row_len, const int* __restrict__ row_tab,
+                                       const int* __restrict__ tables, const float* __restrict__ kv_b, float* __restrict__ out,
+                                       int heads, int L, int R, int nope, int V, int layers, int layer, int bs, float scale) {
+    const int row = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    const int W = L + R, qk = nope + R;
+    __shared__ float ql[512 + 64];
+    __shared__ float ol[512];
+    __shared__ float p[128];
+    __shared__ float red[32];
+    __shared__ float m_run, l_run, corr;
+    const float* qr = q + (u64)row * heads * qk + (u64)h * qk;
+    const float* wk = kv_b + (u64)h * (nope + V) * L;
+    for (int l = tid; l < L; l += nt) {
+        float a = 0.f;
+        for (int i = 0; i < nope; i++) a += qr[i] * wk[(u64)i * L + l];
+        ql[l] = a;
+        ol[l] = 0.f;
+    }
+    for (int r = tid; r < R; r += nt) ql[L + r] = qr[nope + r];
+    if (tid == 0) {
+        m_run = NEG_INF;
+        l_run = 0.f;
+    }
+    __syncthreads();
+    const int kv_len = row_len[row];
+    const int* tab = tables + row_tab[row];
+    const u64 blk = (u64)layers * bs * W;
+    for (int t0 = 0; t0 < kv_len; t0 += 128) {
+        const int t = t0 + tid;
+        float s = NEG_INF;
+        if (tid < 128 && t < kv_len) {
+            const float* c = cache + (u64)tab[t / bs] * blk + ((u64)layer * bs + t % bs) * W;
+            float a = 0.f;
+            for (int j = 0; j < W; j++) a += ql[j] * c[j];
+            s = a * scale;
+        }
+        float mx = warp_max(s);
+        if ((tid & 31) == 0) red[tid >> 5] = mx;
+        __syncthreads();
+        if (tid == 0) {
+            float m = m_run;
+            for (int w = 0; w < (nt + 31) / 32; w++) m = fmaxf(m, red[w]);
+            corr = (m_run == NEG_INF) ? 0.f : expf(m_run - m);
+            m_run = m;
+        }
+        __syncthreads();
+        const float e = (s == NEG_INF) ? 0.f : expf(s - m_run);
+        if (tid < 128) p[tid] = e;
+        float sum = warp_sum(e);
+        __syncthreads();
+        if ((tid & 31) == 0) red[tid >> 5] = sum;
+        __syncthreads();
+        if (tid == 0) {
+            float tot = 0.f;
+            for (int w = 0; w < (nt + 31) / 32; w++) tot += red[w];
+            l_run = l_run * corr + tot;
+        }
+        const int nk = min(128, kv_len - t0);
+        for (int l = tid; l < L; l += nt) {
+            float a = ol[l] * corr;
+            for (int k = 0; k < nk; k++) {
+                const int tt = t0 + k;
+                a += p[k] * cache[(u64)tab[tt / bs] * blk + ((u64)layer * bs + tt % bs) * W + l];
+            }
+            ol[l] = a;
+        }
+        __syncthreads();
+    }
+    const float inv = l_run > 0.f ? 1.f / l_run : 0.f;
+    const float* wv = kv_b + ((u64)h * (nope + V) + nope) * L;
+    for (int j = tid; j < V; j += nt) {
+        float a = 0.f;
+        for (int l = 0; l < L; l++) a += wv[(u64)j * L + l] * ol[l];
+        out[(u64)row * heads * V + (u64)h * V + j] = a * inv;
+    }
+}

@@ -152,3 +152,27 @@ extern "C" __global__ void fill_uniform_bf16(bf16_t* dst, u64 n, u64 seed, float
         dst[i] = f2bf(lo + (hi - lo) * u);
     }
 }
+
+// Reference-precision (f32) cache: same block-major layout, f32 values.
+extern "C" __global__ void write_kv_f32(const float* latent, const u32* slots, float* cache, int n, int width, int layers,
+                                       int layer, int bs) {
+    const u64 total = (u64)n * width;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 r = i / width, c = i % width;
+        const u32 slot = slots[r];
+        const u64 blk = slot / bs, off = slot % bs;
+        cache[((blk * layers + layer) * bs + off) * width + c] = latent[i];
+    }
+}
+
+extern "C" __global__ void kv_gather_f32(const float* cache, const u32* blocks, float* out, int nb, u64 per_block) {
+    const u64 total = (u64)nb * per_block;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x)
+        out[i] = cache[(u64)blocks[i / per_block] * per_block + i % per_block];
+}
+
+extern "C" __global__ void kv_scatter_f32(const float* in, const u32* blocks, float* cache, int nb, u64 per_block) {
+    const u64 total = (u64)nb * per_block;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x)
+        cache[(u64)blocks[i / per_block] * per_block + i % per_block] = in[i];
+}

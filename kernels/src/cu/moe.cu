@@ -128,9 +128,10 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
 
 // One block (1024 threads). Sorts the n*top_k assignments by expert: sorted_tok[p] is the token of
 // sorted position p, inv[i] the sorted position of assignment i; tiles[3t..3t+3] = (expert, first
-// sorted row, rows) for row tiles of at most BM rows; meta[0] = number of tiles.
+// sorted row, rows) for row tiles of at most BM rows; meta[0] = number of tiles; row_expert[p]
+// (when non-null) the expert of sorted row p.
 extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, int BM, int* sorted_tok, int* inv, int* tiles,
-                                     int* meta) {
+                                     int* meta, int* row_expert) {
     extern __shared__ int sh[];
     int* cnt = sh;
     int* off = sh + E;
@@ -160,6 +161,7 @@ extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, in
         const int p = off[e] + atomicAdd(&cur[e], 1);
         sorted_tok[p] = i / top_k;
         inv[i] = p;
+        if (row_expert) row_expert[p] = e;
     }
     for (int e = tid; e < E; e += bd) {
         const int c = cnt[e];
@@ -293,5 +295,33 @@ extern "C" __global__ void moe_combine(const float* Y, const int* inv, const flo
         float s = 0.f;
         for (int j = 0; j < top_k; j++) s += wts[(u64)t * top_k + j] * Y[(u64)inv[(u64)t * top_k + j] * H + c];
         out[(u64)t * H + c] = s;
+    }
+}
+
+// Reference-precision experts, f32 weights and activations, one block per sorted row.
+// gate_up is [E, 2I, H] with gate/up rows interleaved; act[p] = silu(gate) * up.
+extern "C" __global__ void moe_f32_gateup(const float* X, const int* sorted_tok, const int* row_expert, const float* Wgu,
+                                          float* act, int H, int I) {
+    const int p = blockIdx.x;
+    const float* x = X + (u64)sorted_tok[p] * H;
+    const float* w = Wgu + (u64)row_expert[p] * 2 * I * H;
+    for (int j = threadIdx.x; j < I; j += blockDim.x) {
+        float g = 0.f, u = 0.f;
+        for (int k = 0; k < H; k++) {
+            g += x[k] * w[(u64)(2 * j) * H + k];
+            u += x[k] * w[(u64)(2 * j + 1) * H + k];
+        }
+        act[(u64)p * I + j] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+extern "C" __global__ void moe_f32_down(const float* act, const int* row_expert, const float* Wd, float* Y, int H, int I) {
+    const int p = blockIdx.x;
+    const float* a = act + (u64)p * I;
+    const float* w = Wd + (u64)row_expert[p] * H * I;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) {
+        float s = 0.f;
+        for (int k = 0; k < I; k++) s += a[k] * w[(u64)c * I + k];
+        Y[(u64)p * H + c] = s;
     }
 }

@@ -18,7 +18,6 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
     if q.cols != heads * qk || kv_b.out != heads * (d.nope + d.v) || kv_b.inp != l || lay.width != l + d.rope || layer >= lay.layers {
         return Err(EngineError::Backend("mla_attention: shapes disagree with the MLA dimensions".into()));
     }
-    Gpu::mla_supported(l, d.rope).map_err(kerr)?;
     let out = be.tensor(rows, heads * d.v)?;
     if rows == 0 {
         return Ok(out);
@@ -45,7 +44,27 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
     let mp = be.upload_u32("attn", &meta)?;
     let (row_len, row_tab, tables) = (mp, mp + 4 * rows as u64, mp + 8 * rows as u64);
     let gpu = be.gpu();
+    let p = MlaLaunch {
+        rows,
+        heads,
+        kv_lora: l,
+        rope: d.rope,
+        nope: d.nope,
+        layers: lay.layers,
+        layer,
+        block_size: lay.block_size,
+        scale: d.scale,
+        max_ctx,
+    };
+    if let (Some(c32), Some(w32)) = (&cache.f32, &kv_b.f32) {
+        gpu.mla_ref_f32(&p, d.v, q.ptr(), ptr(c32), row_len, row_tab, tables, ptr(w32), out.ptr()).map_err(kerr)?;
+        return Ok(out);
+    }
+    if cache.f32.is_some() || kv_b.f32.is_some() {
+        return Err(EngineError::Backend("mla_attention: an f32 cache needs f32 weights and vice versa".into()));
+    }
 
+    Gpu::mla_supported(l, d.rope).map_err(kerr)?;
     let q_bf = be.to_bf16(q)?;
     let q_lat = be.alloc_f32(rows * heads * l)?;
     gpu.gemm(&Gemm {
@@ -67,18 +86,6 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
     })
     .map_err(kerr)?;
 
-    let p = MlaLaunch {
-        rows,
-        heads,
-        kv_lora: l,
-        rope: d.rope,
-        nope: d.nope,
-        layers: lay.layers,
-        layer,
-        block_size: lay.block_size,
-        scale: d.scale,
-        max_ctx,
-    };
     let (splits, chunk) = p.splits(gpu.sm_count);
     let part_o = be.alloc_f32(rows * splits * heads * l)?;
     let part_ml = be.alloc_f32(rows * splits * heads * 2)?;

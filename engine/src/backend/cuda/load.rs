@@ -5,7 +5,7 @@ use cleave_kernels::ops::SrcDtype;
 use cleave_kernels::ptr;
 use safetensors::tensor::Dtype;
 
-use super::{kerr, CudaBackend, CudaExperts, CudaWeight};
+use super::{kerr, CudaBackend, CudaExperts, CudaWeight, Precision};
 use crate::backend::ExpertSource;
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
@@ -53,16 +53,30 @@ fn convert_into(be: &CudaBackend, src: &LinearSource<'_>, dst: u64, cols: usize,
     gpu.convert_weight(ptr(&raw), dtype, rows, cols, sp, block, dst, row_base, row_mul, row_off).map_err(kerr)
 }
 
+/// The MoE router's gate (`model.layers.N.mlp.gate.weight`): kept in f32.
+pub(super) fn is_router_gate(parts: &[LinearSource<'_>]) -> bool {
+    parts.len() == 1 && parts[0].weight.name.ends_with(".mlp.gate.weight")
+}
+
 pub(super) fn linear(be: &CudaBackend, parts: &[LinearSource<'_>]) -> Result<CudaWeight> {
     let inp = parts.first().map(|p| p.dims().1).unwrap_or(0);
     let out: usize = parts.iter().map(|p| p.dims().0).sum();
+    if is_router_gate(parts) || be.precision() == Precision::F32 {
+        let mut host = Vec::with_capacity(out * inp);
+        for p in parts {
+            host.extend(p.to_f32()?);
+        }
+        let w32 = be.gpu().alloc::<f32>(host.len()).map_err(kerr)?;
+        be.gpu().htod(&host, ptr(&w32)).map_err(kerr)?;
+        return Ok(CudaWeight { buf: be.gpu().alloc::<u16>(1).map_err(kerr)?, f32: Some(w32), out, inp });
+    }
     let buf = be.gpu().alloc::<u16>(out * inp).map_err(kerr)?;
     let mut row = 0;
     for p in parts {
         convert_into(be, p, ptr(&buf), inp, row, 1, 0)?;
         row += p.dims().0;
     }
-    Ok(CudaWeight { buf, out, inp })
+    Ok(CudaWeight { buf, f32: None, out, inp })
 }
 
 pub(super) fn experts(be: &CudaBackend, sources: &[ExpertSource<'_>]) -> Result<CudaExperts> {
@@ -71,6 +85,23 @@ pub(super) fn experts(be: &CudaBackend, sources: &[ExpertSource<'_>]) -> Result<
     };
     let (inter, hidden) = first.gate.dims();
     let e = sources.len();
+    if be.precision() == Precision::F32 {
+        let (mut gu, mut dn) = (Vec::with_capacity(e * 2 * inter * hidden), Vec::with_capacity(e * hidden * inter));
+        for s in sources {
+            let (g, u) = (s.gate.to_f32()?, s.up.to_f32()?);
+            for j in 0..inter {
+                gu.extend_from_slice(&g[j * hidden..(j + 1) * hidden]);
+                gu.extend_from_slice(&u[j * hidden..(j + 1) * hidden]);
+            }
+            dn.extend(s.down.to_f32()?);
+        }
+        let g = be.gpu();
+        let (a, b) = (g.alloc::<f32>(gu.len()).map_err(kerr)?, g.alloc::<f32>(dn.len()).map_err(kerr)?);
+        g.htod(&gu, ptr(&a)).map_err(kerr)?;
+        g.htod(&dn, ptr(&b)).map_err(kerr)?;
+        let dummy = || g.alloc::<u16>(1).map_err(kerr);
+        return Ok(CudaExperts { gate_up: dummy()?, down: dummy()?, f32: Some((a, b)), experts: e, hidden, inter });
+    }
     let gate_up = be.gpu().alloc::<u16>(e * 2 * inter * hidden).map_err(kerr)?;
     let down = be.gpu().alloc::<u16>(e * hidden * inter).map_err(kerr)?;
     for (i, s) in sources.iter().enumerate() {
@@ -81,5 +112,5 @@ pub(super) fn experts(be: &CudaBackend, sources: &[ExpertSource<'_>]) -> Result<
         convert_into(be, &s.up, ptr(&gate_up), hidden, i * 2 * inter, 2, 1)?;
         convert_into(be, &s.down, ptr(&down), inter, i * hidden, 1, 0)?;
     }
-    Ok(CudaExperts { gate_up, down, experts: e, hidden, inter })
+    Ok(CudaExperts { gate_up, down, f32: None, experts: e, hidden, inter })
 }

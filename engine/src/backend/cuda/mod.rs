@@ -15,6 +15,7 @@ use std::collections::HashMap;
 
 use cleave_kernels::cudarc::driver::CudaSlice;
 pub use cleave_kernels::Gpu;
+use cleave_kernels::nccl::{NcclComm, P2p};
 use cleave_kernels::{ptr, KernelError};
 
 use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
@@ -44,9 +45,11 @@ impl CudaTensor {
     }
 }
 
-/// A bf16 linear weight `[out, in]`.
+/// A bf16 linear weight `[out, in]`; the MoE router's gate is kept in f32 instead (`f32`), as
+/// transformers computes router logits in f32: bf16 rounding there flips near-tied expert choices.
 pub struct CudaWeight {
     buf: CudaSlice<u16>,
+    f32: Option<CudaSlice<f32>>,
     pub out: usize,
     pub inp: usize,
 }
@@ -62,6 +65,8 @@ impl CudaWeight {
 pub struct CudaExperts {
     gate_up: CudaSlice<u16>,
     down: CudaSlice<u16>,
+    /// Reference precision: the same layouts in f32.
+    f32: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     pub experts: usize,
     pub hidden: usize,
     pub inter: usize,
@@ -79,19 +84,36 @@ pub struct CudaRouting {
 /// every layer is one contiguous region (what KV transfer moves).
 pub struct CudaKvCache {
     buf: CudaSlice<u16>,
+    /// Reference precision: the cache in f32 instead.
+    f32: Option<CudaSlice<f32>>,
     pub layout: KvLayout,
 }
 
 impl CudaKvCache {
+    fn base(&self) -> u64 {
+        self.f32.as_ref().map_or_else(|| ptr(&self.buf), ptr)
+    }
+
     /// Device address and byte length of block `b` (all layers).
     pub fn block_region(&self, b: u32) -> (u64, usize) {
-        let bytes = self.layout.block_values() * 2;
-        (ptr(&self.buf) + b as u64 * bytes as u64, bytes)
+        let bytes = self.layout.block_values() * if self.f32.is_some() { 4 } else { 2 };
+        (self.base() + b as u64 * bytes as u64, bytes)
     }
+}
+
+/// Numerics of a CUDA backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// bf16 weights and KV cache, bf16 tensor-core GEMMs with f32 accumulation: the fast path.
+    Bf16,
+    /// f32 weights, activations and KV cache, f32 GEMMs and the reference kernels: matches the
+    /// CPU backend to rounding, for small models and for checking the fast path end to end.
+    F32,
 }
 
 pub struct CudaBackend {
     gpu: Gpu,
+    precision: Precision,
     /// Small per-step index arrays (token ids, positions, slots, attention metadata), re-uploaded
     /// only when their content changes: the 2 x layers attention calls of a step share one upload.
     uploads: RefCell<HashMap<&'static str, (Vec<u32>, CudaSlice<u32>)>>,
@@ -104,8 +126,13 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// Opens GPU `ordinal` and loads (or compiles) the kernels.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_precision(ordinal, Precision::Bf16)
+    }
+
+    pub fn with_precision(ordinal: usize, precision: Precision) -> Result<Self> {
         Ok(CudaBackend {
             gpu: Gpu::new(ordinal).map_err(kerr)?,
+            precision,
             uploads: RefCell::new(HashMap::new()),
             poison: Cell::new(false),
             expert_stats: RefCell::new(None),
@@ -114,6 +141,10 @@ impl CudaBackend {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     pub fn set_poison(&self, on: bool) {
@@ -139,12 +170,16 @@ impl CudaBackend {
         let (free, total) = self.gpu.mem_info().map_err(kerr)?;
         let used = total - free;
         let budget = (fraction * total as f64) as i64 - used as i64 - (1 << 30); // 1 GiB for activations
-        let per_block = (layers * block_size * width * 2) as i64;
+        let elem = if self.precision == Precision::F32 { 4 } else { 2 };
+        let per_block = (layers * block_size * width * elem) as i64;
         Ok((budget.max(0) / per_block) as usize)
     }
 
     /// Fills the whole cache with uniform values in [-1, 1) (benchmarks).
     pub fn fill_kv_random(&self, cache: &mut CudaKvCache, seed: u64) -> Result<()> {
+        if cache.f32.is_some() {
+            return Err(EngineError::Backend("fill_kv_random: bf16 caches only".into()));
+        }
         self.gpu.fill_uniform_bf16(ptr(&cache.buf), cache.buf.len(), seed, -1.0, 1.0).map_err(kerr)
     }
 
@@ -256,9 +291,14 @@ impl Backend for CudaBackend {
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
         let n = layout.num_blocks * layout.block_values();
+        if self.precision == Precision::F32 {
+            let f = self.gpu.alloc::<f32>(n).map_err(kerr)?;
+            self.gpu.memset(ptr(&f), 0, n * 4).map_err(kerr)?;
+            return Ok(CudaKvCache { buf: self.gpu.alloc::<u16>(1).map_err(kerr)?, f32: Some(f), layout });
+        }
         let buf = self.gpu.alloc::<u16>(n).map_err(kerr)?;
         self.gpu.memset(ptr(&buf), 0, n * 2).map_err(kerr)?;
-        Ok(CudaKvCache { buf, layout })
+        Ok(CudaKvCache { buf, f32: None, layout })
     }
 
     fn embedding(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
@@ -295,7 +335,9 @@ impl Backend for CudaBackend {
             return Err(EngineError::Backend(format!("linear: input has {} columns, weight expects {}", x.cols, w.inp)));
         }
         let y = self.tensor(x.rows, w.out)?;
-        if x.rows > 0 {
+        if let Some(w32) = &w.f32 {
+            self.gpu.linear_f32(x.ptr(), ptr(w32), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
+        } else if x.rows > 0 {
             let xb = self.to_bf16(x)?;
             self.gpu.linear_bf16(ptr(&xb), w.ptr(), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
         }
@@ -347,6 +389,9 @@ impl Backend for CudaBackend {
             return Err(EngineError::Backend(format!("write_kv: slot {s} outside the cache")));
         }
         let sp = self.upload_u32("slots", slots)?;
+        if let Some(f) = &cache.f32 {
+            return self.gpu.write_kv_f32(latent.ptr(), sp, ptr(f), latent.rows, l.width, l.layers, layer, l.block_size).map_err(kerr);
+        }
         self.gpu
             .write_kv(latent.ptr(), sp, ptr(&cache.buf), latent.rows, l.width, l.layers, layer, l.block_size)
             .map_err(kerr)
@@ -371,7 +416,11 @@ impl Backend for CudaBackend {
         }
         let out = self.alloc_f32(blocks.len() * per)?;
         let bp = self.upload_u32("blocks", blocks)?;
-        self.gpu.kv_export(ptr(&cache.buf), bp, ptr(&out), blocks.len(), per).map_err(kerr)?;
+        match &cache.f32 {
+            Some(f) => self.gpu.kv_gather_f32(ptr(f), bp, ptr(&out), blocks.len(), per),
+            None => self.gpu.kv_export(ptr(&cache.buf), bp, ptr(&out), blocks.len(), per),
+        }
+        .map_err(kerr)?;
         let mut v = vec![0f32; blocks.len() * per];
         self.gpu.dtoh(ptr(&out), &mut v).map_err(kerr)?;
         Ok(v)
@@ -388,6 +437,50 @@ impl Backend for CudaBackend {
         let src = self.gpu.alloc::<f32>(data.len()).map_err(kerr)?;
         self.gpu.htod(data, ptr(&src)).map_err(kerr)?;
         let bp = self.upload_u32("blocks", blocks)?;
-        self.gpu.kv_import(ptr(&src), bp, ptr(&cache.buf), blocks.len(), per).map_err(kerr)
+        match &cache.f32 {
+            Some(f) => self.gpu.kv_scatter_f32(ptr(&src), bp, ptr(f), blocks.len(), per),
+            None => self.gpu.kv_import(ptr(&src), bp, ptr(&cache.buf), blocks.len(), per),
+        }
+        .map_err(kerr)
+    }
+}
+
+/// KV blocks over NCCL: every block is one contiguous region (all layers), so a transfer is one
+/// group of block-sized point-to-point operations straight between the two caches (no staging).
+/// Both sides list the same number of blocks in the same order; ids may differ.
+impl CudaBackend {
+    /// Queues sending `blocks` of `cache` to rank `peer`. Complete with [`NcclComm::wait`].
+    pub fn kv_send(&self, comm: &NcclComm, cache: &CudaKvCache, blocks: &[u32], peer: usize) -> Result<()> {
+        let sends = Self::regions(cache, blocks, peer)?;
+        comm.transfer(&self.gpu, &sends, &[]).map_err(kerr)
+    }
+
+    /// Queues receiving `blocks` of `cache` from rank `peer`.
+    pub fn kv_recv(&self, comm: &NcclComm, cache: &mut CudaKvCache, blocks: &[u32], peer: usize) -> Result<()> {
+        let recvs = Self::regions(cache, blocks, peer)?;
+        comm.transfer(&self.gpu, &[], &recvs).map_err(kerr)
+    }
+
+    /// The raw bf16 contents of `blocks` (tests and checksums).
+    pub fn kv_raw(&self, cache: &CudaKvCache, blocks: &[u32]) -> Result<Vec<u16>> {
+        let per = cache.layout.block_values() * if cache.f32.is_some() { 2 } else { 1 };
+        let mut out = vec![0u16; blocks.len() * per];
+        for (i, p) in Self::regions(cache, blocks, 0)?.iter().enumerate() {
+            self.gpu.dtoh(p.ptr, &mut out[i * per..(i + 1) * per]).map_err(kerr)?;
+        }
+        Ok(out)
+    }
+
+    fn regions(cache: &CudaKvCache, blocks: &[u32], peer: usize) -> Result<Vec<P2p>> {
+        blocks
+            .iter()
+            .map(|&b| {
+                if b as usize >= cache.layout.num_blocks {
+                    return Err(EngineError::Backend(format!("KV transfer: block {b} outside the cache")));
+                }
+                let (ptr, bytes) = cache.block_region(b);
+                Ok(P2p { ptr, bytes, peer })
+            })
+            .collect()
     }
 }

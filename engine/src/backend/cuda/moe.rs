@@ -42,7 +42,16 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let inv = gpu.alloc::<i32>(a).map_err(kerr)?;
     let tiles = gpu.alloc::<i32>(3 * max_tiles).map_err(kerr)?;
     let meta = gpu.alloc::<i32>(1).map_err(kerr)?;
-    gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta)).map_err(kerr)?;
+    if let Some((gu, dn)) = &ex.f32 {
+        let row_expert = gpu.alloc::<i32>(a).map_err(kerr)?;
+        gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), ptr(&row_expert)).map_err(kerr)?;
+        let act = be.alloc_f32(a * i)?;
+        let y = be.alloc_f32(a * h)?;
+        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(&row_expert), ptr(gu), ptr(dn), ptr(&act), ptr(&y), a, h, i).map_err(kerr)?;
+        gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
+        return Ok(out);
+    }
+    gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0).map_err(kerr)?;
     let xb = be.to_bf16(x)?;
     let act = be.alloc_u16(a * i)?;
     gpu.grouped_gemm(bm, true, ptr(&xb), ptr(&sorted_tok), ptr(&ex.gate_up), ptr(&act), ptr(&tiles), ptr(&meta), max_tiles, 2 * i, h)

@@ -1,0 +1,170 @@
+//! Decode-step and prefill benchmark of a checkpoint on one GPU, driving `Model::forward` with
+//! synthetic batches over a randomly filled latent cache: step time, tokens/s, achieved HBM
+//! bandwidth (weights and KV bytes read per step over step time) and tensor-core FLOP/s.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::{AttnSeq, Backend, KvLayout};
+use cleave_engine::model::{Model, ModelConfig, StepInput};
+
+use super::{XRng, HBM_BYTES_PER_S, TC_FLOPS};
+
+/// Parameters of the per-token dense path of one layer, its routed-expert size, and the rest.
+struct Counts {
+    /// Per layer: attention projections (kv_b included) and dense MLP or router + shared experts.
+    layer_dense: Vec<f64>,
+    /// One routed expert's parameters (gate, up, down).
+    expert: f64,
+    lm_head: f64,
+}
+
+fn counts(c: &ModelConfig) -> Counts {
+    let (h, heads) = (c.hidden_size as f64, c.num_attention_heads as f64);
+    let (nope, rope, v, l) = (c.qk_nope_head_dim as f64, c.qk_rope_head_dim as f64, c.v_head_dim as f64, c.kv_lora_rank as f64);
+    let q = match c.q_lora_rank {
+        Some(r) => h * r as f64 + r as f64 * heads * (nope + rope),
+        None => h * heads * (nope + rope),
+    };
+    let attn = q + h * (l + rope) + l * heads * (nope + v) + heads * v * h;
+    let mi = c.moe_intermediate_size as f64;
+    let layer_dense = (0..c.num_hidden_layers)
+        .map(|i| {
+            attn + if c.is_moe_layer(i) {
+                h * c.n_routed_experts as f64 + 3.0 * h * mi * c.n_shared_experts as f64
+            } else {
+                3.0 * h * c.intermediate_size as f64
+            }
+        })
+        .collect();
+    Counts { layer_dense, expert: 3.0 * h * mi, lm_head: c.vocab_size as f64 * h }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill: usize, seed: u64) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let max_len = (ctx + 16).max(prefill + 16);
+    let model = Model::load(cu, dir, Some(max_len)).with_context(|| format!("loading {}", dir.display()))?;
+    cu.sync()?;
+    let c = model.config().clone();
+    let (free, total) = cu.gpu().mem_info()?;
+    println!(
+        "\nbench: {} loaded in {:.1} s ({:.1} GiB of {:.1} GiB in use)",
+        dir.display(),
+        t0.elapsed().as_secs_f64(),
+        (total - free) as f64 / (1u64 << 30) as f64,
+        total as f64 / (1u64 << 30) as f64
+    );
+    let bs = 64;
+    let width = c.latent_dim();
+    let per_seq = ctx.div_ceil(bs) + 1;
+    let max_b = batches.iter().copied().max().unwrap_or(1);
+    let need = (max_b * per_seq).max(prefill.div_ceil(bs) + 1);
+    let fit = cu.kv_blocks_for_memory(0.9, c.num_hidden_layers, bs, width)?;
+    let num_blocks = need.min(fit);
+    anyhow::ensure!(num_blocks == need, "the KV cache needs {need} blocks, {fit} fit in 90% of the GPU");
+    let layout = KvLayout { layers: c.num_hidden_layers, num_blocks, block_size: bs, width };
+    let mut cache = cu.alloc_kv_cache(layout)?;
+    cu.fill_kv_random(&mut cache, seed)?;
+    println!("KV cache: {num_blocks} blocks of {bs} tokens ({:.2} GiB); kv_cache.gpu_memory_utilization 0.9 would allow {fit}", (num_blocks * layout.block_values() * 2) as f64 / (1u64 << 30) as f64);
+    let k = counts(&c);
+    let mut rng = XRng::new(seed);
+    let vocab = c.vocab_size;
+    println!("\ndecode step (every sequence at context {ctx}; logits of every row copied to the host)");
+    println!("{:>6} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>11} {:>10}", "batch", "step ms", "tok/s", "experts/L", "GB/step", "GB/s", "of HBM", "no-logits", "of HBM");
+    for &b in batches {
+        let mut input = StepInput::default();
+        for s in 0..b {
+            let table: Vec<u32> = (0..per_seq as u32).map(|j| (s * per_seq) as u32 + j).collect();
+            let pos = ctx - 1;
+            input.ids.push(rng.below(vocab) as u32);
+            input.positions.push(pos as u32);
+            input.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
+            input.attn.seqs.push(AttnSeq { q_start: s, q_len: 1, ctx_len: ctx, block_table: table });
+            input.sample_rows.push(s as u32);
+        }
+        // Experts actually hit per MoE layer at this batch (one synchronizing pass).
+        cu.record_expert_stats(true);
+        model.forward(cu, &mut cache, &input)?;
+        let used = cu.take_expert_stats();
+        cu.record_expert_stats(false);
+        let used_total: usize = used.iter().sum();
+        let time = |inp: &StepInput, cache: &mut _, n: usize| -> anyhow::Result<f64> {
+            let mut ts = Vec::new();
+            for i in 0..n + 2 {
+                let t = Instant::now();
+                model.forward(cu, cache, inp)?;
+                cu.sync()?;
+                if i >= 2 {
+                    ts.push(t.elapsed().as_secs_f64());
+                }
+            }
+            Ok(median(ts))
+        };
+        let full = time(&input, &mut cache, 10)?;
+        let bare_in = StepInput { sample_rows: Vec::new(), ..input.clone() };
+        let bare = time(&bare_in, &mut cache, 10)?;
+        let weights: f64 = k.layer_dense.iter().sum::<f64>() + k.expert * used_total as f64;
+        let kv = (b * ctx * width * 2 * c.num_hidden_layers) as f64;
+        let bytes_full = (weights + k.lm_head) * 2.0 + kv;
+        let bytes_bare = weights * 2.0 + kv;
+        let moe_layers = used.len().max(1);
+        println!(
+            "{b:>6} {:>10.3} {:>10.0} {:>11.1} {:>9.2} {:>10.0} {:>9.1}% {:>9.3}ms {:>9.1}%",
+            full * 1e3,
+            b as f64 / full,
+            used_total as f64 / moe_layers as f64,
+            bytes_full / 1e9,
+            bytes_full / full / 1e9,
+            100.0 * bytes_full / full / HBM_BYTES_PER_S,
+            bare * 1e3,
+            100.0 * bytes_bare / bare / HBM_BYTES_PER_S
+        );
+    }
+    if prefill > 0 {
+        let p = prefill;
+        let table: Vec<u32> = (0..p.div_ceil(bs) as u32).collect();
+        let input = StepInput {
+            ids: (0..p).map(|_| rng.below(vocab) as u32).collect(),
+            positions: (0..p as u32).collect(),
+            slots: (0..p as u32).collect(),
+            attn: cleave_engine::backend::AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }] },
+            sample_rows: vec![p as u32 - 1],
+        };
+        let mut ts = Vec::new();
+        for i in 0..4 {
+            let t = Instant::now();
+            model.forward(cu, &mut cache, &input)?;
+            cu.sync()?;
+            if i >= 1 {
+                ts.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let s = median(ts);
+        let top_k = c.num_experts_per_tok as f64;
+        let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
+        let linear = 2.0 * p as f64 * (k.layer_dense.iter().sum::<f64>() + moe_layers * top_k * k.expert) + 2.0 * k.lm_head;
+        let heads = c.num_attention_heads as f64;
+        let attn_core = (p * (p + 1) / 2) as f64 * heads * (width + c.kv_lora_rank) as f64 * 2.0 * c.num_hidden_layers as f64;
+        let flops = linear + attn_core;
+        println!("\nprefill of one {p}-token prompt (one step, no chunking)");
+        println!(
+            "  {:.1} ms, {:.0} tokens/s, {:.1} TFLOP (linear {:.1} + attention {:.1}), {:.0} TFLOP/s = {:.1}% of {:.0}",
+            s * 1e3,
+            p as f64 / s,
+            flops / 1e12,
+            linear / 1e12,
+            attn_core / 1e12,
+            flops / s / 1e12,
+            100.0 * flops / s / TC_FLOPS,
+            TC_FLOPS / 1e12
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! Every CUDA backend op against the CPU backend (the f32 reference) on fresh random inputs,
+//! outputs poisoned with NaN before the GPU writes them, at small and real DeepSeek sizes; then
+//! timed with CUDA events. Large cases compare a sample of rows (each row is independent).
+
+use std::path::Path;
+
+use anyhow::Result;
+use cleave_engine::backend::cpu::{CpuBackend, CpuRouting, CpuTensor};
+use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
+use cleave_engine::weights::{LinearSource, RawTensor};
+use rayon::prelude::*;
+use safetensors::tensor::Dtype;
+
+use super::{rel_err, Ceiling, Row, XRng};
+
+pub struct Ctx<'a> {
+    pub cu: &'a CudaBackend,
+    pub cpu: CpuBackend,
+    pub rng: XRng,
+    pub quick: bool,
+    pub rows: Vec<Row>,
+    pub iters: usize,
+    /// The backend runs at reference (f32) precision: tolerance 1e-3 everywhere.
+    pub precise: bool,
+}
+
+/// bf16 bytes of `vals` (round to nearest even) and the values they hold.
+pub fn bf16_bytes(vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let mut bytes = vec![0u8; vals.len() * 2];
+    let mut held = vec![0f32; vals.len()];
+    bytes.par_chunks_mut(2).zip(held.par_iter_mut()).zip(vals.par_iter()).for_each(|((b, h), &v)| {
+        let x = half::bf16::from_f32(v);
+        b.copy_from_slice(&x.to_bits().to_le_bytes());
+        *h = x.to_f32();
+    });
+    (bytes, held)
+}
+
+pub fn source<'a>(bytes: &'a [u8], shape: &'a [usize]) -> LinearSource<'a> {
+    named("random", bytes, shape)
+}
+
+pub fn named<'a>(name: &'a str, bytes: &'a [u8], shape: &'a [usize]) -> LinearSource<'a> {
+    LinearSource { weight: RawTensor { name, path: Path::new("random"), dtype: Dtype::BF16, shape, bytes }, scale_inv: None }
+}
+
+impl Ctx<'_> {
+    fn time(&self, mut f: impl FnMut() -> cleave_engine::Result<()>) -> Result<f64> {
+        self.cu.set_poison(false);
+        for _ in 0..3 {
+            f()?;
+        }
+        self.cu.sync()?;
+        let gpu = self.cu.gpu();
+        let mut ts = Vec::with_capacity(self.iters);
+        for _ in 0..self.iters {
+            let a = gpu.record()?;
+            f()?;
+            let b = gpu.record()?;
+            b.synchronize()?;
+            ts.push(a.elapsed_ms(&b)? as f64 * 1e3);
+        }
+        ts.sort_by(f64::total_cmp);
+        self.cu.set_poison(true);
+        Ok(ts[ts.len() / 2])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push(&mut self, op: &str, shape: String, err: f64, tol: f64, us: f64, bytes: f64, flops: f64, ceiling: Ceiling) {
+        let (op, tol) = if self.precise { (format!("{op} [f32]"), tol.min(1e-3)) } else { (op.to_string(), tol) };
+        self.rows.push(Row { op, shape, err, tol, us, bytes, flops, ceiling });
+    }
+
+    fn up(&self, v: &[f32], r: usize, c: usize) -> Result<(CpuTensor, cleave_engine::backend::cuda::CudaTensor)> {
+        Ok((self.cpu.upload(v, r, c)?, self.cu.upload(v, r, c)?))
+    }
+
+    pub fn elementwise(&mut self) -> Result<()> {
+        let sizes: &[usize] = if self.quick { &[3, 64] } else { &[1, 64, 4096] };
+        for &n in sizes {
+            // embedding
+            let (v, h) = (if self.quick { 1000 } else { 102400 }, 2048);
+            let table = self.rng.vec(v * h, 1.0);
+            let (tc, tg) = self.up(&table, v, h)?;
+            let ids: Vec<u32> = (0..n).map(|_| self.rng.below(v) as u32).collect();
+            let want = self.cpu.embedding(&tc, &ids)?;
+            let got = self.cu.download(&self.cu.embedding(&tg, &ids)?)?;
+            let us = self.time(|| self.cu.embedding(&tg, &ids).map(drop))?;
+            self.push("embedding", format!("{n} x {h} of {v}"), rel_err(&got, &want.data), 1e-3, us, (n * h * 8) as f64, 0.0, Ceiling::Mem);
+            // rms_norm, with a pass-through tail (the latent's rope part) and without
+            for (cols, wc) in [(2048, 2048), (7168, 7168), (576, 512)] {
+                let x = self.rng.vec(n * cols, 2.0);
+                let w: Vec<f32> = (0..wc).map(|_| 0.5 + self.rng.unit()).collect();
+                let (xc, xg) = self.up(&x, n, cols)?;
+                let (wcpu, wg) = self.up(&w, 1, wc)?;
+                let want = self.cpu.rms_norm(&xc, &wcpu, 1e-6)?;
+                let got = self.cu.download(&self.cu.rms_norm(&xg, &wg, 1e-6)?)?;
+                let us = self.time(|| self.cu.rms_norm(&xg, &wg, 1e-6).map(drop))?;
+                self.push("rms_norm", format!("{n} x {cols} (norm {wc})"), rel_err(&got, &want.data), 1e-3, us, (n * cols * 8) as f64, 0.0, Ceiling::Mem);
+            }
+            // add_rms_norm: the returned norm and the updated residual
+            let cols = 2048;
+            let (x, r0) = (self.rng.vec(n * cols, 1.0), self.rng.vec(n * cols, 1.0));
+            let w: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.unit()).collect();
+            let (xc, xg) = self.up(&x, n, cols)?;
+            let (mut rc, mut rg) = self.up(&r0, n, cols)?;
+            let (wcpu, wg) = self.up(&w, 1, cols)?;
+            let want = self.cpu.add_rms_norm(&mut rc, &xc, &wcpu, 1e-6)?;
+            let got = self.cu.download(&self.cu.add_rms_norm(&mut rg, &xg, &wg, 1e-6)?)?;
+            let got_res = self.cu.download(&rg)?;
+            let err = rel_err(&got, &want.data).max(rel_err(&got_res, &rc.data));
+            let us = self.time(|| self.cu.add_rms_norm(&mut rg, &xg, &wg, 1e-6).map(drop))?;
+            self.push("add_rms_norm", format!("{n} x {cols}"), err, 1e-3, us, (n * cols * 16) as f64, 0.0, Ceiling::Mem);
+            // silu_mul
+            let i = 1408;
+            let x = self.rng.vec(n * 2 * i, 3.0);
+            let (xc, xg) = self.up(&x, n, 2 * i)?;
+            let want = self.cpu.silu_mul(&xc)?;
+            let got = self.cu.download(&self.cu.silu_mul(&xg)?)?;
+            let us = self.time(|| self.cu.silu_mul(&xg).map(drop))?;
+            self.push("silu_mul", format!("{n} x 2*{i}"), rel_err(&got, &want.data), 1e-3, us, (n * i * 12) as f64, 0.0, Ceiling::Mem);
+            // add_assign
+            let (a, b) = (self.rng.vec(n * cols, 1.0), self.rng.vec(n * cols, 1.0));
+            let (mut ac, mut ag) = self.up(&a, n, cols)?;
+            let (bc, bg) = self.up(&b, n, cols)?;
+            self.cpu.add_assign(&mut ac, &bc)?;
+            self.cu.add_assign(&mut ag, &bg)?;
+            let err = rel_err(&self.cu.download(&ag)?, &ac.data);
+            let us = self.time(|| self.cu.add_assign(&mut ag, &bg))?;
+            self.push("add_assign", format!("{n} x {cols}"), err, 1e-3, us, (n * cols * 12) as f64, 0.0, Ceiling::Mem);
+            // gather_rows
+            let pick: Vec<u32> = (0..n.div_ceil(2)).map(|_| self.rng.below(n) as u32).collect();
+            let want = self.cpu.gather_rows(&xc, &pick)?;
+            let got = self.cu.download(&self.cu.gather_rows(&xg, &pick)?)?;
+            let us = self.time(|| self.cu.gather_rows(&xg, &pick).map(drop))?;
+            self.push("gather_rows", format!("{} of {n} x {}", pick.len(), 2 * i), rel_err(&got, &want.data), 1e-3, us, (pick.len() * 2 * i * 8) as f64, 0.0, Ceiling::Mem);
+            // rope: q heads (interleaved and half-split) and the latent's shared k_rope
+            let max_pos = 8192;
+            let cs = self.rng.vec(max_pos * 64, 1.0);
+            let (csc, csg) = self.up(&cs, max_pos, 64)?;
+            let pos: Vec<u32> = (0..n).map(|_| self.rng.below(max_pos) as u32).collect();
+            for (cols, heads, offset, stride, inter) in [(16 * 192, 16, 128, 192, true), (16 * 192, 16, 128, 192, false), (576, 1, 512, 0, true)] {
+                let x = self.rng.vec(n * cols, 1.0);
+                let (mut xc, mut xg) = self.up(&x, n, cols)?;
+                self.cpu.rope(&mut xc, &csc, &pos, heads, offset, stride, 64, inter)?;
+                self.cu.rope(&mut xg, &csg, &pos, heads, offset, stride, 64, inter)?;
+                let err = rel_err(&self.cu.download(&xg)?, &xc.data);
+                let us = self.time(|| self.cu.rope(&mut xg, &csg, &pos, heads, offset, stride, 64, inter))?;
+                let kind = if inter { "interleaved" } else { "half-split" };
+                self.push("rope", format!("{n} x {heads}h {kind}"), err, 1e-3, us, (n * heads * 64 * 8) as f64, 0.0, Ceiling::Mem);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn linear(&mut self) -> Result<()> {
+        let shapes: &[(usize, usize, usize)] = if self.quick {
+            &[(5, 48, 72), (64, 3072, 2048)]
+        } else {
+            &[(1, 3072, 2048), (64, 3072, 2048), (256, 21888, 2048), (4096, 3072, 2048), (4096, 2048, 10944), (8192, 8192, 8192)]
+        };
+        // The router gate (by its checkpoint name) runs in f32: tolerance 1e-3.
+        let router: &[(usize, usize, usize)] = if self.quick { &[(7, 12, 72)] } else { &[(64, 64, 2048), (4096, 256, 7168)] };
+        for (i, &(n, m, k)) in shapes.iter().chain(router).enumerate() {
+            let gate = i >= shapes.len();
+            let name = if gate { "model.layers.1.mlp.gate.weight" } else { "random" };
+            let wv = self.rng.vec(m * k, (3.0 / k as f32).sqrt());
+            let (wb, _) = bf16_bytes(&wv);
+            let shape = [m, k];
+            let wc = self.cpu.load_linear(&[named(name, &wb, &shape)])?;
+            let wg = self.cu.load_linear(&[named(name, &wb, &shape)])?;
+            let x = self.rng.vec(n * k, 1.0);
+            let xg = self.cu.upload(&x, n, k)?;
+            let got = self.cu.download(&self.cu.linear(&xg, &wg)?)?;
+            let check = n.min(64);
+            let xc = self.cpu.upload(&x[..check * k], check, k)?;
+            let want = self.cpu.linear(&xc, &wc)?;
+            let err = rel_err(&got[..check * m], &want.data);
+            let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
+            let bytes = (m * k * 2 + n * k * 6 + n * m * 4) as f64;
+            let flops = 2.0 * (n * m * k) as f64;
+            let ceil = if n >= 1024 { Ceiling::Tc } else { Ceiling::Mem };
+            let note = if check < n { format!(" ({check} rows checked)") } else { String::new() };
+            let (op, tol) = if gate { ("linear f32 (router)", 1e-3) } else { ("linear bf16", 1e-2) };
+            self.push(op, format!("{n} x {k} -> {m}{note}"), err, tol, us, bytes, flops, ceil);
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_case(&mut self, label: &str, d: MlaDims, seqs: &[(usize, usize)], check_rows: usize, time_it: bool) -> Result<()> {
+        let bs = 64;
+        let width = d.kv_lora + d.rope;
+        let blocks_needed: usize = seqs.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
+        let layout = KvLayout { layers: 2, num_blocks: blocks_needed + 3, block_size: bs, width };
+        let mut pool: Vec<u32> = (0..layout.num_blocks as u32).collect();
+        self.rng.shuffle(&mut pool);
+        let mut batch = AttnBatch::default();
+        let (mut slots, mut rows) = (Vec::new(), 0);
+        for &(q_len, ctx) in seqs {
+            let table: Vec<u32> = pool.drain(..ctx.div_ceil(bs)).collect();
+            slots.extend((0..ctx).map(|t| table[t / bs] * bs as u32 + (t % bs) as u32));
+            batch.seqs.push(AttnSeq { q_start: rows, q_len, ctx_len: ctx, block_table: table });
+            rows += q_len;
+        }
+        let (_, lat) = bf16_bytes(&self.rng.vec(slots.len() * width, 1.0));
+        let mut cc = self.cpu.alloc_kv_cache(layout)?;
+        let mut cg = self.cu.alloc_kv_cache(layout)?;
+        let (lc, lg) = self.up(&lat, slots.len(), width)?;
+        self.cpu.write_kv(&mut cc, 1, &lc, &slots)?;
+        self.cu.write_kv(&mut cg, 1, &lg, &slots)?;
+        let kvb = self.rng.vec(d.heads * (d.nope + d.v) * d.kv_lora, (3.0 / d.kv_lora as f32).sqrt());
+        let (kb, _) = bf16_bytes(&kvb);
+        let kshape = [d.heads * (d.nope + d.v), d.kv_lora];
+        let kc = self.cpu.load_linear(&[source(&kb, &kshape)])?;
+        let kg = self.cu.load_linear(&[source(&kb, &kshape)])?;
+        let qk = d.nope + d.rope;
+        let q = self.rng.vec(rows * d.heads * qk, 1.0);
+        let qg = self.cu.upload(&q, rows, d.heads * qk)?;
+        let got = self.cu.download(&self.cu.mla_attention(&qg, &cg, 1, &kg, &batch, d)?)?;
+        // Reference: each sampled row as its own single-query sequence over its visible prefix.
+        let mut all: Vec<(usize, &AttnSeq, usize)> = Vec::new();
+        for s in &batch.seqs {
+            all.extend((0..s.q_len).map(|i| (s.q_start + i, s, s.ctx_len - s.q_len + i + 1)));
+        }
+        let step = all.len().div_ceil(check_rows.max(1)).max(1);
+        let picked: Vec<(usize, &AttnSeq, usize)> = all.iter().copied().step_by(step).collect();
+        let qrows: Vec<f32> = picked.iter().flat_map(|&(r, _, _)| q[r * d.heads * qk..(r + 1) * d.heads * qk].iter().copied()).collect();
+        let qc = self.cpu.upload(&qrows, picked.len(), d.heads * qk)?;
+        let one = AttnBatch {
+            seqs: picked.iter().enumerate().map(|(j, &(_, s, vis))| AttnSeq { q_start: j, q_len: 1, ctx_len: vis, block_table: s.block_table.clone() }).collect(),
+        };
+        let want = self.cpu.mla_attention(&qc, &cc, 1, &kc, &one, d)?;
+        let ow = d.heads * d.v;
+        let got_rows: Vec<f32> = picked.iter().flat_map(|&(r, _, _)| got[r * ow..(r + 1) * ow].iter().copied()).collect();
+        let err = rel_err(&got_rows, &want.data);
+        let keys: usize = seqs.iter().map(|&(_, c)| c).sum();
+        let visible: f64 = all.iter().map(|&(_, _, v)| v as f64).sum();
+        let note = if picked.len() < all.len() { format!(", {} rows checked", picked.len()) } else { String::new() };
+        let shape = format!("{label}: {} seqs, {rows} rows, {keys} keys, {}h{note}", seqs.len(), d.heads);
+        let us = if time_it { self.time(|| self.cu.mla_attention(&qg, &cg, 1, &kg, &batch, d).map(drop))? } else { f64::NAN };
+        let bytes = (keys * width * 2 + rows * d.heads * (qk + d.v) * 4 + kvb.len() * 2) as f64;
+        let flops = visible * d.heads as f64 * (width + d.kv_lora) as f64 * 2.0 + rows as f64 * 2.0 * kvb.len() as f64;
+        let ceil = if rows > 4 * seqs.len() { Ceiling::Tc } else { Ceiling::Mem };
+        self.push("mla_attention", shape, err, 1e-2, us, bytes, flops, ceil);
+        // The cache itself: write_kv + export on both sides, then an import round trip.
+        let blocks: Vec<u32> = batch.seqs.iter().flat_map(|s| s.block_table.iter().copied()).take(64).collect();
+        let ec = self.cpu.export_blocks(&cc, &blocks)?;
+        let eg = self.cu.export_blocks(&cg, &blocks)?;
+        let mut fresh = self.cu.alloc_kv_cache(layout)?;
+        self.cu.import_blocks(&mut fresh, &blocks, &ec)?;
+        let back = self.cu.export_blocks(&fresh, &blocks)?;
+        let err = rel_err(&eg, &ec).max(rel_err(&back, &ec));
+        self.push("write_kv+export/import", format!("{} blocks x {} values", blocks.len(), layout.block_values()), err, 1e-3, f64::NAN, 0.0, 0.0, Ceiling::None);
+        Ok(())
+    }
+
+    pub fn attention(&mut self) -> Result<()> {
+        let lite = MlaDims { heads: 16, nope: 128, rope: 64, v: 128, kv_lora: 512, scale: 0.1 };
+        let odd = MlaDims { heads: 3, nope: 16, rope: 8, v: 16, kv_lora: 40, scale: 0.25 };
+        self.attention_case("odd dims", odd, &[(1, 1), (1, 70), (11, 11), (5, 140)], 64, false)?;
+        self.attention_case("decode+chunks", lite, &[(1, 1), (1, 17), (1, 64), (1, 65), (1, 300), (37, 100), (1, 2000), (64, 64)], 256, true)?;
+        if self.quick {
+            return Ok(());
+        }
+        let v3 = MlaDims { heads: 128, ..lite };
+        for (label, d, b, ctx) in [("decode", lite, 1, 1024), ("decode", lite, 64, 1024), ("decode", lite, 256, 1024), ("decode", lite, 64, 4096), ("decode V3 heads", v3, 64, 1024)] {
+            let seqs: Vec<(usize, usize)> = (0..b).map(|_| (1, ctx)).collect();
+            self.attention_case(label, d, &seqs, 16, true)?;
+        }
+        self.attention_case("prefill", lite, &[(4096, 4096)], 24, true)?;
+        Ok(())
+    }
+
+    pub fn router(&mut self) -> Result<()> {
+        let cases = [
+            ("V2-Lite", RouterParams { n_experts: 64, n_group: 1, topk_group: 1, top_k: 6, norm_topk_prob: false, scaling: 1.0 }),
+            ("V3", RouterParams { n_experts: 256, n_group: 8, topk_group: 4, top_k: 8, norm_topk_prob: true, scaling: 2.5 }),
+            ("odd", RouterParams { n_experts: 12, n_group: 4, topk_group: 2, top_k: 4, norm_topk_prob: true, scaling: 2.5 }),
+        ];
+        let sizes: &[usize] = if self.quick { &[7] } else { &[1, 64, 4096] };
+        for (label, p) in cases {
+            for &n in sizes {
+                let logits = self.rng.vec(n * p.n_experts, 4.0);
+                let bias = self.rng.vec(p.n_experts, 0.3);
+                let (lc, lg) = self.up(&logits, n, p.n_experts)?;
+                let (bc, bg) = self.up(&bias, 1, p.n_experts)?;
+                let want = self.cpu.moe_route(&lc, &bc, p)?;
+                let (ids, w) = self.cu.routing_to_host(&self.cu.moe_route(&lg, &bg, p)?)?;
+                let dense = |ids: &[u32], w: &[f32]| {
+                    let mut d = vec![0f32; n * p.n_experts];
+                    for (i, (&e, &x)) in ids.iter().zip(w).enumerate() {
+                        d[(i / p.top_k) * p.n_experts + (e as usize).min(p.n_experts - 1)] += x;
+                    }
+                    d
+                };
+                let err = rel_err(&dense(&ids, &w), &dense(&want.ids, &want.weights));
+                let us = self.time(|| self.cu.moe_route(&lg, &bg, p).map(drop))?;
+                self.push("moe_route", format!("{label}: {n} tokens, {} experts, top {}", p.n_experts, p.top_k), err, 1e-3, us, (n * p.n_experts * 4) as f64, 0.0, Ceiling::Mem);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn experts(&mut self) -> Result<()> {
+        let (e, h, i, k) = if self.quick { (8, 64, 40, 3) } else { (64, 2048, 1408, 6) };
+        let gate = bf16_bytes(&self.rng.vec(e * i * h, (3.0 / h as f32).sqrt())).0;
+        let up = bf16_bytes(&self.rng.vec(e * i * h, (3.0 / h as f32).sqrt())).0;
+        let down = bf16_bytes(&self.rng.vec(e * h * i, (3.0 / i as f32).sqrt())).0;
+        let (gs, ds) = ([i, h], [h, i]);
+        let per = i * h * 2;
+        let sources: Vec<ExpertSource> = (0..e)
+            .map(|x| ExpertSource {
+                gate: source(&gate[x * per..(x + 1) * per], &gs),
+                up: source(&up[x * per..(x + 1) * per], &gs),
+                down: source(&down[x * per..(x + 1) * per], &ds),
+            })
+            .collect();
+        let ec = self.cpu.load_experts(&sources)?;
+        let eg = self.cu.load_experts(&sources)?;
+        let sizes: &[usize] = if self.quick { &[1, 5, 40] } else { &[1, 16, 64, 256, 512, 4096] };
+        for &n in sizes {
+            let mut ids = Vec::with_capacity(n * k);
+            for _ in 0..n {
+                let mut pick: Vec<u32> = (0..e as u32).collect();
+                self.rng.shuffle(&mut pick);
+                ids.extend_from_slice(&pick[..k]);
+            }
+            let w: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
+            let x = self.rng.vec(n * h, 1.0);
+            let xg = self.cu.upload(&x, n, h)?;
+            let rg = self.cu.routing_from_host(&ids, &w, k)?;
+            let got = self.cu.download(&self.cu.moe_experts(&xg, &rg, &eg)?)?;
+            let check = n.min(64);
+            let xc = self.cpu.upload(&x[..check * h], check, h)?;
+            let rc = CpuRouting { top_k: k, ids: ids[..check * k].to_vec(), weights: w[..check * k].to_vec() };
+            let want = self.cpu.moe_experts(&xc, &rc, &ec)?;
+            let err = rel_err(&got[..check * h], &want.data);
+            let us = self.time(|| self.cu.moe_experts(&xg, &rg, &eg).map(drop))?;
+            let mut used = vec![false; e];
+            ids.iter().for_each(|&x| used[x as usize] = true);
+            let experts_used = used.iter().filter(|&&u| u).count();
+            let bytes = (experts_used * 3 * h * i * 2 + n * k * (h * 4 + i * 2) + n * h * 8) as f64;
+            let flops = 2.0 * (n * k * 3 * h * i) as f64;
+            let ceil = if n * k >= 32 * e { Ceiling::Tc } else { Ceiling::Mem };
+            let note = if check < n { format!(", {check} rows checked") } else { String::new() };
+            self.push("moe_experts", format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used{note}"), err, 1e-2, us, bytes, flops, ceil);
+        }
+        Ok(())
+    }
+}
