@@ -94,8 +94,8 @@ def main():
         prompts, outs, texts = run(model, tok, data.FIXED_PROMPTS, args)
         fixed = [{"user": u, "prompt_ids": p, "output_ids": o, "text": t}
                  for u, p, o, t in zip(data.FIXED_PROMPTS, prompts, outs, texts)]
-        with open(args.expected, "w") as f:
-            json.dump(fixed, f, ensure_ascii=False, indent=1)
+        with open(args.expected, "w") as f:  # one problem per line
+            f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in fixed) + "\n]\n")
         for r in fixed:
             print(repr(r["user"]), "->", repr(r["text"].split(data.END_THINK)[-1]))
 
