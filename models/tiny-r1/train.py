@@ -6,6 +6,7 @@ tensor names), tokenizer.json, tokenizer_config.json}. Needs torch, transformers
 The LR schedule follows wall-clock progress unless --steps is given.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -134,7 +135,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(args.seed)
-    config = DeepseekV3Config(**{k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type")})
+    config = DeepseekV3Config(**{k: copy.deepcopy(v) for k, v in CONFIG.items() if k not in ("architectures", "model_type")})
     model = DeepseekV3ForCausalLM(config).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params} ({n_params / 1e6:.2f}M), experts impl {getattr(config, '_experts_implementation', None)}", flush=True)
