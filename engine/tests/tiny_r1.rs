@@ -1,0 +1,41 @@
+//! The embedded default model: cleave's greedy answers to the 20 fixed problems of
+//! `models/tiny-r1/expected_answers.json` equal HF transformers' recorded outputs, token for token,
+//! and the prompts cleave renders through the chat template equal HF's.
+
+use std::path::PathBuf;
+
+use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::tokenizer::ChatMessage;
+use cleave_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams};
+use serde_json::Value;
+
+#[test]
+fn greedy_answers_equal_hf_on_the_fixed_problems() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-r1");
+    let expected: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(dir.join("expected_answers.json")).unwrap()).unwrap();
+    assert_eq!(expected.len(), 20);
+    let cfg = EngineConfig { max_num_seqs: 20, max_num_batched_tokens: 2048, block_size: 64, num_blocks: 20 * 32, max_model_len: None };
+    let mut engine = Engine::load(CpuBackend, &dir, cfg).expect("models/tiny-r1 loads");
+    let tok = engine.tokenizer().expect("tiny-r1 has a tokenizer").clone();
+    let ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    let mut requests = Vec::new();
+    for (i, e) in expected.iter().enumerate() {
+        let user = e["user"].as_str().unwrap();
+        let prompt = tok
+            .encode_chat(&[ChatMessage { role: "user".into(), content: user.into(), reasoning_content: None }], true, None)
+            .unwrap();
+        assert_eq!(prompt, ids(&e["prompt_ids"]), "chat-rendered prompt of {user:?}");
+        requests.push(Request { id: i as u64, prompt, params: SamplingParams::greedy(400), prefill_only: false });
+    }
+    let mut out = engine.generate(requests).unwrap();
+    for (i, e) in expected.iter().enumerate() {
+        let got = out.remove(&(i as u64)).unwrap();
+        let got_ids: Vec<u32> = got.iter().map(|t| t.token).collect();
+        let text: String = got.iter().map(|t| t.text.as_str()).collect();
+        assert_eq!(got_ids, ids(&e["output_ids"]), "{:?}: cleave wrote {text:?}", e["user"]);
+        assert_eq!(got.last().unwrap().finish, Some(FinishReason::Stop), "ends with EOS");
+        let hf_text = e["text"].as_str().unwrap().trim_end_matches("<｜end▁of▁sentence｜>");
+        assert_eq!(text, hf_text, "text of {:?}", e["user"]);
+    }
+    assert_eq!(engine.scheduler().num_used_blocks(), 0);
+}
