@@ -2,14 +2,16 @@
 //!
 //! ```sh
 //! cargo run --release -p cleave-gateway --example sse_ceiling -- instant 64 2000
+//! cargo run --release -p cleave-gateway --example sse_ceiling -- paced 64 2000
 //! cargo run --release -p cleave-gateway --example sse_ceiling -- cluster 64 256
 //! ```
-//! Arguments: `instant | cluster`, concurrent clients, tokens per request (`ignore_eos`).
+//! Arguments: `instant | paced | cluster`, concurrent clients, tokens per request.
 //! `instant` serves tiny-r1's tokenizer with a backend whose tokens are ready at once (each
 //! request replays a fixed sequence of tiny-r1 tokens), so the gateway (validation, chat
-//! template, reasoning split, JSON, SSE, HTTP) is the only work; `cluster` serves the real
-//! tiny-r1 deployment of configs/cpu-tiny.yaml, where the CPU model bounds the rate. Clients run
-//! in the same process (reqwest) and count `data: ` events.
+//! template, reasoning split, JSON, SSE, HTTP) is the only work and events leave in batched
+//! writes; `paced` is the same with tokens arriving one at a time (one write per event, as in
+//! real decoding); `cluster` serves the real tiny-r1 deployment of configs/cpu-tiny.yaml, where
+//! the CPU model bounds the rate. Clients run in the same process (reqwest) and count events.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,6 +26,9 @@ use futures::{FutureExt, StreamExt};
 struct Instant_ {
     tokenizer: Arc<Tokenizer>,
     tokens: Arc<Vec<TokenOutput>>,
+    /// Yield to the scheduler before each token, so tokens arrive one at a time (one SSE
+    /// event per body write, as in real decoding) instead of all at once (batched writes).
+    paced: bool,
 }
 
 impl Backend for Instant_ {
@@ -36,18 +41,29 @@ impl Backend for Instant_ {
     fn submit(&self, _prompt: Vec<u32>, params: SamplingParams) -> BoxFuture<'static, Result<TokenEvents, ApiError>> {
         let tokens = self.tokens.clone();
         let n = params.max_tokens.min(tokens.len());
-        let s = futures::stream::iter(0..n).map(move |i| {
+        let paced = self.paced;
+        let s = futures::stream::iter(0..n).then(move |i| {
             let mut t = tokens[i].clone();
             if i + 1 == n {
                 t.finish = Some(FinishReason::Length);
             }
-            Ok(t)
+            async move {
+                if paced {
+                    tokio::task::yield_now().await;
+                }
+                Ok(t)
+            }
         });
         futures::future::ready(Ok(s.boxed() as TokenEvents)).boxed()
     }
 }
 
+/// The repository: the current directory when it holds models/tiny-r1 (a copied binary),
+/// else the source tree the example was built from.
 fn repo() -> PathBuf {
+    if std::path::Path::new("models/tiny-r1/tokenizer.json").is_file() {
+        return PathBuf::from(".");
+    }
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
@@ -73,10 +89,10 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let model = repo().join("models/tiny-r1");
     let (backend, cluster): (Arc<dyn Backend>, Option<cleave_actors::Cluster>) = match mode.as_str() {
-        "instant" => {
+        "instant" | "paced" => {
             let tok = Arc::new(Tokenizer::from_dir(&model).expect("tiny-r1 tokenizer"));
             let tokens = Arc::new(script(&tok, tokens));
-            (Arc::new(Instant_ { tokenizer: tok, tokens }), None)
+            (Arc::new(Instant_ { tokenizer: tok, tokens, paced: mode == "paced" }), None)
         }
         "cluster" => {
             let mut cfg = cleave_actors::config::DeployConfig::from_yaml_file(repo().join("configs/cpu-tiny.yaml")).expect("config");
@@ -84,7 +100,7 @@ fn main() {
             let c = cleave_actors::Cluster::start(cfg).expect("cluster");
             (Arc::new(c.clone()), Some(c))
         }
-        other => panic!("mode is instant or cluster, not {other}"),
+        other => panic!("mode is instant, paced or cluster, not {other}"),
     };
     let cfg = GatewayConfig { max_concurrent_requests: clients.max(1), ..GatewayConfig::default() };
     rt.block_on(async move {
