@@ -311,22 +311,22 @@ impl<B: Backend> Engine<B> {
             finish = Some(FinishReason::Stop);
         }
         let mut text = String::new();
+        let mut hit_stop_string = false;
         if let (Some(tok), Some(detok)) = (&self.tokenizer, st.detok.as_mut()) {
             let delta = if finish.is_none() { detok.push(tok, s.token)? } else { String::new() };
-            let (emit, stopped) = st.stop.push(&delta);
-            text = emit;
-            if stopped {
-                finish = Some(FinishReason::Stop);
-            }
+            (text, hit_stop_string) = st.stop.push(&delta);
         }
-        if finish.is_none() && (st.generated >= p.max_tokens || total_len >= self.max_len) {
+        if hit_stop_string {
+            finish = Some(FinishReason::Stop);
+        } else if finish.is_none() && (st.generated >= p.max_tokens || total_len >= self.max_len) {
             finish = Some(FinishReason::Length);
         }
-        if let (Some(f), Some(tok), Some(detok)) = (finish, &self.tokenizer, st.detok.as_mut()) {
-            if f == FinishReason::Length {
-                let tail = detok.finish(tok)?;
-                let (emit, _) = st.stop.push(&tail);
-                text.push_str(&emit);
+        if let (true, false, Some(tok), Some(detok)) = (finish.is_some(), hit_stop_string, &self.tokenizer, st.detok.as_mut()) {
+            // Ended by EOS, a stop token or a limit: release the text still held back (an
+            // incomplete character, a possible start of a stop string), unless it completes one.
+            let (emit, hit) = st.stop.push(&detok.finish(tok)?);
+            text.push_str(&emit);
+            if !hit {
                 text.push_str(&st.stop.flush());
             }
         }

@@ -39,3 +39,32 @@ fn greedy_answers_equal_hf_on_the_fixed_problems() {
     }
     assert_eq!(engine.scheduler().num_used_blocks(), 0);
 }
+
+/// Text held back because it might start a stop string comes out when the sequence ends on EOS or
+/// a stop token instead.
+#[test]
+fn held_back_text_is_released_when_eos_or_a_stop_token_ends_the_sequence() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-r1");
+    let cfg = EngineConfig { max_num_seqs: 4, max_num_batched_tokens: 512, block_size: 64, num_blocks: 64, max_model_len: None };
+    let mut engine = Engine::load(CpuBackend, &dir, cfg).unwrap();
+    let tok = engine.tokenizer().unwrap().clone();
+    let msg = ChatMessage { role: "user".into(), content: "What is 347 + 589?".into(), reasoning_content: None };
+    let prompt = tok.encode_chat(&[msg], true, None).unwrap();
+    let mut run = |params: SamplingParams| {
+        let out = engine.generate(vec![Request { id: 1, prompt: prompt.clone(), params, prefill_only: false }]).unwrap();
+        let toks = &out[&1];
+        (toks.iter().map(|t| t.text.as_str()).collect::<String>(), toks.last().unwrap().finish)
+    };
+    let (full, _) = run(SamplingParams::greedy(400));
+    assert!(full.ends_with("347 + 589 = 936"), "{full:?}");
+    // "6" could start "6 and more" until EOS arrives.
+    let (text, finish) = run(SamplingParams { stop: vec!["6 and more".into()], ..SamplingParams::greedy(400) });
+    assert_eq!((text.as_str(), finish), (full.as_str(), Some(FinishReason::Stop)));
+    // The reasoning ends "... = 936\n" right before `</think>`, a stop token here.
+    let think_end = tok.think_end_id().unwrap();
+    let (text, _) = run(SamplingParams { stop: vec!["936\nX".into()], stop_token_ids: vec![think_end], ..SamplingParams::greedy(400) });
+    assert_eq!(text, full.split("</think>").next().unwrap());
+    // A stop string that does occur still cuts the text before it.
+    let (text, finish) = run(SamplingParams { stop: vec![" = 936\n".into()], ..SamplingParams::greedy(400) });
+    assert!(full.starts_with(&text) && text.ends_with("so 347 + 589") && finish == Some(FinishReason::Stop), "{text:?}");
+}
