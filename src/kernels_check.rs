@@ -183,7 +183,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut failed = 0;
     if !a.no_ops {
         cu.set_poison(true);
-        let mut ctx = ops::Ctx { cu: &cu, cpu: CpuBackend, rng: XRng::new(a.seed), quick: a.quick, rows: Vec::new(), iters: a.iters, precise: false };
+        let mut ctx = ops::Ctx { cu: &cu, cpu: CpuBackend, rng: XRng::new(a.seed), quick: a.quick, rows: Vec::new(), iters: a.iters, precise: false, tag: "" };
         let stages = ["elementwise", "linear", "attention", "router", "experts"];
         for name in stages {
             let r = match name {
@@ -202,7 +202,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let precise = CudaBackend::with_precision(a.device, Precision::F32)?;
         precise.set_poison(true);
         let mut rows = std::mem::take(&mut ctx.rows);
-        let mut pctx = ops::Ctx { cu: &precise, cpu: CpuBackend, rng: XRng::new(a.seed + 1), quick: true, rows: Vec::new(), iters: 3, precise: true };
+        let mut pctx = ops::Ctx { cu: &precise, cpu: CpuBackend, rng: XRng::new(a.seed + 1), quick: true, rows: Vec::new(), iters: 3, precise: true, tag: "" };
         for (name, r) in [("linear", pctx.linear()), ("attention", pctx.attention()), ("experts", pctx.experts())] {
             if let Err(e) = r {
                 println!("stage {name} [f32] failed: {e:#}");

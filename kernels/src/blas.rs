@@ -24,6 +24,10 @@ pub struct Gemm {
     pub ldc: usize,
     pub stride_c: usize,
     pub batch: usize,
+    /// `C = op(A) op(B) + beta C`.
+    pub beta: f32,
+    /// C (and D) in bf16 instead of f32.
+    pub c_bf16: bool,
 }
 
 fn op(t: bool) -> sys::cublasOperation_t {
@@ -40,12 +44,13 @@ impl Gpu {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (1.0f32, g.beta);
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
-        let f = sys::cudaDataType_t::CUDA_R_32F;
+        let f = if g.c_bf16 { bf } else { sys::cudaDataType_t::CUDA_R_32F };
         let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let algo = sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
         self.ctx.bind_to_thread()?;
+        let t = self.prof_mark()?;
         let r = unsafe {
             if g.batch == 1 {
                 blas::gemm_ex(
@@ -97,7 +102,8 @@ impl Gpu {
                 )
             }
         };
-        r.map_err(|e| KernelError::Blas(format!("{e:?} in {g:?}")))
+        r.map_err(|e| KernelError::Blas(format!("{e:?} in {g:?}")))?;
+        self.prof_end(if g.batch == 1 { "cublas gemm" } else { "cublas batched gemm" }, t)
     }
 
     /// Row-major `Y[n, m] = X[n, k] W[m, k]^T` all in f32 with f32 compute (no TF32): the MoE
@@ -109,6 +115,7 @@ impl Gpu {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let f = sys::cudaDataType_t::CUDA_R_32F;
         self.ctx.bind_to_thread()?;
+        let t = self.prof_mark()?;
         unsafe {
             blas::gemm_ex(
                 *self.blas.handle(),
@@ -132,7 +139,8 @@ impl Gpu {
                 sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| KernelError::Blas(format!("{e:?} in f32 GEMM {n}x{k} by {m}x{k}")))
+        .map_err(|e| KernelError::Blas(format!("{e:?} in f32 GEMM {n}x{k} by {m}x{k}")))?;
+        self.prof_end("cublas f32 gemm", t)
     }
 
     /// Row-major `Y[n, m] = X[n, k] W[m, k]^T` (X, W bf16; Y f32): the linear layer.
@@ -153,6 +161,8 @@ impl Gpu {
             ldc: m,
             stride_c: 0,
             batch: 1,
+            beta: 0.0,
+            c_bf16: false,
         })
     }
 }

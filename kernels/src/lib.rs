@@ -10,12 +10,13 @@ pub mod compile;
 pub mod nccl;
 pub mod ops;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
 pub use cudarc;
-use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 
 pub(crate) const COMMON: &str = include_str!("cu/common.cuh");
@@ -43,11 +44,12 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
             "kv_scatter_f32",
         ],
     ),
-    ("attention", include_str!("cu/attention.cu"), &["mla_decode", "mla_combine", "mla_ref_f32"]),
+    ("attention", include_str!("cu/attention.cu"), &["mla_decode", "mla_decode2", "mla_combine", "mla_ref_f32", "gather_latent", "softmax_causal"]),
     (
         "moe",
         include_str!("cu/moe.cu"),
-        &["moe_route", "moe_align", "gg16_f32", "gg16_silu", "gg64_f32", "gg64_silu", "moe_combine", "moe_f32_gateup", "moe_f32_down"],
+        &["moe_route", "moe_align", "gg16_f32", "gg16_silu", "gg64_f32", "gg64_silu", "moe_combine", "moe_f32_gateup", "moe_f32_down",
+          "gg16_f32_v2", "gg16_silu_v2", "gg64_f32_v2", "gg64_silu_v2"],
     ),
 ];
 
@@ -110,6 +112,8 @@ pub struct Gpu {
     pub arch: String,
     pub modules: Vec<ModuleReport>,
     pub max_smem_optin: usize,
+    /// When on, every launch and GEMM is bracketed by events (see [`Gpu::profile_start`]).
+    prof: RefCell<Option<Vec<(&'static str, CudaEvent, CudaEvent)>>>,
 }
 
 impl Gpu {
@@ -148,17 +152,19 @@ impl Gpu {
             modules.push(m);
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
-        funcs["mla_decode"].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
-        Ok(Gpu { ctx, stream, blas, funcs, _modules: modules, sm_count, name, arch, modules: reports, max_smem_optin })
+        for f in ["mla_decode", "mla_decode2"] {
+            funcs[f].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
+        }
+        Ok(Gpu { ctx, stream, blas, funcs, _modules: modules, sm_count, name, arch, modules: reports, max_smem_optin, prof: RefCell::new(None) })
     }
 
-    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
+    pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
         self.funcs.get(name).ok_or_else(|| KernelError::Invalid(format!("kernel {name} is not loaded")))
     }
 
     /// Launches `name` on the stream. `args` are the kernel's parameters in order, each as the
     /// little-endian bits of a pointer (`u64`), `int`/`unsigned` or `float`.
-    pub(crate) fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+    pub(crate) fn launch(&self, name: &'static str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
@@ -166,8 +172,46 @@ impl Gpu {
         let mut slots: Vec<u64> = args.iter().map(|a| a.bits()).collect();
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         self.ctx.bind_to_thread()?;
+        let t = self.prof_mark()?;
         unsafe { drv::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params) }?;
+        self.prof_end(name, t)
+    }
+
+    pub(crate) fn prof_mark(&self) -> Result<Option<CudaEvent>> {
+        if self.prof.borrow().is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.record()?))
+    }
+
+    pub(crate) fn prof_end(&self, name: &'static str, start: Option<CudaEvent>) -> Result<()> {
+        if let Some(a) = start {
+            let b = self.record()?;
+            if let Some(v) = self.prof.borrow_mut().as_mut() {
+                v.push((name, a, b));
+            }
+        }
         Ok(())
+    }
+
+    /// Starts timing every kernel and GEMM with events (adds overhead; for breakdowns only).
+    pub fn profile_start(&self) {
+        *self.prof.borrow_mut() = Some(Vec::new());
+    }
+
+    /// Stops timing; returns (name, total ms, launches), largest first.
+    pub fn profile_stop(&self) -> Result<Vec<(String, f64, usize)>> {
+        self.sync()?;
+        let v = self.prof.borrow_mut().take().unwrap_or_default();
+        let mut by: HashMap<&str, (f64, usize)> = HashMap::new();
+        for (n, a, b) in &v {
+            let e = by.entry(n).or_default();
+            e.0 += a.elapsed_ms(b)? as f64;
+            e.1 += 1;
+        }
+        let mut out: Vec<(String, f64, usize)> = by.into_iter().map(|(n, (t, c))| (n.to_string(), t, c)).collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Ok(out)
     }
 
     /// Waits for all queued work; surfaces asynchronous kernel faults.

@@ -50,7 +50,8 @@ impl MlaLaunch {
     pub fn splits(&self, sm_count: usize) -> (usize, usize) {
         let tiles = self.max_ctx.div_ceil(MLA_TILE).max(1);
         let base = self.rows * self.heads.div_ceil(MLA_HEADS_PER_BLOCK);
-        let want = (2 * sm_count).div_ceil(base.max(1));
+        // At most one wave of two blocks per SM when the rows allow it.
+        let want = ((2 * sm_count) / base.max(1)).max(1);
         let splits = want.clamp(1, tiles.min(64));
         let per = tiles.div_ceil(splits);
         (tiles.div_ceil(per), per * MLA_TILE)
@@ -187,7 +188,7 @@ impl Gpu {
 
     /// Partial attention of every row over its visible keys; see attention.cu.
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_decode(&self, p: &MlaLaunch, splits: usize, chunk: usize, q_lat: u64, q: u64, cache: u64, row_len: u64, row_tab: u64, tables: u64, part_o: u64, part_ml: u64) -> Result<()> {
+    pub fn mla_decode(&self, v2: bool, p: &MlaLaunch, splits: usize, chunk: usize, q_lat: u64, q: u64, cache: u64, row_len: u64, row_tab: u64, tables: u64, part_o: u64, part_ml: u64) -> Result<()> {
         Self::mla_supported(p.kv_lora, p.rope)?;
         let smem = p.smem_bytes();
         if smem > self.max_smem_optin.min(200 * 1024) {
@@ -196,7 +197,7 @@ impl Gpu {
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(MLA_HEADS_PER_BLOCK);
         self.launch(
-            "mla_decode",
+            if v2 { "mla_decode2" } else { "mla_decode" },
             (p.rows as u32, splits as u32, hg as u32),
             128,
             smem as u32,
@@ -235,6 +236,27 @@ impl Gpu {
             0,
             &[Ptr(part_o), Ptr(part_ml), Ptr(o_lat), I32(heads as i32), I32(kv_lora as i32), I32(splits as i32)],
         )
+    }
+
+    /// Expanded prefill: a sequence's latent rows `[ctx, width]` gathered from the paged cache.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather_latent(&self, cache: u64, table: u64, out: u64, ctx: usize, layers: usize, layer: usize, bs: usize, width: usize) -> Result<()> {
+        if width % 8 != 0 {
+            return Err(KernelError::Invalid(format!("gather_latent: width {width} not divisible by 8")));
+        }
+        let total = (ctx * width / 8) as u64;
+        self.launch(
+            "gather_latent",
+            (self.grid1(total), 1, 1),
+            256,
+            0,
+            &[Ptr(cache), Ptr(table), Ptr(out), I32(ctx as i32), I32(layers as i32), I32(layer as i32), I32(bs as i32), I32(width as i32)],
+        )
+    }
+
+    /// Causal softmax of `rows` score rows of length `ctx` (row r is query r % ql of the chunk).
+    pub fn softmax_causal(&self, s: u64, p: u64, rows: usize, ql: usize, ctx: usize, scale: f32) -> Result<()> {
+        self.launch("softmax_causal", (rows as u32, 1, 1), 256, 0, &[Ptr(s), Ptr(p), I32(ql as i32), I32(ctx as i32), F32(scale)])
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -287,15 +309,19 @@ impl Gpu {
     /// Grouped GEMM over expert row tiles (see moe.cu). `bm` 16 or 64; `silu` fuses the
     /// interleaved gate/up activation and writes bf16 `[*, n/2]`, else f32 `[*, n]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm(&self, bm: usize, silu: bool, x: u64, rowidx: u64, w: u64, y: u64, tiles: u64, meta: u64, max_tiles: usize, n: usize, k: usize) -> Result<()> {
+    pub fn grouped_gemm(&self, v2: bool, bm: usize, silu: bool, x: u64, rowidx: u64, w: u64, y: u64, tiles: u64, meta: u64, max_tiles: usize, n: usize, k: usize) -> Result<()> {
         if k % 8 != 0 {
             return Err(KernelError::Invalid(format!("grouped GEMM needs K divisible by 8 (got {k})")));
         }
-        let name = match (bm, silu) {
-            (16, false) => "gg16_f32",
-            (16, true) => "gg16_silu",
-            (64, false) => "gg64_f32",
-            (64, true) => "gg64_silu",
+        let name = match (bm, silu, v2) {
+            (16, false, false) => "gg16_f32",
+            (16, true, false) => "gg16_silu",
+            (64, false, false) => "gg64_f32",
+            (64, true, false) => "gg64_silu",
+            (16, false, true) => "gg16_f32_v2",
+            (16, true, true) => "gg16_silu_v2",
+            (64, false, true) => "gg64_f32_v2",
+            (64, true, true) => "gg64_silu_v2",
             _ => return Err(KernelError::Invalid(format!("grouped GEMM row tile {bm}"))),
         };
         let gx = n.div_ceil(GG_BN) as u32;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::cuda::{CudaBackend, Variants};
 use cleave_engine::backend::{AttnSeq, Backend, KvLayout};
 use cleave_engine::model::{Model, ModelConfig, StepInput};
 
@@ -40,6 +40,17 @@ fn counts(c: &ModelConfig) -> Counts {
         })
         .collect();
     Counts { layer_dense, expert: 3.0 * h * mi, lm_head: c.vocab_size as f64 * h }
+}
+
+/// One step with every kernel timed by events: where the time goes.
+fn profile(cu: &CudaBackend, label: &str, mut f: impl FnMut() -> cleave_engine::Result<()>) -> anyhow::Result<()> {
+    cu.gpu().profile_start();
+    f()?;
+    let rows = cu.gpu().profile_stop()?;
+    let total: f64 = rows.iter().map(|r| r.1).sum();
+    let list: Vec<String> = rows.iter().take(9).map(|(n, t, c)| format!("{n} {t:.2}ms/{c}")).collect();
+    println!("  profile {label}: kernels {total:.2} ms: {}", list.join(", "));
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -77,7 +88,7 @@ pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill:
     let mut rng = XRng::new(seed);
     let vocab = c.vocab_size;
     println!("\ndecode step (every sequence at context {ctx}; logits of every row copied to the host)");
-    println!("{:>6} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>11} {:>10}", "batch", "step ms", "tok/s", "experts/L", "GB/step", "GB/s", "of HBM", "no-logits", "of HBM");
+    println!("{:>6} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>11} {:>10} {:>11}", "batch", "step ms", "tok/s", "experts/L", "GB/step", "GB/s", "of HBM", "no-logits", "of HBM", "v1 kernels");
     for &b in batches {
         let mut input = StepInput::default();
         for s in 0..b {
@@ -110,13 +121,21 @@ pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill:
         let full = time(&input, &mut cache, 10)?;
         let bare_in = StepInput { sample_rows: Vec::new(), ..input.clone() };
         let bare = time(&bare_in, &mut cache, 10)?;
+        // The same step on the first kernel versions (a fallback if the defaults regress).
+        let def = cu.variants();
+        cu.set_variants(Variants { mla_v2: false, gemm_v2: false, expanded_prefill: false });
+        let v1 = time(&bare_in, &mut cache, 5)?;
+        cu.set_variants(def);
+        if b == 64 || b == 1 {
+            profile(cu, &format!("decode batch {b}"), || model.forward(cu, &mut cache, &bare_in).map(drop))?;
+        }
         let weights: f64 = k.layer_dense.iter().sum::<f64>() + k.expert * used_total as f64;
         let kv = (b * ctx * width * 2 * c.num_hidden_layers) as f64;
         let bytes_full = (weights + k.lm_head) * 2.0 + kv;
         let bytes_bare = weights * 2.0 + kv;
         let moe_layers = used.len().max(1);
         println!(
-            "{b:>6} {:>10.3} {:>10.0} {:>11.1} {:>9.2} {:>10.0} {:>9.1}% {:>9.3}ms {:>9.1}%",
+            "{b:>6} {:>10.3} {:>10.0} {:>11.1} {:>9.2} {:>10.0} {:>9.1}% {:>9.3}ms {:>9.1}% {:>9.3}ms",
             full * 1e3,
             b as f64 / full,
             used_total as f64 / moe_layers as f64,
@@ -124,7 +143,8 @@ pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill:
             bytes_full / full / 1e9,
             100.0 * bytes_full / full / HBM_BYTES_PER_S,
             bare * 1e3,
-            100.0 * bytes_bare / bare / HBM_BYTES_PER_S
+            100.0 * bytes_bare / bare / HBM_BYTES_PER_S,
+            v1 * 1e3
         );
     }
     if prefill > 0 {
@@ -137,16 +157,25 @@ pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill:
             attn: cleave_engine::backend::AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }] },
             sample_rows: vec![p as u32 - 1],
         };
-        let mut ts = Vec::new();
-        for i in 0..4 {
-            let t = Instant::now();
-            model.forward(cu, &mut cache, &input)?;
-            cu.sync()?;
-            if i >= 1 {
-                ts.push(t.elapsed().as_secs_f64());
+        let mut run = |n: usize| -> anyhow::Result<f64> {
+            let mut ts = Vec::new();
+            for i in 0..n + 1 {
+                let t = Instant::now();
+                model.forward(cu, &mut cache, &input)?;
+                cu.sync()?;
+                if i >= 1 {
+                    ts.push(t.elapsed().as_secs_f64());
+                }
             }
-        }
-        let s = median(ts);
+            Ok(median(ts))
+        };
+        let s = run(3)?;
+        let def = cu.variants();
+        cu.set_variants(Variants { mla_v2: false, gemm_v2: false, expanded_prefill: false });
+        let s1 = run(1)?;
+        cu.set_variants(def);
+        println!("\nprefill on the first kernel versions (absorbed attention, v1 grouped GEMM): {:.1} ms", s1 * 1e3);
+        profile(cu, "prefill", || model.forward(cu, &mut cache, &input).map(drop))?;
         let top_k = c.num_experts_per_tok as f64;
         let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
         let linear = 2.0 * p as f64 * (k.layer_dense.iter().sum::<f64>() + moe_layers * top_k * k.expert) + 2.0 * k.lm_head;

@@ -63,7 +63,7 @@ fn compare(name: &str, mode: &str, c: &Case, cpu: &[Vec<TokenOutput>], gpu: &[Ve
             }
             equal += 1;
             d_cpu = d_cpu.max((x.logprob as f64 - y.logprob as f64).abs());
-            if let Some(&w) = c.want.get(i).and_then(|w| w.get(step)) {
+            if let Some(&w) = c.want.get(i).and_then(|w| w.get(step)).filter(|_| !c.hf_logprobs.is_empty()) {
                 if w == y.token {
                     hf_equal += 1;
                     d_hf = d_hf.max((y.logprob as f64 - c.hf_logprobs[i][step]).abs());
@@ -80,7 +80,7 @@ fn compare(name: &str, mode: &str, c: &Case, cpu: &[Vec<TokenOutput>], gpu: &[Ve
         (false, true) => "FAIL",
         (false, false) => "over (bf16, see note)",
     };
-    let hf = if c.want.is_empty() { "-".to_string() } else { format!("{d_hf:.2e}") };
+    let hf = if c.hf_logprobs.is_empty() { "-".to_string() } else { format!("{d_hf:.2e}") };
     println!("{name:<16} {mode:<5} {tokens:>7} {equal:>10} {d_cpu:>14.2e} {hf:>14} {hf_equal:>9}  {verdict}");
     for n in notes.iter().take(3) {
         println!("    {n}");

@@ -23,6 +23,8 @@ pub struct Ctx<'a> {
     pub iters: usize,
     /// The backend runs at reference (f32) precision: tolerance 1e-3 everywhere.
     pub precise: bool,
+    /// Appended to op names (the kernel variant under test).
+    pub tag: &'static str,
 }
 
 /// bf16 bytes of `vals` (round to nearest even) and the values they hold.
@@ -68,7 +70,7 @@ impl Ctx<'_> {
 
     #[allow(clippy::too_many_arguments)]
     fn push(&mut self, op: &str, shape: String, err: f64, tol: f64, us: f64, bytes: f64, flops: f64, ceiling: Ceiling) {
-        let (op, tol) = if self.precise { (format!("{op} [f32]"), tol.min(1e-3)) } else { (op.to_string(), tol) };
+        let (op, tol) = if self.precise { (format!("{op} [f32]"), tol.min(1e-3)) } else { (format!("{op}{}", self.tag), tol) };
         self.rows.push(Row { op, shape, err, tol, us, bytes, flops, ceiling });
     }
 
@@ -256,7 +258,25 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Attention under the default kernels and again under the first versions (absorbed decode v1,
+    /// absorbed prefill), so that either can be the default.
     pub fn attention(&mut self) -> Result<()> {
+        let def = self.cu.variants();
+        self.tag = " v2";
+        let r = self.attention_all();
+        if r.is_ok() && !self.precise {
+            self.cu.set_variants(cleave_engine::backend::cuda::Variants { mla_v2: false, expanded_prefill: false, ..def });
+            self.tag = " v1";
+            let r1 = self.attention_all();
+            self.cu.set_variants(def);
+            self.tag = "";
+            return r1;
+        }
+        self.tag = "";
+        r
+    }
+
+    fn attention_all(&mut self) -> Result<()> {
         let lite = MlaDims { heads: 16, nope: 128, rope: 64, v: 128, kv_lora: 512, scale: 0.1 };
         let odd = MlaDims { heads: 3, nope: 16, rope: 8, v: 16, kv_lora: 40, scale: 0.25 };
         self.attention_case("odd dims", odd, &[(1, 1), (1, 70), (11, 11), (5, 140)], 64, false)?;
@@ -304,6 +324,22 @@ impl Ctx<'_> {
     }
 
     pub fn experts(&mut self) -> Result<()> {
+        let def = self.cu.variants();
+        self.tag = " v2";
+        let r = self.experts_all();
+        if r.is_ok() && !self.precise {
+            self.cu.set_variants(cleave_engine::backend::cuda::Variants { gemm_v2: false, ..def });
+            self.tag = " v1";
+            let r1 = self.experts_all();
+            self.cu.set_variants(def);
+            self.tag = "";
+            return r1;
+        }
+        self.tag = "";
+        r
+    }
+
+    fn experts_all(&mut self) -> Result<()> {
         let (e, h, i, k) = if self.quick { (8, 64, 40, 3) } else { (64, 2048, 1408, 6) };
         let gate = bf16_bytes(&self.rng.vec(e * i * h, (3.0 / h as f32).sqrt())).0;
         let up = bf16_bytes(&self.rng.vec(e * i * h, (3.0 / h as f32).sqrt())).0;

@@ -279,3 +279,228 @@ extern "C" __global__ void mla_ref_f32(const float* __restrict__ q, const float*
         out[(u64)row * heads * V + (u64)h * V + j] = a * inv;
     }
 }
+
+// Version 2 of mla_decode, same contract. Differences: each warp loads whole latent rows (one
+// block-table lookup per key, no per-chunk division), Q staged with independent loads, scores
+// over two independent MMA chains, and the P.V operand fetched with ldmatrix.trans (two n-tiles
+// per instruction) instead of four 16-bit loads per fragment.
+extern "C" __global__ void __launch_bounds__(128) mla_decode2(
+    const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
+    const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
+    float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers,
+    int layer, int bs, int chunk, int splits, float scale) {
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HB;
+    const int W = L + R, Wp = (W + 15) & ~15, S = Wp + 8;
+    const int KBUF = TT * S + 64;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16_t* sQ = reinterpret_cast<bf16_t*>(smem_raw);
+    bf16_t* sK = sQ + HB * S;
+    float* sS = reinterpret_cast<float*>(sK + 2 * KBUF);
+    bf16_t* sP = reinterpret_cast<bf16_t*>(sS + HB * TT);
+    const int PS = TT + 8;
+    float* sM = reinterpret_cast<float*>(sP + HB * PS);
+    float* sL = sM + HB;
+    float* sSc = sL + HB;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int kv_len = row_len[row];
+    const int t_begin = split * chunk;
+    const int t_end = min(kv_len, t_begin + chunk);
+    const int* tab = tables + row_tab[row];
+    const u64 blk_stride = (u64)layers * bs * W;
+    const int ntiles = t_end > t_begin ? (t_end - t_begin + TT - 1) / TT : 0;
+    const int cpr = Wp / 8;
+    auto load_tile = [&](int buf, int tile) {
+        bf16_t* dst = sK + buf * KBUF;
+        const int t0 = t_begin + tile * TT;
+        for (int tok = warp; tok < TT; tok += NWARP) {
+            const int pos = t0 + tok;
+            const bool ok = pos < t_end;
+            const bf16_t* src = cache;
+            if (ok) src = cache + (u64)tab[pos / bs] * blk_stride + ((u64)layer * bs + pos % bs) * W;
+            for (int c = lane; c < cpr; c += 32) {
+                const bool in = ok && c * 8 < W;
+                cp_async16(dst + tok * S + c * 8, in ? src + c * 8 : cache, in ? 16 : 0);
+            }
+        }
+    };
+    if (ntiles > 0) load_tile(0, 0);
+    cp_async_commit();
+    // Q: 16 heads x Wp columns, rows of independent loads.
+    for (int h = warp; h < HB; h += NWARP) {
+        const bool hv = h0 + h < heads;
+        const float* ql = q_lat + ((u64)row * heads + h0 + h) * L;
+        const float* qr = q + (u64)row * heads * qk + (u64)(h0 + h) * qk + nope;
+#pragma unroll 4
+        for (int c = lane; c < Wp; c += 32) {
+            float v = 0.f;
+            if (hv) v = c < L ? ql[c] : (c < W ? qr[c - L] : 0.f);
+            sQ[h * S + c] = f2bf(v);
+        }
+    }
+    if (tid < HB) {
+        sM[tid] = NEG_INF;
+        sL[tid] = 0.f;
+        sSc[tid] = 1.f;
+    }
+    const int nt = (L + 31) / 32;
+    float acc[MAX_NT][4];
+#pragma unroll
+    for (int j = 0; j < MAX_NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    __syncthreads();
+
+    for (int it = 0; it < ntiles; it++) {
+        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16_t* kb = sK + (it & 1) * KBUF;
+        const int t0 = t_begin + it * TT;
+        {
+            float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+            const bf16_t* kr = kb + (warp * 8 + g) * S;
+            int k0 = 0;
+            for (; k0 + 16 < Wp; k0 += 32) {
+                mma_bf16(c0, ld_u32(sQ + g * S + k0 + 2 * t4), ld_u32(sQ + (g + 8) * S + k0 + 2 * t4), ld_u32(sQ + g * S + k0 + 8 + 2 * t4),
+                         ld_u32(sQ + (g + 8) * S + k0 + 8 + 2 * t4), ld_u32(kr + k0 + 2 * t4), ld_u32(kr + k0 + 8 + 2 * t4));
+                const int k1 = k0 + 16;
+                mma_bf16(c1, ld_u32(sQ + g * S + k1 + 2 * t4), ld_u32(sQ + (g + 8) * S + k1 + 2 * t4), ld_u32(sQ + g * S + k1 + 8 + 2 * t4),
+                         ld_u32(sQ + (g + 8) * S + k1 + 8 + 2 * t4), ld_u32(kr + k1 + 2 * t4), ld_u32(kr + k1 + 8 + 2 * t4));
+            }
+            if (k0 < Wp) {
+                mma_bf16(c0, ld_u32(sQ + g * S + k0 + 2 * t4), ld_u32(sQ + (g + 8) * S + k0 + 2 * t4), ld_u32(sQ + g * S + k0 + 8 + 2 * t4),
+                         ld_u32(sQ + (g + 8) * S + k0 + 8 + 2 * t4), ld_u32(kr + k0 + 2 * t4), ld_u32(kr + k0 + 8 + 2 * t4));
+            }
+            const int tok = warp * 8 + 2 * t4;
+            sS[g * TT + tok] = (t0 + tok < t_end) ? (c0[0] + c1[0]) * scale : NEG_INF;
+            sS[g * TT + tok + 1] = (t0 + tok + 1 < t_end) ? (c0[1] + c1[1]) * scale : NEG_INF;
+            sS[(g + 8) * TT + tok] = (t0 + tok < t_end) ? (c0[2] + c1[2]) * scale : NEG_INF;
+            sS[(g + 8) * TT + tok + 1] = (t0 + tok + 1 < t_end) ? (c0[3] + c1[3]) * scale : NEG_INF;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int rr = 0; rr < HB / NWARP; rr++) {
+            const int h = warp * (HB / NWARP) + rr;
+            const float s = sS[h * TT + lane];
+            const float m_old = sM[h];
+            const float m_new = fmaxf(m_old, warp_max(s));
+            const float p = (m_new == NEG_INF) ? 0.f : expf(s - m_new);
+            const float sum = warp_sum(p);
+            if (lane == 0) {
+                const float sc = (m_new == NEG_INF) ? 1.f : expf(m_old - m_new);
+                sSc[h] = sc;
+                sL[h] = sL[h] * sc + sum;
+                sM[h] = m_new;
+            }
+            sP[h * PS + lane] = f2bf(p);
+        }
+        __syncthreads();
+        {
+            const float sc0 = sSc[g], sc1 = sSc[g + 8];
+#pragma unroll
+            for (int j = 0; j < MAX_NT; j++) {
+                if (j < nt) {
+                    acc[j][0] *= sc0;
+                    acc[j][1] *= sc0;
+                    acc[j][2] *= sc1;
+                    acc[j][3] *= sc1;
+                }
+            }
+            // ldmatrix.x4.trans over keys k0..k0+15 and columns col..col+7 of n-tiles j and j+1
+            // (warp's n-tiles are j*NWARP+warp): matrices (k 0-7, tile j), (k 8-15, tile j),
+            // (k 0-7, tile j+1), (k 8-15, tile j+1).
+            const int mi = lane >> 3, r8 = lane & 7;
+#pragma unroll
+            for (int k0 = 0; k0 < TT; k0 += 16) {
+                const u32 a0 = ld_u32(sP + g * PS + k0 + 2 * t4);
+                const u32 a1 = ld_u32(sP + (g + 8) * PS + k0 + 2 * t4);
+                const u32 a2 = ld_u32(sP + g * PS + k0 + 8 + 2 * t4);
+                const u32 a3 = ld_u32(sP + (g + 8) * PS + k0 + 8 + 2 * t4);
+#pragma unroll
+                for (int j = 0; j < MAX_NT; j += 2) {
+                    if (j < nt) {
+                        const int jj = j + (mi >> 1);
+                        const int col = (jj * NWARP + warp) * 8;
+                        const bf16_t* addr = kb + (k0 + (mi & 1) * 8 + r8) * S + col;
+                        u32 b0, b1, b2, b3;
+                        ldsm_x4_t(b0, b1, b2, b3, addr);
+                        mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+                        if (j + 1 < nt) mma_bf16(acc[j + 1], a0, a1, a2, a3, b2, b3);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const u64 pbase = ((u64)row * splits + split) * heads;
+    const int hA = h0 + g, hB = h0 + g + 8;
+#pragma unroll
+    for (int j = 0; j < MAX_NT; j++) {
+        if (j < nt) {
+            const int col = (j * NWARP + warp) * 8 + 2 * t4;
+            if (hA < heads) {
+                if (col < L) part_o[(pbase + hA) * L + col] = acc[j][0];
+                if (col + 1 < L) part_o[(pbase + hA) * L + col + 1] = acc[j][1];
+            }
+            if (hB < heads) {
+                if (col < L) part_o[(pbase + hB) * L + col] = acc[j][2];
+                if (col + 1 < L) part_o[(pbase + hB) * L + col + 1] = acc[j][3];
+            }
+        }
+    }
+    if (tid < HB && h0 + tid < heads) {
+        part_ml[(pbase + h0 + tid) * 2] = sM[tid];
+        part_ml[(pbase + h0 + tid) * 2 + 1] = sL[tid];
+    }
+}
+
+// Expanded prefill: the sequence's latent rows, gathered from the paged cache into [ctx, W].
+extern "C" __global__ void gather_latent(const bf16_t* cache, const int* tab, bf16_t* out, int ctx, int layers, int layer, int bs, int W) {
+    const int cpr = W / 8;
+    const u64 total = (u64)ctx * cpr;
+    const u64 blk_stride = (u64)layers * bs * W;
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int t = (int)(i / cpr), c = (int)(i % cpr) * 8;
+        const uint4* src = reinterpret_cast<const uint4*>(cache + (u64)tab[t / bs] * blk_stride + ((u64)layer * bs + t % bs) * W + c);
+        *reinterpret_cast<uint4*>(out + (u64)t * W + c) = *src;
+    }
+}
+
+// Expanded prefill: causal softmax of each score row. S is [rows, ctx] f32 with row r = h * ql + i
+// (query i of the chunk sees keys 0 .. ctx - ql + i); P gets bf16 probabilities, 0 where masked.
+extern "C" __global__ void softmax_causal(const float* S, bf16_t* P, int ql, int ctx, float scale) {
+    const int r = blockIdx.x, i = r % ql;
+    const int vis = ctx - ql + i + 1;
+    const float* s = S + (u64)r * ctx;
+    bf16_t* p = P + (u64)r * ctx;
+    __shared__ float red[32];
+    __shared__ float bc;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    float m = NEG_INF;
+    for (int t = threadIdx.x; t < vis; t += blockDim.x) m = fmaxf(m, s[t]);
+    m = warp_max(m);
+    if (lane == 0) red[w] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float x = NEG_INF;
+        for (int k = 0; k < nw; k++) x = fmaxf(x, red[k]);
+        bc = x;
+    }
+    __syncthreads();
+    m = bc * scale;
+    float sum = 0.f;
+    for (int t = threadIdx.x; t < vis; t += blockDim.x) sum += expf(s[t] * scale - m);
+    sum = warp_sum(sum);
+    __syncthreads();
+    if (lane == 0) red[w] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float x = 0.f;
+        for (int k = 0; k < nw; k++) x += red[k];
+        bc = 1.f / x;
+    }
+    __syncthreads();
+    const float inv = bc;
+    for (int t = threadIdx.x; t < ctx; t += blockDim.x) p[t] = f2bf(t < vis ? expf(s[t] * scale - m) * inv : 0.f);
+}

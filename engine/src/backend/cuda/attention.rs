@@ -1,15 +1,26 @@
-//! MLA attention on the GPU in the absorbed form, for decode rows and prefill chunks alike:
-//! `q_lat = q_nope W_UK` (batched GEMM over heads), the paged split-context kernel with online
-//! softmax over `[c | k_rope]`, the split merge, and `out = o_lat W_UV^T` (batched GEMM). It
-//! computes the same function as the CPU backend's absorbed and expanded forms.
+//! MLA attention on the GPU. Decode rows and short chunks use the absorbed form: `q_lat = q_nope
+//! W_UK` (batched GEMM over heads), the paged split-context kernel with online softmax over
+//! `[c | k_rope]`, the split merge, and `out = o_lat W_UV^T`. Prefill chunks of at least
+//! [`EXPAND_MIN_ROWS`] rows use the expanded form through cuBLAS: the sequence's latents are
+//! gathered, expanded to per-head keys and values once (`kv_b`), scores `Q K^T` for all heads as
+//! strided-batched GEMMs, a causal softmax kernel, then `P V`. All compute the CPU backend's
+//! function; f32 precision runs the reference kernel.
 
 use cleave_kernels::blas::Gemm;
 use cleave_kernels::ops::MlaLaunch;
 use cleave_kernels::{ptr, Gpu};
 
-use super::{kerr, CudaBackend, CudaKvCache, CudaTensor, CudaWeight};
-use crate::backend::{AttnBatch, MlaDims};
+use super::{kerr, CudaBackend, CudaKvCache, CudaTensor, CudaWeight, EXPAND_MIN_ROWS};
+use crate::backend::{AttnBatch, AttnSeq, MlaDims};
 use crate::error::{EngineError, Result};
+
+/// Score workspace cap of the expanded path (heads are processed in groups under it).
+const SCORE_BYTES: usize = 2 << 30;
+
+#[allow(clippy::too_many_arguments)]
+fn gemm(m: usize, n: usize, k: usize, a: u64, lda: usize, sa: usize, ta: bool, b: u64, ldb: usize, sb: usize, tb: bool, c: u64, ldc: usize, sc: usize, batch: usize) -> Gemm {
+    Gemm { trans_a: ta, trans_b: tb, m, n, k, a, lda, stride_a: sa, b, ldb, stride_b: sb, c, ldc, stride_c: sc, batch, beta: 0.0, c_bf16: false }
+}
 
 pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCache, layer: usize, kv_b: &CudaWeight, batch: &AttnBatch, d: MlaDims) -> Result<CudaTensor> {
     let qk = d.nope + d.rope;
@@ -22,9 +33,13 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
     if rows == 0 {
         return Ok(out);
     }
+    let var = be.variants();
+    let precise = cache.f32.is_some() || kv_b.f32.is_some();
+    let expand = |s: &AttnSeq| !precise && var.expanded_prefill && s.q_len >= EXPAND_MIN_ROWS;
     // Per-row metadata, packed: [visible keys per row | block-table offset per row | tables].
+    // Rows of expanded sequences get 0 visible keys here (the absorbed kernel skips them).
     let mut meta = vec![0u32; 2 * rows];
-    let mut max_ctx = 0;
+    let (mut max_ctx, mut absorbed_rows) = (0, 0);
     for s in &batch.seqs {
         if s.q_start + s.q_len > rows || s.ctx_len < s.q_len || s.block_table.len() * lay.block_size < s.ctx_len {
             return Err(EngineError::Backend("mla_attention: a sequence's rows or blocks do not cover its context".into()));
@@ -35,82 +50,83 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
         let off = meta.len() - 2 * rows;
         meta.extend_from_slice(&s.block_table);
         for i in 0..s.q_len {
-            let visible = s.ctx_len - s.q_len + i + 1;
-            meta[s.q_start + i] = visible as u32;
+            meta[s.q_start + i] = if expand(s) { 0 } else { (s.ctx_len - s.q_len + i + 1) as u32 };
             meta[rows + s.q_start + i] = off as u32;
         }
-        max_ctx = max_ctx.max(s.ctx_len);
+        if !expand(s) {
+            max_ctx = max_ctx.max(s.ctx_len);
+            absorbed_rows += s.q_len;
+        }
     }
     let mp = be.upload_u32("attn", &meta)?;
     let (row_len, row_tab, tables) = (mp, mp + 4 * rows as u64, mp + 8 * rows as u64);
     let gpu = be.gpu();
-    let p = MlaLaunch {
-        rows,
-        heads,
-        kv_lora: l,
-        rope: d.rope,
-        nope: d.nope,
-        layers: lay.layers,
-        layer,
-        block_size: lay.block_size,
-        scale: d.scale,
-        max_ctx,
-    };
+    let p = MlaLaunch { rows, heads, kv_lora: l, rope: d.rope, nope: d.nope, layers: lay.layers, layer, block_size: lay.block_size, scale: d.scale, max_ctx };
     if let (Some(c32), Some(w32)) = (&cache.f32, &kv_b.f32) {
         gpu.mla_ref_f32(&p, d.v, q.ptr(), ptr(c32), row_len, row_tab, tables, ptr(w32), out.ptr()).map_err(kerr)?;
         return Ok(out);
     }
-    if cache.f32.is_some() || kv_b.f32.is_some() {
+    if precise {
         return Err(EngineError::Backend("mla_attention: an f32 cache needs f32 weights and vice versa".into()));
     }
-
     Gpu::mla_supported(l, d.rope).map_err(kerr)?;
     let q_bf = be.to_bf16(q)?;
-    let q_lat = be.alloc_f32(rows * heads * l)?;
-    gpu.gemm(&Gemm {
-        trans_a: false,
-        trans_b: false,
-        m: l,
-        n: rows,
-        k: d.nope,
-        a: kv_b.ptr(),
-        lda: l,
-        stride_a: (d.nope + d.v) * l,
-        b: ptr(&q_bf),
-        ldb: heads * qk,
-        stride_b: qk,
-        c: ptr(&q_lat),
-        ldc: heads * l,
-        stride_c: l,
-        batch: heads,
-    })
-    .map_err(kerr)?;
-
-    let (splits, chunk) = p.splits(gpu.sm_count);
-    let part_o = be.alloc_f32(rows * splits * heads * l)?;
-    let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
-    gpu.mla_decode(&p, splits, chunk, ptr(&q_lat), q.ptr(), ptr(&cache.buf), row_len, row_tab, tables, ptr(&part_o), ptr(&part_ml))
-        .map_err(kerr)?;
-    let o_lat = be.alloc_u16(rows * heads * l)?;
-    gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
-
-    gpu.gemm(&Gemm {
-        trans_a: true,
-        trans_b: false,
-        m: d.v,
-        n: rows,
-        k: l,
-        a: kv_b.ptr() + (d.nope * l * 2) as u64,
-        lda: l,
-        stride_a: (d.nope + d.v) * l,
-        b: ptr(&o_lat),
-        ldb: heads * l,
-        stride_b: l,
-        c: out.ptr(),
-        ldc: heads * d.v,
-        stride_c: d.v,
-        batch: heads,
-    })
-    .map_err(kerr)?;
+    if absorbed_rows > 0 {
+        let q_lat = be.alloc_f32(rows * heads * l)?;
+        let a = (d.nope + d.v) * l;
+        gpu.gemm(&gemm(l, rows, d.nope, kv_b.ptr(), l, a, false, ptr(&q_bf), heads * qk, qk, false, ptr(&q_lat), heads * l, l, heads)).map_err(kerr)?;
+        let (splits, chunk) = p.splits(gpu.sm_count);
+        let part_o = be.alloc_f32(rows * splits * heads * l)?;
+        let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
+        gpu.mla_decode(var.mla_v2, &p, splits, chunk, ptr(&q_lat), q.ptr(), ptr(&cache.buf), row_len, row_tab, tables, ptr(&part_o), ptr(&part_ml))
+            .map_err(kerr)?;
+        let o_lat = be.alloc_u16(rows * heads * l)?;
+        gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
+        let kv_v = kv_b.ptr() + (d.nope * l * 2) as u64;
+        gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, ptr(&o_lat), heads * l, l, false, out.ptr(), heads * d.v, d.v, heads)).map_err(kerr)?;
+    }
+    for s in batch.seqs.iter().filter(|s| expand(s)) {
+        let tab = tables + 4 * meta[rows + s.q_start] as u64;
+        expanded(be, &q_bf, cache, layer, kv_b, s, d, tab, &out)?;
+    }
     Ok(out)
+}
+
+/// One prefill chunk in the expanded form, writing its rows of `out`.
+#[allow(clippy::too_many_arguments)]
+fn expanded(be: &CudaBackend, q_bf: &cleave_kernels::cudarc::driver::CudaSlice<u16>, cache: &CudaKvCache, layer: usize, kv_b: &CudaWeight, s: &AttnSeq, d: MlaDims, tab: u64, out: &CudaTensor) -> Result<()> {
+    let gpu = be.gpu();
+    let lay = cache.layout;
+    let (ctx, ql, heads, l, w) = (s.ctx_len, s.q_len, d.heads, d.kv_lora, lay.width);
+    let (qk, kvw) = (d.nope + d.rope, d.nope + d.v);
+    let lat = be.alloc_u16(ctx * w)?;
+    gpu.gather_latent(ptr(&cache.buf), tab, ptr(&lat), ctx, lay.layers, layer, lay.block_size, w).map_err(kerr)?;
+    // kv[t, h*(nope+v) + j] = latent[t, :L] . kv_b[h*(nope+v) + j, :]   (bf16 out)
+    let kv = be.alloc_u16(ctx * heads * kvw)?;
+    let mut g = gemm(heads * kvw, ctx, l, kv_b.ptr(), l, 0, true, ptr(&lat), w, 0, false, ptr(&kv), heads * kvw, 0, 1);
+    g.c_bf16 = true;
+    gpu.gemm(&g).map_err(kerr)?;
+    let hc = (SCORE_BYTES / (ql * ctx * 6)).clamp(1, heads);
+    let scores = be.alloc_f32(hc * ql * ctx)?;
+    let probs = be.alloc_u16(hc * ql * ctx)?;
+    let q0 = ptr(q_bf) + (s.q_start * heads * qk * 2) as u64;
+    let o0 = out.ptr() + (s.q_start * heads * d.v * 4) as u64;
+    let mut h0 = 0;
+    while h0 < heads {
+        let n = hc.min(heads - h0);
+        let kvh = ptr(&kv) + (h0 * kvw * 2) as u64;
+        let qh = q0 + (h0 * qk * 2) as u64;
+        // S_h^T [ctx, ql] = K_h [ctx, nope] . Q_h^T, then += K_rope [ctx, R] . Q_rope^T (shared K_rope).
+        gpu.gemm(&gemm(ctx, ql, d.nope, kvh, heads * kvw, kvw, true, qh, heads * qk, qk, false, ptr(&scores), ctx, ctx * ql, n)).map_err(kerr)?;
+        let mut r = gemm(ctx, ql, d.rope, ptr(&lat) + (l * 2) as u64, w, 0, true, qh + (d.nope * 2) as u64, heads * qk, qk, false, ptr(&scores), ctx, ctx * ql, n);
+        r.beta = 1.0;
+        gpu.gemm(&r).map_err(kerr)?;
+        gpu.softmax_causal(ptr(&scores), ptr(&probs), n * ql, ql, ctx, d.scale).map_err(kerr)?;
+        // O_h^T [v, ql] = V_h^T [v, ctx] . P_h^T [ctx, ql], into out rows (ld heads * v).
+        let vh = kvh + (d.nope * 2) as u64;
+        gpu.gemm(&gemm(d.v, ql, ctx, vh, heads * kvw, kvw, false, ptr(&probs), ctx, ctx * ql, false, o0 + (h0 * d.v * 4) as u64, heads * d.v, d.v, n))
+            .map_err(kerr)?;
+        h0 += n;
+    }
+    Ok(())
 }

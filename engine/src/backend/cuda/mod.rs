@@ -101,6 +101,30 @@ impl CudaKvCache {
     }
 }
 
+/// Kernel variants (environment `CLEAVE_MLA_DECODE=v1|v2`, `CLEAVE_MOE_GEMM=v1|v2`,
+/// `CLEAVE_PREFILL_ATTN=absorbed|expanded`); both sides of each are checked by kernels-check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variants {
+    pub mla_v2: bool,
+    pub gemm_v2: bool,
+    /// Prefill chunks of at least [`EXPAND_MIN_ROWS`] rows: expanded keys/values and cuBLAS
+    /// attention instead of the absorbed kernel.
+    pub expanded_prefill: bool,
+}
+
+pub const EXPAND_MIN_ROWS: usize = 64;
+
+impl Variants {
+    pub fn from_env() -> Self {
+        let is = |k: &str, v: &str| std::env::var(k).map(|x| x == v).unwrap_or(false);
+        Variants {
+            mla_v2: !is("CLEAVE_MLA_DECODE", "v1"),
+            gemm_v2: !is("CLEAVE_MOE_GEMM", "v1"),
+            expanded_prefill: !is("CLEAVE_PREFILL_ATTN", "absorbed"),
+        }
+    }
+}
+
 /// Numerics of a CUDA backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
@@ -114,6 +138,9 @@ pub enum Precision {
 pub struct CudaBackend {
     gpu: Gpu,
     precision: Precision,
+    variants: Cell<Variants>,
+    /// Pinned staging for large downloads (logits): pageable copies run at a few GB/s.
+    pinned: RefCell<Option<cleave_kernels::cudarc::driver::PinnedHostSlice<f32>>>,
     /// Small per-step index arrays (token ids, positions, slots, attention metadata), re-uploaded
     /// only when their content changes: the 2 x layers attention calls of a step share one upload.
     uploads: RefCell<HashMap<&'static str, (Vec<u32>, CudaSlice<u32>)>>,
@@ -133,6 +160,8 @@ impl CudaBackend {
         Ok(CudaBackend {
             gpu: Gpu::new(ordinal).map_err(kerr)?,
             precision,
+            variants: Cell::new(Variants::from_env()),
+            pinned: RefCell::new(None),
             uploads: RefCell::new(HashMap::new()),
             poison: Cell::new(false),
             expert_stats: RefCell::new(None),
@@ -145,6 +174,14 @@ impl CudaBackend {
 
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    pub fn variants(&self) -> Variants {
+        self.variants.get()
+    }
+
+    pub fn set_variants(&self, v: Variants) {
+        self.variants.set(v);
     }
 
     pub fn set_poison(&self, on: bool) {
@@ -272,8 +309,20 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, t: &CudaTensor) -> Result<Vec<f32>> {
-        let mut v = vec![0f32; t.len()];
-        self.gpu.dtoh(t.ptr(), &mut v).map_err(kerr)?;
+        let n = t.len();
+        let mut v = vec![0f32; n];
+        if n < (1 << 18) {
+            self.gpu.dtoh(t.ptr(), &mut v).map_err(kerr)?;
+            return Ok(v);
+        }
+        let mut pinned = self.pinned.borrow_mut();
+        if pinned.as_ref().is_none_or(|p| p.len() < n) {
+            *pinned = Some(unsafe { self.gpu.ctx.alloc_pinned::<f32>(n.next_power_of_two()) }.map_err(|e| kerr(e.into()))?);
+        }
+        let host = pinned.as_mut().expect("allocated").as_mut_slice().map_err(|e| kerr(e.into()))?;
+        self.gpu.dtoh(t.ptr(), &mut host[..n]).map_err(kerr)?;
+        use rayon::prelude::*;
+        v.par_chunks_mut(1 << 16).zip(host[..n].par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
         Ok(v)
     }
 

@@ -54,10 +54,10 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0).map_err(kerr)?;
     let xb = be.to_bf16(x)?;
     let act = be.alloc_u16(a * i)?;
-    gpu.grouped_gemm(bm, true, ptr(&xb), ptr(&sorted_tok), ptr(&ex.gate_up), ptr(&act), ptr(&tiles), ptr(&meta), max_tiles, 2 * i, h)
+    gpu.grouped_gemm(be.variants().gemm_v2, bm, true, ptr(&xb), ptr(&sorted_tok), ptr(&ex.gate_up), ptr(&act), ptr(&tiles), ptr(&meta), max_tiles, 2 * i, h)
         .map_err(kerr)?;
     let y = be.alloc_f32(a * h)?;
-    gpu.grouped_gemm(bm, false, ptr(&act), 0, ptr(&ex.down), ptr(&y), ptr(&tiles), ptr(&meta), max_tiles, h, i).map_err(kerr)?;
+    gpu.grouped_gemm(be.variants().gemm_v2, bm, false, ptr(&act), 0, ptr(&ex.down), ptr(&y), ptr(&tiles), ptr(&meta), max_tiles, h, i).map_err(kerr)?;
     gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
     if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
         let (ids, _) = be.routing_to_host(r)?;
