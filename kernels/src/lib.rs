@@ -114,6 +114,9 @@ pub struct Gpu {
     pub max_smem_optin: usize,
     /// When on, every launch and GEMM is bracketed by events (see [`Gpu::profile_start`]).
     prof: RefCell<Option<Vec<(&'static str, CudaEvent, CudaEvent)>>>,
+    /// A second stream for KV transfers (created on first use), so that a receive in flight
+    /// never holds up the compute stream.
+    xfer: RefCell<Option<Arc<CudaStream>>>,
 }
 
 impl Gpu {
@@ -155,7 +158,7 @@ impl Gpu {
         for f in ["mla_decode", "mla_decode2"] {
             funcs[f].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
         }
-        Ok(Gpu { ctx, stream, blas, funcs, _modules: modules, sm_count, name, arch, modules: reports, max_smem_optin, prof: RefCell::new(None) })
+        Ok(Gpu { ctx, stream, blas, funcs, _modules: modules, sm_count, name, arch, modules: reports, max_smem_optin, prof: RefCell::new(None), xfer: RefCell::new(None) })
     }
 
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -212,6 +215,17 @@ impl Gpu {
         let mut out: Vec<(String, f64, usize)> = by.into_iter().map(|(n, (t, c))| (n.to_string(), t, c)).collect();
         out.sort_by(|a, b| b.1.total_cmp(&a.1));
         Ok(out)
+    }
+
+    /// The transfer stream, ordered after everything queued on the compute stream so far.
+    pub fn xfer_stream(&self) -> Result<Arc<CudaStream>> {
+        let mut x = self.xfer.borrow_mut();
+        if x.is_none() {
+            *x = Some(self.ctx.new_stream()?);
+        }
+        let s = x.as_ref().expect("created").clone();
+        s.join(&self.stream)?;
+        Ok(s)
     }
 
     /// Waits for all queued work; surfaces asynchronous kernel faults.

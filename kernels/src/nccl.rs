@@ -68,11 +68,16 @@ impl NcclComm {
 
     /// Queues every send and receive of one transfer on `gpu`'s stream as one NCCL group.
     pub fn transfer(&self, gpu: &Gpu, sends: &[P2p], recvs: &[P2p]) -> Result<()> {
+        self.transfer_on(gpu, &gpu.stream, sends, recvs)
+    }
+
+    /// Like [`NcclComm::transfer`], on `stream`.
+    pub fn transfer_on(&self, gpu: &Gpu, stream: &cudarc::driver::CudaStream, sends: &[P2p], recvs: &[P2p]) -> Result<()> {
         if self.aborted {
             return Err(KernelError::Nccl("the communicator was aborted after an earlier failure".into()));
         }
         gpu.ctx.bind_to_thread()?;
-        let stream = gpu.stream.cu_stream() as sys::cudaStream_t;
+        let stream = stream.cu_stream() as sys::cudaStream_t;
         nccl::group_start().map_err(|e| err("ncclGroupStart", e))?;
         let mut res = Ok(());
         for s in sends.iter().filter(|s| s.bytes > 0) {
@@ -99,16 +104,15 @@ impl NcclComm {
     /// aborted (its pending operations are cancelled) and the error returned.
     pub fn wait(&mut self, gpu: &Gpu, timeout: Duration) -> Result<()> {
         let ev = gpu.record()?;
+        self.wait_event(&ev, timeout)
+    }
+
+    /// Waits for `ev` (recorded after a queued transfer), bounded by `timeout`.
+    pub fn wait_event(&mut self, ev: &cudarc::driver::CudaEvent, timeout: Duration) -> Result<()> {
         let t0 = Instant::now();
         loop {
-            if ev.try_is_complete()? {
+            if self.poll(ev)? {
                 return Ok(());
-            }
-            let mut state = sys::ncclResult_t::ncclSuccess;
-            unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
-            if state != sys::ncclResult_t::ncclSuccess && state != sys::ncclResult_t::ncclInProgress {
-                self.abort();
-                return Err(KernelError::Nccl(format!("asynchronous NCCL error {state:?}")));
             }
             if t0.elapsed() > timeout {
                 self.abort();
@@ -118,12 +122,33 @@ impl NcclComm {
         }
     }
 
-    fn abort(&mut self) {
+    /// Whether the transfer before `ev` finished; an asynchronous NCCL error aborts the
+    /// communicator and is returned.
+    pub fn poll(&mut self, ev: &cudarc::driver::CudaEvent) -> Result<bool> {
+        if ev.try_is_complete()? {
+            return Ok(true);
+        }
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+        if state != sys::ncclResult_t::ncclSuccess && state != sys::ncclResult_t::ncclInProgress {
+            self.abort();
+            return Err(KernelError::Nccl(format!("asynchronous NCCL error {state:?}")));
+        }
+        Ok(false)
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        self.aborted
+    }
+
+    /// Cancels whatever is pending on this communicator (it cannot be used afterwards).
+    pub fn abort(&mut self) {
         if !self.aborted {
             let _ = unsafe { nccl::comm_abort(self.comm) };
             self.aborted = true;
         }
     }
+
 }
 
 impl Drop for NcclComm {

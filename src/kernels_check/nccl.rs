@@ -8,6 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
+use cleave_engine::backend::cuda::transfer::{KvHub, KvLink};
 use cleave_engine::backend::cuda::CudaBackend;
 use cleave_engine::backend::{Backend, KvLayout};
 use cleave_kernels::nccl::{NcclComm, NcclId, P2p};
@@ -22,6 +23,11 @@ struct RankOut {
     raw: Vec<f64>,
     blocks: Vec<f64>,
     checksum: u64,
+    /// Through the KvLink protocol: (request, checksum of its blocks on this side) per delivered
+    /// transfer, the timed sends, and the outcome of the deliberately abandoned one.
+    link: Vec<(u64, u64)>,
+    link_times: Vec<f64>,
+    link_timeout: String,
 }
 
 fn checksum(v: &[u16]) -> u64 {
@@ -68,7 +74,64 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
     })?;
     let mine = if r == 0 { &src } else { &dst };
     let checksum = checksum(&be.kv_raw(&cache, mine)?);
-    Ok(RankOut { init_s, raw: raw_t, blocks: blocks_t, checksum })
+    drop(comm);
+    let (link, link_times, link_timeout) = link_test(r, &be, &mut cache, nb, seed, &barrier)?;
+    Ok(RankOut { init_s, raw: raw_t, blocks: blocks_t, checksum, link, link_times, link_timeout })
+}
+
+/// The engine's transfer protocol ([`KvLink`]): transfers of several sizes, timed full-prompt
+/// transfers, one abandoned by the receiver (the sender must time out) and one after it (the
+/// pair must recover with a new communicator).
+#[allow(clippy::type_complexity)]
+fn link_test(r: usize, be: &CudaBackend, cache: &mut cleave_engine::backend::cuda::CudaKvCache, nb: usize, seed: u64, barrier: &Barrier) -> Result<(Vec<(u64, u64)>, Vec<f64>, String)> {
+    static HUB: std::sync::OnceLock<KvHub> = std::sync::OnceLock::new();
+    let hub = HUB.get_or_init(KvHub::default).clone();
+    let mut link = KvLink::new(hub, r);
+    if r == 0 {
+        be.fill_kv_random(cache, seed ^ 0x55)?;
+    }
+    be.sync()?;
+    barrier.wait();
+    // (request, blocks): distinct block ids on each side.
+    let plan: Vec<(u64, usize)> = vec![(1, nb), (2, 3), (3, 17), (10, nb), (11, nb), (12, nb), (13, nb), (14, nb), (99, 2), (100, 5)];
+    let src_of = |n: usize, req: u64| -> Vec<u32> { (0..n as u32).map(|i| (i * 2 + req as u32) % (2 * nb as u32)).collect() };
+    let dst_of = |n: usize, req: u64| -> Vec<u32> { (0..n as u32).rev().map(|i| i + 5 + (req as u32 % 3)).collect() };
+    let (mut done, mut times, mut timeout) = (Vec::new(), Vec::new(), String::new());
+    for &(req, n) in &plan {
+        if r == 0 {
+            let long = req != 99;
+            let deadline = Instant::now() + if long { Duration::from_secs(20) } else { Duration::from_millis(300) };
+            let t = Instant::now();
+            let res = link.send(be, cache, &src_of(n, req), 1, req, deadline);
+            let dt = t.elapsed().as_secs_f64();
+            match (req, res) {
+                (99, Err(e)) => timeout = format!("timed out as expected after {:.0} ms ({e})", dt * 1e3),
+                (99, Ok(_)) => timeout = "NOT timed out: the abandoned transfer completed".into(),
+                (_, Err(e)) => return Err(anyhow!("link send {req}: {e}")),
+                (_, Ok(_)) => {
+                    if (10..15).contains(&req) {
+                        times.push(dt);
+                    }
+                    done.push((req, checksum(&be.kv_raw(cache, &src_of(n, req))?)));
+                }
+            }
+        } else {
+            if req == 99 {
+                continue; // abandoned: never polled
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let blocks = dst_of(n, req);
+            loop {
+                match link.poll_recv(be, cache, &blocks, 0, req, deadline) {
+                    Ok(Some(_)) => break,
+                    Ok(None) => std::thread::sleep(Duration::from_micros(20)),
+                    Err(e) => return Err(anyhow!("link recv {req}: {e}")),
+                }
+            }
+            done.push((req, checksum(&be.kv_raw(cache, &blocks)?)));
+        }
+    }
+    Ok((done, times, timeout))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -98,5 +161,16 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
     let ok = s.checksum == d.checksum;
     println!("  received blocks equal the sent ones: {}", if ok { "yes" } else { "NO" });
     anyhow::ensure!(ok, "NCCL transfer corrupted the KV blocks");
+    let lt = median(s.link_times.clone());
+    let link_ok = s.link.len() == d.link.len() && s.link.iter().zip(&d.link).all(|(a, b)| a == b);
+    println!(
+        "  engine KvLink protocol (announce, transfer stream, deadline): {} transfers delivered {}; {nb}-block transfer {:.3} ms median ({:.0} GB/s)",
+        d.link.len(),
+        if link_ok { "intact" } else { "CORRUPTED" },
+        lt * 1e3,
+        bytes as f64 / lt / 1e9
+    );
+    println!("  abandoned transfer: {}; the next transfer re-created the communicator and arrived", s.link_timeout);
+    anyhow::ensure!(link_ok && s.link_timeout.starts_with("timed out"), "KvLink protocol check failed");
     Ok(())
 }

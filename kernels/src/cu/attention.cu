@@ -191,10 +191,15 @@ extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml
         inv_denom = denom > 0.f ? 1.f / denom : 0.f;
     }
     __syncthreads();
+    const u64 sstride = (u64)heads * L;
+    const float* base = part_o + ((u64)row * splits * heads + h) * L;
     for (int c = threadIdx.x; c < L; c += blockDim.x) {
         float o = 0.f;
+#pragma unroll 8
         for (int s = 0; s < splits; s++) {
-            if (wts[s] != 0.f) o += wts[s] * part_o[(((u64)row * splits + s) * heads + h) * L + c];
+            const float w = wts[s];
+            const float x = base[s * sstride + c];
+            o += w != 0.f ? w * x : 0.f;
         }
         o_lat[((u64)row * heads + h) * L + c] = f2bf(o * inv_denom);
     }
@@ -321,6 +326,12 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode2(
             for (int c = lane; c < cpr; c += 32) {
                 const bool in = ok && c * 8 < W;
                 cp_async16(dst + tok * S + c * 8, in ? src + c * 8 : cache, in ? 16 : 0);
+            }
+            // Pull the same key two tiles ahead into L2 (128-byte lines), so that each tile's
+            // copy waits on L2 rather than on HBM.
+            const int pf = pos + 2 * TT;
+            if (pf < t_end && lane * 64 < W) {
+                prefetch_l2(cache + (u64)tab[pf / bs] * blk_stride + ((u64)layer * bs + pf % bs) * W + lane * 64);
             }
         }
     };

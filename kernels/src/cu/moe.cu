@@ -332,6 +332,10 @@ __device__ __forceinline__ void grouped_gemm2(const bf16_t* __restrict__ X, cons
         __syncthreads();
         if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
         cp_async_commit();
+        {  // each thread pulls one weight row's 128-byte line four tiles past the pipeline into L2
+            const int k_pf = (kt + ST + 3) * BK;
+            if (k_pf < K && n0 + tid < N && (kt & 1) == 0) prefetch_l2(Wb + (u64)(n0 + tid) * K + k_pf);
+        }
         const bf16_t* a = sA[kt % ST];
         const bf16_t* b = sB[kt % ST];
 #pragma unroll

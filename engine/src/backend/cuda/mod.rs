@@ -9,6 +9,7 @@
 mod attention;
 mod load;
 mod moe;
+pub mod transfer;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -520,7 +521,7 @@ impl CudaBackend {
         Ok(out)
     }
 
-    fn regions(cache: &CudaKvCache, blocks: &[u32], peer: usize) -> Result<Vec<P2p>> {
+    pub(crate) fn regions(cache: &CudaKvCache, blocks: &[u32], peer: usize) -> Result<Vec<P2p>> {
         blocks
             .iter()
             .map(|&b| {
