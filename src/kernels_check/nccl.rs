@@ -74,6 +74,18 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
     })?;
     let mine = if r == 0 { &src } else { &dst };
     let checksum = checksum(&be.kv_raw(&cache, mine)?);
+    if r == 1 {
+        let (raw, blk) = (median(raw_t.clone()), median(blocks_t.clone()));
+        println!(
+            "  [rank 1, as measured] raw {:.3} ms ({:.0} GB/s), cache-to-cache {:.3} ms ({:.0} GB/s), init {init_s:.2} s, checksum {checksum:016x}",
+            raw * 1e3,
+            bytes as f64 / raw / 1e9,
+            blk * 1e3,
+            bytes as f64 / blk / 1e9
+        );
+    } else {
+        println!("  [rank 0] init {init_s:.2} s, sent blocks checksum {checksum:016x}");
+    }
     drop(comm);
     let (link, link_times, link_timeout) = link_test(r, &be, &mut cache, nb, seed, &barrier)?;
     Ok(RankOut { init_s, raw: raw_t, blocks: blocks_t, checksum, link, link_times, link_timeout })
@@ -150,7 +162,15 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
             std::thread::spawn(move || rank(r, id, nb, b, seed))
         })
         .collect();
-    let outs: Vec<RankOut> = handles.into_iter().map(|h| h.join().map_err(|_| anyhow!("a rank thread panicked"))?).collect::<Result<_>>()?;
+    // Join both ranks before reporting either's error, so that every measurement printed so far
+    // stays meaningful and both failures are visible.
+    let joined: Vec<Result<RankOut>> = handles.into_iter().map(|h| h.join().map_err(|_| anyhow!("a rank thread panicked")).and_then(|r| r)).collect();
+    for (r, j) in joined.iter().enumerate() {
+        if let Err(e) = j {
+            println!("  rank {r} failed: {e:#}");
+        }
+    }
+    let outs: Vec<RankOut> = joined.into_iter().collect::<Result<_>>()?;
     let (s, d) = (&outs[0], &outs[1]);
     let raw = median(d.raw.clone());
     let blk = median(d.blocks.clone());

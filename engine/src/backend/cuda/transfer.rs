@@ -28,6 +28,10 @@ struct Pair {
     current: Option<u64>,
     /// A request whose send failed (the receiver gives up on it).
     failed: Option<u64>,
+    /// The last request the receiver has fully received. NCCL may complete a send before the
+    /// matching receive is even posted (the data waits in the receiver's buffers), so the
+    /// sender's own completion does not prove delivery: it waits for this.
+    acked: Option<u64>,
 }
 
 /// Shared by every rank of the process.
@@ -92,10 +96,18 @@ impl KvLink {
         let bytes: u64 = regions.iter().map(|r| r.bytes as u64).sum();
         let stream = gpu.xfer_stream().map_err(kerr)?;
         let comm = &mut self.comms.get_mut(&key).expect("created").1;
-        let res = comm
+        let mut res = comm
             .transfer_on(gpu, &stream, &regions, &[])
             .and_then(|_| stream.record_event(None).map_err(Into::into))
-            .and_then(|ev| comm.wait_event(&ev, deadline.saturating_duration_since(Instant::now())));
+            .and_then(|ev| comm.wait_event(&ev, deadline.saturating_duration_since(Instant::now())))
+            .map_err(|e| e.to_string());
+        while res.is_ok() && self.hub.with(key, |p| p.acked) != Some(req) {
+            if Instant::now() >= deadline {
+                res = Err("the receiver did not take the blocks before the deadline".into());
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
         match res {
             Ok(()) => {
                 self.hub.with(key, |p| p.current = None);
@@ -148,6 +160,7 @@ impl KvLink {
             return match comm.poll(ev) {
                 Ok(true) => {
                     self.pending.remove(&(src, req));
+                    self.hub.with(key, |p| p.acked = Some(req));
                     Ok(Some(bytes))
                 }
                 Ok(false) => Ok(None),
