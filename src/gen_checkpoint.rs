@@ -125,13 +125,25 @@ enum Kind {
 
 fn specs(c: &Value, fp8: bool) -> Vec<Spec> {
     let g = |k: &str| c[k].as_u64().unwrap_or(0) as usize;
-    let (h, heads, nope, rope, v, kvl) = (g("hidden_size"), g("num_attention_heads"), g("qk_nope_head_dim"), g("qk_rope_head_dim"), g("v_head_dim"), g("kv_lora_rank"));
-    let (e, inter, mi, shared) = (g("n_routed_experts"), g("intermediate_size"), g("moe_intermediate_size"), g("n_shared_experts"));
+    let (h, heads, nope, rope, v, kvl) = (
+        g("hidden_size"),
+        g("num_attention_heads"),
+        g("qk_nope_head_dim"),
+        g("qk_rope_head_dim"),
+        g("v_head_dim"),
+        g("kv_lora_rank"),
+    );
+    let (e, inter, mi, shared) =
+        (g("n_routed_experts"), g("intermediate_size"), g("moe_intermediate_size"), g("n_shared_experts"));
     let mut s = Vec::new();
     let mut lin = |s: &mut Vec<Spec>, name: String, out: usize, inp: usize, quant: bool| {
         if quant && fp8 {
             s.push(Spec { name: format!("{name}.weight"), shape: vec![out, inp], kind: Kind::Fp8 });
-            s.push(Spec { name: format!("{name}.weight_scale_inv"), shape: vec![out.div_ceil(128), inp.div_ceil(128)], kind: Kind::Scale(inp) });
+            s.push(Spec {
+                name: format!("{name}.weight_scale_inv"),
+                shape: vec![out.div_ceil(128), inp.div_ceil(128)],
+                kind: Kind::Scale(inp),
+            });
         } else {
             s.push(Spec { name: format!("{name}.weight"), shape: vec![out, inp], kind: Kind::Linear });
         }
@@ -156,7 +168,10 @@ fn specs(c: &Value, fp8: bool) -> Vec<Spec> {
         lin(&mut s, format!("{a}.kv_b_proj"), heads * (nope + v), kvl, true);
         lin(&mut s, format!("{a}.o_proj"), h, heads * v, true);
         let m = format!("{p}.mlp");
-        let mlp = |s: &mut Vec<Spec>, lin: &mut dyn FnMut(&mut Vec<Spec>, String, usize, usize, bool), pre: String, i: usize| {
+        let mlp = |s: &mut Vec<Spec>,
+                   lin: &mut dyn FnMut(&mut Vec<Spec>, String, usize, usize, bool),
+                   pre: String,
+                   i: usize| {
             lin(s, format!("{pre}.gate_proj"), i, h, true);
             lin(s, format!("{pre}.up_proj"), i, h, true);
             lin(s, format!("{pre}.down_proj"), h, i, true);
@@ -246,7 +261,10 @@ pub fn write(dir: &Path, shape: Shape, layers: Option<usize>, dtype: WeightDtype
         hbytes.push(b' ');
     }
     let path = dir.join("model.safetensors");
-    let mut w = BufWriter::with_capacity(1 << 24, std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?);
+    let mut w = BufWriter::with_capacity(
+        1 << 24,
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?,
+    );
     w.write_all(&(hbytes.len() as u64).to_le_bytes())?;
     w.write_all(&hbytes)?;
     let chunk_elems = 1usize << 26;
@@ -276,7 +294,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let layers = a.layers.or((a.shape == Shape::V3Layers).then_some(4));
     let t0 = std::time::Instant::now();
     let bytes = write(&a.out, a.shape, layers, a.dtype, a.seed)?;
-    println!("wrote {} ({:.2} GB of weights) in {:.1} s", a.out.display(), bytes as f64 / 1e9, t0.elapsed().as_secs_f64());
+    println!(
+        "wrote {} ({:.2} GB of weights) in {:.1} s",
+        a.out.display(),
+        bytes as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

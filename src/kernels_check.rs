@@ -148,14 +148,27 @@ impl XRng {
 }
 
 fn print_table(rows: &[Row]) {
-    println!("\n{:<24} {:<66} {:>9} {:>6} {:>10} {:>10} {:>9} {:>12}", "op", "shape", "rel err", "tol", "median us", "GB/s", "TFLOP/s", "of ceiling");
+    println!(
+        "\n{:<24} {:<66} {:>9} {:>6} {:>10} {:>10} {:>9} {:>12}",
+        "op", "shape", "rel err", "tol", "median us", "GB/s", "TFLOP/s", "of ceiling"
+    );
     for r in rows {
         let s = r.us * 1e-6;
         let gbs = if r.us.is_finite() && r.bytes > 0.0 { format!("{:.0}", r.bytes / s / 1e9) } else { "-".into() };
         let tf = if r.us.is_finite() && r.flops > 0.0 { format!("{:.1}", r.flops / s / 1e12) } else { "-".into() };
         let us = if r.us.is_finite() { format!("{:.1}", r.us) } else { "-".into() };
         let flag = if r.ok() { "" } else { "  <-- FAIL" };
-        println!("{:<24} {:<66} {:>9.2e} {:>6.0e} {:>10} {:>10} {:>9} {:>12}{flag}", r.op, r.shape, r.err, r.tol, us, gbs, tf, r.ratio());
+        println!(
+            "{:<24} {:<66} {:>9.2e} {:>6.0e} {:>10} {:>10} {:>9} {:>12}{flag}",
+            r.op,
+            r.shape,
+            r.err,
+            r.tol,
+            us,
+            gbs,
+            tf,
+            r.ratio()
+        );
     }
 }
 
@@ -176,14 +189,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let cu = CudaBackend::new(a.device)?;
     let g = cu.gpu();
-    println!("device {}: {} ({}, {} SMs), kernels ready in {:.2} s", a.device, g.name, g.arch, g.sm_count, t0.elapsed().as_secs_f64());
+    println!(
+        "device {}: {} ({}, {} SMs), kernels ready in {:.2} s",
+        a.device,
+        g.name,
+        g.arch,
+        g.sm_count,
+        t0.elapsed().as_secs_f64()
+    );
     for m in &g.modules {
         println!("  module {:<12} {} in {:.3} s", m.name, if m.cached { "from cache" } else { "compiled" }, m.seconds);
     }
     let mut failed = 0;
     if !a.no_ops {
         cu.set_poison(true);
-        let mut ctx = ops::Ctx { cu: &cu, cpu: CpuBackend, rng: XRng::new(a.seed), quick: a.quick, rows: Vec::new(), iters: a.iters, precise: false, tag: "" };
+        let mut ctx = ops::Ctx {
+            cu: &cu,
+            cpu: CpuBackend,
+            rng: XRng::new(a.seed),
+            quick: a.quick,
+            rows: Vec::new(),
+            iters: a.iters,
+            precise: false,
+            tag: "",
+        };
         let stages = ["elementwise", "linear", "attention", "router", "experts"];
         for name in stages {
             let r = match name {
@@ -202,7 +231,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let precise = CudaBackend::with_precision(a.device, Precision::F32)?;
         precise.set_poison(true);
         let mut rows = std::mem::take(&mut ctx.rows);
-        let mut pctx = ops::Ctx { cu: &precise, cpu: CpuBackend, rng: XRng::new(a.seed + 1), quick: true, rows: Vec::new(), iters: 3, precise: true, tag: "" };
+        let mut pctx = ops::Ctx {
+            cu: &precise,
+            cpu: CpuBackend,
+            rng: XRng::new(a.seed + 1),
+            quick: true,
+            rows: Vec::new(),
+            iters: 3,
+            precise: true,
+            tag: "",
+        };
         for (name, r) in [("linear", pctx.linear()), ("attention", pctx.attention()), ("experts", pctx.experts())] {
             if let Err(e) = r {
                 println!("stage {name} [f32] failed: {e:#}");

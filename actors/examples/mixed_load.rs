@@ -46,7 +46,9 @@ fn args() -> Args {
         long_prompt: num("long-prompt", 1536),
         long_output: num("long-output", 16),
         long_every: Duration::from_millis(num("long-every-ms", 250) as u64),
-        modes: kv.get("modes").map_or_else(|| vec!["colocated".into(), "1p1d".into()], |m| m.split(',').map(String::from).collect()),
+        modes: kv
+            .get("modes")
+            .map_or_else(|| vec!["colocated".into(), "1p1d".into()], |m| m.split(',').map(String::from).collect()),
     }
 }
 
@@ -125,7 +127,11 @@ async fn run(mode: &str, a: &Args) -> String {
     assert!(stats.is_idle(), "leak: {stats:?}");
     let metrics = cluster.metrics_text();
     let routed = |r: &str| {
-        metrics.lines().find_map(|l| l.strip_prefix(&format!("cleave_router_requests_total{{route=\"{r}\"}} "))).unwrap_or("0").to_string()
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cleave_router_requests_total{{route=\"{r}\"}} ")))
+            .unwrap_or("0")
+            .to_string()
     };
     cluster.shutdown();
     for v in [&mut itl, &mut ttft_short, &mut ttft_long] {

@@ -52,7 +52,8 @@ impl ClusterStats {
 
     /// Nothing in flight and no block allocated anywhere.
     pub fn is_idle(&self) -> bool {
-        self.in_flight == 0 && self.ranks.iter().all(|r| r.blocks_in_use == 0 && r.running == 0 && r.waiting == 0 && r.held == 0)
+        self.in_flight == 0
+            && self.ranks.iter().all(|r| r.blocks_in_use == 0 && r.running == 0 && r.waiting == 0 && r.held == 0)
     }
 }
 
@@ -107,7 +108,10 @@ fn model_info(cfg: &DeployConfig) -> Result<(Arc<Tokenizer>, ModelInfo), ActorEr
             file: None,
             field: Some("max_model_len".into()),
             line: None,
-            message: format!("{max_model_len} exceeds the model's max_position_embeddings {}", mc.max_position_embeddings),
+            message: format!(
+                "{max_model_len} exceeds the model's max_position_embeddings {}",
+                mc.max_position_embeddings
+            ),
         }
         .into());
     }
@@ -212,7 +216,16 @@ impl Cluster {
             })
             .map_err(|e| ActorError::Internal(format!("cannot start the actor thread: {e}")))?;
         let (router, system) = rx.recv().map_err(|_| ActorError::Internal("the actor system did not start".into()))?;
-        let inner = Inner { cfg, table, router, system, tokenizer, info, next_id: AtomicU64::new(1), stopped: AtomicBool::new(false) };
+        let inner = Inner {
+            cfg,
+            table,
+            router,
+            system,
+            tokenizer,
+            info,
+            next_id: AtomicU64::new(1),
+            stopped: AtomicBool::new(false),
+        };
         let cluster = Cluster { inner: Arc::new(inner) };
         if let Err(m) = cluster.inner.table.wait_all_up() {
             cluster.shutdown();

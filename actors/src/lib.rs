@@ -34,8 +34,8 @@ mod table;
 mod transfer;
 pub mod transport;
 
-pub use cluster::{Cluster, ClusterStats, ModelInfo};
 pub use cleave_engine::{SamplingParams, TokenOutput};
+pub use cluster::{Cluster, ClusterStats, ModelInfo};
 pub use error::ActorError;
 #[doc(hidden)]
 pub use rank::Fault;

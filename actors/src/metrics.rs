@@ -1,7 +1,9 @@
 //! The cluster's Prometheus registry. Counters and histograms are updated where things happen;
 //! per-rank gauges are refreshed from the ranks' published state when the text is rendered.
 
-use prometheus::{Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// Every metric of the control plane, prefixed `cleave_`.
 pub struct Metrics {
@@ -47,8 +49,11 @@ impl Metrics {
     /// A fresh registry (one per cluster, so that tests do not share counters).
     pub fn new() -> Self {
         let r = Registry::new();
-        let counter_vec = |name: &str, help: &str, labels: &[&str]| reg(&r, IntCounterVec::new(Opts::new(name, help), labels).unwrap());
-        let gauge_vec = |name: &str, help: &str, labels: &[&str]| reg(&r, IntGaugeVec::new(Opts::new(name, help), labels).unwrap());
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            reg(&r, IntCounterVec::new(Opts::new(name, help), labels).unwrap())
+        };
+        let gauge_vec =
+            |name: &str, help: &str, labels: &[&str]| reg(&r, IntGaugeVec::new(Opts::new(name, help), labels).unwrap());
         let counter = |name: &str, help: &str| reg(&r, IntCounter::new(name, help).unwrap());
         let hist = |name: &str, help: &str, buckets: &[f64]| {
             reg(&r, Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).unwrap())
@@ -59,16 +64,34 @@ impl Metrics {
             queue_depth: gauge_vec("cleave_queue_depth", "Requests queued on a pool and not yet scheduled", &["pool"]),
             running: gauge_vec("cleave_num_requests_running", "Sequences in a rank's running batch", &["rank", "pool"]),
             waiting: gauge_vec("cleave_num_requests_waiting", "Sequences waiting on a rank", &["rank", "pool"]),
-            kv_blocks_in_use: gauge_vec("cleave_kv_blocks_in_use", "KV cache blocks allocated on a rank", &["rank", "pool"]),
+            kv_blocks_in_use: gauge_vec(
+                "cleave_kv_blocks_in_use",
+                "KV cache blocks allocated on a rank",
+                &["rank", "pool"],
+            ),
             kv_blocks_total: gauge_vec("cleave_kv_blocks_total", "KV cache blocks of a rank", &["rank", "pool"]),
-            in_flight: reg(&r, IntGauge::new("cleave_num_requests_in_flight", "Requests admitted and not yet finished").unwrap()),
+            in_flight: reg(
+                &r,
+                IntGauge::new("cleave_num_requests_in_flight", "Requests admitted and not yet finished").unwrap(),
+            ),
             kv_transfers: counter("cleave_kv_transfers_total", "Completed prefill-to-decode KV transfers"),
-            kv_transfer_bytes: counter("cleave_kv_transfer_bytes_total", "Bytes of KV moved from prefill to decode ranks"),
+            kv_transfer_bytes: counter(
+                "cleave_kv_transfer_bytes_total",
+                "Bytes of KV moved from prefill to decode ranks",
+            ),
             kv_transfer_seconds: reg(
                 &r,
-                Counter::new("cleave_kv_transfer_seconds_total", "Time from first token to the decode rank admitting the sequence").unwrap(),
+                Counter::new(
+                    "cleave_kv_transfer_seconds_total",
+                    "Time from first token to the decode rank admitting the sequence",
+                )
+                .unwrap(),
             ),
-            kv_transfer_failures: counter_vec("cleave_kv_transfer_failures_total", "KV transfers that failed, by reason", &["reason"]),
+            kv_transfer_failures: counter_vec(
+                "cleave_kv_transfer_failures_total",
+                "KV transfers that failed, by reason",
+                &["reason"],
+            ),
             rank_restarts: counter_vec("cleave_rank_restarts_total", "Ranks restarted after a failure", &["pool"]),
             recomputes: counter("cleave_recomputes_total", "Requests recomputed on a decode rank after a failure"),
             prompt_tokens: counter("cleave_prompt_tokens_total", "Prompt tokens of admitted requests"),
@@ -76,12 +99,18 @@ impl Metrics {
             ttft: hist(
                 "cleave_time_to_first_token_seconds",
                 "Time from submission to the first token",
-                &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0],
+                &[
+                    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0,
+                ],
             ),
             itl: hist(
                 "cleave_inter_token_latency_seconds",
                 "Time between consecutive tokens of a request",
-                &[0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5],
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                    0.5, 0.75, 1.0, 2.5,
+                ],
             ),
             e2e: hist(
                 "cleave_e2e_request_latency_seconds",
@@ -94,7 +123,9 @@ impl Metrics {
 
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_else(|e| format!("# encoding failed: {e}\n"))
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# encoding failed: {e}\n"))
     }
 }
 

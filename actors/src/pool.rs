@@ -43,7 +43,13 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub fn new(role: Role, table: Arc<RankTable>, spawner: Spawner, transfer: Addr<KvTransfer>, heartbeat: Duration) -> Self {
+    pub fn new(
+        role: Role,
+        table: Arc<RankTable>,
+        spawner: Spawner,
+        transfer: Addr<KvTransfer>,
+        heartbeat: Duration,
+    ) -> Self {
         let slots = (0..table.slots.len()).filter(|&i| table.slots[i].role == role).collect();
         Pool { role, slots, table, spawner, transfer, heartbeat }
     }
@@ -86,7 +92,8 @@ impl Pool {
         self.table.metrics.rank_restarts.with_label_values(&[self.role.as_str()]).inc();
         let old = self.table.replace(slot);
         self.transfer.do_send(RankDown { slot, inc: old.inc });
-        let orphans: Vec<_> = std::mem::take(&mut *old.tracked.lock().unwrap_or_else(|e| e.into_inner())).into_values().collect();
+        let orphans: Vec<_> =
+            std::mem::take(&mut *old.tracked.lock().unwrap_or_else(|e| e.into_inner())).into_values().collect();
         self.launch(slot, me);
         self.recover(orphans, old.inc, slot, why);
     }

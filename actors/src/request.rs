@@ -74,13 +74,27 @@ pub(crate) struct ReqCtx {
 
 impl ReqCtx {
     /// A new request, counted in flight until the last reference to it is dropped.
-    pub fn new(id: ReqId, prompt: Vec<u32>, params: SamplingParams, table: Arc<RankTable>) -> (Arc<ReqCtx>, TokenStream) {
+    pub fn new(
+        id: ReqId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        table: Arc<RankTable>,
+    ) -> (Arc<ReqCtx>, TokenStream) {
         let (tx, rx) = flume::unbounded();
         let cancelled = Arc::new(AtomicBool::new(false));
         table.in_flight.fetch_add(1, Ordering::SeqCst);
         let stream = TokenStream::new(id, rx, cancelled.clone(), table.clone());
-        let state = CtxState { owner: OWNER_NONE, generated: Vec::new(), last_token_at: None, done: false, recoveries: 0, decode_ledger: None, prefill_ledger: None };
-        let ctx = ReqCtx { id, prompt, params, tx, cancelled, arrival: Instant::now(), table, state: Mutex::new(state) };
+        let state = CtxState {
+            owner: OWNER_NONE,
+            generated: Vec::new(),
+            last_token_at: None,
+            done: false,
+            recoveries: 0,
+            decode_ledger: None,
+            prefill_ledger: None,
+        };
+        let ctx =
+            ReqCtx { id, prompt, params, tx, cancelled, arrival: Instant::now(), table, state: Mutex::new(state) };
         (Arc::new(ctx), stream)
     }
 

@@ -116,7 +116,9 @@ impl RankShared {
     }
 
     fn decode_load(&self) -> usize {
-        self.running.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed) + self.pending_seqs.load(Ordering::Relaxed)
+        self.running.load(Ordering::Relaxed)
+            + self.waiting.load(Ordering::Relaxed)
+            + self.pending_seqs.load(Ordering::Relaxed)
     }
 }
 
@@ -354,7 +356,12 @@ impl RankTable {
 
     /// Requests assigned to the prefill pool whose first token is not sampled yet.
     pub fn prefill_queue(&self) -> usize {
-        self.slots.iter().enumerate().filter(|(_, s)| s.role == Role::Prefill).map(|(i, _)| self.shared(i).queued_reqs.load(Ordering::Relaxed)).sum()
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.role == Role::Prefill)
+            .map(|(i, _)| self.shared(i).queued_reqs.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Hands `ctx` (owned by nobody) to `slot`: claims it for the slot's incarnation, records
@@ -393,7 +400,12 @@ impl RankTable {
     pub fn dispatch_prefill(&self, ctx: Arc<ReqCtx>, p: usize, d: usize) -> Result<(), ActorError> {
         self.promise_decode(d, &ctx);
         ctx.set_prefill_ledger(Some(Ledger::new(&self.shared(p), 0, 0, 1, ctx.prompt.len())));
-        tracing::debug!(request_id = ctx.id, prefill = self.slots[p].rank, decode = self.slots[d].rank, "dispatch to prefill rank");
+        tracing::debug!(
+            request_id = ctx.id,
+            prefill = self.slots[p].rank,
+            decode = self.slots[d].rank,
+            "dispatch to prefill rank"
+        );
         self.hand_over(p, &ctx.clone(), RankCmd::Prefill { ctx, dst: d })
     }
 
@@ -406,7 +418,9 @@ impl RankTable {
         if ctx.note_recovery() > MAX_RECOVERIES {
             // A request that keeps failing ranks (e.g. one whose step panics) is not retried
             // forever: it would crash-loop every rank it lands on.
-            return ctx.fail(ActorError::RankFailed(format!("given up after {MAX_RECOVERIES} recoveries; last failure: {err}")));
+            return ctx.fail(ActorError::RankFailed(format!(
+                "given up after {MAX_RECOVERIES} recoveries; last failure: {err}"
+            )));
         }
         match self.policy {
             FailurePolicy::Fail => ctx.fail(err),

@@ -141,7 +141,16 @@ impl Handler<Prefilled> for KvTransfer {
         let cmd = RankCmd::Reserve { ctx: m.ctx.clone(), first: m.first, ticket: ticket.clone() };
         self.open.insert(
             id,
-            Open { ctx: m.ctx, src: m.src, src_inc: m.src_inc, dst, dst_inc, ticket, sent: false, started: Instant::now() },
+            Open {
+                ctx: m.ctx,
+                src: m.src,
+                src_inc: m.src_inc,
+                dst,
+                dst_inc,
+                ticket,
+                sent: false,
+                started: Instant::now(),
+            },
         );
         if !self.table.send_to(dst, dst_inc, cmd) {
             return self.fail(id, "rank_failed", "the decode rank is down".into());
@@ -218,7 +227,9 @@ impl Handler<RankDown> for KvTransfer {
         let hit: Vec<ReqId> = self
             .open
             .iter()
-            .filter(|(_, o)| (o.src == m.slot && o.src_inc == m.inc && !o.sent) || (o.dst == m.slot && o.dst_inc == m.inc))
+            .filter(|(_, o)| {
+                (o.src == m.slot && o.src_inc == m.inc && !o.sent) || (o.dst == m.slot && o.dst_inc == m.inc)
+            })
             .map(|(&id, _)| id)
             .collect();
         for id in hit {

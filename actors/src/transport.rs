@@ -92,11 +92,19 @@ impl<B: Backend> Transport<B> for MemcpyTransport {
     fn send(&mut self, engine: &Engine<B>, ticket: &TransferTicket) -> Result<u64, TransportError> {
         if Instant::now() >= ticket.deadline {
             // The receiver gives up at the deadline: a parcel now would never be collected.
-            return Err(TransportError(format!("rank {}: the transfer's deadline passed before the send", ticket.src_rank)));
+            return Err(TransportError(format!(
+                "rank {}: the transfer's deadline passed before the send",
+                ticket.src_rank
+            )));
         }
-        let (len, data) = engine.export_kv(ticket.req).map_err(|e| TransportError(format!("export on rank {}: {e}", ticket.src_rank)))?;
+        let (len, data) = engine
+            .export_kv(ticket.req)
+            .map_err(|e| TransportError(format!("export on rank {}: {e}", ticket.src_rank)))?;
         if len != ticket.prompt_len {
-            return Err(TransportError(format!("rank {} holds {len} prompt tokens, the ticket says {}", ticket.src_rank, ticket.prompt_len)));
+            return Err(TransportError(format!(
+                "rank {} holds {len} prompt tokens, the ticket says {}",
+                ticket.src_rank, ticket.prompt_len
+            )));
         }
         let bytes = (data.len() * std::mem::size_of::<f32>()) as u64;
         let now = Instant::now();
@@ -108,7 +116,9 @@ impl<B: Backend> Transport<B> for MemcpyTransport {
 
     fn poll_recv(&mut self, engine: &mut Engine<B>, ticket: &TransferTicket) -> Result<Option<u64>, TransportError> {
         let Some((_, data)) = self.lock().remove(&ticket.req) else { return Ok(None) };
-        engine.import_kv(&ticket.blocks, &data).map_err(|e| TransportError(format!("import on rank {}: {e}", ticket.dst_rank)))?;
+        engine
+            .import_kv(&ticket.blocks, &data)
+            .map_err(|e| TransportError(format!("import on rank {}: {e}", ticket.dst_rank)))?;
         Ok(Some((data.len() * std::mem::size_of::<f32>()) as u64))
     }
 

@@ -25,7 +25,10 @@ fn shipped() -> Vec<(String, DeployConfig)> {
 fn every_shipped_config_is_valid_and_has_its_shape() {
     let all = shipped();
     let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["cpu-2p2d.yaml", "cpu-colocated.yaml", "cpu-tiny.yaml", "h200-1gpu.yaml", "h200-1p1d.yaml", "h200-4p4d.yaml"]);
+    assert_eq!(
+        names,
+        ["cpu-2p2d.yaml", "cpu-colocated.yaml", "cpu-tiny.yaml", "h200-1gpu.yaml", "h200-1p1d.yaml", "h200-4p4d.yaml"]
+    );
     let get = |n: &str| all.iter().find(|(name, _)| name == n).unwrap().1.clone();
     for (name, cfg) in &all {
         assert_eq!(cfg.model, std::path::Path::new("models/tiny-r1"), "{name}");

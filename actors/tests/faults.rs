@@ -106,7 +106,11 @@ async fn failed_and_timed_out_transfers_are_recomputed() {
     assert_eq!((got.error, &got.tokens), (None, &want[0].tokens));
     let m = c.metrics_text();
     assert_eq!(metric(&m, "cleave_kv_transfer_failures_total{reason=\"timeout\"}"), 1.0, "{m}");
-    assert_eq!(metric(&m, "cleave_rank_restarts_total{pool=\"decode\"}"), 0.0, "a stall shorter than the heartbeat timeout is not a death");
+    assert_eq!(
+        metric(&m, "cleave_rank_restarts_total{pool=\"decode\"}"),
+        0.0,
+        "a stall shorter than the heartbeat timeout is not a death"
+    );
     assert_no_leaks(&c);
 }
 

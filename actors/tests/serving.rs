@@ -91,7 +91,11 @@ async fn two_hundred_concurrent_requests_on_2p2d_finish_without_leaks() {
     let stats = assert_no_leaks(&c);
     assert!(stats.ranks.iter().all(|r| r.blocks_in_use == 0 && r.blocks_total == 256), "{stats:#?}");
     let m = c.metrics_text();
-    assert_eq!(metric(&m, "cleave_router_requests_total{route=\"prefill_pool\"}") + metric(&m, "cleave_router_requests_total{route=\"decode_local\"}"), 200.0);
+    assert_eq!(
+        metric(&m, "cleave_router_requests_total{route=\"prefill_pool\"}")
+            + metric(&m, "cleave_router_requests_total{route=\"decode_local\"}"),
+        200.0
+    );
     assert!(metric(&m, "cleave_router_requests_total{route=\"prefill_pool\"}") >= 1.0, "{m}");
     assert_eq!(metric(&m, "cleave_requests_finished_total{reason=\"length\"}"), 200.0);
 }
@@ -180,7 +184,13 @@ async fn single_token_requests_queue_limit_and_seeded_sampling() {
     assert_eq!(metric(&m, "cleave_router_requests_total{route=\"decode_local\"}"), 3.0);
 
     // Seeded sampling gives the same tokens through a KV transfer as on one rank.
-    let seeded = cleave_engine::SamplingParams { temperature: 1.1, top_p: 0.9, seed: Some(3), ignore_eos: true, ..greedy(MAX_TOKENS) };
+    let seeded = cleave_engine::SamplingParams {
+        temperature: 1.1,
+        top_p: 0.9,
+        seed: Some(3),
+        ignore_eos: true,
+        ..greedy(MAX_TOKENS)
+    };
     let far = collect(c.submit(prompt(400, 7), seeded.clone()).await.unwrap()).await;
     let colocated = start(config("cpu-colocated.yaml", |_| {}));
     let local = collect(colocated.submit(prompt(400, 7), seeded).await.unwrap()).await;

@@ -11,13 +11,23 @@ use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let dir = PathBuf::from(args.get(1).map(String::as_str).unwrap_or("models/tiny-r1"));
-    let batches: Vec<usize> = args.get(2).map_or("1,8".into(), |s| s.clone()).split(',').map(|b| b.parse()).collect::<Result<_, _>>()?;
+    let batches: Vec<usize> =
+        args.get(2).map_or("1,8".into(), |s| s.clone()).split(',').map(|b| b.parse()).collect::<Result<_, _>>()?;
     let prompt_len: usize = args.get(3).map_or(Ok(32), |s| s.parse())?;
     let new_tokens: usize = args.get(4).map_or(Ok(128), |s| s.parse())?;
-    println!("model {} | prompt {prompt_len} tokens | {new_tokens} new tokens | {} rayon threads", dir.display(), rayon::current_num_threads());
+    println!(
+        "model {} | prompt {prompt_len} tokens | {new_tokens} new tokens | {} rayon threads",
+        dir.display(),
+        rayon::current_num_threads()
+    );
     println!("{:>6} {:>12} {:>14} {:>12}", "batch", "step ms", "tokens/s", "per-seq tok/s");
     for &batch in &batches {
-        let cfg = EngineConfig { max_num_seqs: batch, num_blocks: 64 * batch.max(1) + 64, max_model_len: Some(4096), ..EngineConfig::default() };
+        let cfg = EngineConfig {
+            max_num_seqs: batch,
+            num_blocks: 64 * batch.max(1) + 64,
+            max_model_len: Some(4096),
+            ..EngineConfig::default()
+        };
         let mut engine = Engine::load(CpuBackend, &dir, cfg)?;
         let vocab = engine.model().config().vocab_size as u32;
         for i in 0..batch {
@@ -37,7 +47,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             steps += 1;
         }
         let secs = t0.elapsed().as_secs_f64();
-        println!("{batch:>6} {:>12.2} {:>14.1} {:>12.1}", secs * 1e3 / steps as f64, tokens as f64 / secs, tokens as f64 / secs / batch as f64);
+        println!(
+            "{batch:>6} {:>12.2} {:>14.1} {:>12.1}",
+            secs * 1e3 / steps as f64,
+            tokens as f64 / secs,
+            tokens as f64 / secs / batch as f64
+        );
     }
     Ok(())
 }

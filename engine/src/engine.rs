@@ -27,7 +27,13 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_num_seqs: 64, max_num_batched_tokens: 2048, block_size: 64, num_blocks: 512, max_model_len: None }
+        EngineConfig {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            block_size: 64,
+            num_blocks: 512,
+            max_model_len: None,
+        }
     }
 }
 
@@ -99,7 +105,8 @@ impl<B: Backend> Engine<B> {
     /// Loads the checkpoint in `dir` (and its tokenizer when present) onto `be`.
     pub fn load(be: B, dir: &Path, cfg: EngineConfig) -> Result<Self> {
         let model = Model::load(&be, dir, cfg.max_model_len)?;
-        let tokenizer = if dir.join("tokenizer.json").exists() { Some(Arc::new(Tokenizer::from_dir(dir)?)) } else { None };
+        let tokenizer =
+            if dir.join("tokenizer.json").exists() { Some(Arc::new(Tokenizer::from_dir(dir)?)) } else { None };
         Self::new(be, model, tokenizer, cfg)
     }
 
@@ -107,7 +114,12 @@ impl<B: Backend> Engine<B> {
     pub fn new(be: B, model: Model<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
         let mc = model.config();
         let max_len = model.max_len();
-        for (name, v) in [("max_num_seqs", cfg.max_num_seqs), ("max_num_batched_tokens", cfg.max_num_batched_tokens), ("block_size", cfg.block_size), ("num_blocks", cfg.num_blocks)] {
+        for (name, v) in [
+            ("max_num_seqs", cfg.max_num_seqs),
+            ("max_num_batched_tokens", cfg.max_num_batched_tokens),
+            ("block_size", cfg.block_size),
+            ("num_blocks", cfg.num_blocks),
+        ] {
             if v == 0 {
                 return Err(EngineError::InvalidRequest(format!("{name} must be positive")));
             }
@@ -120,7 +132,12 @@ impl<B: Backend> Engine<B> {
                 cfg.num_blocks * cfg.block_size
             )));
         }
-        let layout = KvLayout { layers: mc.num_hidden_layers, num_blocks: cfg.num_blocks, block_size: cfg.block_size, width: mc.latent_dim() };
+        let layout = KvLayout {
+            layers: mc.num_hidden_layers,
+            num_blocks: cfg.num_blocks,
+            block_size: cfg.block_size,
+            width: mc.latent_dim(),
+        };
         let cache = be.alloc_kv_cache(layout)?;
         let mut eos = mc.eos_token_ids.clone();
         if let Some(id) = tokenizer.as_ref().and_then(|t| t.eos_token().and_then(|e| t.token_to_id(e))) {
@@ -197,7 +214,8 @@ impl<B: Backend> Engine<B> {
     /// held back there (an incomplete character, a possible stop string) comes out here exactly
     /// as it would have without the move, and a seeded random stream continues after their draws.
     fn state_for(&self, r: &Request, emitted: &[u32]) -> Result<ReqState> {
-        let mut detok = self.tokenizer.as_ref().map(|_| IncrementalDecoder::with_prompt(&r.prompt, r.params.skip_special_tokens));
+        let mut detok =
+            self.tokenizer.as_ref().map(|_| IncrementalDecoder::with_prompt(&r.prompt, r.params.skip_special_tokens));
         let mut stop = StopMatcher::new(&r.params.stop);
         if let (Some(tok), Some(detok)) = (&self.tokenizer, detok.as_mut()) {
             for &t in emitted {
@@ -234,7 +252,11 @@ impl<B: Backend> Engine<B> {
     pub fn add_resumed(&mut self, r: Request, emitted: &[u32]) -> Result<()> {
         self.validate(&r)?;
         if emitted.len() >= r.params.max_tokens {
-            return Err(EngineError::InvalidRequest(format!("{} of max_tokens {} were already generated", emitted.len(), r.params.max_tokens)));
+            return Err(EngineError::InvalidRequest(format!(
+                "{} of max_tokens {} were already generated",
+                emitted.len(),
+                r.params.max_tokens
+            )));
         }
         let state = self.state_for(&r, emitted)?;
         let mut tokens = r.prompt;
@@ -276,7 +298,12 @@ impl<B: Backend> Engine<B> {
                 input.positions.push(pos as u32);
                 input.slots.push(seq.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
             }
-            input.attn.seqs.push(AttnSeq { q_start, q_len: w.len, ctx_len: w.start + w.len, block_table: seq.blocks.clone() });
+            input.attn.seqs.push(AttnSeq {
+                q_start,
+                q_len: w.len,
+                ctx_len: w.start + w.len,
+                block_table: seq.blocks.clone(),
+            });
             if w.sample {
                 input.sample_rows.push((input.ids.len() - 1) as u32);
                 samplers.push(w.id);
@@ -321,7 +348,9 @@ impl<B: Backend> Engine<B> {
         } else if finish.is_none() && (st.generated >= p.max_tokens || total_len >= self.max_len) {
             finish = Some(FinishReason::Length);
         }
-        if let (true, false, Some(tok), Some(detok)) = (finish.is_some(), hit_stop_string, &self.tokenizer, st.detok.as_mut()) {
+        if let (true, false, Some(tok), Some(detok)) =
+            (finish.is_some(), hit_stop_string, &self.tokenizer, st.detok.as_mut())
+        {
             // Ended by EOS, a stop token or a limit: release the text still held back (an
             // incomplete character, a possible start of a stop string), unless it completes one.
             let (emit, hit) = st.stop.push(&detok.finish(tok)?);
@@ -346,7 +375,8 @@ impl<B: Backend> Engine<B> {
     /// The held prompt KV of a prefilled request: its blocks' contents, covering `prompt_len`
     /// tokens, in block order.
     pub fn export_kv(&self, id: SeqId) -> Result<(usize, Vec<f32>)> {
-        let seq = self.sched.get(id).ok_or_else(|| EngineError::InvalidRequest(format!("no sequence {id} to export")))?;
+        let seq =
+            self.sched.get(id).ok_or_else(|| EngineError::InvalidRequest(format!("no sequence {id} to export")))?;
         let n = blocks_for(seq.prompt_len, self.sched.config().block_size);
         Ok((seq.prompt_len, self.be.export_blocks(&self.cache, &seq.blocks[..n])?))
     }

@@ -21,19 +21,10 @@ pub enum EngineError {
     MissingTensor { dir: PathBuf, name: String },
     /// A tensor has a shape other than the config implies.
     #[error("{path}: tensor `{name}` has shape {actual:?}, expected {expected:?}")]
-    TensorShape {
-        path: PathBuf,
-        name: String,
-        expected: Vec<usize>,
-        actual: Vec<usize>,
-    },
+    TensorShape { path: PathBuf, name: String, expected: Vec<usize>, actual: Vec<usize> },
     /// A tensor is stored in a dtype cleave cannot read.
     #[error("{path}: tensor `{name}` has unsupported dtype {dtype}")]
-    TensorDtype {
-        path: PathBuf,
-        name: String,
-        dtype: String,
-    },
+    TensorDtype { path: PathBuf, name: String, dtype: String },
     /// Tokenizer or chat template failure.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -53,16 +44,10 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl EngineError {
     pub(crate) fn checkpoint(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
-        EngineError::Checkpoint {
-            path: path.into(),
-            message: message.into(),
-        }
+        EngineError::Checkpoint { path: path.into(), message: message.into() }
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        EngineError::Io {
-            path: path.into(),
-            source,
-        }
+        EngineError::Io { path: path.into(), source }
     }
 }

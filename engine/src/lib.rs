@@ -6,11 +6,11 @@ pub mod backend;
 mod engine;
 pub mod error;
 pub mod kv_cache;
-pub mod scheduler;
 pub mod model;
 pub mod sampler;
-pub mod tokenizer;
+pub mod scheduler;
 mod stop;
+pub mod tokenizer;
 pub mod weights;
 
 pub use engine::{Engine, EngineConfig, FinishReason, Request, TokenOutput};

@@ -85,7 +85,10 @@ impl Rng {
     pub fn entropy() -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         Rng::new(t ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(32))
     }
 
@@ -240,7 +243,9 @@ mod tests {
         let l: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
         let mut p = params(1.0);
         p.top_k = 5;
-        let draw_all = |seed| (0..200).map(|_| 0).scan(Rng::new(seed), |r, _| Some(sample(&l, &p, r, &[], &[]).token)).collect::<Vec<_>>();
+        let draw_all = |seed| {
+            (0..200).map(|_| 0).scan(Rng::new(seed), |r, _| Some(sample(&l, &p, r, &[], &[]).token)).collect::<Vec<_>>()
+        };
         let a = draw_all(7);
         assert_eq!(a, draw_all(7));
         assert_ne!(a, draw_all(8));

@@ -87,7 +87,15 @@ impl Scheduler {
         let prompt_len = tokens.len();
         self.seqs.insert(
             id,
-            Sequence { tokens, prompt_len, num_computed: 0, blocks: Vec::new(), prefill_only, state: State::Waiting, arrival },
+            Sequence {
+                tokens,
+                prompt_len,
+                num_computed: 0,
+                blocks: Vec::new(),
+                prefill_only,
+                state: State::Waiting,
+                arrival,
+            },
         );
         self.waiting.push_back(id);
     }
@@ -97,7 +105,15 @@ impl Scheduler {
         let arrival = self.bump();
         self.seqs.insert(
             id,
-            Sequence { tokens, prompt_len, num_computed: computed, blocks, prefill_only: false, state: State::Running, arrival },
+            Sequence {
+                tokens,
+                prompt_len,
+                num_computed: computed,
+                blocks,
+                prefill_only: false,
+                state: State::Running,
+                arrival,
+            },
         );
         self.running.push(id);
     }
@@ -168,11 +184,7 @@ impl Scheduler {
     }
     /// Prompt tokens not yet computed, over waiting and running sequences.
     pub fn pending_prefill_tokens(&self) -> usize {
-        self.seqs
-            .values()
-            .filter(|s| s.state != State::Held)
-            .map(|s| s.prompt_len.saturating_sub(s.num_computed))
-            .sum()
+        self.seqs.values().filter(|s| s.state != State::Held).map(|s| s.prompt_len.saturating_sub(s.num_computed)).sum()
     }
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
@@ -335,7 +347,12 @@ mod tests {
 
     #[test]
     fn max_num_seqs_limits_admission_and_remove_frees_everything() {
-        let mut s = Scheduler::new(SchedulerConfig { max_num_seqs: 2, max_num_batched_tokens: 100, block_size: 4, num_blocks: 50 });
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_num_seqs: 2,
+            max_num_batched_tokens: 100,
+            block_size: 4,
+            num_blocks: 50,
+        });
         for id in 0..5 {
             s.add(id, vec![3; 5], false);
         }

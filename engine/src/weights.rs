@@ -4,8 +4,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::sync::Mutex;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
@@ -115,10 +115,10 @@ impl Checkpoint {
 
     /// The stored tensor `name`.
     pub fn raw(&self, name: &str) -> Result<RawTensor<'_>> {
-        let shard = &self.shards[*self.by_name.get(name).ok_or_else(|| EngineError::MissingTensor {
-            dir: self.dir.clone(),
-            name: name.to_string(),
-        })?];
+        let shard = &self.shards[*self
+            .by_name
+            .get(name)
+            .ok_or_else(|| EngineError::MissingTensor { dir: self.dir.clone(), name: name.to_string() })?];
         let info: &TensorInfo = shard.meta.info(name).expect("indexed tensor has info");
         let (a, b) = info.data_offsets;
         let bytes = shard
@@ -144,7 +144,13 @@ impl Checkpoint {
 
     /// The linear weight `<prefix>.weight` of shape `[out, inp]`, with FP8 scales when the
     /// checkpoint is block-quantized and this tensor is stored as float8.
-    pub fn linear(&self, prefix: &str, out: usize, inp: usize, fp8_block: Option<[usize; 2]>) -> Result<LinearSource<'_>> {
+    pub fn linear(
+        &self,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        fp8_block: Option<[usize; 2]>,
+    ) -> Result<LinearSource<'_>> {
         let weight = self.raw_shaped(&format!("{prefix}.weight"), &[out, inp])?;
         let scale_inv = if weight.dtype == Dtype::F8_E4M3 {
             let block = fp8_block.unwrap_or([128, 128]);
@@ -160,8 +166,8 @@ impl Checkpoint {
 
 fn shard_files(index_path: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index_path).map_err(|e| EngineError::io(index_path, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| EngineError::checkpoint(index_path, format!("not valid JSON: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| EngineError::checkpoint(index_path, format!("not valid JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -203,14 +209,12 @@ impl RawTensor<'_> {
         let b = self.bytes;
         let v: Vec<f32> = match self.dtype {
             Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
+            Dtype::BF16 => {
+                b.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+            }
+            Dtype::F16 => {
+                b.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+            }
             Dtype::F8_E4M3 => b.iter().map(|&x| fp8_e4m3_to_f32(x)).collect(),
             other => {
                 return Err(EngineError::TensorDtype {
@@ -223,7 +227,13 @@ impl RawTensor<'_> {
         if v.len() != self.numel() {
             return Err(EngineError::checkpoint(
                 self.path,
-                format!("tensor `{}` holds {} values, its shape {:?} needs {}", self.name, v.len(), self.shape, self.numel()),
+                format!(
+                    "tensor `{}` holds {} values, its shape {:?} needs {}",
+                    self.name,
+                    v.len(),
+                    self.shape,
+                    self.numel()
+                ),
             ));
         }
         Ok(v)

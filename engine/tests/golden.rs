@@ -74,13 +74,24 @@ fn check_against_hf(case: &str, cfg: EngineConfig) {
                 break; // a near-tie went the other way; later tokens legitimately differ
             }
             let d = (t.logprob as f64 - logprobs[step]).abs();
-            assert!(d < LOGPROB_TOL, "{case} prompt {i} step {step}: logprob {} vs HF {} (diff {d})", t.logprob, logprobs[step]);
+            assert!(
+                d < LOGPROB_TOL,
+                "{case} prompt {i} step {step}: logprob {} vs HF {} (diff {d})",
+                t.logprob,
+                logprobs[step]
+            );
         }
     }
 }
 
 fn chunked(block_size: usize, budget: usize) -> EngineConfig {
-    EngineConfig { max_num_seqs: 8, max_num_batched_tokens: budget, block_size, num_blocks: 64, max_model_len: Some(1024) }
+    EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: budget,
+        block_size,
+        num_blocks: 64,
+        max_model_len: Some(1024),
+    }
 }
 
 #[test]

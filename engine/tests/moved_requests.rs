@@ -10,7 +10,13 @@ use cleave_engine::{Engine, EngineConfig, Request, SamplingParams, TokenOutput};
 
 fn engine() -> Engine<CpuBackend> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/golden/bf16-qlora");
-    let cfg = EngineConfig { max_num_seqs: 8, max_num_batched_tokens: 512, block_size: 64, num_blocks: 64, max_model_len: None };
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 512,
+        block_size: 64,
+        num_blocks: 64,
+        max_model_len: None,
+    };
     Engine::load(CpuBackend, &dir, cfg).expect("golden checkpoint")
 }
 
@@ -107,7 +113,8 @@ fn moved_requests_continue_with_identical_tokens_and_text() {
 #[test]
 fn seeded_sampling_continues_its_random_stream_after_a_move() {
     let p = prompt(120, 8);
-    let params = SamplingParams { temperature: 1.3, top_k: 50, seed: Some(42), ignore_eos: true, ..SamplingParams::greedy(16) };
+    let params =
+        SamplingParams { temperature: 1.3, top_k: 50, seed: Some(42), ignore_eos: true, ..SamplingParams::greedy(16) };
     let mut e = engine();
     let mut direct = Vec::new();
     e.add_request(req(&p, &params, false)).unwrap();

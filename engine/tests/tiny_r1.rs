@@ -12,9 +12,16 @@ use serde_json::Value;
 #[test]
 fn greedy_answers_equal_hf_on_the_fixed_problems() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-r1");
-    let expected: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(dir.join("expected_answers.json")).unwrap()).unwrap();
+    let expected: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected_answers.json")).unwrap()).unwrap();
     assert_eq!(expected.len(), 20);
-    let cfg = EngineConfig { max_num_seqs: 20, max_num_batched_tokens: 2048, block_size: 64, num_blocks: 20 * 32, max_model_len: None };
+    let cfg = EngineConfig {
+        max_num_seqs: 20,
+        max_num_batched_tokens: 2048,
+        block_size: 64,
+        num_blocks: 20 * 32,
+        max_model_len: None,
+    };
     let mut engine = Engine::load(CpuBackend, &dir, cfg).expect("models/tiny-r1 loads");
     let tok = engine.tokenizer().expect("tiny-r1 has a tokenizer").clone();
     let ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
@@ -22,7 +29,11 @@ fn greedy_answers_equal_hf_on_the_fixed_problems() {
     for (i, e) in expected.iter().enumerate() {
         let user = e["user"].as_str().unwrap();
         let prompt = tok
-            .encode_chat(&[ChatMessage { role: "user".into(), content: user.into(), reasoning_content: None }], true, None)
+            .encode_chat(
+                &[ChatMessage { role: "user".into(), content: user.into(), reasoning_content: None }],
+                true,
+                None,
+            )
             .unwrap();
         assert_eq!(prompt, ids(&e["prompt_ids"]), "chat-rendered prompt of {user:?}");
         requests.push(Request { id: i as u64, prompt, params: SamplingParams::greedy(400), prefill_only: false });
@@ -45,13 +56,20 @@ fn greedy_answers_equal_hf_on_the_fixed_problems() {
 #[test]
 fn held_back_text_is_released_when_eos_or_a_stop_token_ends_the_sequence() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-r1");
-    let cfg = EngineConfig { max_num_seqs: 4, max_num_batched_tokens: 512, block_size: 64, num_blocks: 64, max_model_len: None };
+    let cfg = EngineConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 512,
+        block_size: 64,
+        num_blocks: 64,
+        max_model_len: None,
+    };
     let mut engine = Engine::load(CpuBackend, &dir, cfg).unwrap();
     let tok = engine.tokenizer().unwrap().clone();
     let msg = ChatMessage { role: "user".into(), content: "What is 347 + 589?".into(), reasoning_content: None };
     let prompt = tok.encode_chat(&[msg], true, None).unwrap();
     let mut run = |params: SamplingParams| {
-        let out = engine.generate(vec![Request { id: 1, prompt: prompt.clone(), params, prefill_only: false }]).unwrap();
+        let out =
+            engine.generate(vec![Request { id: 1, prompt: prompt.clone(), params, prefill_only: false }]).unwrap();
         let toks = &out[&1];
         (toks.iter().map(|t| t.text.as_str()).collect::<String>(), toks.last().unwrap().finish)
     };
@@ -62,9 +80,16 @@ fn held_back_text_is_released_when_eos_or_a_stop_token_ends_the_sequence() {
     assert_eq!((text.as_str(), finish), (full.as_str(), Some(FinishReason::Stop)));
     // The reasoning ends "... = 936\n" right before `</think>`, a stop token here.
     let think_end = tok.think_end_id().unwrap();
-    let (text, _) = run(SamplingParams { stop: vec!["936\nX".into()], stop_token_ids: vec![think_end], ..SamplingParams::greedy(400) });
+    let (text, _) = run(SamplingParams {
+        stop: vec!["936\nX".into()],
+        stop_token_ids: vec![think_end],
+        ..SamplingParams::greedy(400)
+    });
     assert_eq!(text, full.split("</think>").next().unwrap());
     // A stop string that does occur still cuts the text before it.
     let (text, finish) = run(SamplingParams { stop: vec![" = 936\n".into()], ..SamplingParams::greedy(400) });
-    assert!(full.starts_with(&text) && text.ends_with("so 347 + 589") && finish == Some(FinishReason::Stop), "{text:?}");
+    assert!(
+        full.starts_with(&text) && text.ends_with("so 347 + 589") && finish == Some(FinishReason::Stop),
+        "{text:?}"
+    );
 }

@@ -36,7 +36,12 @@ impl Backend for Instant_ {
         Some(self.tokenizer.clone())
     }
     fn model_info(&self) -> ModelInfo {
-        ModelInfo { served_model_name: "tiny-r1".into(), max_model_len: 1 << 20, vocab_size: self.tokenizer.vocab_size(), think_end_id: self.tokenizer.think_end_id() }
+        ModelInfo {
+            served_model_name: "tiny-r1".into(),
+            max_model_len: 1 << 20,
+            vocab_size: self.tokenizer.vocab_size(),
+            think_end_id: self.tokenizer.think_end_id(),
+        }
     }
     fn submit(&self, _prompt: Vec<u32>, params: SamplingParams) -> BoxFuture<'static, Result<TokenEvents, ApiError>> {
         let tokens = self.tokens.clone();
@@ -74,7 +79,8 @@ fn script(tok: &Tokenizer, len: usize) -> Vec<TokenOutput> {
     let end = tok.think_end_id();
     (0..len)
         .map(|i| {
-            let token = if Some(i) == Some(len / 2).filter(|_| end.is_some()) { end.unwrap() } else { ids[i % ids.len()] };
+            let token =
+                if Some(i) == Some(len / 2).filter(|_| end.is_some()) { end.unwrap() } else { ids[i % ids.len()] };
             let text = tok.decode(&[token], false).unwrap_or_default();
             TokenOutput { id: 0, token, logprob: -0.1, top_logprobs: vec![], text, finish: None, prefilled: false }
         })
@@ -95,7 +101,8 @@ fn main() {
             (Arc::new(Instant_ { tokenizer: tok, tokens, paced: mode == "paced" }), None)
         }
         "cluster" => {
-            let mut cfg = cleave_actors::config::DeployConfig::from_yaml_file(repo().join("configs/cpu-tiny.yaml")).expect("config");
+            let mut cfg = cleave_actors::config::DeployConfig::from_yaml_file(repo().join("configs/cpu-tiny.yaml"))
+                .expect("config");
             cfg.server.max_concurrent_requests = clients.max(1);
             let c = cleave_actors::Cluster::start(cfg).expect("cluster");
             (Arc::new(c.clone()), Some(c))

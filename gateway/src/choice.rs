@@ -104,7 +104,15 @@ mod tests {
     use super::*;
 
     pub(crate) fn tok(token: u32, text: &str, finish: Option<FinishReason>) -> TokenOutput {
-        TokenOutput { id: 0, token, logprob: -(token as f32) / 100.0, top_logprobs: vec![(token, -0.1)], text: text.into(), finish, prefilled: false }
+        TokenOutput {
+            id: 0,
+            token,
+            logprob: -(token as f32) / 100.0,
+            top_logprobs: vec![(token, -0.1)],
+            text: text.into(),
+            finish,
+            prefilled: false,
+        }
     }
 
     #[test]

@@ -32,7 +32,12 @@ impl Backend for Cluster {
 
     fn model_info(&self) -> ModelInfo {
         let m = Cluster::model_info(self);
-        ModelInfo { served_model_name: m.served_model_name, max_model_len: m.max_model_len, vocab_size: m.vocab_size, think_end_id: m.think_end_id }
+        ModelInfo {
+            served_model_name: m.served_model_name,
+            max_model_len: m.max_model_len,
+            vocab_size: m.vocab_size,
+            think_end_id: m.think_end_id,
+        }
     }
 
     fn submit(&self, prompt: Vec<u32>, params: SamplingParams) -> BoxFuture<'static, Result<TokenEvents, ApiError>> {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 
-use crate::reasoning::ReasoningSplitter;
 use crate::choice::{ChoiceState, TokenLogprob};
 use crate::openai::{AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, TokenStrings, Usage};
+use crate::reasoning::ReasoningSplitter;
 use crate::sse::ResponseMeta;
 use crate::validate::Endpoint;
 
@@ -30,10 +30,22 @@ pub struct Collector {
 
 impl Collector {
     /// See [`crate::sse::StreamFormatter::new`].
-    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, splitter: ReasoningSplitter, include_reasoning: bool) -> Self {
+    pub fn new(
+        meta: ResponseMeta,
+        tokenizer: Option<Arc<Tokenizer>>,
+        n: usize,
+        splitter: ReasoningSplitter,
+        include_reasoning: bool,
+    ) -> Self {
         let splitter = if meta.endpoint == Endpoint::Chat { splitter } else { ReasoningSplitter::off() };
         let choices = (0..n).map(|i| ChoiceState::new(i, splitter.clone(), include_reasoning, meta.logprobs)).collect();
-        Collector { meta, tokenizer, choices, gathered: (0..n).map(|_| Gathered::default()).collect(), include_reasoning }
+        Collector {
+            meta,
+            tokenizer,
+            choices,
+            gathered: (0..n).map(|_| Gathered::default()).collect(),
+            include_reasoning,
+        }
     }
 
     /// Takes one token of choice `choice`.
@@ -81,7 +93,14 @@ impl Collector {
                         }
                     })
                     .collect();
-                serde_json::to_vec(&ChatCompletion { id: &m.id, object: "chat.completion", created: m.created, model: &m.model, choices, usage })
+                serde_json::to_vec(&ChatCompletion {
+                    id: &m.id,
+                    object: "chat.completion",
+                    created: m.created,
+                    model: &m.model,
+                    choices,
+                    usage,
+                })
             }
             Endpoint::Completion => {
                 let choices = self
@@ -95,7 +114,14 @@ impl Collector {
                         finish_reason: c.finish.map(|f| f.as_str()),
                     })
                     .collect();
-                serde_json::to_vec(&Completion { id: &m.id, object: "text_completion", created: m.created, model: &m.model, choices, usage: Some(usage) })
+                serde_json::to_vec(&Completion {
+                    id: &m.id,
+                    object: "text_completion",
+                    created: m.created,
+                    model: &m.model,
+                    choices,
+                    usage: Some(usage),
+                })
             }
         };
         out.unwrap_or_default()
@@ -113,14 +139,25 @@ mod tests {
     }
 
     fn meta(endpoint: Endpoint, logprobs: bool) -> ResponseMeta {
-        ResponseMeta { id: "x".into(), created: 1, model: "m".into(), endpoint, prompt_tokens: 3, include_usage: false, logprobs }
+        ResponseMeta {
+            id: "x".into(),
+            created: 1,
+            model: "m".into(),
+            endpoint,
+            prompt_tokens: 3,
+            include_usage: false,
+            logprobs,
+        }
     }
 
     fn run(c: &mut Collector, toks: &[TokenOutput]) -> Value {
         for t in toks {
             c.on_token(0, t);
         }
-        let c = std::mem::replace(c, Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(None), true));
+        let c = std::mem::replace(
+            c,
+            Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(None), true),
+        );
         serde_json::from_slice(&c.into_json()).unwrap()
     }
 
@@ -129,13 +166,19 @@ mod tests {
         let toks = [tok(1, "think", None), tok(9, "</think>", None), tok(2, "answer", Some(FinishReason::Stop))];
         let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), true);
         let v = run(&mut c, &toks);
-        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "answer", "reasoning_content": "think"}));
+        assert_eq!(
+            v["choices"][0]["message"],
+            json!({"role": "assistant", "content": "answer", "reasoning_content": "think"})
+        );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
         assert_eq!(v["usage"], json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}));
         assert_eq!(v["object"], "chat.completion");
         let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), false);
         let v = run(&mut c, &toks);
-        assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "content": "answer", "reasoning_content": null}));
+        assert_eq!(
+            v["choices"][0]["message"],
+            json!({"role": "assistant", "content": "answer", "reasoning_content": null})
+        );
     }
 
     #[test]

@@ -18,7 +18,14 @@ pub struct SamplingDefaults {
 
 impl Default for SamplingDefaults {
     fn default() -> Self {
-        SamplingDefaults { temperature: 1.0, top_p: 1.0, top_k: 0, min_p: 0.0, repetition_penalty: 1.0, max_tokens: None }
+        SamplingDefaults {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            max_tokens: None,
+        }
     }
 }
 
@@ -84,7 +91,8 @@ mod tests {
 
     #[test]
     fn generation_config_overrides_openai_defaults() {
-        let d = SamplingDefaults::from_json(&serde_json::json!({"temperature": 0.6, "top_p": 0.95, "do_sample": true})).unwrap();
+        let d = SamplingDefaults::from_json(&serde_json::json!({"temperature": 0.6, "top_p": 0.95, "do_sample": true}))
+            .unwrap();
         assert_eq!((d.temperature, d.top_p, d.top_k), (0.6, 0.95, 0));
         let d = SamplingDefaults::from_model_dir(Path::new("/nonexistent")).unwrap();
         assert_eq!(d, SamplingDefaults::default());

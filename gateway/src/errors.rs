@@ -79,9 +79,10 @@ impl ApiError {
     /// The HTTP status this error is answered with.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::MalformedJson(_) | ApiError::InvalidField { .. } | ApiError::InvalidRequest(_) | ApiError::ContextLength { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::MalformedJson(_)
+            | ApiError::InvalidField { .. }
+            | ApiError::InvalidRequest(_)
+            | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -138,19 +139,21 @@ impl ApiError {
 
     /// The OpenAI error body.
     pub fn body(&self) -> ErrorBody<'_> {
-        ErrorBody { error: ErrorDetail { message: self.to_string(), kind: self.kind(), param: self.param(), code: self.code() } }
+        ErrorBody {
+            error: ErrorDetail { message: self.to_string(), kind: self.kind(), param: self.param(), code: self.code() },
+        }
     }
 
     /// The body serialized to JSON.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(&self.body()).unwrap_or_else(|_| r#"{"error":{"message":"error","type":"server_error","param":null,"code":null}}"#.into())
+        serde_json::to_string(&self.body()).unwrap_or_else(|_| {
+            r#"{"error":{"message":"error","type":"server_error","param":null,"code":null}}"#.into()
+        })
     }
 
     /// The complete HTTP response.
     pub fn into_response(self) -> warp::reply::Response {
-        let mut res = warp::http::Response::builder()
-            .status(self.status())
-            .header("content-type", "application/json");
+        let mut res = warp::http::Response::builder().status(self.status()).header("content-type", "application/json");
         if let Some(s) = self.retry_after() {
             res = res.header("retry-after", s.to_string());
         }
@@ -178,7 +181,13 @@ mod tests {
 
     #[test]
     fn bodies_are_openai_shaped_with_status_and_code() {
-        let e = ApiError::ContextLength { param: "messages", max_model_len: 10, prompt_tokens: 8, max_tokens: 5, requested: 13 };
+        let e = ApiError::ContextLength {
+            param: "messages",
+            max_model_len: 10,
+            prompt_tokens: 8,
+            max_tokens: 5,
+            requested: 13,
+        };
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
         let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
         assert_eq!(v["error"]["code"], "context_length_exceeded");

@@ -55,7 +55,10 @@ pub(crate) fn admit(state: &State, n: usize) -> Result<Admission, ApiError> {
         }
         Err(_) => {
             state.metrics.rejected.inc();
-            Err(ApiError::TooManyRequests { limit: state.cfg.max_concurrent_requests, retry_after_s: state.cfg.retry_after_s })
+            Err(ApiError::TooManyRequests {
+                limit: state.cfg.max_concurrent_requests,
+                retry_after_s: state.cfg.retry_after_s,
+            })
         }
     }
 }
@@ -74,7 +77,8 @@ pub(crate) fn new_id(prefix: &str) -> String {
         x = (x ^ (x >> 27)).wrapping_mul(0x94d049bb133111eb);
         x ^ (x >> 31)
     }
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     let c = COUNTER.fetch_add(1, Ordering::Relaxed);
     let a = mix(nanos ^ (u64::from(std::process::id()) << 40));
     format!("{prefix}-{a:016x}{:016x}", mix(a ^ c.wrapping_mul(0x9e3779b97f4a7c15)))
@@ -107,7 +111,8 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
         logprobs: req.logprobs.is_some(),
     };
     info!(request_id = %meta.id, prompt_tokens = req.prompt.len(), n = req.n, stream = req.stream, max_tokens = req.params.max_tokens, "admitted");
-    let merged = submit_all(&state, &req).await.inspect_err(|e| warn!(request_id = %meta.id, error = %e, "submit failed"))?;
+    let merged =
+        submit_all(&state, &req).await.inspect_err(|e| warn!(request_id = %meta.id, error = %e, "submit failed"))?;
     let think_start = state.tokenizer.as_ref().and_then(|t| t.token_to_id("<think>"));
     let splitter = ReasoningSplitter::for_prompt(&req.prompt, think_start, state.info.think_end_id);
     if req.stream {
@@ -129,7 +134,12 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
     Ok(res)
 }
 
-async fn collect(state: &State, meta: &ResponseMeta, mut merged: Merged, mut c: Collector) -> Result<Vec<u8>, ApiError> {
+async fn collect(
+    state: &State,
+    meta: &ResponseMeta,
+    mut merged: Merged,
+    mut c: Collector,
+) -> Result<Vec<u8>, ApiError> {
     let start = Instant::now();
     while let Some((i, ev)) = merged.next().await {
         match ev {

@@ -57,7 +57,13 @@ pub struct GatewayConfig {
 
 impl Default for GatewayConfig {
     fn default() -> Self {
-        GatewayConfig { max_concurrent_requests: 256, max_body_bytes: 32 << 20, retry_after_s: 1, defaults: SamplingDefaults::default(), model_root: String::new() }
+        GatewayConfig {
+            max_concurrent_requests: 256,
+            max_body_bytes: 32 << 20,
+            retry_after_s: 1,
+            defaults: SamplingDefaults::default(),
+            model_root: String::new(),
+        }
     }
 }
 

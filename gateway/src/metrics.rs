@@ -25,14 +25,27 @@ impl GatewayMetrics {
     /// Registers the gateway's metrics in a fresh registry.
     pub fn new() -> Self {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(Opts::new("cleave_gateway_http_requests_total", "HTTP requests by route and status"), &["route", "status"])
-            .expect("valid metric");
-        let sse_events = IntCounter::new("cleave_gateway_sse_events_total", "SSE events written").expect("valid metric");
+        let requests = IntCounterVec::new(
+            Opts::new("cleave_gateway_http_requests_total", "HTTP requests by route and status"),
+            &["route", "status"],
+        )
+        .expect("valid metric");
+        let sse_events =
+            IntCounter::new("cleave_gateway_sse_events_total", "SSE events written").expect("valid metric");
         let client_disconnects =
-            IntCounter::new("cleave_gateway_client_disconnects_total", "Streams aborted because the client went away").expect("valid metric");
-        let rejected = IntCounter::new("cleave_gateway_admission_rejected_total", "Requests refused with 429 by admission control").expect("valid metric");
-        let in_flight = IntGauge::new("cleave_gateway_requests_in_flight", "Admitted generation requests (one per choice)").expect("valid metric");
-        let completion_tokens = IntCounter::new("cleave_gateway_completion_tokens_total", "Completion tokens sent to clients").expect("valid metric");
+            IntCounter::new("cleave_gateway_client_disconnects_total", "Streams aborted because the client went away")
+                .expect("valid metric");
+        let rejected = IntCounter::new(
+            "cleave_gateway_admission_rejected_total",
+            "Requests refused with 429 by admission control",
+        )
+        .expect("valid metric");
+        let in_flight =
+            IntGauge::new("cleave_gateway_requests_in_flight", "Admitted generation requests (one per choice)")
+                .expect("valid metric");
+        let completion_tokens =
+            IntCounter::new("cleave_gateway_completion_tokens_total", "Completion tokens sent to clients")
+                .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(sse_events.clone()),

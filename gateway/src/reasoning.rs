@@ -110,7 +110,9 @@ impl ReasoningSplitter {
         if Some(token) == self.think_end {
             self.mode = Mode::Content;
             return match text.rfind(THINK_END) {
-                Some(pos) => SplitText { reasoning: text[..pos].to_string(), content: text[pos + THINK_END.len()..].to_string() },
+                Some(pos) => {
+                    SplitText { reasoning: text[..pos].to_string(), content: text[pos + THINK_END.len()..].to_string() }
+                }
                 None => SplitText { reasoning: text.to_string(), content: String::new() },
             };
         }

@@ -47,7 +47,9 @@ where
     let route = known.map_or("other", |(p, _)| *p);
     let result = match known {
         None => Err(ApiError::NotFound(path.to_string())),
-        Some((_, m)) if *m != method && !(method == Method::HEAD && *m == Method::GET) => Err(ApiError::MethodNotAllowed),
+        Some((_, m)) if *m != method && !(method == Method::HEAD && *m == Method::GET) => {
+            Err(ApiError::MethodNotAllowed)
+        }
         Some((p, m)) if *m == Method::GET => get(&state, p).await,
         Some((p, _)) => match read_body(&headers, body, state.cfg.max_body_bytes).await {
             Ok(bytes) => post(&state, p, bytes).await,
@@ -134,7 +136,12 @@ async fn get(state: &State, path: &str) -> Result<Response, ApiError> {
 }
 
 async fn post(state: &Arc<State>, path: &str, body: Bytes) -> Result<Response, ApiError> {
-    let v = Validator { info: &state.info, tokenizer: state.tokenizer.as_deref(), defaults: &state.cfg.defaults, max_n: state.max_n() };
+    let v = Validator {
+        info: &state.info,
+        tokenizer: state.tokenizer.as_deref(),
+        defaults: &state.cfg.defaults,
+        max_n: state.max_n(),
+    };
     match path {
         "/v1/chat/completions" => {
             let req = v.chat(&body)?;
@@ -153,7 +160,10 @@ async fn post(state: &Arc<State>, path: &str, body: Bytes) -> Result<Response, A
         }
         "/detokenize" => {
             let tokens = v.detokenize(&body)?;
-            let tok = state.tokenizer.as_deref().ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer".into()))?;
+            let tok = state
+                .tokenizer
+                .as_deref()
+                .ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer".into()))?;
             Ok(json_response(StatusCode::OK, &json!({"prompt": tok.decode(&tokens, false)?})))
         }
         _ => Err(ApiError::NotFound(path.to_string())),

@@ -27,7 +27,11 @@ pub struct Server {
 
 impl Server {
     /// Binds `addr` (port 0 picks a free port) and starts serving on the current tokio runtime.
-    pub async fn start(backend: Arc<dyn Backend>, cfg: GatewayConfig, addr: SocketAddr) -> Result<Server, GatewayError> {
+    pub async fn start(
+        backend: Arc<dyn Backend>,
+        cfg: GatewayConfig,
+        addr: SocketAddr,
+    ) -> Result<Server, GatewayError> {
         if cfg.max_concurrent_requests == 0 {
             return Err(GatewayError::Config("max_concurrent_requests must be at least 1".into()));
         }
@@ -39,7 +43,10 @@ impl Server {
             tokenizer: backend.tokenizer(),
             admission: Arc::new(Semaphore::new(cfg.max_concurrent_requests)),
             metrics: metrics.clone(),
-            started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
             backend,
             cfg,
         });

@@ -12,10 +12,10 @@ use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 use serde::Serialize;
 
-use crate::reasoning::ReasoningSplitter;
 use crate::choice::{ChoiceDelta, ChoiceState};
 use crate::errors::ApiError;
 use crate::openai::{ChatChunk, ChatChunkChoice, ChatDelta, Completion, CompletionChoice, TokenStrings, Usage};
+use crate::reasoning::ReasoningSplitter;
 use crate::validate::Endpoint;
 
 /// The final event of every stream.
@@ -55,7 +55,13 @@ pub struct StreamFormatter {
 
 impl StreamFormatter {
     /// `splitter`: how chat output divides into reasoning and content (ignored for completions).
-    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, splitter: ReasoningSplitter, include_reasoning: bool) -> Self {
+    pub fn new(
+        meta: ResponseMeta,
+        tokenizer: Option<Arc<Tokenizer>>,
+        n: usize,
+        splitter: ReasoningSplitter,
+        include_reasoning: bool,
+    ) -> Self {
         let splitter = if meta.endpoint == Endpoint::Chat { splitter } else { ReasoningSplitter::off() };
         let choices = (0..n).map(|i| ChoiceState::new(i, splitter.clone(), include_reasoning, meta.logprobs)).collect();
         StreamFormatter { meta, tokenizer, choices, sent: vec![0; n], events: 0 }
@@ -96,7 +102,14 @@ impl StreamFormatter {
         }
     }
 
-    fn chat_chunk<'a>(&'a self, index: usize, delta: ChatDelta<'a>, d: &ChoiceDelta, lps: bool, finish: bool) -> ChatChunk<'a> {
+    fn chat_chunk<'a>(
+        &'a self,
+        index: usize,
+        delta: ChatDelta<'a>,
+        d: &ChoiceDelta,
+        lps: bool,
+        finish: bool,
+    ) -> ChatChunk<'a> {
         let strings = TokenStrings(self.tokenizer.as_deref());
         let logprobs = (self.meta.logprobs && lps).then(|| strings.chat(&d.logprobs));
         let finish_reason = if finish { d.finish.map(|f| f.as_str()) } else { None };
@@ -149,7 +162,12 @@ impl StreamFormatter {
             object: "text_completion",
             created: self.meta.created,
             model: &self.meta.model,
-            choices: vec![CompletionChoice { index, text: &d.content, logprobs, finish_reason: d.finish.map(|f| f.as_str()) }],
+            choices: vec![CompletionChoice {
+                index,
+                text: &d.content,
+                logprobs,
+                finish_reason: d.finish.map(|f| f.as_str()),
+            }],
             usage: None,
         };
         write_event(out, &chunk);
@@ -162,11 +180,25 @@ impl StreamFormatter {
             let usage = Some(self.usage());
             match self.meta.endpoint {
                 Endpoint::Chat => {
-                    let c = ChatChunk { id: &self.meta.id, object: "chat.completion.chunk", created: self.meta.created, model: &self.meta.model, choices: vec![], usage };
+                    let c = ChatChunk {
+                        id: &self.meta.id,
+                        object: "chat.completion.chunk",
+                        created: self.meta.created,
+                        model: &self.meta.model,
+                        choices: vec![],
+                        usage,
+                    };
                     write_event(out, &c);
                 }
                 Endpoint::Completion => {
-                    let c = Completion { id: &self.meta.id, object: "text_completion", created: self.meta.created, model: &self.meta.model, choices: vec![], usage };
+                    let c = Completion {
+                        id: &self.meta.id,
+                        object: "text_completion",
+                        created: self.meta.created,
+                        model: &self.meta.model,
+                        choices: vec![],
+                        usage,
+                    };
                     write_event(out, &c);
                 }
             }
@@ -191,25 +223,50 @@ mod tests {
     use serde_json::Value;
 
     fn tok(token: u32, text: &str, finish: Option<FinishReason>) -> TokenOutput {
-        TokenOutput { id: 0, token, logprob: -0.25, top_logprobs: vec![(token, -0.25)], text: text.into(), finish, prefilled: false }
+        TokenOutput {
+            id: 0,
+            token,
+            logprob: -0.25,
+            top_logprobs: vec![(token, -0.25)],
+            text: text.into(),
+            finish,
+            prefilled: false,
+        }
     }
 
     fn meta(endpoint: Endpoint, include_usage: bool, logprobs: bool) -> ResponseMeta {
-        ResponseMeta { id: "chatcmpl-1".into(), created: 42, model: "m".into(), endpoint, prompt_tokens: 5, include_usage, logprobs }
+        ResponseMeta {
+            id: "chatcmpl-1".into(),
+            created: 42,
+            model: "m".into(),
+            endpoint,
+            prompt_tokens: 5,
+            include_usage,
+            logprobs,
+        }
     }
 
     /// Splits SSE bytes the way `vllm bench serve` does.
     fn events(bytes: &[u8]) -> Vec<String> {
         let s = std::str::from_utf8(bytes).unwrap();
         assert!(s.ends_with("\n\n"));
-        s.split("\n\n").filter(|e| !e.is_empty()).map(|e| e.strip_prefix("data: ").expect("data: prefix").to_string()).collect()
+        s.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| e.strip_prefix("data: ").expect("data: prefix").to_string())
+            .collect()
     }
 
     #[test]
     fn chat_stream_has_role_reasoning_content_finish_usage_done() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(Some(9)), true);
+        let mut f =
+            StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(Some(9)), true);
         let mut out = Vec::new();
-        for t in [tok(1, "hmm", None), tok(9, "</think>", None), tok(2, "\n\nYes", None), tok(3, "", Some(FinishReason::Stop))] {
+        for t in [
+            tok(1, "hmm", None),
+            tok(9, "</think>", None),
+            tok(2, "\n\nYes", None),
+            tok(3, "", Some(FinishReason::Stop)),
+        ] {
             f.on_token(0, &t, &mut out);
         }
         assert!(f.all_finished());
@@ -227,13 +284,21 @@ mod tests {
         assert!(j[..3].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
         assert_eq!(j[4]["choices"], serde_json::json!([]));
         assert_eq!(j[4]["usage"], serde_json::json!({"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}));
-        assert!(j.iter().all(|c| c["id"] == "chatcmpl-1" && c["created"] == 42 && c["object"] == "chat.completion.chunk"));
+        assert!(j
+            .iter()
+            .all(|c| c["id"] == "chatcmpl-1" && c["created"] == 42 && c["object"] == "chat.completion.chunk"));
         assert_eq!(f.events(), 6);
     }
 
     #[test]
     fn completion_stream_with_logprobs_and_two_choices() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Completion, false, true), None, 2, ReasoningSplitter::new(Some(9)), true);
+        let mut f = StreamFormatter::new(
+            meta(Endpoint::Completion, false, true),
+            None,
+            2,
+            ReasoningSplitter::new(Some(9)),
+            true,
+        );
         let mut out = Vec::new();
         f.on_token(1, &tok(4, "b", Some(FinishReason::Length)), &mut out);
         f.on_token(0, &tok(9, "</think>", None), &mut out);
@@ -254,7 +319,8 @@ mod tests {
 
     #[test]
     fn error_after_start_is_an_error_event_then_done() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(None), true);
+        let mut f =
+            StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(None), true);
         let mut out = Vec::new();
         f.on_token(0, &tok(1, "x", None), &mut out);
         f.error(&ApiError::Internal("rank 3 failed".into()), &mut out);
@@ -268,7 +334,8 @@ mod tests {
 
     #[test]
     fn late_reasoning_and_content_on_the_think_end_token_are_two_chunks() {
-        let mut f = StreamFormatter::new(meta(Endpoint::Chat, false, true), None, 1, ReasoningSplitter::new(Some(9)), true);
+        let mut f =
+            StreamFormatter::new(meta(Endpoint::Chat, false, true), None, 1, ReasoningSplitter::new(Some(9)), true);
         let mut out = Vec::new();
         f.on_token(0, &tok(1, "", None), &mut out);
         f.on_token(0, &tok(9, "r</think>c", Some(FinishReason::Stop)), &mut out);

@@ -116,7 +116,8 @@ fn positive(f: &Fields, key: &str) -> Result<Option<usize>, ApiError> {
 
 impl Validator<'_> {
     fn tokenizer(&self) -> Result<&Tokenizer, ApiError> {
-        self.tokenizer.ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer: send prompts as token ids".into()))
+        self.tokenizer
+            .ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer: send prompts as token ids".into()))
     }
 
     fn check_model(&self, f: &Fields) -> Result<(), ApiError> {
@@ -128,7 +129,10 @@ impl Validator<'_> {
 
     fn check_ids(&self, ids: &[u32], param: &str) -> Result<(), ApiError> {
         match ids.iter().find(|&&t| t as usize >= self.info.vocab_size) {
-            Some(t) => Err(ApiError::field(param, format!("token id {t} is outside the vocabulary of {}", self.info.vocab_size))),
+            Some(t) => Err(ApiError::field(
+                param,
+                format!("token id {t} is outside the vocabulary of {}", self.info.vocab_size),
+            )),
             None => Ok(()),
         }
     }
@@ -176,7 +180,9 @@ impl Validator<'_> {
             // The rendered template holds its special tokens (BOS) already, so nothing is added.
             return Ok(tok.encode_chat(&messages, f.bool("add_generation_prompt", true)?, kwargs.as_ref())?);
         }
-        let prompt = f.opt::<String>("prompt")?.ok_or_else(|| ApiError::field("prompt", "`prompt` or `messages` is required"))?;
+        let prompt = f
+            .opt::<String>("prompt")?
+            .ok_or_else(|| ApiError::field("prompt", "`prompt` or `messages` is required"))?;
         Ok(tok.encode(&prompt, f.bool("add_special_tokens", true)?)?)
     }
 
@@ -194,9 +200,13 @@ impl Validator<'_> {
     fn completion_prompt(&self, v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
         let one_text = |s: &str| -> Result<Vec<u32>, ApiError> { Ok(self.tokenizer()?.encode(s, true)?) };
         let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
-            items.iter().map(|x| x.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32)).collect::<Option<Vec<_>>>().ok_or_else(|| {
-                ApiError::field("prompt", "`prompt` must be a string, a list of one string, or a list of token ids")
-            })
+            items
+                .iter()
+                .map(|x| x.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    ApiError::field("prompt", "`prompt` must be a string, a list of one string, or a list of token ids")
+                })
         };
         let prompt = match v {
             None | Some(Value::Null) => return Err(ApiError::field("prompt", "`prompt` is required")),
@@ -206,9 +216,19 @@ impl Validator<'_> {
                 [Value::Array(inner)] => ids(inner)?,
                 [Value::Number(_), ..] => ids(items)?,
                 [] => return Err(ApiError::field("prompt", "`prompt` is empty")),
-                _ => return Err(ApiError::field("prompt", "a list of several prompts is not supported; send one prompt per request")),
+                _ => {
+                    return Err(ApiError::field(
+                        "prompt",
+                        "a list of several prompts is not supported; send one prompt per request",
+                    ))
+                }
             },
-            Some(other) => return Err(ApiError::field("prompt", format!("`prompt` must be a string or a list, got {}", kind(other)))),
+            Some(other) => {
+                return Err(ApiError::field(
+                    "prompt",
+                    format!("`prompt` must be a string or a list, got {}", kind(other)),
+                ))
+            }
         };
         if prompt.is_empty() {
             return Err(ApiError::field("prompt", "the prompt has no tokens"));
@@ -222,22 +242,30 @@ impl Validator<'_> {
         let d = self.defaults;
         let mut p = SamplingParams { top_logprobs: 0, ..SamplingParams::default() };
         p.temperature = match f.num("temperature")? {
-            Some(t) if !(t >= 0.0 && t.is_finite()) => return Err(ApiError::field("temperature", format!("`temperature` must be >= 0, got {t}"))),
+            Some(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(ApiError::field("temperature", format!("`temperature` must be >= 0, got {t}")))
+            }
             Some(t) => t as f32,
             None => d.temperature,
         };
         p.top_p = match f.num("top_p")? {
-            Some(t) if !(t > 0.0 && t <= 1.0) => return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], got {t}"))),
+            Some(t) if !(t > 0.0 && t <= 1.0) => {
+                return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], got {t}")))
+            }
             Some(t) => t as f32,
             None => d.top_p,
         };
         p.top_k = match f.int("top_k")? {
-            Some(k) if k < -1 => return Err(ApiError::field("top_k", format!("`top_k` must be -1 (disabled) or >= 0, got {k}"))),
+            Some(k) if k < -1 => {
+                return Err(ApiError::field("top_k", format!("`top_k` must be -1 (disabled) or >= 0, got {k}")))
+            }
             Some(k) => k.max(0) as usize,
             None => d.top_k,
         };
         p.min_p = match f.num("min_p")? {
-            Some(m) if !(0.0..=1.0).contains(&m) => return Err(ApiError::field("min_p", format!("`min_p` must be in [0, 1], got {m}"))),
+            Some(m) if !(0.0..=1.0).contains(&m) => {
+                return Err(ApiError::field("min_p", format!("`min_p` must be in [0, 1], got {m}")))
+            }
             Some(m) => m as f32,
             None => d.min_p,
         };
@@ -266,7 +294,12 @@ impl Validator<'_> {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::String(s)) => vec![s.clone()],
             Some(Value::Array(_)) => f.opt::<Vec<String>>("stop")?.unwrap_or_default(),
-            Some(v) => return Err(ApiError::field("stop", format!("`stop` must be a string or a list of strings, got {}", kind(v)))),
+            Some(v) => {
+                return Err(ApiError::field(
+                    "stop",
+                    format!("`stop` must be a string or a list of strings, got {}", kind(v)),
+                ))
+            }
         };
         if !p.stop.is_empty() && self.tokenizer.is_none() {
             return Err(ApiError::field("stop", "stop strings need a tokenizer, which this model lacks"));
@@ -275,18 +308,26 @@ impl Validator<'_> {
         p.ignore_eos = f.bool("ignore_eos", false)?;
         p.skip_special_tokens = f.bool("skip_special_tokens", true)?;
         p.min_tokens = match f.int("min_tokens")? {
-            Some(m) if m < 0 => return Err(ApiError::field("min_tokens", format!("`min_tokens` must be >= 0, got {m}"))),
+            Some(m) if m < 0 => {
+                return Err(ApiError::field("min_tokens", format!("`min_tokens` must be >= 0, got {m}")))
+            }
             m => m.unwrap_or(0) as usize,
         };
         let n = match f.int("n")? {
             Some(n) if n < 1 => return Err(ApiError::field("n", format!("`n` must be at least 1, got {n}"))),
-            Some(n) if n as usize > self.max_n => return Err(ApiError::field("n", format!("`n` must be at most {}, got {n}", self.max_n))),
+            Some(n) if n as usize > self.max_n => {
+                return Err(ApiError::field("n", format!("`n` must be at most {}, got {n}", self.max_n)))
+            }
             n => n.unwrap_or(1) as usize,
         };
         let stream = f.bool("stream", false)?;
         let include_usage = match f.opt::<Map<String, Value>>("stream_options")? {
-            Some(_) if !stream => return Err(ApiError::field("stream_options", "`stream_options` is only allowed when `stream` is true")),
-            Some(o) => Fields(&o).bool("include_usage", false).map_err(|_| ApiError::field("stream_options.include_usage", "`stream_options.include_usage` must be a boolean"))?,
+            Some(_) if !stream => {
+                return Err(ApiError::field("stream_options", "`stream_options` is only allowed when `stream` is true"))
+            }
+            Some(o) => Fields(&o).bool("include_usage", false).map_err(|_| {
+                ApiError::field("stream_options.include_usage", "`stream_options.include_usage` must be a boolean")
+            })?,
             None => false,
         };
         let logprobs = match endpoint {
@@ -295,27 +336,49 @@ impl Validator<'_> {
                 let top = f.int("top_logprobs")?;
                 match top {
                     Some(k) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
-                        return Err(ApiError::field("top_logprobs", format!("`top_logprobs` must be in [0, {MAX_TOP_LOGPROBS}], got {k}")))
+                        return Err(ApiError::field(
+                            "top_logprobs",
+                            format!("`top_logprobs` must be in [0, {MAX_TOP_LOGPROBS}], got {k}"),
+                        ))
                     }
-                    Some(k) if k > 0 && !want => return Err(ApiError::field("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+                    Some(k) if k > 0 && !want => {
+                        return Err(ApiError::field("top_logprobs", "`top_logprobs` needs `logprobs: true`"))
+                    }
                     _ => {}
                 }
                 want.then_some(top.unwrap_or(0) as usize)
             }
             Endpoint::Completion => match f.int("logprobs")? {
                 Some(k) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
-                    return Err(ApiError::field("logprobs", format!("`logprobs` must be in [0, {MAX_TOP_LOGPROBS}], got {k}")))
+                    return Err(ApiError::field(
+                        "logprobs",
+                        format!("`logprobs` must be in [0, {MAX_TOP_LOGPROBS}], got {k}"),
+                    ))
                 }
                 k => k.map(|k| k as usize),
             },
         };
         p.top_logprobs = logprobs.unwrap_or(0);
         let include_reasoning = f.bool("include_reasoning", true)?;
-        Ok(GenerateRequest { endpoint, prompt: Vec::new(), params: p, n, stream, include_usage, logprobs, include_reasoning })
+        Ok(GenerateRequest {
+            endpoint,
+            prompt: Vec::new(),
+            params: p,
+            n,
+            stream,
+            include_usage,
+            logprobs,
+            include_reasoning,
+        })
     }
 
     /// Output length and the context check, once the prompt is known.
-    fn finish(&self, f: &Fields, mut req: GenerateRequest, prompt_param: &'static str) -> Result<GenerateRequest, ApiError> {
+    fn finish(
+        &self,
+        f: &Fields,
+        mut req: GenerateRequest,
+        prompt_param: &'static str,
+    ) -> Result<GenerateRequest, ApiError> {
         let max_len = self.info.max_model_len;
         let prompt_len = req.prompt.len();
         let requested = match positive(f, "max_completion_tokens")? {
@@ -328,10 +391,19 @@ impl Validator<'_> {
             None => room,
         };
         if max_tokens == 0 || prompt_len + max_tokens > max_len {
-            return Err(ApiError::ContextLength { param: prompt_param, max_model_len: max_len, prompt_tokens: prompt_len, max_tokens: max_tokens.max(1), requested: prompt_len + max_tokens.max(1) });
+            return Err(ApiError::ContextLength {
+                param: prompt_param,
+                max_model_len: max_len,
+                prompt_tokens: prompt_len,
+                max_tokens: max_tokens.max(1),
+                requested: prompt_len + max_tokens.max(1),
+            });
         }
         if req.params.min_tokens > max_tokens {
-            return Err(ApiError::field("min_tokens", format!("`min_tokens` ({}) must not exceed max_tokens ({max_tokens})", req.params.min_tokens)));
+            return Err(ApiError::field(
+                "min_tokens",
+                format!("`min_tokens` ({}) must not exceed max_tokens ({max_tokens})", req.params.min_tokens),
+            ));
         }
         req.params.max_tokens = max_tokens;
         Ok(req)
@@ -342,7 +414,10 @@ fn chat_template_kwargs(f: &Fields) -> Result<Option<Value>, ApiError> {
     match f.0.get("chat_template_kwargs") {
         None | Some(Value::Null) => Ok(None),
         Some(v @ Value::Object(_)) => Ok(Some(v.clone())),
-        Some(v) => Err(ApiError::field("chat_template_kwargs", format!("`chat_template_kwargs` must be an object, got {}", kind(v)))),
+        Some(v) => Err(ApiError::field(
+            "chat_template_kwargs",
+            format!("`chat_template_kwargs` must be an object, got {}", kind(v)),
+        )),
     }
 }
 
@@ -354,18 +429,24 @@ pub fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
         Some(Value::Array(l)) if !l.is_empty() => l,
         Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
         None | Some(Value::Null) => return Err(ApiError::field("messages", "`messages` is required")),
-        Some(other) => return Err(ApiError::field("messages", format!("`messages` must be a list, got {}", kind(other)))),
+        Some(other) => {
+            return Err(ApiError::field("messages", format!("`messages` must be a list, got {}", kind(other))))
+        }
     };
     list.iter().enumerate().map(|(i, m)| message(i, m)).collect()
 }
 
 fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let at = |k: &str| format!("messages[{i}].{k}");
-    let obj = m.as_object().ok_or_else(|| ApiError::field(format!("messages[{i}]"), format!("`messages[{i}]` must be an object")))?;
+    let obj = m
+        .as_object()
+        .ok_or_else(|| ApiError::field(format!("messages[{i}]"), format!("`messages[{i}]` must be an object")))?;
     let role = match obj.get("role") {
         Some(Value::String(r)) => r.as_str(),
         None => return Err(ApiError::field(at("role"), format!("`{}` is required", at("role")))),
-        Some(v) => return Err(ApiError::field(at("role"), format!("`{}` must be a string, got {}", at("role"), kind(v)))),
+        Some(v) => {
+            return Err(ApiError::field(at("role"), format!("`{}` must be a string, got {}", at("role"), kind(v))))
+        }
     };
     let role = match role {
         "system" | "user" | "assistant" | "tool" => role,
@@ -375,21 +456,35 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let content = match obj.get("content") {
         Some(Value::String(s)) => s.clone(),
         None | Some(Value::Null) if role == "assistant" => String::new(),
-        None | Some(Value::Null) => return Err(ApiError::field(at("content"), format!("`{}` is required", at("content")))),
+        None | Some(Value::Null) => {
+            return Err(ApiError::field(at("content"), format!("`{}` is required", at("content"))))
+        }
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for (j, part) in parts.iter().enumerate() {
                 let p = format!("messages[{i}].content[{j}]");
                 match (part.get("type").and_then(Value::as_str), part.get("text")) {
                     (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                    (Some("text"), _) => return Err(ApiError::field(format!("{p}.text"), format!("`{p}.text` must be a string"))),
-                    (Some(other), _) => return Err(ApiError::field(format!("{p}.type"), format!("content parts of type `{other}` are not supported"))),
+                    (Some("text"), _) => {
+                        return Err(ApiError::field(format!("{p}.text"), format!("`{p}.text` must be a string")))
+                    }
+                    (Some(other), _) => {
+                        return Err(ApiError::field(
+                            format!("{p}.type"),
+                            format!("content parts of type `{other}` are not supported"),
+                        ))
+                    }
                     (None, _) => return Err(ApiError::field(format!("{p}.type"), format!("`{p}.type` is required"))),
                 }
             }
             text
         }
-        Some(v) => return Err(ApiError::field(at("content"), format!("`{}` must be a string or a list of parts, got {}", at("content"), kind(v)))),
+        Some(v) => {
+            return Err(ApiError::field(
+                at("content"),
+                format!("`{}` must be a string or a list of parts, got {}", at("content"), kind(v)),
+            ))
+        }
     };
     Ok(ChatMessage { role: role.to_string(), content, reasoning_content: None })
 }

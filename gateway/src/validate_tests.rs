@@ -22,7 +22,8 @@ fn chat(tok: &Tokenizer, d: &SamplingDefaults, body: Value) -> Result<GenerateRe
 
 fn completion(tok: &Tokenizer, body: Value) -> Result<GenerateRequest, ApiError> {
     let info = info();
-    Validator { info: &info, tokenizer: Some(tok), defaults: &SamplingDefaults::default(), max_n: 8 }.completion(body.to_string().as_bytes())
+    Validator { info: &info, tokenizer: Some(tok), defaults: &SamplingDefaults::default(), max_n: 8 }
+        .completion(body.to_string().as_bytes())
 }
 
 fn param(r: Result<GenerateRequest, ApiError>) -> String {
@@ -39,7 +40,15 @@ fn chat_parameters_map_to_engine_params() {
     let r = chat(&tok, &d, json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
     assert_eq!((r.params.temperature, r.params.top_p), (0.6, 0.95), "generation_config defaults");
     assert_eq!(r.params.max_tokens, 100 - r.prompt.len(), "default: the rest of the context, as vLLM");
-    assert_eq!(r.prompt, tok.encode_chat(&[ChatMessage { role: "user".into(), content: "hi".into(), reasoning_content: None }], true, None).unwrap());
+    assert_eq!(
+        r.prompt,
+        tok.encode_chat(
+            &[ChatMessage { role: "user".into(), content: "hi".into(), reasoning_content: None }],
+            true,
+            None
+        )
+        .unwrap()
+    );
     assert_eq!((r.n, r.stream, r.include_usage, r.logprobs, r.include_reasoning), (1, false, false, None, true));
 
     let r = chat(
@@ -54,8 +63,15 @@ fn chat_parameters_map_to_engine_params() {
     .unwrap();
     let p = &r.params;
     assert_eq!((p.temperature, p.top_p, p.top_k, p.min_p, p.seed), (0.0, 0.5, 0, 0.1, Some(u64::MAX)));
-    assert_eq!((p.stop.clone(), p.stop_token_ids.clone(), p.ignore_eos, p.min_tokens), (vec!["x".to_string()], vec![7], true, 2));
-    assert_eq!((p.repetition_penalty, p.skip_special_tokens, p.max_tokens, p.top_logprobs), (1.1, false, 5, 4), "max_completion_tokens wins");
+    assert_eq!(
+        (p.stop.clone(), p.stop_token_ids.clone(), p.ignore_eos, p.min_tokens),
+        (vec!["x".to_string()], vec![7], true, 2)
+    );
+    assert_eq!(
+        (p.repetition_penalty, p.skip_special_tokens, p.max_tokens, p.top_logprobs),
+        (1.1, false, 5, 4),
+        "max_completion_tokens wins"
+    );
     assert_eq!((r.n, r.stream, r.include_usage, r.logprobs, r.include_reasoning), (2, true, true, Some(4), false));
     let text = tok.decode(&r.prompt, false).unwrap();
     assert!(text.starts_with("<｜begin▁of▁sentence｜>sys<｜User｜>ab"), "{text}");
@@ -96,14 +112,23 @@ fn each_bad_field_is_named() {
     ] {
         assert_eq!(param(with(k, v.clone())), k, "{k} = {v}");
     }
-    assert_eq!(param(with("messages", json!([{"role": "user", "content": [{"type": "text", "text": 1}]}]))), "messages[0].content[0].text");
+    assert_eq!(
+        param(with("messages", json!([{"role": "user", "content": [{"type": "text", "text": 1}]}]))),
+        "messages[0].content[0].text"
+    );
     assert_eq!(param(with("messages", json!([{"role": "user"}]))), "messages[0].content");
     assert_eq!(param(with("messages", json!(["x"]))), "messages[0]");
     assert!(matches!(with("model", json!("other")), Err(ApiError::ModelNotFound(m)) if m == "other"));
     assert!(with("frequency_penalty", json!(0)).is_ok(), "zero penalties are accepted");
     assert!(with("messages", json!([{"role": "assistant", "content": null}, {"role": "user", "content": "x"}])).is_ok());
-    assert!(matches!(chat(&tok, &d, json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 99})), Err(ApiError::ContextLength { param: "messages", .. })));
-    assert!(matches!(Validator { info: &info(), tokenizer: Some(&tok), defaults: &d, max_n: 8 }.chat(b"{oops"), Err(ApiError::MalformedJson(_))));
+    assert!(matches!(
+        chat(&tok, &d, json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 99})),
+        Err(ApiError::ContextLength { param: "messages", .. })
+    ));
+    assert!(matches!(
+        Validator { info: &info(), tokenizer: Some(&tok), defaults: &d, max_n: 8 }.chat(b"{oops"),
+        Err(ApiError::MalformedJson(_))
+    ));
 }
 
 #[test]
@@ -116,11 +141,35 @@ fn completion_prompts_text_ids_and_limits() {
     assert_eq!(completion(&tok, json!({"prompt": [5, 6, 7]})).unwrap().prompt, vec![5, 6, 7]);
     assert_eq!(completion(&tok, json!({"prompt": [[5, 6]]})).unwrap().prompt, vec![5, 6]);
     assert_eq!(completion(&tok, json!({"prompt": [5], "logprobs": 3})).unwrap().logprobs, Some(3));
-    assert_eq!(completion(&tok, json!({"prompt": [5], "max_completion_tokens": 2, "max_tokens": 7})).unwrap().params.max_tokens, 7, "completions read max_tokens");
-    for bad in [json!({}), json!({"prompt": []}), json!({"prompt": ["a", "b"]}), json!({"prompt": [1, 400]}), json!({"prompt": 5}), json!({"prompt": "x", "echo": true}), json!({"prompt": "x", "logprobs": 30})] {
+    assert_eq!(
+        completion(&tok, json!({"prompt": [5], "max_completion_tokens": 2, "max_tokens": 7}))
+            .unwrap()
+            .params
+            .max_tokens,
+        7,
+        "completions read max_tokens"
+    );
+    for bad in [
+        json!({}),
+        json!({"prompt": []}),
+        json!({"prompt": ["a", "b"]}),
+        json!({"prompt": [1, 400]}),
+        json!({"prompt": 5}),
+        json!({"prompt": "x", "echo": true}),
+        json!({"prompt": "x", "logprobs": 30}),
+    ] {
         assert!(completion(&tok, bad.clone()).is_err(), "{bad}");
     }
     let e = completion(&tok, json!({"prompt": vec![1; 98], "max_tokens": 3})).unwrap_err();
-    assert_eq!(e, ApiError::ContextLength { param: "prompt", max_model_len: 100, prompt_tokens: 98, max_tokens: 3, requested: 101 });
+    assert_eq!(
+        e,
+        ApiError::ContextLength {
+            param: "prompt",
+            max_model_len: 100,
+            prompt_tokens: 98,
+            max_tokens: 3,
+            requested: 101
+        }
+    );
     assert!(completion(&tok, json!({"prompt": vec![1; 100]})).is_err(), "no room left at all");
 }

@@ -60,7 +60,8 @@ async fn completions_stream_and_not_with_text_and_token_id_prompts() {
     assert_eq!(tok["count"].as_u64().unwrap() as usize, ids.as_array().unwrap().len());
     assert_eq!(ids[0], 0, "completions prompts get BOS");
 
-    let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "ignore_eos": true});
+    let body =
+        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "ignore_eos": true});
     let (status, text_v) = s.json("/v1/completions", &body).await;
     assert_eq!(status, 200, "{text_v}");
     assert_eq!(text_v["object"], "text_completion");
@@ -109,10 +110,13 @@ async fn stop_strings_end_with_stop_and_never_leak() {
         b["stream"] = json!(stream);
         let (text, finish) = if stream {
             let ev = s.stream("/v1/completions", &b).await;
-            let text: String = ev.iter().filter_map(|e| match e {
-                Event::Json(v) => v["choices"][0]["text"].as_str().map(str::to_string),
-                Event::Done => None,
-            }).collect();
+            let text: String = ev
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Json(v) => v["choices"][0]["text"].as_str().map(str::to_string),
+                    Event::Done => None,
+                })
+                .collect();
             (text, ev[ev.len() - 2].json()["choices"][0]["finish_reason"].clone())
         } else {
             let (_, v) = s.json("/v1/completions", &b).await;
@@ -154,7 +158,14 @@ async fn n_choices_are_indexed_and_each_finishes() {
     let body = json!({"prompt": "x", "max_tokens": 16, "n": 2, "temperature": 1.0, "seed": 7, "ignore_eos": true});
     let (_, a) = s.json("/v1/completions", &body).await;
     let (_, b) = s.json("/v1/completions", &body).await;
-    let texts = |v: &Value| v["choices"].as_array().unwrap().iter().map(|c| (c["index"].as_u64().unwrap(), c["text"].as_str().unwrap().to_string())).collect::<Vec<_>>();
+    let texts = |v: &Value| {
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["index"].as_u64().unwrap(), c["text"].as_str().unwrap().to_string()))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(texts(&a), texts(&b));
     assert_eq!(texts(&a).iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 1]);
     assert_eq!(a["usage"]["completion_tokens"], 32);
@@ -215,7 +226,9 @@ async fn models_health_metrics_tokenize_detokenize() {
     let (status, d) = s.json("/detokenize", &json!({"tokens": t["tokens"]})).await;
     assert_eq!(status, 200);
     assert_eq!(d["prompt"], "hello world");
-    let (_, chat_t) = s.json("/tokenize", &json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]})).await;
+    let (_, chat_t) = s
+        .json("/tokenize", &json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}))
+        .await;
     let (_, text) = s.json("/detokenize", &json!({"tokens": chat_t["tokens"]})).await;
     assert_eq!(text["prompt"], "<｜begin▁of▁sentence｜><｜User｜>hello<｜Assistant｜><think>\n");
     let (status, _) = s.json("/detokenize", &json!({"tokens": [100000]})).await;
@@ -225,7 +238,10 @@ async fn models_health_metrics_tokenize_detokenize() {
     let text = s.get("/metrics").await.text().await.unwrap();
     assert!(text.contains("cleave_gateway_http_requests_total{route=\"/v1/completions\",status=\"200\"} 1"), "{text}");
     assert!(text.contains("cleave_gateway_requests_in_flight 0"));
-    assert!(text.lines().any(|l| l.starts_with("cleave_") && !l.starts_with("cleave_gateway_")), "the cluster's metrics are included");
+    assert!(
+        text.lines().any(|l| l.starts_with("cleave_") && !l.starts_with("cleave_gateway_")),
+        "the cluster's metrics are included"
+    );
     let r = s.get("/v1/chat/completions").await;
     assert_eq!(r.status(), 405);
     let r = s.get("/nope").await;

@@ -28,7 +28,12 @@ impl Backend for Scripted {
         Some(self.tokenizer.clone())
     }
     fn model_info(&self) -> ModelInfo {
-        ModelInfo { served_model_name: "scripted".into(), max_model_len: 1024, vocab_size: 400, think_end_id: Some(THINK_END) }
+        ModelInfo {
+            served_model_name: "scripted".into(),
+            max_model_len: 1024,
+            vocab_size: 400,
+            think_end_id: Some(THINK_END),
+        }
     }
     fn submit(&self, _prompt: Vec<u32>, params: SamplingParams) -> BoxFuture<'static, Result<TokenEvents, ApiError>> {
         let n = self.script.len().min(params.max_tokens);
@@ -36,8 +41,20 @@ impl Backend for Scripted {
             .iter()
             .enumerate()
             .map(|(i, &(token, text))| {
-                let finish = (i + 1 == n).then_some(if n == self.script.len() { FinishReason::Stop } else { FinishReason::Length });
-                Ok(TokenOutput { id: 0, token, logprob: -0.5, top_logprobs: vec![], text: text.into(), finish, prefilled: false })
+                let finish = (i + 1 == n).then_some(if n == self.script.len() {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                });
+                Ok(TokenOutput {
+                    id: 0,
+                    token,
+                    logprob: -0.5,
+                    top_logprobs: vec![],
+                    text: text.into(),
+                    finish,
+                    prefilled: false,
+                })
             })
             .collect();
         let s = futures::stream::iter(items).then(|t| async move {
@@ -50,8 +67,21 @@ impl Backend for Scripted {
 
 async fn scripted_server() -> (Server, String) {
     let tokenizer = Arc::new(Tokenizer::from_dir(&golden()).unwrap());
-    let script = vec![(10, "Let me"), (11, " add"), (12, " them"), (THINK_END, "</think>"), (13, "\n\nThe answer"), (14, " is 4.")];
-    let server = Server::start(Arc::new(Scripted { tokenizer, script }), GatewayConfig::default(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let script = vec![
+        (10, "Let me"),
+        (11, " add"),
+        (12, " them"),
+        (THINK_END, "</think>"),
+        (13, "\n\nThe answer"),
+        (14, " is 4."),
+    ];
+    let server = Server::start(
+        Arc::new(Scripted { tokenizer, script }),
+        GatewayConfig::default(),
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
     let url = format!("http://{}", server.local_addr());
     (server, url)
 }
@@ -82,18 +112,43 @@ async fn scripted_reasoning_split_streaming_and_not() {
     let (c, _) = gather_chat(&parse_sse(&post(no_reasoning).await.unwrap().text().await.unwrap()), 1);
     assert_eq!((c[0].reasoning.as_str(), c[0].content.as_str()), ("", "\n\nThe answer is 4."));
 
-    let v: Value = post(json!({"messages": [{"role": "user", "content": "2+2?"}]})).await.unwrap().json().await.unwrap();
-    assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "reasoning_content": "Let me add them", "content": "\n\nThe answer is 4."}));
+    let v: Value =
+        post(json!({"messages": [{"role": "user", "content": "2+2?"}]})).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"],
+        json!({"role": "assistant", "reasoning_content": "Let me add them", "content": "\n\nThe answer is 4."})
+    );
     // Cut before </think>: all reasoning, content null.
-    let v: Value = post(json!({"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 2})).await.unwrap().json().await.unwrap();
+    let v: Value = post(json!({"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 2}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
     assert_eq!(v["choices"][0]["message"]["reasoning_content"], "Let me add");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     // A prompt that does not open a reasoning section (no `<think>` at its end) is not split.
-    let v: Value = post(json!({"messages": [{"role": "user", "content": "2+2?"}], "add_generation_prompt": false})).await.unwrap().json().await.unwrap();
-    assert_eq!(v["choices"][0]["message"], json!({"role": "assistant", "reasoning_content": null, "content": "Let me add them</think>\n\nThe answer is 4."}));
+    let v: Value = post(json!({"messages": [{"role": "user", "content": "2+2?"}], "add_generation_prompt": false}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        v["choices"][0]["message"],
+        json!({"role": "assistant", "reasoning_content": null, "content": "Let me add them</think>\n\nThe answer is 4."})
+    );
     // Completions have no split.
-    let v: Value = client.post(format!("{url}/v1/completions")).json(&json!({"prompt": "2+2?"})).send().await.unwrap().json().await.unwrap();
+    let v: Value = client
+        .post(format!("{url}/v1/completions"))
+        .json(&json!({"prompt": "2+2?"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["choices"][0]["text"], "Let me add them</think>\n\nThe answer is 4.");
 }
 
@@ -106,7 +161,8 @@ async fn tiny_r1() -> Option<TestServer> {
         return None;
     }
     let text = std::fs::read_to_string(repo().join("configs/cpu-tiny.yaml")).unwrap();
-    let text = text.replace("model: models/tiny-r1", &format!("model: {}", model.display())).replace("port: 8000", "port: 0");
+    let text =
+        text.replace("model: models/tiny-r1", &format!("model: {}", model.display())).replace("port: 8000", "port: 0");
     Some(TestServer::from_yaml(&text, |_| {}).await)
 }
 
@@ -137,7 +193,8 @@ async fn tiny_r1_reasons_then_answers_and_openai_python_client_agrees() {
 /// `openai` package is missing (the CI script installs it).
 fn run_python_client(url: &str) {
     let script = repo().join("gateway/tests/python/test_openai_client.py");
-    let has_openai = std::process::Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
+    let has_openai =
+        std::process::Command::new("python3").args(["-c", "import openai"]).status().is_ok_and(|s| s.success());
     if !has_openai {
         eprintln!("skipping the openai Python client test: `python3 -c 'import openai'` fails");
         return;

@@ -9,7 +9,14 @@ use common::*;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-async fn expect_error(s: &TestServer, path: &str, body: Value, status: u16, param: Option<&str>, code: Option<&str>) -> Value {
+async fn expect_error(
+    s: &TestServer,
+    path: &str,
+    body: Value,
+    status: u16,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Value {
     let (got, v) = s.json(path, &body).await;
     assert_eq!(got, status, "{body} -> {v}");
     let e = &v["error"];
@@ -47,9 +54,25 @@ async fn each_invalid_request_gets_its_openai_error() {
     // Missing and mistyped fields name the field.
     expect_error(&s, chat, json!({"model": MODEL}), 400, Some("messages"), None).await;
     expect_error(&s, chat, with("temperature", json!("hot")), 400, Some("temperature"), None).await;
-    expect_error(&s, chat, with("messages", json!([{"role": "user", "content": 5}])), 400, Some("messages[0].content"), None).await;
+    expect_error(
+        &s,
+        chat,
+        with("messages", json!([{"role": "user", "content": 5}])),
+        400,
+        Some("messages[0].content"),
+        None,
+    )
+    .await;
     expect_error(&s, chat, with("messages", json!([{"content": "x"}])), 400, Some("messages[0].role"), None).await;
-    expect_error(&s, chat, with("messages", json!([{"role": "user", "content": [{"type": "image_url"}]}])), 400, Some("messages[0].content[0].type"), None).await;
+    expect_error(
+        &s,
+        chat,
+        with("messages", json!([{"role": "user", "content": [{"type": "image_url"}]}])),
+        400,
+        Some("messages[0].content[0].type"),
+        None,
+    )
+    .await;
     expect_error(&s, chat, with("stop", json!(7)), 400, Some("stop"), None).await;
     expect_error(&s, chat, with("stream", json!("yes")), 400, Some("stream"), None).await;
     // Out-of-range values.
@@ -61,13 +84,32 @@ async fn each_invalid_request_gets_its_openai_error() {
     expect_error(&s, chat, with("max_completion_tokens", json!(0)), 400, Some("max_completion_tokens"), None).await;
     expect_error(&s, chat, with("n", json!(0)), 400, Some("n"), None).await;
     expect_error(&s, chat, with("top_logprobs", json!(3)), 400, Some("top_logprobs"), None).await;
-    expect_error(&s, chat, with("stream_options", json!({"include_usage": true})), 400, Some("stream_options"), None).await;
+    expect_error(&s, chat, with("stream_options", json!({"include_usage": true})), 400, Some("stream_options"), None)
+        .await;
     // Context length: 1024 tokens in all.
-    let v = expect_error(&s, chat, with("max_tokens", json!(1020)), 400, Some("messages"), Some("context_length_exceeded")).await;
+    let v =
+        expect_error(&s, chat, with("max_tokens", json!(1020)), 400, Some("messages"), Some("context_length_exceeded"))
+            .await;
     assert!(v["error"]["message"].as_str().unwrap().contains("1024"));
     let long = "word ".repeat(1200);
-    expect_error(&s, chat, with("messages", json!([{"role": "user", "content": long}])), 400, None, Some("context_length_exceeded")).await;
-    expect_error(&s, "/v1/completions", json!({"prompt": "hi", "max_tokens": 5000}), 400, Some("prompt"), Some("context_length_exceeded")).await;
+    expect_error(
+        &s,
+        chat,
+        with("messages", json!([{"role": "user", "content": long}])),
+        400,
+        None,
+        Some("context_length_exceeded"),
+    )
+    .await;
+    expect_error(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "hi", "max_tokens": 5000}),
+        400,
+        Some("prompt"),
+        Some("context_length_exceeded"),
+    )
+    .await;
     expect_error(&s, "/v1/completions", json!({"prompt": [1, 2, 999999]}), 400, Some("prompt"), None).await;
     // Unknown model.
     expect_error(&s, chat, with("model", json!("gpt-4o")), 404, Some("model"), Some("model_not_found")).await;
@@ -76,7 +118,9 @@ async fn each_invalid_request_gets_its_openai_error() {
     let r = s.post_raw("/v1/completions", big.clone()).await;
     assert_eq!(r.status(), 413);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "payload_too_large");
-    let chunks = futures::stream::iter(big.into_bytes().chunks(8192).map(|c| Ok::<_, std::io::Error>(c.to_vec())).collect::<Vec<_>>());
+    let chunks = futures::stream::iter(
+        big.into_bytes().chunks(8192).map(|c| Ok::<_, std::io::Error>(c.to_vec())).collect::<Vec<_>>(),
+    );
     let r = s.post_raw("/v1/completions", reqwest::Body::wrap_stream(chunks)).await;
     assert_eq!(r.status(), 413);
     // Unknown fields are ignored; reasoning_content on assistant turns is accepted.
@@ -132,7 +176,10 @@ async fn a_thousand_malformed_requests_leave_the_server_healthy_and_empty() {
     let bad: Vec<(String, String)> = vec![
         ("/v1/chat/completions".into(), "{not json".into()),
         ("/v1/chat/completions".into(), r#"{"messages": "hi"}"#.into()),
-        ("/v1/chat/completions".into(), r#"{"messages": [{"role": "user", "content": "x"}], "temperature": -1}"#.into()),
+        (
+            "/v1/chat/completions".into(),
+            r#"{"messages": [{"role": "user", "content": "x"}], "temperature": -1}"#.into(),
+        ),
         ("/v1/completions".into(), r#"{"prompt": "x", "max_tokens": 0}"#.into()),
         ("/v1/completions".into(), r#"{"prompt": "x", "max_tokens": 99999}"#.into()),
         ("/v1/completions".into(), "\u{0}\u{1}\u{2}".into()),
@@ -206,7 +253,8 @@ async fn non_streaming_clients_that_give_up_abort_their_requests() {
     let tasks: Vec<_> = (0..20)
         .map(|i| {
             let (client, url) = (client.clone(), s.url.clone());
-            let body = json!({"prompt": format!("patience {i}"), "max_tokens": 1000, "temperature": 0, "ignore_eos": true});
+            let body =
+                json!({"prompt": format!("patience {i}"), "max_tokens": 1000, "temperature": 0, "ignore_eos": true});
             tokio::spawn(async move { client.post(format!("{url}/v1/completions")).json(&body).send().await.is_err() })
         })
         .collect();

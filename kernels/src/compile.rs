@@ -40,7 +40,9 @@ pub fn cache_dir() -> PathBuf {
 /// The NVRTC version as `major.minor`.
 pub fn nvrtc_version() -> Result<(i32, i32), KernelError> {
     let (mut a, mut b) = (0, 0);
-    unsafe { nvrtc_sys::nvrtcVersion(&mut a, &mut b) }.result().map_err(|e| KernelError::Compile(format!("nvrtcVersion: {e}")))?;
+    unsafe { nvrtc_sys::nvrtcVersion(&mut a, &mut b) }
+        .result()
+        .map_err(|e| KernelError::Compile(format!("nvrtcVersion: {e}")))?;
     Ok((a, b))
 }
 
@@ -79,7 +81,12 @@ pub fn compile_cached(name: &str, src: &str, arch: &str, gpu_key: &str) -> Resul
 /// Compiles without caching and returns the CUBIN size and ptxas' resource report (registers,
 /// shared memory, spills) for every kernel. Needs only libnvrtc, no GPU.
 pub fn resource_report(name: &str, src: &str, arch: &str) -> Result<(usize, String), KernelError> {
-    let options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-default-device".to_string(), "--ptxas-options=-v".to_string()];
+    let options = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ];
     let (cubin, log) = compile_with_log(name, src, &options)?;
     Ok((cubin.len(), log))
 }

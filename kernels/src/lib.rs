@@ -16,7 +16,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 pub use cudarc;
-use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{
+    result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+};
 use cudarc::nvrtc::Ptx;
 
 pub(crate) const COMMON: &str = include_str!("cu/common.cuh");
@@ -44,12 +46,29 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
             "kv_scatter_f32",
         ],
     ),
-    ("attention", include_str!("cu/attention.cu"), &["mla_decode", "mla_decode2", "mla_combine", "mla_ref_f32", "gather_latent", "softmax_causal"]),
+    (
+        "attention",
+        include_str!("cu/attention.cu"),
+        &["mla_decode", "mla_decode2", "mla_combine", "mla_ref_f32", "gather_latent", "softmax_causal"],
+    ),
     (
         "moe",
         include_str!("cu/moe.cu"),
-        &["moe_route", "moe_align", "gg16_f32", "gg16_silu", "gg64_f32", "gg64_silu", "moe_combine", "moe_f32_gateup", "moe_f32_down",
-          "gg16_f32_v2", "gg16_silu_v2", "gg64_f32_v2", "gg64_silu_v2"],
+        &[
+            "moe_route",
+            "moe_align",
+            "gg16_f32",
+            "gg16_silu",
+            "gg64_f32",
+            "gg64_silu",
+            "moe_combine",
+            "moe_f32_gateup",
+            "moe_f32_down",
+            "gg16_f32_v2",
+            "gg16_silu_v2",
+            "gg64_f32_v2",
+            "gg64_silu_v2",
+        ],
     ),
 ];
 
@@ -132,7 +151,9 @@ impl Gpu {
         let (maj, min) = ctx.compute_capability()?;
         let arch = if (maj, min) == (9, 0) { "sm_90a".to_string() } else { format!("sm_{maj}{min}") };
         if maj < 8 {
-            return Err(KernelError::NoGpu(format!("compute capability {maj}.{min}: cleave's kernels need 8.0 or newer")));
+            return Err(KernelError::NoGpu(format!(
+                "compute capability {maj}.{min}: cleave's kernels need 8.0 or newer"
+            )));
         }
         let name = ctx.name()?;
         let sm_count = ctx.attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
@@ -156,9 +177,23 @@ impl Gpu {
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
         for f in ["mla_decode", "mla_decode2"] {
-            funcs[f].set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
+            funcs[f]
+                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
         }
-        Ok(Gpu { ctx, stream, blas, funcs, _modules: modules, sm_count, name, arch, modules: reports, max_smem_optin, prof: RefCell::new(None), xfer: RefCell::new(None) })
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas,
+            funcs,
+            _modules: modules,
+            sm_count,
+            name,
+            arch,
+            modules: reports,
+            max_smem_optin,
+            prof: RefCell::new(None),
+            xfer: RefCell::new(None),
+        })
     }
 
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -167,7 +202,14 @@ impl Gpu {
 
     /// Launches `name` on the stream. `args` are the kernel's parameters in order, each as the
     /// little-endian bits of a pointer (`u64`), `int`/`unsigned` or `float`.
-    pub(crate) fn launch(&self, name: &'static str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[Arg]) -> Result<()> {
+    pub(crate) fn launch(
+        &self,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
@@ -176,7 +218,9 @@ impl Gpu {
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         self.ctx.bind_to_thread()?;
         let t = self.prof_mark()?;
-        unsafe { drv::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params) }?;
+        unsafe {
+            drv::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
+        }?;
         self.prof_end(name, t)
     }
 

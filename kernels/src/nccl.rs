@@ -53,8 +53,10 @@ impl NcclComm {
     pub fn init(gpu: &Gpu, id: NcclId, rank: usize, world: usize) -> Result<NcclComm> {
         gpu.ctx.bind_to_thread()?;
         let mut comm = std::mem::MaybeUninit::uninit();
-        unsafe { nccl::comm_init_rank(comm.as_mut_ptr(), world as i32, sys::ncclUniqueId { internal: id.0 }, rank as i32) }
-            .map_err(|e| err("ncclCommInitRank", e))?;
+        unsafe {
+            nccl::comm_init_rank(comm.as_mut_ptr(), world as i32, sys::ncclUniqueId { internal: id.0 }, rank as i32)
+        }
+        .map_err(|e| err("ncclCommInitRank", e))?;
         Ok(NcclComm { comm: unsafe { comm.assume_init() }, rank, world, aborted: false })
     }
 
@@ -72,7 +74,13 @@ impl NcclComm {
     }
 
     /// Like [`NcclComm::transfer`], on `stream`.
-    pub fn transfer_on(&self, gpu: &Gpu, stream: &cudarc::driver::CudaStream, sends: &[P2p], recvs: &[P2p]) -> Result<()> {
+    pub fn transfer_on(
+        &self,
+        gpu: &Gpu,
+        stream: &cudarc::driver::CudaStream,
+        sends: &[P2p],
+        recvs: &[P2p],
+    ) -> Result<()> {
         if self.aborted {
             return Err(KernelError::Nccl("the communicator was aborted after an earlier failure".into()));
         }
@@ -81,7 +89,16 @@ impl NcclComm {
         nccl::group_start().map_err(|e| err("ncclGroupStart", e))?;
         let mut res = Ok(());
         for s in sends.iter().filter(|s| s.bytes > 0) {
-            let r = unsafe { nccl::send(s.ptr as *const c_void, s.bytes, sys::ncclDataType_t::ncclUint8, s.peer as i32, self.comm, stream) };
+            let r = unsafe {
+                nccl::send(
+                    s.ptr as *const c_void,
+                    s.bytes,
+                    sys::ncclDataType_t::ncclUint8,
+                    s.peer as i32,
+                    self.comm,
+                    stream,
+                )
+            };
             if let Err(e) = r {
                 res = Err(err("ncclSend", e));
                 break;
@@ -89,7 +106,16 @@ impl NcclComm {
         }
         if res.is_ok() {
             for r in recvs.iter().filter(|r| r.bytes > 0) {
-                let x = unsafe { nccl::recv(r.ptr as *mut c_void, r.bytes, sys::ncclDataType_t::ncclUint8, r.peer as i32, self.comm, stream) };
+                let x = unsafe {
+                    nccl::recv(
+                        r.ptr as *mut c_void,
+                        r.bytes,
+                        sys::ncclDataType_t::ncclUint8,
+                        r.peer as i32,
+                        self.comm,
+                        stream,
+                    )
+                };
                 if let Err(e) = x {
                     res = Err(err("ncclRecv", e));
                     break;
@@ -148,7 +174,6 @@ impl NcclComm {
             self.aborted = true;
         }
     }
-
 }
 
 impl Drop for NcclComm {

@@ -64,12 +64,28 @@ impl Gpu {
     }
 
     pub fn embedding(&self, table: u64, ids: u64, out: u64, n: usize, cols: usize) -> Result<()> {
-        self.launch("embedding_f32", (n as u32, 1, 1), 256, 0, &[Ptr(table), Ptr(ids), Ptr(out), I32(n as i32), I32(cols as i32)])
+        self.launch(
+            "embedding_f32",
+            (n as u32, 1, 1),
+            256,
+            0,
+            &[Ptr(table), Ptr(ids), Ptr(out), I32(n as i32), I32(cols as i32)],
+        )
     }
 
     /// `y = rmsnorm(x)` over the first `wc` columns, or with `res != 0`: `res += x; y = rmsnorm(res)`.
     #[allow(clippy::too_many_arguments)]
-    pub fn rms_norm(&self, x: u64, res: u64, w: u64, y: u64, rows: usize, cols: usize, wc: usize, eps: f32) -> Result<()> {
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        res: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        wc: usize,
+        eps: f32,
+    ) -> Result<()> {
         let block = if cols > 4096 { 512 } else { 256 };
         self.launch(
             "rms_norm_f32",
@@ -82,7 +98,13 @@ impl Gpu {
 
     pub fn silu_mul(&self, x: u64, y: u64, rows: usize, half: usize) -> Result<()> {
         let n = (rows * half) as u64;
-        self.launch("silu_mul_f32", (self.grid1(n), 1, 1), 256, 0, &[Ptr(x), Ptr(y), I32(rows as i32), I32(half as i32)])
+        self.launch(
+            "silu_mul_f32",
+            (self.grid1(n), 1, 1),
+            256,
+            0,
+            &[Ptr(x), Ptr(y), I32(rows as i32), I32(half as i32)],
+        )
     }
 
     pub fn add(&self, a: u64, b: u64, n: usize) -> Result<()> {
@@ -90,11 +112,29 @@ impl Gpu {
     }
 
     pub fn gather_rows(&self, x: u64, rows: u64, y: u64, n: usize, cols: usize) -> Result<()> {
-        self.launch("gather_rows_f32", (n as u32, 1, 1), 256, 0, &[Ptr(x), Ptr(rows), Ptr(y), I32(n as i32), I32(cols as i32)])
+        self.launch(
+            "gather_rows_f32",
+            (n as u32, 1, 1),
+            256,
+            0,
+            &[Ptr(x), Ptr(rows), Ptr(y), I32(n as i32), I32(cols as i32)],
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn rope(&self, x: u64, cos_sin: u64, pos: u64, n: usize, cols: usize, heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> Result<()> {
+    pub fn rope(
+        &self,
+        x: u64,
+        cos_sin: u64,
+        pos: u64,
+        n: usize,
+        cols: usize,
+        heads: usize,
+        offset: usize,
+        stride: usize,
+        rope: usize,
+        interleaved: bool,
+    ) -> Result<()> {
         let total = (n * heads * rope / 2) as u64;
         self.launch(
             "rope_f32",
@@ -117,25 +157,56 @@ impl Gpu {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn write_kv(&self, latent: u64, slots: u64, cache: u64, n: usize, width: usize, layers: usize, layer: usize, bs: usize) -> Result<()> {
+    pub fn write_kv(
+        &self,
+        latent: u64,
+        slots: u64,
+        cache: u64,
+        n: usize,
+        width: usize,
+        layers: usize,
+        layer: usize,
+        bs: usize,
+    ) -> Result<()> {
         let total = (n * width) as u64;
         self.launch(
             "write_kv_bf16",
             (self.grid1(total), 1, 1),
             256,
             0,
-            &[Ptr(latent), Ptr(slots), Ptr(cache), I32(n as i32), I32(width as i32), I32(layers as i32), I32(layer as i32), I32(bs as i32)],
+            &[
+                Ptr(latent),
+                Ptr(slots),
+                Ptr(cache),
+                I32(n as i32),
+                I32(width as i32),
+                I32(layers as i32),
+                I32(layer as i32),
+                I32(bs as i32),
+            ],
         )
     }
 
     pub fn kv_export(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
         let total = (nb * per_block) as u64;
-        self.launch("kv_export_f32", (self.grid1(total), 1, 1), 256, 0, &[Ptr(cache), Ptr(blocks), Ptr(out), I32(nb as i32), U64(per_block as u64)])
+        self.launch(
+            "kv_export_f32",
+            (self.grid1(total), 1, 1),
+            256,
+            0,
+            &[Ptr(cache), Ptr(blocks), Ptr(out), I32(nb as i32), U64(per_block as u64)],
+        )
     }
 
     pub fn kv_import(&self, input: u64, blocks: u64, cache: u64, nb: usize, per_block: usize) -> Result<()> {
         let total = (nb * per_block) as u64;
-        self.launch("kv_import_f32", (self.grid1(total), 1, 1), 256, 0, &[Ptr(input), Ptr(blocks), Ptr(cache), I32(nb as i32), U64(per_block as u64)])
+        self.launch(
+            "kv_import_f32",
+            (self.grid1(total), 1, 1),
+            256,
+            0,
+            &[Ptr(input), Ptr(blocks), Ptr(cache), I32(nb as i32), U64(per_block as u64)],
+        )
     }
 
     pub fn cast_f32_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
@@ -149,7 +220,19 @@ impl Gpu {
     /// Converts a stored `[rows, cols]` weight into bf16 rows `row_base + r * row_mul + row_off`
     /// of `dst` (`cols` wide). `scale`: fp8 block scales (0 for none) with block `[sb0, sb1]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn convert_weight(&self, src: u64, dtype: SrcDtype, rows: usize, cols: usize, scale: u64, block: [usize; 2], dst: u64, row_base: usize, row_mul: usize, row_off: usize) -> Result<()> {
+    pub fn convert_weight(
+        &self,
+        src: u64,
+        dtype: SrcDtype,
+        rows: usize,
+        cols: usize,
+        scale: u64,
+        block: [usize; 2],
+        dst: u64,
+        row_base: usize,
+        row_mul: usize,
+        row_off: usize,
+    ) -> Result<()> {
         let total = (rows * cols) as u64;
         self.launch(
             "convert_weight",
@@ -173,7 +256,13 @@ impl Gpu {
     }
 
     pub fn fill_uniform_bf16(&self, dst: u64, n: usize, seed: u64, lo: f32, hi: f32) -> Result<()> {
-        self.launch("fill_uniform_bf16", (self.grid1(n as u64), 1, 1), 256, 0, &[Ptr(dst), U64(n as u64), U64(seed), F32(lo), F32(hi)])
+        self.launch(
+            "fill_uniform_bf16",
+            (self.grid1(n as u64), 1, 1),
+            256,
+            0,
+            &[Ptr(dst), U64(n as u64), U64(seed), F32(lo), F32(hi)],
+        )
     }
 
     /// Checks the shapes `mla_decode` supports.
@@ -188,7 +277,21 @@ impl Gpu {
 
     /// Partial attention of every row over its visible keys; see attention.cu.
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_decode(&self, v2: bool, p: &MlaLaunch, splits: usize, chunk: usize, q_lat: u64, q: u64, cache: u64, row_len: u64, row_tab: u64, tables: u64, part_o: u64, part_ml: u64) -> Result<()> {
+    pub fn mla_decode(
+        &self,
+        v2: bool,
+        p: &MlaLaunch,
+        splits: usize,
+        chunk: usize,
+        q_lat: u64,
+        q: u64,
+        cache: u64,
+        row_len: u64,
+        row_tab: u64,
+        tables: u64,
+        part_o: u64,
+        part_ml: u64,
+    ) -> Result<()> {
         Self::mla_supported(p.kv_lora, p.rope)?;
         let smem = p.smem_bytes();
         if smem > self.max_smem_optin.min(200 * 1024) {
@@ -225,7 +328,16 @@ impl Gpu {
         )
     }
 
-    pub fn mla_combine(&self, part_o: u64, part_ml: u64, o_lat: u64, rows: usize, heads: usize, kv_lora: usize, splits: usize) -> Result<()> {
+    pub fn mla_combine(
+        &self,
+        part_o: u64,
+        part_ml: u64,
+        o_lat: u64,
+        rows: usize,
+        heads: usize,
+        kv_lora: usize,
+        splits: usize,
+    ) -> Result<()> {
         if splits > 64 {
             return Err(KernelError::Invalid(format!("mla_combine: {splits} splits (at most 64)")));
         }
@@ -240,7 +352,17 @@ impl Gpu {
 
     /// Expanded prefill: a sequence's latent rows `[ctx, width]` gathered from the paged cache.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather_latent(&self, cache: u64, table: u64, out: u64, ctx: usize, layers: usize, layer: usize, bs: usize, width: usize) -> Result<()> {
+    pub fn gather_latent(
+        &self,
+        cache: u64,
+        table: u64,
+        out: u64,
+        ctx: usize,
+        layers: usize,
+        layer: usize,
+        bs: usize,
+        width: usize,
+    ) -> Result<()> {
         if width % 8 != 0 {
             return Err(KernelError::Invalid(format!("gather_latent: width {width} not divisible by 8")));
         }
@@ -250,18 +372,54 @@ impl Gpu {
             (self.grid1(total), 1, 1),
             256,
             0,
-            &[Ptr(cache), Ptr(table), Ptr(out), I32(ctx as i32), I32(layers as i32), I32(layer as i32), I32(bs as i32), I32(width as i32)],
+            &[
+                Ptr(cache),
+                Ptr(table),
+                Ptr(out),
+                I32(ctx as i32),
+                I32(layers as i32),
+                I32(layer as i32),
+                I32(bs as i32),
+                I32(width as i32),
+            ],
         )
     }
 
     /// Causal softmax of `rows` score rows of length `ctx` (row r is query r % ql of the chunk).
     pub fn softmax_causal(&self, s: u64, p: u64, rows: usize, ql: usize, ctx: usize, scale: f32) -> Result<()> {
-        self.launch("softmax_causal", (rows as u32, 1, 1), 256, 0, &[Ptr(s), Ptr(p), I32(ql as i32), I32(ctx as i32), F32(scale)])
+        self.launch(
+            "softmax_causal",
+            (rows as u32, 1, 1),
+            256,
+            0,
+            &[Ptr(s), Ptr(p), I32(ql as i32), I32(ctx as i32), F32(scale)],
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_route(&self, logits: u64, bias: u64, ids: u64, wts: u64, n: usize, experts: usize, n_group: usize, topk_group: usize, top_k: usize, norm: bool, scaling: f32) -> Result<()> {
-        if experts > 256 || n_group == 0 || n_group > 32 || experts % n_group != 0 || top_k == 0 || top_k > 32 || top_k > experts || topk_group == 0 {
+    pub fn moe_route(
+        &self,
+        logits: u64,
+        bias: u64,
+        ids: u64,
+        wts: u64,
+        n: usize,
+        experts: usize,
+        n_group: usize,
+        topk_group: usize,
+        top_k: usize,
+        norm: bool,
+        scaling: f32,
+    ) -> Result<()> {
+        if experts > 256
+            || n_group == 0
+            || n_group > 32
+            || experts % n_group != 0
+            || top_k == 0
+            || top_k > 32
+            || top_k > experts
+            || topk_group == 0
+        {
             return Err(KernelError::Invalid(format!(
                 "moe_route supports up to 256 experts in up to 32 equal groups and top_k <= 32 (got {experts} experts, {n_group} groups, top_k {top_k}, topk_group {topk_group})"
             )));
@@ -293,7 +451,19 @@ impl Gpu {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_align(&self, ids: u64, assignments: usize, top_k: usize, experts: usize, bm: usize, sorted_tok: u64, inv: u64, tiles: u64, meta: u64, row_expert: u64) -> Result<()> {
+    pub fn moe_align(
+        &self,
+        ids: u64,
+        assignments: usize,
+        top_k: usize,
+        experts: usize,
+        bm: usize,
+        sorted_tok: u64,
+        inv: u64,
+        tiles: u64,
+        meta: u64,
+        row_expert: u64,
+    ) -> Result<()> {
         if experts > 4096 {
             return Err(KernelError::Invalid(format!("moe_align: {experts} experts (at most 4096)")));
         }
@@ -302,14 +472,39 @@ impl Gpu {
             (1, 1, 1),
             1024,
             (16 * experts) as u32,
-            &[Ptr(ids), I32(assignments as i32), I32(top_k as i32), I32(experts as i32), I32(bm as i32), Ptr(sorted_tok), Ptr(inv), Ptr(tiles), Ptr(meta), Ptr(row_expert)],
+            &[
+                Ptr(ids),
+                I32(assignments as i32),
+                I32(top_k as i32),
+                I32(experts as i32),
+                I32(bm as i32),
+                Ptr(sorted_tok),
+                Ptr(inv),
+                Ptr(tiles),
+                Ptr(meta),
+                Ptr(row_expert),
+            ],
         )
     }
 
     /// Grouped GEMM over expert row tiles (see moe.cu). `bm` 16 or 64; `silu` fuses the
     /// interleaved gate/up activation and writes bf16 `[*, n/2]`, else f32 `[*, n]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm(&self, v2: bool, bm: usize, silu: bool, x: u64, rowidx: u64, w: u64, y: u64, tiles: u64, meta: u64, max_tiles: usize, n: usize, k: usize) -> Result<()> {
+    pub fn grouped_gemm(
+        &self,
+        v2: bool,
+        bm: usize,
+        silu: bool,
+        x: u64,
+        rowidx: u64,
+        w: u64,
+        y: u64,
+        tiles: u64,
+        meta: u64,
+        max_tiles: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
         if k % 8 != 0 {
             return Err(KernelError::Invalid(format!("grouped GEMM needs K divisible by 8 (got {k})")));
         }
@@ -325,12 +520,24 @@ impl Gpu {
             _ => return Err(KernelError::Invalid(format!("grouped GEMM row tile {bm}"))),
         };
         let gx = n.div_ceil(GG_BN) as u32;
-        self.launch(name, (gx, max_tiles as u32, 1), 128, 0, &[Ptr(x), Ptr(rowidx), Ptr(w), Ptr(y), Ptr(tiles), Ptr(meta), I32(n as i32), I32(k as i32)])
+        self.launch(
+            name,
+            (gx, max_tiles as u32, 1),
+            128,
+            0,
+            &[Ptr(x), Ptr(rowidx), Ptr(w), Ptr(y), Ptr(tiles), Ptr(meta), I32(n as i32), I32(k as i32)],
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(&self, y: u64, inv: u64, wts: u64, out: u64, n: usize, top_k: usize, h: usize) -> Result<()> {
-        self.launch("moe_combine", (n as u32, 1, 1), 256, 0, &[Ptr(y), Ptr(inv), Ptr(wts), Ptr(out), I32(n as i32), I32(top_k as i32), I32(h as i32)])
+        self.launch(
+            "moe_combine",
+            (n as u32, 1, 1),
+            256,
+            0,
+            &[Ptr(y), Ptr(inv), Ptr(wts), Ptr(out), I32(n as i32), I32(top_k as i32), I32(h as i32)],
+        )
     }
 }
 
@@ -338,32 +545,77 @@ impl Gpu {
 /// and for checking the fast kernels end to end.
 impl Gpu {
     #[allow(clippy::too_many_arguments)]
-    pub fn write_kv_f32(&self, latent: u64, slots: u64, cache: u64, n: usize, width: usize, layers: usize, layer: usize, bs: usize) -> Result<()> {
+    pub fn write_kv_f32(
+        &self,
+        latent: u64,
+        slots: u64,
+        cache: u64,
+        n: usize,
+        width: usize,
+        layers: usize,
+        layer: usize,
+        bs: usize,
+    ) -> Result<()> {
         let total = (n * width) as u64;
         self.launch(
             "write_kv_f32",
             (self.grid1(total), 1, 1),
             256,
             0,
-            &[Ptr(latent), Ptr(slots), Ptr(cache), I32(n as i32), I32(width as i32), I32(layers as i32), I32(layer as i32), I32(bs as i32)],
+            &[
+                Ptr(latent),
+                Ptr(slots),
+                Ptr(cache),
+                I32(n as i32),
+                I32(width as i32),
+                I32(layers as i32),
+                I32(layer as i32),
+                I32(bs as i32),
+            ],
         )
     }
 
     pub fn kv_gather_f32(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
         let total = (nb * per_block) as u64;
-        self.launch("kv_gather_f32", (self.grid1(total), 1, 1), 256, 0, &[Ptr(cache), Ptr(blocks), Ptr(out), I32(nb as i32), U64(per_block as u64)])
+        self.launch(
+            "kv_gather_f32",
+            (self.grid1(total), 1, 1),
+            256,
+            0,
+            &[Ptr(cache), Ptr(blocks), Ptr(out), I32(nb as i32), U64(per_block as u64)],
+        )
     }
 
     pub fn kv_scatter_f32(&self, input: u64, blocks: u64, cache: u64, nb: usize, per_block: usize) -> Result<()> {
         let total = (nb * per_block) as u64;
-        self.launch("kv_scatter_f32", (self.grid1(total), 1, 1), 256, 0, &[Ptr(input), Ptr(blocks), Ptr(cache), I32(nb as i32), U64(per_block as u64)])
+        self.launch(
+            "kv_scatter_f32",
+            (self.grid1(total), 1, 1),
+            256,
+            0,
+            &[Ptr(input), Ptr(blocks), Ptr(cache), I32(nb as i32), U64(per_block as u64)],
+        )
     }
 
     /// `out[row, h*V..]` for every row and head, all in f32 (see attention.cu `mla_ref_f32`).
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_ref_f32(&self, p: &MlaLaunch, v: usize, q: u64, cache: u64, row_len: u64, row_tab: u64, tables: u64, kv_b: u64, out: u64) -> Result<()> {
+    pub fn mla_ref_f32(
+        &self,
+        p: &MlaLaunch,
+        v: usize,
+        q: u64,
+        cache: u64,
+        row_len: u64,
+        row_tab: u64,
+        tables: u64,
+        kv_b: u64,
+        out: u64,
+    ) -> Result<()> {
         if p.kv_lora > 512 || p.rope > 64 {
-            return Err(KernelError::Invalid(format!("f32 MLA supports kv_lora_rank <= 512 and qk_rope_head_dim <= 64 (got {} and {})", p.kv_lora, p.rope)));
+            return Err(KernelError::Invalid(format!(
+                "f32 MLA supports kv_lora_rank <= 512 and qk_rope_head_dim <= 64 (got {} and {})",
+                p.kv_lora, p.rope
+            )));
         }
         self.launch(
             "mla_ref_f32",
@@ -392,9 +644,33 @@ impl Gpu {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_f32(&self, x: u64, sorted_tok: u64, row_expert: u64, gate_up: u64, down: u64, act: u64, y: u64, rows: usize, h: usize, i: usize) -> Result<()> {
-        self.launch("moe_f32_gateup", (rows as u32, 1, 1), 128, 0, &[Ptr(x), Ptr(sorted_tok), Ptr(row_expert), Ptr(gate_up), Ptr(act), I32(h as i32), I32(i as i32)])?;
-        self.launch("moe_f32_down", (rows as u32, 1, 1), 128, 0, &[Ptr(act), Ptr(row_expert), Ptr(down), Ptr(y), I32(h as i32), I32(i as i32)])
+    pub fn moe_f32(
+        &self,
+        x: u64,
+        sorted_tok: u64,
+        row_expert: u64,
+        gate_up: u64,
+        down: u64,
+        act: u64,
+        y: u64,
+        rows: usize,
+        h: usize,
+        i: usize,
+    ) -> Result<()> {
+        self.launch(
+            "moe_f32_gateup",
+            (rows as u32, 1, 1),
+            128,
+            0,
+            &[Ptr(x), Ptr(sorted_tok), Ptr(row_expert), Ptr(gate_up), Ptr(act), I32(h as i32), I32(i as i32)],
+        )?;
+        self.launch(
+            "moe_f32_down",
+            (rows as u32, 1, 1),
+            128,
+            0,
+            &[Ptr(act), Ptr(row_expert), Ptr(down), Ptr(y), I32(h as i32), I32(i as i32)],
+        )
     }
 }
 
@@ -404,7 +680,18 @@ mod tests {
 
     #[test]
     fn mla_smem_and_splits() {
-        let p = MlaLaunch { rows: 1, heads: 16, kv_lora: 512, rope: 64, nope: 128, layers: 27, layer: 0, block_size: 64, scale: 0.1, max_ctx: 4096 };
+        let p = MlaLaunch {
+            rows: 1,
+            heads: 16,
+            kv_lora: 512,
+            rope: 64,
+            nope: 128,
+            layers: 27,
+            layer: 0,
+            block_size: 64,
+            scale: 0.1,
+            max_ctx: 4096,
+        };
         assert!(p.smem_bytes() < 200 * 1024);
         let (splits, chunk) = p.splits(132);
         assert!(splits * chunk >= 4096 && chunk % MLA_TILE == 0 && splits <= 64);

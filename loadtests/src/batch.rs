@@ -46,7 +46,8 @@ pub struct BatchResponse {
 /// Reads the input list.
 pub fn load_items(path: &Path) -> Result<Vec<BatchItem>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON list of {{\"tag\", \"prompt\", \"system\"?}}", path.display()))
+    serde_json::from_str(&text)
+        .with_context(|| format!("{}: expected a JSON list of {{\"tag\", \"prompt\", \"system\"?}}", path.display()))
 }
 
 /// The chat messages of an item.
@@ -135,10 +136,20 @@ mod tests {
 
     #[test]
     fn items_and_responses() {
-        let items: Vec<BatchItem> = serde_json::from_str(r#"[{"tag": "a", "prompt": "hi", "system": "be brief"}, {"tag": 2, "prompt": "yo"}]"#).unwrap();
-        assert_eq!(messages(&items[0]), vec![json!({"role": "system", "content": "be brief"}), json!({"role": "user", "content": "hi"})]);
+        let items: Vec<BatchItem> =
+            serde_json::from_str(r#"[{"tag": "a", "prompt": "hi", "system": "be brief"}, {"tag": 2, "prompt": "yo"}]"#)
+                .unwrap();
+        assert_eq!(
+            messages(&items[0]),
+            vec![json!({"role": "system", "content": "be brief"}), json!({"role": "user", "content": "hi"})]
+        );
         assert_eq!(messages(&items[1]).len(), 1);
-        let o = RequestOutput { success: true, reasoning_text: "think".into(), finish_reason: Some("length".into()), ..Default::default() };
+        let o = RequestOutput {
+            success: true,
+            reasoning_text: "think".into(),
+            finish_reason: Some("length".into()),
+            ..Default::default()
+        };
         let r = response_of(json!("a"), &o);
         assert_eq!((r.reasoning.as_deref(), r.content.as_deref(), r.error.as_deref()), (Some("think"), None, None));
         let f = RequestOutput { success: false, error: "HTTP 400".into(), ..Default::default() };

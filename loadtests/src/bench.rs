@@ -26,7 +26,10 @@ pub async fn resolve_target(server: &ServerArgs) -> Result<(Target, Option<usize
         }
         (Some(m), Err(_)) => (m.clone(), None),
         (None, Ok(list)) => {
-            let first = list.into_iter().next().with_context(|| format!("no models found on the server at {}", server.base_url))?;
+            let first = list
+                .into_iter()
+                .next()
+                .with_context(|| format!("no models found on the server at {}", server.base_url))?;
             println!("Model not specified, using the first model of the server: {}", first.id);
             (first.id, first.max_model_len)
         }
@@ -37,7 +40,13 @@ pub async fn resolve_target(server: &ServerArgs) -> Result<(Target, Option<usize
 }
 
 /// Builds the prompts of a run.
-pub async fn load_requests(target: &Target, w: &WorkloadArgs, num_prompts: usize, seed: u64, max_model_len: Option<usize>) -> Result<Vec<SampleRequest>> {
+pub async fn load_requests(
+    target: &Target,
+    w: &WorkloadArgs,
+    num_prompts: usize,
+    seed: u64,
+    max_model_len: Option<usize>,
+) -> Result<Vec<SampleRequest>> {
     let tok = ServerTokenizer { client: &target.client, model: target.model.clone() };
     match w.dataset {
         DatasetKind::Random => {
@@ -60,7 +69,9 @@ pub async fn load_requests(target: &Target, w: &WorkloadArgs, num_prompts: usize
                 as_token_ids: w.prompt_token_ids,
                 seed,
             };
-            dataset::random_requests(&tok, &spec).await.context("building the random dataset with the server's tokenizer")
+            dataset::random_requests(&tok, &spec)
+                .await
+                .context("building the random dataset with the server's tokenizer")
         }
         DatasetKind::Jsonl => {
             let path = w.dataset_path.as_deref().context("--dataset jsonl needs --dataset-path")?;
@@ -74,7 +85,11 @@ pub async fn load_requests(target: &Target, w: &WorkloadArgs, num_prompts: usize
 }
 
 /// Request inputs for prompts.
-pub fn to_inputs(reqs: &[SampleRequest], ignore_eos: bool, extra_body: &Option<Map<String, Value>>) -> Vec<RequestInput> {
+pub fn to_inputs(
+    reqs: &[SampleRequest],
+    ignore_eos: bool,
+    extra_body: &Option<Map<String, Value>>,
+) -> Vec<RequestInput> {
     reqs.iter()
         .map(|r| RequestInput {
             prompt: r.prompt.clone(),
@@ -155,7 +170,8 @@ pub async fn run_point(
         burstiness: load.burstiness,
         max_concurrency: load.max_concurrency,
     };
-    let report = report::format_failures(&outcome.outputs) + &report::format_report(&meta, &metrics, outcome.duration, &selected);
+    let report = report::format_failures(&outcome.outputs)
+        + &report::format_report(&meta, &metrics, outcome.duration, &selected);
     let result = report::result_json(&meta, &metrics, &outcome, &selected);
     Ok(BenchRun { meta, metrics, outcome, result, report })
 }

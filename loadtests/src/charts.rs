@@ -80,23 +80,37 @@ fn lines_of(series: &[Series], metrics: &[MetricSpec]) -> Vec<Line> {
         pts.sort_by(|a, b| a.x.total_cmp(&b.x));
         for (name, dashed, f) in metrics {
             let label = if name.is_empty() { s.label.clone() } else { format!("{} {name}", s.label) };
-            out.push(Line { label, color: COLORS[i % COLORS.len()], dashed: *dashed, points: pts.iter().map(|p| (p.x, f(p))).collect() });
+            out.push(Line {
+                label,
+                color: COLORS[i % COLORS.len()],
+                dashed: *dashed,
+                points: pts.iter().map(|p| (p.x, f(p))).collect(),
+            });
         }
     }
     out
 }
 
-fn draw_sweep_on<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, series: &[Series], var: SweepVar, title: &str) -> Result<()> {
+fn draw_sweep_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    series: &[Series],
+    var: SweepVar,
+    title: &str,
+) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let root = root.titled(title, ("sans-serif", 30)).map_err(err)?;
     let panels = root.split_evenly((2, 2));
     let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.x)).collect();
-    let (xmin, xmax) = (xs.iter().copied().fold(f64::INFINITY, f64::min), xs.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    let (xmin, xmax) =
+        (xs.iter().copied().fold(f64::INFINITY, f64::min), xs.iter().copied().fold(f64::NEG_INFINITY, f64::max));
     let log = xmin > 0.0 && xmax / xmin >= 8.0;
     let specs: [(&str, Vec<Line>); 4] = [
         (
             "Token throughput (tok/s)",
-            lines_of(series, &[("output", false, |p| p.output_throughput), ("total", true, |p| p.total_token_throughput)]),
+            lines_of(
+                series,
+                &[("output", false, |p| p.output_throughput), ("total", true, |p| p.total_token_throughput)],
+            ),
         ),
         (
             "Inter-token latency (ms)",
@@ -117,7 +131,14 @@ fn draw_sweep_on<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, series: &[Ser
     root.present().map_err(err)
 }
 
-fn panel<DB, XS>(area: &DrawingArea<DB, Shift>, xs: XS, ys: std::ops::Range<f64>, caption: &str, xlabel: &str, lines: &[Line]) -> Result<()>
+fn panel<DB, XS>(
+    area: &DrawingArea<DB, Shift>,
+    xs: XS,
+    ys: std::ops::Range<f64>,
+    caption: &str,
+    xlabel: &str,
+    lines: &[Line],
+) -> Result<()>
 where
     DB: DrawingBackend,
     XS: AsRangedCoord<Value = f64>,
@@ -161,8 +182,15 @@ where
         chart.draw_series(l.points.iter().map(|&p| marker(p))).map_err(err)?;
     }
     // The legend goes in the upper corner whose side has the lower values.
-    let ends = |last: bool| lines.iter().filter_map(|l| if last { l.points.last() } else { l.points.first() }).map(|p| p.1).fold(0.0, f64::max);
-    let corner = if ends(false) <= ends(true) { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::UpperRight };
+    let ends = |last: bool| {
+        lines
+            .iter()
+            .filter_map(|l| if last { l.points.last() } else { l.points.first() })
+            .map(|p| p.1)
+            .fold(0.0, f64::max)
+    };
+    let corner =
+        if ends(false) <= ends(true) { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::UpperRight };
     chart
         .configure_series_labels()
         .position(corner)
@@ -198,7 +226,13 @@ pub struct BarGroup {
 }
 
 /// Grouped bars (one color per label) to `<base>.png` and `<base>.svg`.
-pub fn draw_bars(labels: &[String], groups: &[BarGroup], y_desc: &str, title: &str, base: &Path) -> Result<(PathBuf, PathBuf)> {
+pub fn draw_bars(
+    labels: &[String],
+    groups: &[BarGroup],
+    y_desc: &str,
+    title: &str,
+    base: &Path,
+) -> Result<(PathBuf, PathBuf)> {
     register_font();
     let png = base.with_extension("png");
     let svg = base.with_extension("svg");
@@ -207,7 +241,13 @@ pub fn draw_bars(labels: &[String], groups: &[BarGroup], y_desc: &str, title: &s
     Ok((png, svg))
 }
 
-fn draw_bars_on<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, labels: &[String], groups: &[BarGroup], y_desc: &str, title: &str) -> Result<()> {
+fn draw_bars_on<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    labels: &[String],
+    groups: &[BarGroup],
+    y_desc: &str,
+    title: &str,
+) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let ymax = groups.iter().flat_map(|g| g.values.iter().copied()).fold(0.0, f64::max).max(1e-9) * 1.15;
     let n = groups.len() as f64;
@@ -225,7 +265,11 @@ fn draw_bars_on<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, labels: &[Stri
         .x_labels(groups.len().max(1))
         .x_label_formatter(&|v| {
             let i = v.round();
-            if (v - i).abs() < 1e-6 && i >= 0.0 { names.get(i as usize).cloned().unwrap_or_default() } else { String::new() }
+            if (v - i).abs() < 1e-6 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
         })
         .y_desc(y_desc)
         .label_style(("sans-serif", 16))
@@ -287,7 +331,8 @@ pub fn main(args: ChartArgs) -> Result<()> {
         series.push(Series { label, points: s.points });
     }
     let var = var.context("no --input")?;
-    let title = args.title.clone().unwrap_or_else(|| series.iter().map(|s| s.label.as_str()).collect::<Vec<_>>().join(" vs "));
+    let title =
+        args.title.clone().unwrap_or_else(|| series.iter().map(|s| s.label.as_str()).collect::<Vec<_>>().join(" vs "));
     let (png, svg) = draw_sweep(&series, var, &title, &args.output)?;
     println!("Wrote {} and {}", png.display(), svg.display());
     Ok(())

@@ -8,7 +8,11 @@ use serde_json::{Map, Value};
 
 /// `cleave-bench`: with no subcommand, one benchmark run (like `vllm bench serve`).
 #[derive(Debug, Parser)]
-#[command(name = "cleave-bench", version, about = "Benchmark an OpenAI-compatible server the way `vllm bench serve` does")]
+#[command(
+    name = "cleave-bench",
+    version,
+    about = "Benchmark an OpenAI-compatible server the way `vllm bench serve` does"
+)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     /// A subcommand; none runs one benchmark.
@@ -152,7 +156,8 @@ impl WorkloadArgs {
 
     /// The `--percentile-metrics` list, checked.
     pub fn selected_metrics(&self) -> Result<Vec<String>> {
-        let v: Vec<String> = self.percentile_metrics.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        let v: Vec<String> =
+            self.percentile_metrics.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
         for m in &v {
             if !["ttft", "tpot", "itl", "e2el"].contains(&m.as_str()) {
                 bail!("--percentile-metrics: unknown metric {m:?} (ttft, tpot, itl, e2el)");
@@ -313,29 +318,69 @@ mod tests {
     #[test]
     fn parses_vllm_style_options_and_subcommands() {
         let cli = Cli::try_parse_from([
-            "cleave-bench", "--base-url", "http://h:1", "--endpoint", "/v1/chat/completions", "--request-rate", "inf",
-            "--max-concurrency", "4", "--goodput", "ttft:500", "tpot:50", "--random-range-ratio", "0.2", "--ignore-eos",
+            "cleave-bench",
+            "--base-url",
+            "http://h:1",
+            "--endpoint",
+            "/v1/chat/completions",
+            "--request-rate",
+            "inf",
+            "--max-concurrency",
+            "4",
+            "--goodput",
+            "ttft:500",
+            "tpot:50",
+            "--random-range-ratio",
+            "0.2",
+            "--ignore-eos",
         ])
         .unwrap();
         assert!(cli.command.is_none());
         assert!(cli.bench.request_rate.is_infinite());
         assert_eq!(cli.bench.max_concurrency, Some(4));
         assert_eq!(cli.bench.workload.goodput, vec!["ttft:500", "tpot:50"]);
-        let cli = Cli::try_parse_from(["cleave-bench", "sweep", "--max-concurrency", "1,2,4,8", "--output-dir", "o"]).unwrap();
+        let cli = Cli::try_parse_from(["cleave-bench", "sweep", "--max-concurrency", "1,2,4,8", "--output-dir", "o"])
+            .unwrap();
         let Some(Command::Sweep(s)) = cli.command else { panic!() };
         assert_eq!(s.max_concurrency, vec![1, 2, 4, 8]);
         let cli = Cli::try_parse_from(["cleave-bench", "sweep", "--request-rate", "1,2.5"]).unwrap();
         let Some(Command::Sweep(s)) = cli.command else { panic!() };
         assert_eq!(s.request_rate, vec![1.0, 2.5]);
-        assert!(Cli::try_parse_from(["cleave-bench", "sweep", "--request-rate", "1", "--max-concurrency", "2"]).is_err());
-        let cli = Cli::try_parse_from(["cleave-bench", "chart", "--input", "a", "--input", "b", "--label", "x", "--label", "y"]).unwrap();
+        assert!(
+            Cli::try_parse_from(["cleave-bench", "sweep", "--request-rate", "1", "--max-concurrency", "2"]).is_err()
+        );
+        let cli = Cli::try_parse_from([
+            "cleave-bench",
+            "chart",
+            "--input",
+            "a",
+            "--input",
+            "b",
+            "--label",
+            "x",
+            "--label",
+            "y",
+        ])
+        .unwrap();
         let Some(Command::Chart(c)) = cli.command else { panic!() };
         assert_eq!((c.input.len(), c.label.len()), (2, 2));
-        let cli = Cli::try_parse_from(["cleave-bench", "--token-id-range", "3:100", "--metric-percentiles", "50,99.9"]).unwrap();
+        let cli = Cli::try_parse_from(["cleave-bench", "--token-id-range", "3:100", "--metric-percentiles", "50,99.9"])
+            .unwrap();
         assert_eq!(cli.bench.workload.token_id_range, Some((3, 100)));
         assert_eq!(cli.bench.workload.percentiles().unwrap(), vec![50.0, 99.9]);
-        assert!(Cli::try_parse_from(["cleave-bench", "--percentile-metrics", "foo"]).unwrap().bench.workload.selected_metrics().is_err());
-        let s = ServerArgs { base_url: String::new(), endpoint: String::new(), model: None, temperature: Some(0.0), extra_body: Some("{\"top_p\":0.9}".into()) };
+        assert!(Cli::try_parse_from(["cleave-bench", "--percentile-metrics", "foo"])
+            .unwrap()
+            .bench
+            .workload
+            .selected_metrics()
+            .is_err());
+        let s = ServerArgs {
+            base_url: String::new(),
+            endpoint: String::new(),
+            model: None,
+            temperature: Some(0.0),
+            extra_body: Some("{\"top_p\":0.9}".into()),
+        };
         let b = s.extra_body().unwrap().unwrap();
         assert_eq!((b["temperature"].as_f64(), b["top_p"].as_f64()), (Some(0.0), Some(0.9)));
     }

@@ -121,7 +121,8 @@ pub async fn token_pool<T: Tokenizer>(tok: &T, range: Option<(u32, u32)>, seed: 
         text.push(if i % 17 == 0 { '\n' } else { ' ' });
         text.push_str(words[rng.random_range(0..words.len())]);
     }
-    let ids: BTreeSet<u32> = tok.tokenize(&text, false).await.context("building the token pool with /tokenize")?.into_iter().collect();
+    let ids: BTreeSet<u32> =
+        tok.tokenize(&text, false).await.context("building the token pool with /tokenize")?.into_iter().collect();
     if ids.is_empty() {
         bail!("the server's /tokenize returned no tokens for the corpus");
     }
@@ -162,7 +163,11 @@ pub async fn random_requests<T: Tokenizer>(tok: &T, spec: &RandomSpec) -> Result
     let (in_lo, in_hi) = length_bounds(content_len, spec.range_ratio, 0)?;
     let (out_lo, out_hi) = length_bounds(spec.output_len, spec.range_ratio, 1)?;
     if in_lo < 1 {
-        bail!("--random-input-len {} leaves no room for prompt text after {} special token(s)", spec.input_len, special.len());
+        bail!(
+            "--random-input-len {} leaves no room for prompt text after {} special token(s)",
+            spec.input_len,
+            special.len()
+        );
     }
     let pool = token_pool(tok, spec.token_id_range, spec.seed).await?;
     let mut rng = StdRng::seed_from_u64(spec.seed);
@@ -188,7 +193,8 @@ pub async fn random_requests<T: Tokenizer>(tok: &T, spec: &RandomSpec) -> Result
         .buffered(16)
         .collect()
         .await;
-    let (requests, mismatches): (Vec<SampleRequest>, Vec<i64>) = results.into_iter().collect::<Result<Vec<_>>>()?.into_iter().unzip();
+    let (requests, mismatches): (Vec<SampleRequest>, Vec<i64>) =
+        results.into_iter().collect::<Result<Vec<_>>>()?.into_iter().unzip();
     let off: i64 = mismatches.iter().sum();
     if off != 0 {
         eprintln!("WARNING: {off:+} prompt tokens across all prompts after 10 rounds of decode/re-encode");
@@ -216,7 +222,9 @@ pub fn load_jsonl(path: &Path, default_output_len: usize) -> Result<Vec<SampleRe
         };
         let output_len = match v.get("output_len") {
             None | Some(Value::Null) => default_output_len,
-            Some(n) => n.as_u64().with_context(|| format!("{}:{}: output_len is not a count", path.display(), i + 1))? as usize,
+            Some(n) => {
+                n.as_u64().with_context(|| format!("{}:{}: output_len is not a count", path.display(), i + 1))? as usize
+            }
         };
         let prompt_len = if let Prompt::Tokens(t) = &prompt { t.len() } else { 0 };
         out.push(SampleRequest { prompt, prompt_len, output_len });
@@ -255,7 +263,11 @@ mod tests {
             Ok(ids)
         }
         async fn detokenize(&self, ids: &[u32]) -> Result<String> {
-            Ok(ids.iter().map(|&i| if i == 7 { "w8 w9".to_string() } else { format!("w{i}") }).collect::<Vec<_>>().join(" "))
+            Ok(ids
+                .iter()
+                .map(|&i| if i == 7 { "w8 w9".to_string() } else { format!("w{i}") })
+                .collect::<Vec<_>>()
+                .join(" "))
         }
     }
 
@@ -279,7 +291,8 @@ mod tests {
             let pool: Vec<u32> = (10..20).collect();
             let mut rng = StdRng::seed_from_u64(1);
             // Two 7s expand to four tokens: 6 ids re-encode to 8, cut back to 6.
-            let (text, ids) = fit_to_length(&WordTokenizer, vec![7, 7, 1, 2, 3, 4], 6, &pool, &mut rng, 10).await.unwrap();
+            let (text, ids) =
+                fit_to_length(&WordTokenizer, vec![7, 7, 1, 2, 3, 4], 6, &pool, &mut rng, 10).await.unwrap();
             assert_eq!(ids.len(), 6);
             assert_eq!(WordTokenizer.tokenize(&text, false).await.unwrap(), ids);
             // Too short: topped up from the pool.
@@ -314,7 +327,9 @@ mod tests {
             let distinct: BTreeSet<usize> = reqs.iter().map(|r| r.prompt_len).collect();
             assert!(distinct.len() > 5, "lengths are spread");
             assert_eq!(reqs, random_requests(&WordTokenizer, &spec).await.unwrap(), "same seed, same prompts");
-            let ids = random_requests(&WordTokenizer, &RandomSpec { as_token_ids: true, range_ratio: 0.0, ..spec }).await.unwrap();
+            let ids = random_requests(&WordTokenizer, &RandomSpec { as_token_ids: true, range_ratio: 0.0, ..spec })
+                .await
+                .unwrap();
             for r in ids {
                 let Prompt::Tokens(t) = &r.prompt else { panic!() };
                 assert_eq!((t.len(), t[0], r.prompt_len), (41, 0, 41), "BOS first, exact length");

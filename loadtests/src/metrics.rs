@@ -241,7 +241,8 @@ pub fn peaks(outputs: &[RequestOutput]) -> (f64, usize) {
             }
         }
     }
-    let mut events: Vec<(f64, i32)> = ok.iter().flat_map(|o| [(o.start_time, 1), (o.start_time + o.latency, -1)]).collect();
+    let mut events: Vec<(f64, i32)> =
+        ok.iter().flat_map(|o| [(o.start_time, 1), (o.start_time + o.latency, -1)]).collect();
     events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let (mut cur, mut peak) = (0i32, 0i32);
     for (_, d) in events {
@@ -276,7 +277,10 @@ mod tests {
         assert_eq!(percentile(&[], 99.0), 0.0);
         assert!(close(std_dev(&[1.0, 2.0, 3.0, 4.0]), 1.118033988749895));
         assert_eq!((mean(&[]), std_dev(&[])), (0.0, 0.0));
-        assert_eq!((p_word(99.0), p_word(99.9), p_word(50.0)), ("99".to_string(), "99.9".to_string(), "50".to_string()));
+        assert_eq!(
+            (p_word(99.0), p_word(99.9), p_word(50.0)),
+            ("99".to_string(), "99.9".to_string(), "50".to_string())
+        );
     }
 
     fn req(start: f64, ttft: f64, itl: &[f64], out_tokens: usize, prompt: usize) -> RequestOutput {

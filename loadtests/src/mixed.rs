@@ -73,7 +73,12 @@ pub async fn main(args: MixedArgs) -> Result<()> {
     if args.background_concurrency == 0 && args.num_long == 0 {
         bail!("nothing to send: --background-concurrency and --num-long are both 0");
     }
-    let pcts: Vec<f64> = args.metric_percentiles.split(',').map(|s| s.trim().parse::<f64>()).collect::<Result<_, _>>().context("--metric-percentiles")?;
+    let pcts: Vec<f64> = args
+        .metric_percentiles
+        .split(',')
+        .map(|s| s.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .context("--metric-percentiles")?;
     let (target, _) = bench::resolve_target(&args.server).await?;
     let extra = args.server.extra_body()?;
     let tok = ServerTokenizer { client: &target.client, model: target.model.clone() };
@@ -87,8 +92,12 @@ pub async fn main(args: MixedArgs) -> Result<()> {
         seed,
     };
     let n_bg = (args.background_concurrency * 4).max(16);
-    let bg = dataset::random_requests(&tok, &spec(args.background_input_len, args.background_output_len, n_bg, args.seed)).await?;
-    let long = dataset::random_requests(&tok, &spec(args.long_input_len, args.long_output_len, args.num_long, args.seed + 1)).await?;
+    let bg =
+        dataset::random_requests(&tok, &spec(args.background_input_len, args.background_output_len, n_bg, args.seed))
+            .await?;
+    let long =
+        dataset::random_requests(&tok, &spec(args.long_input_len, args.long_output_len, args.num_long, args.seed + 1))
+            .await?;
     let bg_inputs = Arc::new(bench::to_inputs(&bg, true, &extra));
     let long_inputs = bench::to_inputs(&long, true, &extra);
     let probe = RequestInput { output_len: 4, ..bg_inputs[0].clone() };
@@ -96,7 +105,12 @@ pub async fn main(args: MixedArgs) -> Result<()> {
     runner::ready_check(&target, &probe, 0.0).await?;
     println!(
         "Mixed scenario: {} background streams ({} in / {} out), a {}-token prompt every {} s ({} in all)",
-        args.background_concurrency, args.background_input_len, args.background_output_len, args.long_input_len, args.long_interval, args.num_long
+        args.background_concurrency,
+        args.background_input_len,
+        args.background_output_len,
+        args.long_input_len,
+        args.long_interval,
+        args.num_long
     );
 
     let epoch = Instant::now();
@@ -106,7 +120,8 @@ pub async fn main(args: MixedArgs) -> Result<()> {
     let target = Arc::new(target);
     let mut workers = vec![];
     for _ in 0..args.background_concurrency {
-        let (t, stop, next, outs, inputs) = (target.clone(), stop.clone(), next.clone(), bg_outs.clone(), bg_inputs.clone());
+        let (t, stop, next, outs, inputs) =
+            (target.clone(), stop.clone(), next.clone(), bg_outs.clone(), bg_inputs.clone());
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let input = &inputs[next.fetch_add(1, Ordering::Relaxed) % inputs.len()];
@@ -149,7 +164,8 @@ pub async fn main(args: MixedArgs) -> Result<()> {
     let none = Goodput::default();
     let bm = metrics::calculate(&bg_outs, duration, &pcts, &none);
     let lm = metrics::calculate(&long_outs, duration, &pcts, &none);
-    let windows: Vec<(f64, f64)> = long_outs.iter().map(|o| (o.start_time, o.start_time + if o.success { o.ttft } else { o.latency })).collect();
+    let windows: Vec<(f64, f64)> =
+        long_outs.iter().map(|o| (o.start_time, o.start_time + if o.success { o.ttft } else { o.latency })).collect();
     let during_gaps = itl_during(&bg_outs, &windows);
     let during = Stat::from_seconds(&during_gaps, &pcts);
     let n_during = during_gaps.len();
@@ -234,11 +250,20 @@ pub fn chart(args: &ChartArgs) -> Result<()> {
     let labels: Vec<String> = results
         .iter()
         .enumerate()
-        .map(|(i, r)| args.label.get(i).cloned().or_else(|| r["label"].as_str().map(String::from)).unwrap_or_else(|| format!("set {}", i + 1)))
+        .map(|(i, r)| {
+            args.label
+                .get(i)
+                .cloned()
+                .or_else(|| r["label"].as_str().map(String::from))
+                .unwrap_or_else(|| format!("set {}", i + 1))
+        })
         .collect();
     let get = |key: &str| results.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect::<Vec<_>>();
     let group = |name: &str, key: &str| BarGroup { name: name.to_string(), values: get(key) };
-    let title = args.title.clone().unwrap_or_else(|| "Mixed scenario: background reasoning streams + periodic long prompts".into());
+    let title = args
+        .title
+        .clone()
+        .unwrap_or_else(|| "Mixed scenario: background reasoning streams + periodic long prompts".into());
     let base = args.output.to_string_lossy().to_string();
     let itl = [
         group("background median ITL", "background_median_itl_ms"),
@@ -251,7 +276,8 @@ pub fn chart(args: &ChartArgs) -> Result<()> {
         group("long-prompt mean TTFT", "long_mean_ttft_ms"),
         group("long-prompt P99 TTFT", "long_p99_ttft_ms"),
     ];
-    let (c, d) = charts::draw_bars(&labels, &ttft, "ms", &format!("{title}: TTFT"), Path::new(&format!("{base}-ttft")))?;
+    let (c, d) =
+        charts::draw_bars(&labels, &ttft, "ms", &format!("{title}: TTFT"), Path::new(&format!("{base}-ttft")))?;
     println!("Wrote {}, {}, {} and {}", a.display(), b.display(), c.display(), d.display());
     Ok(())
 }
@@ -263,7 +289,8 @@ mod tests {
     #[test]
     fn gaps_overlapping_a_prefill_window_are_picked() {
         // Tokens at 1.0, 1.1, 1.6, 1.7: gaps (1.0,1.1) (1.1,1.6) (1.6,1.7).
-        let o = RequestOutput { success: true, start_time: 0.5, ttft: 0.5, itl: vec![0.1, 0.5, 0.1], ..Default::default() };
+        let o =
+            RequestOutput { success: true, start_time: 0.5, ttft: 0.5, itl: vec![0.1, 0.5, 0.1], ..Default::default() };
         let t = token_times(&o);
         assert!((t[3] - 1.7).abs() < 1e-9);
         let got = itl_during(std::slice::from_ref(&o), &[(1.2, 1.4)]);

@@ -134,7 +134,10 @@ pub fn result_json(meta: &RunMeta, m: &Metrics, run: &RunOutcome, selected: &[St
     o.insert("model_id".into(), json!(meta.model));
     o.insert("tokenizer_id".into(), json!(meta.model));
     o.insert("num_prompts".into(), json!(meta.num_prompts));
-    o.insert("request_rate".into(), if meta.request_rate.is_finite() { json!(meta.request_rate) } else { json!("inf") });
+    o.insert(
+        "request_rate".into(),
+        if meta.request_rate.is_finite() { json!(meta.request_rate) } else { json!("inf") },
+    );
     o.insert("burstiness".into(), json!(meta.burstiness));
     o.insert("max_concurrency".into(), json!(meta.max_concurrency));
     o.insert("duration".into(), json!(run.duration));
@@ -222,10 +225,30 @@ mod tests {
         assert_eq!(*lines.last().unwrap(), "=".repeat(50));
         let run = RunOutcome { outputs: vec![out], duration: 1.0 };
         let j = result_json(&meta, &m, &run, &sel);
-        for k in ["completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-            "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms",
-            "mean_tpot_ms", "p99_itl_ms", "median_e2el_ms", "request_goodput", "input_lens", "output_lens", "ttfts", "itls",
-            "generated_texts", "errors"] {
+        for k in [
+            "completed",
+            "failed",
+            "duration",
+            "total_input_tokens",
+            "total_output_tokens",
+            "request_throughput",
+            "output_throughput",
+            "total_token_throughput",
+            "mean_ttft_ms",
+            "median_ttft_ms",
+            "std_ttft_ms",
+            "p99_ttft_ms",
+            "mean_tpot_ms",
+            "p99_itl_ms",
+            "median_e2el_ms",
+            "request_goodput",
+            "input_lens",
+            "output_lens",
+            "ttfts",
+            "itls",
+            "generated_texts",
+            "errors",
+        ] {
             assert!(j.get(k).is_some(), "missing {k}");
         }
         assert_eq!(j["request_rate"], "inf");

@@ -92,7 +92,9 @@ pub fn progress_bar(len: usize, enabled: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let pb = ProgressBar::new(len as u64);
-    if let Ok(style) = ProgressStyle::with_template("{bar:40.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}] {msg}") {
+    if let Ok(style) = ProgressStyle::with_template(
+        "{bar:40.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}, {per_sec}] {msg}",
+    ) {
         pb.set_style(style);
     }
     pb
@@ -147,7 +149,10 @@ pub async fn ready_check(target: &Target, input: &RequestInput, timeout_s: f64) 
             return Ok(());
         }
         if Instant::now() >= deadline {
-            bail!("Initial test run failed - Please make sure benchmark arguments are correctly specified. Error: {}", out.error);
+            bail!(
+                "Initial test run failed - Please make sure benchmark arguments are correctly specified. Error: {}",
+                out.error
+            );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -108,7 +108,8 @@ pub fn point_from(x: f64, run: &bench::BenchRun) -> SweepPoint {
 }
 
 /// Column names of `sweep.csv`.
-pub const CSV_COLUMNS: &str = "label,variable,x,num_prompts,completed,failed,duration_s,request_throughput,output_throughput,\
+pub const CSV_COLUMNS: &str =
+    "label,variable,x,num_prompts,completed,failed,duration_s,request_throughput,output_throughput,\
 total_token_throughput,mean_ttft_ms,median_ttft_ms,p99_ttft_ms,mean_tpot_ms,median_tpot_ms,p99_tpot_ms,mean_itl_ms,\
 median_itl_ms,p99_itl_ms,mean_ttlt_ms,median_ttlt_ms,p99_ttlt_ms";
 
@@ -165,7 +166,8 @@ fn num(x: f64) -> String {
 
 /// `cleave-bench sweep`.
 pub async fn main(args: SweepArgs) -> Result<()> {
-    let (variable, values): (SweepVar, Vec<f64>) = match (args.max_concurrency.is_empty(), args.request_rate.is_empty()) {
+    let (variable, values): (SweepVar, Vec<f64>) = match (args.max_concurrency.is_empty(), args.request_rate.is_empty())
+    {
         (false, true) => (SweepVar::MaxConcurrency, args.max_concurrency.iter().map(|&c| c as f64).collect()),
         (true, false) => (SweepVar::RequestRate, args.request_rate.clone()),
         _ => bail!("give exactly one of --max-concurrency 1,2,4,... or --request-rate 1,2,4,..."),
@@ -187,11 +189,21 @@ pub async fn main(args: SweepArgs) -> Result<()> {
             SweepVar::MaxConcurrency => {
                 let c = x as usize;
                 let n = args.prompts_per_concurrency.map_or(args.workload.num_prompts, |k| (k * c).max(1));
-                let load = LoadSpec { request_rate: f64::INFINITY, burstiness: args.workload.burstiness, max_concurrency: Some(c), seed: args.workload.seed };
+                let load = LoadSpec {
+                    request_rate: f64::INFINITY,
+                    burstiness: args.workload.burstiness,
+                    max_concurrency: Some(c),
+                    seed: args.workload.seed,
+                };
                 (load, n, format!("{}-concurrency{c}.json", args.label))
             }
             SweepVar::RequestRate => {
-                let load = LoadSpec { request_rate: x, burstiness: args.workload.burstiness, max_concurrency: None, seed: args.workload.seed };
+                let load = LoadSpec {
+                    request_rate: x,
+                    burstiness: args.workload.burstiness,
+                    max_concurrency: None,
+                    seed: args.workload.seed,
+                };
                 (load, args.workload.num_prompts, format!("{}-{}qps.json", args.label, num(x)))
             }
         };
@@ -221,14 +233,35 @@ mod tests {
     #[test]
     fn csv_has_one_row_per_point_and_roundtrips_the_summary() {
         let p = SweepPoint {
-            x: 2.0, num_prompts: 4, completed: 4, failed: 0, duration: 1.5, request_throughput: 2.0, output_throughput: 30.0,
-            total_token_throughput: 90.0, mean_ttft_ms: 10.0, median_ttft_ms: 9.0, p99_ttft_ms: 12.0, mean_tpot_ms: 5.0,
-            median_tpot_ms: 5.0, p99_tpot_ms: 6.0, mean_itl_ms: 5.0, median_itl_ms: 5.0, p99_itl_ms: 7.0, mean_e2el_ms: 80.0,
-            median_e2el_ms: 79.0, p99_e2el_ms: 90.0,
+            x: 2.0,
+            num_prompts: 4,
+            completed: 4,
+            failed: 0,
+            duration: 1.5,
+            request_throughput: 2.0,
+            output_throughput: 30.0,
+            total_token_throughput: 90.0,
+            mean_ttft_ms: 10.0,
+            median_ttft_ms: 9.0,
+            p99_ttft_ms: 12.0,
+            mean_tpot_ms: 5.0,
+            median_tpot_ms: 5.0,
+            p99_tpot_ms: 6.0,
+            mean_itl_ms: 5.0,
+            median_itl_ms: 5.0,
+            p99_itl_ms: 7.0,
+            mean_e2el_ms: 80.0,
+            median_e2el_ms: 79.0,
+            p99_e2el_ms: 90.0,
         };
         let s = SweepSummary {
-            label: "a,b".into(), variable: SweepVar::MaxConcurrency, model: "m".into(), endpoint: "/v1/completions".into(),
-            input_len: 8, output_len: 16, points: vec![p.clone(), SweepPoint { x: 4.0, ..p }],
+            label: "a,b".into(),
+            variable: SweepVar::MaxConcurrency,
+            model: "m".into(),
+            endpoint: "/v1/completions".into(),
+            input_len: 8,
+            output_len: 16,
+            points: vec![p.clone(), SweepPoint { x: 4.0, ..p }],
         };
         let csv = to_csv(&s);
         let lines: Vec<&str> = csv.lines().collect();

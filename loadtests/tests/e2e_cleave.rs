@@ -52,7 +52,8 @@ fn cleave_binary() -> Result<PathBuf, String> {
             return Err(format!("cargo build --bin cleave failed ({status})"));
         }
     }
-    let help = Command::new(&bin).args(["serve", "--help"]).output().map_err(|e| format!("running {}: {e}", bin.display()))?;
+    let help =
+        Command::new(&bin).args(["serve", "--help"]).output().map_err(|e| format!("running {}: {e}", bin.display()))?;
     if !help.status.success() {
         return Err(format!("{} has no `serve` subcommand (rebuild it: cargo build --bin cleave)", bin.display()));
     }
@@ -87,7 +88,8 @@ fn start_serve(bin: &Path, config: &Path) -> Result<Serve, String> {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Some(rest) = line.split("ready at ").nth(1) {
                 let url = rest.split_whitespace().next().unwrap_or("").to_string();
-                let model = rest.split("(model ").nth(1).map(|m| m.trim_end_matches(')').to_string()).unwrap_or_default();
+                let model =
+                    rest.split("(model ").nth(1).map(|m| m.trim_end_matches(')').to_string()).unwrap_or_default();
                 let _ = tx.send((url, model));
             }
         }
@@ -167,8 +169,21 @@ fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
     // 1. The 20-prompt benchmark: exact random input lengths as the server counts them.
     let result = dir.join("bench.json");
     let stdout = bench(&[
-        "--base-url", url, "--num-prompts", "20", "--random-input-len", "32", "--random-output-len", "8",
-        "--max-concurrency", "4", "--seed", "1", "--disable-tqdm", "--save-result", result.to_str().unwrap(),
+        "--base-url",
+        url,
+        "--num-prompts",
+        "20",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "8",
+        "--max-concurrency",
+        "4",
+        "--seed",
+        "1",
+        "--disable-tqdm",
+        "--save-result",
+        result.to_str().unwrap(),
     ]);
     println!("{stdout}");
     assert!(stdout.contains("============ Serving Benchmark Result ============"));
@@ -176,7 +191,11 @@ fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
     assert_eq!((j["completed"].as_u64(), j["failed"].as_u64()), (Some(20), Some(0)), "errors: {}", j["errors"]);
     assert_eq!(j["model_id"], serve.model.as_str());
     assert!(j["input_lens"].as_array().unwrap().iter().all(|x| x == 32), "input lens {}", j["input_lens"]);
-    assert!(j["output_lens"].as_array().unwrap().iter().all(|x| x == 8), "ignore_eos gives full outputs: {}", j["output_lens"]);
+    assert!(
+        j["output_lens"].as_array().unwrap().iter().all(|x| x == 8),
+        "ignore_eos gives full outputs: {}",
+        j["output_lens"]
+    );
     assert_eq!(j["total_input_tokens"], 640);
     assert!(j["mean_ttft_ms"].as_f64().unwrap() > 0.0);
     assert!(j["mean_e2el_ms"].as_f64().unwrap() >= j["mean_ttft_ms"].as_f64().unwrap());
@@ -184,8 +203,22 @@ fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
     // 2. A 3-point sweep with its charts.
     let sweep = dir.join("sweep");
     bench(&[
-        "sweep", "--base-url", url, "--max-concurrency", "1,2,4", "--num-prompts", "6", "--random-input-len", "32",
-        "--random-output-len", "8", "--disable-tqdm", "--label", "cleave", "--output-dir", sweep.to_str().unwrap(),
+        "sweep",
+        "--base-url",
+        url,
+        "--max-concurrency",
+        "1,2,4",
+        "--num-prompts",
+        "6",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "8",
+        "--disable-tqdm",
+        "--label",
+        "cleave",
+        "--output-dir",
+        sweep.to_str().unwrap(),
     ]);
     assert_eq!(std::fs::read_to_string(sweep.join("sweep.csv")).unwrap().lines().count(), 4);
     for c in [1, 2, 4] {
@@ -202,7 +235,20 @@ fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
     )
     .unwrap();
     let responses = dir.join("responses.json");
-    bench(&["batch", "--base-url", url, "--input", prompts.to_str().unwrap(), "--output", responses.to_str().unwrap(), "--max-concurrency", "2", "--max-tokens", "12", "--disable-tqdm"]);
+    bench(&[
+        "batch",
+        "--base-url",
+        url,
+        "--input",
+        prompts.to_str().unwrap(),
+        "--output",
+        responses.to_str().unwrap(),
+        "--max-concurrency",
+        "2",
+        "--max-tokens",
+        "12",
+        "--disable-tqdm",
+    ]);
     let r = read_json(&responses);
     let r = r.as_array().unwrap();
     assert_eq!(r.iter().map(|x| x["tag"].as_str().unwrap()).collect::<Vec<_>>(), ["a", "b", "c"]);
@@ -216,9 +262,28 @@ fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
     // 4. A small mixed run: long prompts (over the prefill threshold) among background streams.
     let mixed = dir.join("mixed.json");
     bench(&[
-        "mixed", "--base-url", url, "--background-concurrency", "2", "--background-input-len", "16", "--background-output-len",
-        "48", "--long-input-len", "300", "--long-output-len", "4", "--long-interval", "0.5", "--num-long", "2", "--warmup", "0.3",
-        "--disable-tqdm", "--save-result", mixed.to_str().unwrap(),
+        "mixed",
+        "--base-url",
+        url,
+        "--background-concurrency",
+        "2",
+        "--background-input-len",
+        "16",
+        "--background-output-len",
+        "48",
+        "--long-input-len",
+        "300",
+        "--long-output-len",
+        "4",
+        "--long-interval",
+        "0.5",
+        "--num-long",
+        "2",
+        "--warmup",
+        "0.3",
+        "--disable-tqdm",
+        "--save-result",
+        mixed.to_str().unwrap(),
     ]);
     let m = read_json(&mixed);
     assert_eq!(m["long"]["completed"], 2, "{}", m["long"]["errors"]);

@@ -25,9 +25,24 @@ async fn bench_20_prompts_report_and_result_json() {
     let dir = temp_dir("bench20");
     let out = dir.join("result.json");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "--base-url", &server.base_url, "--num-prompts", "20", "--random-input-len", "48", "--random-output-len", "8",
-        "--max-concurrency", "4", "--seed", "3", "--disable-tqdm", "--goodput", "ttft:1000", "tpot:1000",
-        "--save-result", out.to_str().unwrap(),
+        "--base-url",
+        &server.base_url,
+        "--num-prompts",
+        "20",
+        "--random-input-len",
+        "48",
+        "--random-output-len",
+        "8",
+        "--max-concurrency",
+        "4",
+        "--seed",
+        "3",
+        "--disable-tqdm",
+        "--goodput",
+        "ttft:1000",
+        "tpot:1000",
+        "--save-result",
+        out.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
@@ -84,9 +99,23 @@ async fn chat_endpoint_with_poisson_rate() {
     let dir = temp_dir("chat");
     let out = dir.join("r.json");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "--base-url", &server.base_url, "--endpoint", "/v1/chat/completions", "--num-prompts", "10",
-        "--random-input-len", "16", "--random-output-len", "6", "--request-rate", "40", "--burstiness", "2",
-        "--disable-tqdm", "--save-result", out.to_str().unwrap(),
+        "--base-url",
+        &server.base_url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--num-prompts",
+        "10",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "6",
+        "--request-rate",
+        "40",
+        "--burstiness",
+        "2",
+        "--disable-tqdm",
+        "--save-result",
+        out.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -112,11 +141,26 @@ async fn failed_requests_are_counted_and_shown() {
     let server = start(MockConfig::default()).await;
     let dir = temp_dir("fail");
     let data = dir.join("d.jsonl");
-    std::fs::write(&data, "{\"prompt\": \"w1 w2 w3\"}\n{\"prompt\": \"please FAIL\"}\n{\"prompt\": \"w4\", \"output_len\": 3}\n").unwrap();
+    std::fs::write(
+        &data,
+        "{\"prompt\": \"w1 w2 w3\"}\n{\"prompt\": \"please FAIL\"}\n{\"prompt\": \"w4\", \"output_len\": 3}\n",
+    )
+    .unwrap();
     let out = dir.join("r.json");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "--base-url", &server.base_url, "--dataset", "jsonl", "--dataset-path", data.to_str().unwrap(), "--num-prompts", "6",
-        "--random-output-len", "5", "--disable-tqdm", "--save-result", out.to_str().unwrap(),
+        "--base-url",
+        &server.base_url,
+        "--dataset",
+        "jsonl",
+        "--dataset-path",
+        data.to_str().unwrap(),
+        "--num-prompts",
+        "6",
+        "--random-output-len",
+        "5",
+        "--disable-tqdm",
+        "--save-result",
+        out.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -160,7 +204,13 @@ async fn one_request_timings_match_hand_measurements() {
 async fn measure_once(server: &common::MockServer, client: &ApiClient, endpoint: Endpoint) -> Result<(), String> {
     let path = if endpoint == Endpoint::Chat { "/v1/chat/completions" } else { "/v1/completions" };
     let target = Target { api_url: client.url(path), client: client.clone(), endpoint, model: "mock-r1".into() };
-    let input = RequestInput { prompt: Prompt::Text("w1 w2".into()), prompt_len: 3, output_len: 5, ignore_eos: true, extra_body: None };
+    let input = RequestInput {
+        prompt: Prompt::Text("w1 w2".into()),
+        prompt_len: 3,
+        output_len: 5,
+        ignore_eos: true,
+        extra_body: None,
+    };
     // Warm the pooled connection so the measured request does not pay for the connect.
     assert!(target.send(&RequestInput { output_len: 1, ..input.clone() }, Instant::now()).await.success);
     let epoch = Instant::now();
@@ -207,9 +257,22 @@ async fn sweep_three_points_with_charts_and_overlay() {
     let server = start(MockConfig { ttft: ms(15), itl: ms(4), ..Default::default() }).await;
     let dir = temp_dir("sweep");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "sweep", "--base-url", &server.base_url, "--max-concurrency", "1,2,4", "--prompts-per-concurrency", "3",
-        "--random-input-len", "32", "--random-output-len", "6", "--disable-tqdm", "--label", "mock",
-        "--output-dir", dir.to_str().unwrap(),
+        "sweep",
+        "--base-url",
+        &server.base_url,
+        "--max-concurrency",
+        "1,2,4",
+        "--prompts-per-concurrency",
+        "3",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "6",
+        "--disable-tqdm",
+        "--label",
+        "mock",
+        "--output-dir",
+        dir.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -223,13 +286,28 @@ async fn sweep_three_points_with_charts_and_overlay() {
     assert!(csv.lines().nth(3).unwrap().starts_with("mock,max_concurrency,4,12,12,0,"));
     assert_non_trivial_charts(&dir.join("sweep"));
     let svg = std::fs::read_to_string(dir.join("sweep.svg")).unwrap();
-    for text in ["Token throughput", "Inter-token latency", "Mean time to first token", "Mean time to last token", "max concurrency"] {
+    for text in [
+        "Token throughput",
+        "Inter-token latency",
+        "Mean time to first token",
+        "Mean time to last token",
+        "max concurrency",
+    ] {
         assert!(svg.contains(text), "chart text {text:?} missing");
     }
     let overlay = dir.join("overlay");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "chart", "--input", dir.to_str().unwrap(), "--input", dir.to_str().unwrap(), "--label", "colocated", "--label", "1p1d",
-        "--output", overlay.to_str().unwrap(),
+        "chart",
+        "--input",
+        dir.to_str().unwrap(),
+        "--input",
+        dir.to_str().unwrap(),
+        "--label",
+        "colocated",
+        "--label",
+        "1p1d",
+        "--output",
+        overlay.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -269,8 +347,18 @@ async fn batch_run_writes_tagged_responses_in_order() {
         .collect();
     std::fs::write(&input, serde_json::to_string(&items).unwrap()).unwrap();
     let (ok, stdout, stderr) = run_bench(args(&[
-        "batch", "--base-url", &server.base_url, "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(),
-        "--max-concurrency", "3", "--max-tokens", "4", "--disable-tqdm",
+        "batch",
+        "--base-url",
+        &server.base_url,
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--max-concurrency",
+        "3",
+        "--max-tokens",
+        "4",
+        "--disable-tqdm",
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -302,17 +390,49 @@ async fn batch_run_writes_tagged_responses_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_scenario_reports_background_and_long_prompts_apart() {
     let _serial = SERIAL.lock().await;
-    let server = start(MockConfig { ttft: ms(10), itl: ms(5), prefill_per_token: Duration::from_micros(500), ..Default::default() }).await;
+    let server = start(MockConfig {
+        ttft: ms(10),
+        itl: ms(5),
+        prefill_per_token: Duration::from_micros(500),
+        ..Default::default()
+    })
+    .await;
     let dir = temp_dir("mixed");
     let out = dir.join("mixed.json");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "mixed", "--base-url", &server.base_url, "--background-concurrency", "2", "--background-input-len", "8",
-        "--background-output-len", "30", "--long-input-len", "300", "--long-output-len", "4", "--long-interval", "0.3",
-        "--num-long", "2", "--warmup", "0.1", "--disable-tqdm", "--label", "mock", "--save-result", out.to_str().unwrap(),
+        "mixed",
+        "--base-url",
+        &server.base_url,
+        "--background-concurrency",
+        "2",
+        "--background-input-len",
+        "8",
+        "--background-output-len",
+        "30",
+        "--long-input-len",
+        "300",
+        "--long-output-len",
+        "4",
+        "--long-interval",
+        "0.3",
+        "--num-long",
+        "2",
+        "--warmup",
+        "0.1",
+        "--disable-tqdm",
+        "--label",
+        "mock",
+        "--save-result",
+        out.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
-    for needle in ["Mixed Scenario Result", "Background streams: Inter-token Latency", "Background ITL during long prefills", "Long prompts: Time to First Token"] {
+    for needle in [
+        "Mixed Scenario Result",
+        "Background streams: Inter-token Latency",
+        "Background ITL during long prefills",
+        "Long prompts: Time to First Token",
+    ] {
         assert!(stdout.contains(needle), "missing {needle:?}\n{stdout}");
     }
     let j = read_json(&out);
@@ -324,13 +444,25 @@ async fn mixed_scenario_reports_background_and_long_prompts_apart() {
     let bg_ttft = j["background_mean_ttft_ms"].as_f64().unwrap();
     assert!((150.0..260.0).contains(&long_ttft), "{long_ttft}");
     assert!(bg_ttft < 60.0, "{bg_ttft}");
-    assert!(j["background_itl_during_long_prefill"]["count"].as_u64().unwrap() > 0, "background kept streaming during prefills");
+    assert!(
+        j["background_itl_during_long_prefill"]["count"].as_u64().unwrap() > 0,
+        "background kept streaming during prefills"
+    );
     let mean_itl = j["background"]["mean_itl_ms"].as_f64().unwrap();
     assert!((4.0..30.0).contains(&mean_itl), "server writes every 5 ms: {mean_itl}");
     let base = dir.join("mixed-chart");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "chart", "--input", out.to_str().unwrap(), "--input", out.to_str().unwrap(), "--label", "colocated", "--label", "1p1d",
-        "--output", base.to_str().unwrap(),
+        "chart",
+        "--input",
+        out.to_str().unwrap(),
+        "--input",
+        out.to_str().unwrap(),
+        "--label",
+        "colocated",
+        "--label",
+        "1p1d",
+        "--output",
+        base.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -351,8 +483,22 @@ async fn token_id_prompts_with_range_ratio() {
     let dir = temp_dir("ids");
     let out = dir.join("r.json");
     let (ok, stdout, stderr) = run_bench(args(&[
-        "--base-url", &server.base_url, "--num-prompts", "12", "--random-input-len", "40", "--random-output-len", "10",
-        "--random-range-ratio", "0.5", "--prompt-token-ids", "--max-concurrency", "1", "--disable-tqdm", "--save-result", out.to_str().unwrap(),
+        "--base-url",
+        &server.base_url,
+        "--num-prompts",
+        "12",
+        "--random-input-len",
+        "40",
+        "--random-output-len",
+        "10",
+        "--random-range-ratio",
+        "0.5",
+        "--prompt-token-ids",
+        "--max-concurrency",
+        "1",
+        "--disable-tqdm",
+        "--save-result",
+        out.to_str().unwrap(),
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");

@@ -23,7 +23,8 @@ struct Counts {
 
 fn counts(c: &ModelConfig) -> Counts {
     let (h, heads) = (c.hidden_size as f64, c.num_attention_heads as f64);
-    let (nope, rope, v, l) = (c.qk_nope_head_dim as f64, c.qk_rope_head_dim as f64, c.v_head_dim as f64, c.kv_lora_rank as f64);
+    let (nope, rope, v, l) =
+        (c.qk_nope_head_dim as f64, c.qk_rope_head_dim as f64, c.v_head_dim as f64, c.kv_lora_rank as f64);
     let q = match c.q_lora_rank {
         Some(r) => h * r as f64 + r as f64 * heads * (nope + rope),
         None => h * heads * (nope + rope),
@@ -58,7 +59,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill: usize, seed: u64) -> anyhow::Result<()> {
+pub fn run(
+    cu: &CudaBackend,
+    dir: &Path,
+    batches: &[usize],
+    ctx: usize,
+    prefill: usize,
+    seed: u64,
+) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let max_len = (ctx + 16).max(prefill + 16);
     let model = Model::load(cu, dir, Some(max_len)).with_context(|| format!("loading {}", dir.display()))?;
@@ -88,7 +96,10 @@ pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill:
     let mut rng = XRng::new(seed);
     let vocab = c.vocab_size;
     println!("\ndecode step (every sequence at context {ctx}; logits of every row copied to the host)");
-    println!("{:>6} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>11} {:>10} {:>11}", "batch", "step ms", "tok/s", "experts/L", "GB/step", "GB/s", "of HBM", "no-logits", "of HBM", "v1 kernels");
+    println!(
+        "{:>6} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>11} {:>10} {:>11}",
+        "batch", "step ms", "tok/s", "experts/L", "GB/step", "GB/s", "of HBM", "no-logits", "of HBM", "v1 kernels"
+    );
     for &b in batches {
         let mut input = StepInput::default();
         for s in 0..b {
@@ -154,7 +165,9 @@ pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill:
             ids: (0..p).map(|_| rng.below(vocab) as u32).collect(),
             positions: (0..p as u32).collect(),
             slots: (0..p as u32).collect(),
-            attn: cleave_engine::backend::AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }] },
+            attn: cleave_engine::backend::AttnBatch {
+                seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }],
+            },
             sample_rows: vec![p as u32 - 1],
         };
         let mut run = |n: usize| -> anyhow::Result<f64> {
@@ -178,9 +191,11 @@ pub fn run(cu: &CudaBackend, dir: &Path, batches: &[usize], ctx: usize, prefill:
         profile(cu, "prefill", || model.forward(cu, &mut cache, &input).map(drop))?;
         let top_k = c.num_experts_per_tok as f64;
         let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
-        let linear = 2.0 * p as f64 * (k.layer_dense.iter().sum::<f64>() + moe_layers * top_k * k.expert) + 2.0 * k.lm_head;
+        let linear =
+            2.0 * p as f64 * (k.layer_dense.iter().sum::<f64>() + moe_layers * top_k * k.expert) + 2.0 * k.lm_head;
         let heads = c.num_attention_heads as f64;
-        let attn_core = (p * (p + 1) / 2) as f64 * heads * (width + c.kv_lora_rank) as f64 * 2.0 * c.num_hidden_layers as f64;
+        let attn_core =
+            (p * (p + 1) / 2) as f64 * heads * (width + c.kv_lora_rank) as f64 * 2.0 * c.num_hidden_layers as f64;
         let flops = linear + attn_core;
         println!("\nprefill of one {p}-token prompt (one step, no chunking)");
         println!(

@@ -25,7 +25,9 @@ struct Case {
 fn read_case(dir: &Path) -> anyhow::Result<Case> {
     let text = std::fs::read_to_string(dir.join("expected.json"))?;
     let v: Value = serde_json::from_str(&text)?;
-    let ids = |x: &Value| x.as_array().map(|a| a.iter().filter_map(|t| t.as_u64().map(|t| t as u32)).collect()).unwrap_or_default();
+    let ids = |x: &Value| {
+        x.as_array().map(|a| a.iter().filter_map(|t| t.as_u64().map(|t| t as u32)).collect()).unwrap_or_default()
+    };
     let fl = |x: &Value| x.as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
     let ps = v["prompts"].as_array().context("expected.json: no prompts")?;
     Ok(Case {
@@ -37,14 +39,25 @@ fn read_case(dir: &Path) -> anyhow::Result<Case> {
 }
 
 fn generate<B: Backend>(be: B, dir: &Path, c: &Case) -> anyhow::Result<Vec<Vec<TokenOutput>>> {
-    let cfg = EngineConfig { max_num_seqs: 8, max_num_batched_tokens: 128, block_size: 64, num_blocks: 64, max_model_len: Some(1024) };
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 128,
+        block_size: 64,
+        num_blocks: 64,
+        max_model_len: Some(1024),
+    };
     let mut engine = Engine::load(be, dir, cfg)?;
     let reqs = c
         .prompts
         .iter()
         .zip(&c.want)
         .enumerate()
-        .map(|(i, (p, w))| Request { id: i as u64, prompt: p.clone(), params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(w.len().max(1)) }, prefill_only: false })
+        .map(|(i, (p, w))| Request {
+            id: i as u64,
+            prompt: p.clone(),
+            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(w.len().max(1)) },
+            prefill_only: false,
+        })
         .collect();
     let mut out = engine.generate(reqs)?;
     Ok((0..c.prompts.len()).map(|i| out.remove(&(i as u64)).unwrap_or_default()).collect())
@@ -68,7 +81,10 @@ fn compare(name: &str, mode: &str, c: &Case, cpu: &[Vec<TokenOutput>], gpu: &[Ve
                     hf_equal += 1;
                     d_hf = d_hf.max((y.logprob as f64 - c.hf_logprobs[i][step]).abs());
                 } else if c.margins[i].get(step).copied().unwrap_or(1.0) >= NEAR_TIE {
-                    notes.push(format!("prompt {i} step {step}: CUDA chose {} where HF chose {w} (not a near-tie)", y.token));
+                    notes.push(format!(
+                        "prompt {i} step {step}: CUDA chose {} where HF chose {w} (not a near-tie)",
+                        y.token
+                    ));
                 }
             }
         }
@@ -92,7 +108,10 @@ fn compare(name: &str, mode: &str, c: &Case, cpu: &[Vec<TokenOutput>], gpu: &[Ve
 fn synthetic_case(dir: &Path) -> anyhow::Result<Case> {
     let cfg = cleave_engine::model::ModelConfig::from_dir(dir)?;
     let mut rng = super::XRng::new(11);
-    let prompts: Vec<Vec<u32>> = [1usize, 9, 70, 150].iter().map(|&n| (0..n).map(|_| 2 + rng.below(cfg.vocab_size - 2) as u32).collect()).collect();
+    let prompts: Vec<Vec<u32>> = [1usize, 9, 70, 150]
+        .iter()
+        .map(|&n| (0..n).map(|_| 2 + rng.below(cfg.vocab_size - 2) as u32).collect())
+        .collect();
     let want = prompts.iter().map(|_| vec![0u32; 24]).collect();
     Ok(Case { prompts, want, hf_logprobs: Vec::new(), margins: Vec::new() })
 }
@@ -101,7 +120,12 @@ fn synthetic_case(dir: &Path) -> anyhow::Result<Case> {
 /// `golden` and on each `extra` checkpoint. Returns the number of failed comparisons: the f32
 /// path must match everywhere; the bf16 path must match on `extra` (trained) models and is
 /// reported on the golden ones, whose random weights make routing near-tied everywhere.
-pub fn run(cu: &CudaBackend, device: usize, golden: Option<&Path>, extra: &[std::path::PathBuf]) -> anyhow::Result<usize> {
+pub fn run(
+    cu: &CudaBackend,
+    device: usize,
+    golden: Option<&Path>,
+    extra: &[std::path::PathBuf],
+) -> anyhow::Result<usize> {
     let mut cases: Vec<(String, std::path::PathBuf, bool)> = Vec::new();
     if let Some(root) = golden {
         let mut dirs: Vec<_> = std::fs::read_dir(root)
@@ -110,12 +134,22 @@ pub fn run(cu: &CudaBackend, device: usize, golden: Option<&Path>, extra: &[std:
             .filter(|p| p.join("expected.json").exists())
             .collect();
         dirs.sort();
-        cases.extend(dirs.into_iter().map(|d| (d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), d, true)));
+        cases.extend(
+            dirs.into_iter()
+                .map(|d| (d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), d, true)),
+        );
     }
-    cases.extend(extra.iter().map(|d| (d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), d.clone(), false)));
+    cases.extend(
+        extra
+            .iter()
+            .map(|d| (d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), d.clone(), false)),
+    );
     let precise = CudaBackend::with_precision(device, Precision::F32)?;
     println!("\ngolden: CPU vs CUDA engines (greedy, batched, chunked prefill); logprob tolerance {LOGPROB_TOL}");
-    println!("{:<16} {:<5} {:>7} {:>10} {:>14} {:>14} {:>9}  result", "model", "mode", "tokens", "ids equal", "max|dlp| CPU", "max|dlp| HF", "HF equal");
+    println!(
+        "{:<16} {:<5} {:>7} {:>10} {:>14} {:>14} {:>9}  result",
+        "model", "mode", "tokens", "ids equal", "max|dlp| CPU", "max|dlp| HF", "HF equal"
+    );
     let mut failed = 0;
     for (name, dir, is_golden) in cases {
         let c = if is_golden { read_case(&dir)? } else { synthetic_case(&dir)? };
@@ -125,7 +159,9 @@ pub fn run(cu: &CudaBackend, device: usize, golden: Option<&Path>, extra: &[std:
         let bf16_out = generate(CudaRef(cu), &dir, &c)?;
         failed += usize::from(!compare(&name, "bf16", &c, &cpu, &bf16_out, !is_golden));
     }
-    println!("  note: on the golden checkpoints (random weights, router scores near-tied) bf16 storage alone moves the CPU");
+    println!(
+        "  note: on the golden checkpoints (random weights, router scores near-tied) bf16 storage alone moves the CPU"
+    );
     println!("  backend's own logprobs by up to 0.18 (weights), 0.18 (KV cache) and 0.54 (GEMM inputs); f32 is the check there.");
     Ok(failed)
 }

@@ -70,7 +70,8 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
         if r == 0 { c.transfer(be.gpu(), &p, &[]) } else { c.transfer(be.gpu(), &[], &p) }.map_err(|e| anyhow!("{e}"))
     })?;
     let blocks_t = time(&mut |c: &mut NcclComm| {
-        if r == 0 { be.kv_send(c, &cache, &src, 1) } else { be.kv_recv(c, &mut cache, &dst, 0) }.map_err(|e| anyhow!("{e}"))
+        if r == 0 { be.kv_send(c, &cache, &src, 1) } else { be.kv_recv(c, &mut cache, &dst, 0) }
+            .map_err(|e| anyhow!("{e}"))
     })?;
     let mine = if r == 0 { &src } else { &dst };
     let checksum = checksum(&be.kv_raw(&cache, mine)?);
@@ -95,7 +96,14 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
 /// transfers, one abandoned by the receiver (the sender must time out) and one after it (the
 /// pair must recover with a new communicator).
 #[allow(clippy::type_complexity)]
-fn link_test(r: usize, be: &CudaBackend, cache: &mut cleave_engine::backend::cuda::CudaKvCache, nb: usize, seed: u64, barrier: &Barrier) -> Result<(Vec<(u64, u64)>, Vec<f64>, String)> {
+fn link_test(
+    r: usize,
+    be: &CudaBackend,
+    cache: &mut cleave_engine::backend::cuda::CudaKvCache,
+    nb: usize,
+    seed: u64,
+    barrier: &Barrier,
+) -> Result<(Vec<(u64, u64)>, Vec<f64>, String)> {
     static HUB: std::sync::OnceLock<KvHub> = std::sync::OnceLock::new();
     let hub = HUB.get_or_init(KvHub::default).clone();
     let mut link = KvLink::new(hub, r);
@@ -105,8 +113,10 @@ fn link_test(r: usize, be: &CudaBackend, cache: &mut cleave_engine::backend::cud
     be.sync()?;
     barrier.wait();
     // (request, blocks): distinct block ids on each side.
-    let plan: Vec<(u64, usize)> = vec![(1, nb), (2, 3), (3, 17), (10, nb), (11, nb), (12, nb), (13, nb), (14, nb), (99, 2), (100, 5)];
-    let src_of = |n: usize, req: u64| -> Vec<u32> { (0..n as u32).map(|i| (i * 2 + req as u32) % (2 * nb as u32)).collect() };
+    let plan: Vec<(u64, usize)> =
+        vec![(1, nb), (2, 3), (3, 17), (10, nb), (11, nb), (12, nb), (13, nb), (14, nb), (99, 2), (100, 5)];
+    let src_of =
+        |n: usize, req: u64| -> Vec<u32> { (0..n as u32).map(|i| (i * 2 + req as u32) % (2 * nb as u32)).collect() };
     let dst_of = |n: usize, req: u64| -> Vec<u32> { (0..n as u32).rev().map(|i| i + 5 + (req as u32 % 3)).collect() };
     let (mut done, mut times, mut timeout) = (Vec::new(), Vec::new(), String::new());
     for &(req, n) in &plan {
@@ -164,7 +174,8 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
         .collect();
     // Join both ranks before reporting either's error, so that every measurement printed so far
     // stays meaningful and both failures are visible.
-    let joined: Vec<Result<RankOut>> = handles.into_iter().map(|h| h.join().map_err(|_| anyhow!("a rank thread panicked")).and_then(|r| r)).collect();
+    let joined: Vec<Result<RankOut>> =
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow!("a rank thread panicked")).and_then(|r| r)).collect();
     for (r, j) in joined.iter().enumerate() {
         if let Err(e) = j {
             println!("  rank {r} failed: {e:#}");
@@ -176,8 +187,18 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
     let blk = median(d.blocks.clone());
     println!("\nNCCL KV transfer GPU0 -> GPU1: {tokens} tokens = {nb} blocks of {BS} x {LAYERS} layers x {WIDTH} x bf16 = {:.1} MB", bytes as f64 / 1e6);
     println!("  communicator init: {:.2} s / {:.2} s (rank 0 / 1)", s.init_s, d.init_s);
-    println!("  raw NCCL, one {:.1} MB send:        {:.3} ms  {:.0} GB/s (median of {REPS})", bytes as f64 / 1e6, raw * 1e3, bytes as f64 / raw / 1e9);
-    println!("  KV blocks, cache to cache ({nb} sends): {:.3} ms  {:.0} GB/s  = {:.0}% of raw", blk * 1e3, bytes as f64 / blk / 1e9, 100.0 * raw / blk);
+    println!(
+        "  raw NCCL, one {:.1} MB send:        {:.3} ms  {:.0} GB/s (median of {REPS})",
+        bytes as f64 / 1e6,
+        raw * 1e3,
+        bytes as f64 / raw / 1e9
+    );
+    println!(
+        "  KV blocks, cache to cache ({nb} sends): {:.3} ms  {:.0} GB/s  = {:.0}% of raw",
+        blk * 1e3,
+        bytes as f64 / blk / 1e9,
+        100.0 * raw / blk
+    );
     let ok = s.checksum == d.checksum;
     println!("  received blocks equal the sent ones: {}", if ok { "yes" } else { "NO" });
     anyhow::ensure!(ok, "NCCL transfer corrupted the KV blocks");

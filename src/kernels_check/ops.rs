@@ -44,7 +44,10 @@ pub fn source<'a>(bytes: &'a [u8], shape: &'a [usize]) -> LinearSource<'a> {
 }
 
 pub fn named<'a>(name: &'a str, bytes: &'a [u8], shape: &'a [usize]) -> LinearSource<'a> {
-    LinearSource { weight: RawTensor { name, path: Path::new("random"), dtype: Dtype::BF16, shape, bytes }, scale_inv: None }
+    LinearSource {
+        weight: RawTensor { name, path: Path::new("random"), dtype: Dtype::BF16, shape, bytes },
+        scale_inv: None,
+    }
 }
 
 impl Ctx<'_> {
@@ -70,7 +73,8 @@ impl Ctx<'_> {
 
     #[allow(clippy::too_many_arguments)]
     fn push(&mut self, op: &str, shape: String, err: f64, tol: f64, us: f64, bytes: f64, flops: f64, ceiling: Ceiling) {
-        let (op, tol) = if self.precise { (format!("{op} [f32]"), tol.min(1e-3)) } else { (format!("{op}{}", self.tag), tol) };
+        let (op, tol) =
+            if self.precise { (format!("{op} [f32]"), tol.min(1e-3)) } else { (format!("{op}{}", self.tag), tol) };
         self.rows.push(Row { op, shape, err, tol, us, bytes, flops, ceiling });
     }
 
@@ -89,7 +93,16 @@ impl Ctx<'_> {
             let want = self.cpu.embedding(&tc, &ids)?;
             let got = self.cu.download(&self.cu.embedding(&tg, &ids)?)?;
             let us = self.time(|| self.cu.embedding(&tg, &ids).map(drop))?;
-            self.push("embedding", format!("{n} x {h} of {v}"), rel_err(&got, &want.data), 1e-3, us, (n * h * 8) as f64, 0.0, Ceiling::Mem);
+            self.push(
+                "embedding",
+                format!("{n} x {h} of {v}"),
+                rel_err(&got, &want.data),
+                1e-3,
+                us,
+                (n * h * 8) as f64,
+                0.0,
+                Ceiling::Mem,
+            );
             // rms_norm, with a pass-through tail (the latent's rope part) and without
             for (cols, wc) in [(2048, 2048), (7168, 7168), (576, 512)] {
                 let x = self.rng.vec(n * cols, 2.0);
@@ -99,7 +112,16 @@ impl Ctx<'_> {
                 let want = self.cpu.rms_norm(&xc, &wcpu, 1e-6)?;
                 let got = self.cu.download(&self.cu.rms_norm(&xg, &wg, 1e-6)?)?;
                 let us = self.time(|| self.cu.rms_norm(&xg, &wg, 1e-6).map(drop))?;
-                self.push("rms_norm", format!("{n} x {cols} (norm {wc})"), rel_err(&got, &want.data), 1e-3, us, (n * cols * 8) as f64, 0.0, Ceiling::Mem);
+                self.push(
+                    "rms_norm",
+                    format!("{n} x {cols} (norm {wc})"),
+                    rel_err(&got, &want.data),
+                    1e-3,
+                    us,
+                    (n * cols * 8) as f64,
+                    0.0,
+                    Ceiling::Mem,
+                );
             }
             // add_rms_norm: the returned norm and the updated residual
             let cols = 2048;
@@ -113,7 +135,16 @@ impl Ctx<'_> {
             let got_res = self.cu.download(&rg)?;
             let err = rel_err(&got, &want.data).max(rel_err(&got_res, &rc.data));
             let us = self.time(|| self.cu.add_rms_norm(&mut rg, &xg, &wg, 1e-6).map(drop))?;
-            self.push("add_rms_norm", format!("{n} x {cols}"), err, 1e-3, us, (n * cols * 16) as f64, 0.0, Ceiling::Mem);
+            self.push(
+                "add_rms_norm",
+                format!("{n} x {cols}"),
+                err,
+                1e-3,
+                us,
+                (n * cols * 16) as f64,
+                0.0,
+                Ceiling::Mem,
+            );
             // silu_mul
             let i = 1408;
             let x = self.rng.vec(n * 2 * i, 3.0);
@@ -121,7 +152,16 @@ impl Ctx<'_> {
             let want = self.cpu.silu_mul(&xc)?;
             let got = self.cu.download(&self.cu.silu_mul(&xg)?)?;
             let us = self.time(|| self.cu.silu_mul(&xg).map(drop))?;
-            self.push("silu_mul", format!("{n} x 2*{i}"), rel_err(&got, &want.data), 1e-3, us, (n * i * 12) as f64, 0.0, Ceiling::Mem);
+            self.push(
+                "silu_mul",
+                format!("{n} x 2*{i}"),
+                rel_err(&got, &want.data),
+                1e-3,
+                us,
+                (n * i * 12) as f64,
+                0.0,
+                Ceiling::Mem,
+            );
             // add_assign
             let (a, b) = (self.rng.vec(n * cols, 1.0), self.rng.vec(n * cols, 1.0));
             let (mut ac, mut ag) = self.up(&a, n, cols)?;
@@ -136,13 +176,24 @@ impl Ctx<'_> {
             let want = self.cpu.gather_rows(&xc, &pick)?;
             let got = self.cu.download(&self.cu.gather_rows(&xg, &pick)?)?;
             let us = self.time(|| self.cu.gather_rows(&xg, &pick).map(drop))?;
-            self.push("gather_rows", format!("{} of {n} x {}", pick.len(), 2 * i), rel_err(&got, &want.data), 1e-3, us, (pick.len() * 2 * i * 8) as f64, 0.0, Ceiling::Mem);
+            self.push(
+                "gather_rows",
+                format!("{} of {n} x {}", pick.len(), 2 * i),
+                rel_err(&got, &want.data),
+                1e-3,
+                us,
+                (pick.len() * 2 * i * 8) as f64,
+                0.0,
+                Ceiling::Mem,
+            );
             // rope: q heads (interleaved and half-split) and the latent's shared k_rope
             let max_pos = 8192;
             let cs = self.rng.vec(max_pos * 64, 1.0);
             let (csc, csg) = self.up(&cs, max_pos, 64)?;
             let pos: Vec<u32> = (0..n).map(|_| self.rng.below(max_pos) as u32).collect();
-            for (cols, heads, offset, stride, inter) in [(16 * 192, 16, 128, 192, true), (16 * 192, 16, 128, 192, false), (576, 1, 512, 0, true)] {
+            for (cols, heads, offset, stride, inter) in
+                [(16 * 192, 16, 128, 192, true), (16 * 192, 16, 128, 192, false), (576, 1, 512, 0, true)]
+            {
                 let x = self.rng.vec(n * cols, 1.0);
                 let (mut xc, mut xg) = self.up(&x, n, cols)?;
                 self.cpu.rope(&mut xc, &csc, &pos, heads, offset, stride, 64, inter)?;
@@ -150,7 +201,16 @@ impl Ctx<'_> {
                 let err = rel_err(&self.cu.download(&xg)?, &xc.data);
                 let us = self.time(|| self.cu.rope(&mut xg, &csg, &pos, heads, offset, stride, 64, inter))?;
                 let kind = if inter { "interleaved" } else { "half-split" };
-                self.push("rope", format!("{n} x {heads}h {kind}"), err, 1e-3, us, (n * heads * 64 * 8) as f64, 0.0, Ceiling::Mem);
+                self.push(
+                    "rope",
+                    format!("{n} x {heads}h {kind}"),
+                    err,
+                    1e-3,
+                    us,
+                    (n * heads * 64 * 8) as f64,
+                    0.0,
+                    Ceiling::Mem,
+                );
             }
         }
         Ok(())
@@ -160,10 +220,18 @@ impl Ctx<'_> {
         let shapes: &[(usize, usize, usize)] = if self.quick {
             &[(5, 48, 72), (64, 3072, 2048)]
         } else {
-            &[(1, 3072, 2048), (64, 3072, 2048), (256, 21888, 2048), (4096, 3072, 2048), (4096, 2048, 10944), (8192, 8192, 8192)]
+            &[
+                (1, 3072, 2048),
+                (64, 3072, 2048),
+                (256, 21888, 2048),
+                (4096, 3072, 2048),
+                (4096, 2048, 10944),
+                (8192, 8192, 8192),
+            ]
         };
         // The router gate (by its checkpoint name) runs in f32: tolerance 1e-3.
-        let router: &[(usize, usize, usize)] = if self.quick { &[(7, 12, 72)] } else { &[(64, 64, 2048), (4096, 256, 7168)] };
+        let router: &[(usize, usize, usize)] =
+            if self.quick { &[(7, 12, 72)] } else { &[(64, 64, 2048), (4096, 256, 7168)] };
         for (i, &(n, m, k)) in shapes.iter().chain(router).enumerate() {
             let gate = i >= shapes.len();
             let name = if gate { "model.layers.1.mlp.gate.weight" } else { "random" };
@@ -191,7 +259,14 @@ impl Ctx<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn attention_case(&mut self, label: &str, d: MlaDims, seqs: &[(usize, usize)], check_rows: usize, time_it: bool) -> Result<()> {
+    fn attention_case(
+        &mut self,
+        label: &str,
+        d: MlaDims,
+        seqs: &[(usize, usize)],
+        check_rows: usize,
+        time_it: bool,
+    ) -> Result<()> {
         let bs = 64;
         let width = d.kv_lora + d.rope;
         let blocks_needed: usize = seqs.iter().map(|&(_, c)| c.div_ceil(bs)).sum();
@@ -228,20 +303,35 @@ impl Ctx<'_> {
         }
         let step = all.len().div_ceil(check_rows.max(1)).max(1);
         let picked: Vec<(usize, &AttnSeq, usize)> = all.iter().copied().step_by(step).collect();
-        let qrows: Vec<f32> = picked.iter().flat_map(|&(r, _, _)| q[r * d.heads * qk..(r + 1) * d.heads * qk].iter().copied()).collect();
+        let qrows: Vec<f32> =
+            picked.iter().flat_map(|&(r, _, _)| q[r * d.heads * qk..(r + 1) * d.heads * qk].iter().copied()).collect();
         let qc = self.cpu.upload(&qrows, picked.len(), d.heads * qk)?;
         let one = AttnBatch {
-            seqs: picked.iter().enumerate().map(|(j, &(_, s, vis))| AttnSeq { q_start: j, q_len: 1, ctx_len: vis, block_table: s.block_table.clone() }).collect(),
+            seqs: picked
+                .iter()
+                .enumerate()
+                .map(|(j, &(_, s, vis))| AttnSeq {
+                    q_start: j,
+                    q_len: 1,
+                    ctx_len: vis,
+                    block_table: s.block_table.clone(),
+                })
+                .collect(),
         };
         let want = self.cpu.mla_attention(&qc, &cc, 1, &kc, &one, d)?;
         let ow = d.heads * d.v;
-        let got_rows: Vec<f32> = picked.iter().flat_map(|&(r, _, _)| got[r * ow..(r + 1) * ow].iter().copied()).collect();
+        let got_rows: Vec<f32> =
+            picked.iter().flat_map(|&(r, _, _)| got[r * ow..(r + 1) * ow].iter().copied()).collect();
         let err = rel_err(&got_rows, &want.data);
         let keys: usize = seqs.iter().map(|&(_, c)| c).sum();
         let visible: f64 = all.iter().map(|&(_, _, v)| v as f64).sum();
         let note = if picked.len() < all.len() { format!(", {} rows checked", picked.len()) } else { String::new() };
         let shape = format!("{label}: {} seqs, {rows} rows, {keys} keys, {}h{note}", seqs.len(), d.heads);
-        let us = if time_it { self.time(|| self.cu.mla_attention(&qg, &cg, 1, &kg, &batch, d).map(drop))? } else { f64::NAN };
+        let us = if time_it {
+            self.time(|| self.cu.mla_attention(&qg, &cg, 1, &kg, &batch, d).map(drop))?
+        } else {
+            f64::NAN
+        };
         let bytes = (keys * width * 2 + rows * d.heads * (qk + d.v) * 4 + kvb.len() * 2) as f64;
         let flops = visible * d.heads as f64 * (width + d.kv_lora) as f64 * 2.0 + rows as f64 * 2.0 * kvb.len() as f64;
         let ceil = if rows > 4 * seqs.len() { Ceiling::Tc } else { Ceiling::Mem };
@@ -254,7 +344,16 @@ impl Ctx<'_> {
         self.cu.import_blocks(&mut fresh, &blocks, &ec)?;
         let back = self.cu.export_blocks(&fresh, &blocks)?;
         let err = rel_err(&eg, &ec).max(rel_err(&back, &ec));
-        self.push("write_kv+export/import", format!("{} blocks x {} values", blocks.len(), layout.block_values()), err, 1e-3, f64::NAN, 0.0, 0.0, Ceiling::None);
+        self.push(
+            "write_kv+export/import",
+            format!("{} blocks x {} values", blocks.len(), layout.block_values()),
+            err,
+            1e-3,
+            f64::NAN,
+            0.0,
+            0.0,
+            Ceiling::None,
+        );
         Ok(())
     }
 
@@ -265,7 +364,11 @@ impl Ctx<'_> {
         self.tag = " v2";
         let r = self.attention_all();
         if r.is_ok() && !self.precise {
-            self.cu.set_variants(cleave_engine::backend::cuda::Variants { mla_v2: false, expanded_prefill: false, ..def });
+            self.cu.set_variants(cleave_engine::backend::cuda::Variants {
+                mla_v2: false,
+                expanded_prefill: false,
+                ..def
+            });
             self.tag = " v1";
             let r1 = self.attention_all();
             self.cu.set_variants(def);
@@ -280,12 +383,24 @@ impl Ctx<'_> {
         let lite = MlaDims { heads: 16, nope: 128, rope: 64, v: 128, kv_lora: 512, scale: 0.1 };
         let odd = MlaDims { heads: 3, nope: 16, rope: 8, v: 16, kv_lora: 40, scale: 0.25 };
         self.attention_case("odd dims", odd, &[(1, 1), (1, 70), (11, 11), (5, 140)], 64, false)?;
-        self.attention_case("decode+chunks", lite, &[(1, 1), (1, 17), (1, 64), (1, 65), (1, 300), (37, 100), (1, 2000), (64, 64)], 256, true)?;
+        self.attention_case(
+            "decode+chunks",
+            lite,
+            &[(1, 1), (1, 17), (1, 64), (1, 65), (1, 300), (37, 100), (1, 2000), (64, 64)],
+            256,
+            true,
+        )?;
         if self.quick {
             return Ok(());
         }
         let v3 = MlaDims { heads: 128, ..lite };
-        for (label, d, b, ctx) in [("decode", lite, 1, 1024), ("decode", lite, 64, 1024), ("decode", lite, 256, 1024), ("decode", lite, 64, 4096), ("decode V3 heads", v3, 64, 1024)] {
+        for (label, d, b, ctx) in [
+            ("decode", lite, 1, 1024),
+            ("decode", lite, 64, 1024),
+            ("decode", lite, 256, 1024),
+            ("decode", lite, 64, 4096),
+            ("decode V3 heads", v3, 64, 1024),
+        ] {
             let seqs: Vec<(usize, usize)> = (0..b).map(|_| (1, ctx)).collect();
             self.attention_case(label, d, &seqs, 16, true)?;
         }
@@ -295,9 +410,32 @@ impl Ctx<'_> {
 
     pub fn router(&mut self) -> Result<()> {
         let cases = [
-            ("V2-Lite", RouterParams { n_experts: 64, n_group: 1, topk_group: 1, top_k: 6, norm_topk_prob: false, scaling: 1.0 }),
-            ("V3", RouterParams { n_experts: 256, n_group: 8, topk_group: 4, top_k: 8, norm_topk_prob: true, scaling: 2.5 }),
-            ("odd", RouterParams { n_experts: 12, n_group: 4, topk_group: 2, top_k: 4, norm_topk_prob: true, scaling: 2.5 }),
+            (
+                "V2-Lite",
+                RouterParams {
+                    n_experts: 64,
+                    n_group: 1,
+                    topk_group: 1,
+                    top_k: 6,
+                    norm_topk_prob: false,
+                    scaling: 1.0,
+                },
+            ),
+            (
+                "V3",
+                RouterParams {
+                    n_experts: 256,
+                    n_group: 8,
+                    topk_group: 4,
+                    top_k: 8,
+                    norm_topk_prob: true,
+                    scaling: 2.5,
+                },
+            ),
+            (
+                "odd",
+                RouterParams { n_experts: 12, n_group: 4, topk_group: 2, top_k: 4, norm_topk_prob: true, scaling: 2.5 },
+            ),
         ];
         let sizes: &[usize] = if self.quick { &[7] } else { &[1, 64, 4096] };
         for (label, p) in cases {
@@ -317,7 +455,16 @@ impl Ctx<'_> {
                 };
                 let err = rel_err(&dense(&ids, &w), &dense(&want.ids, &want.weights));
                 let us = self.time(|| self.cu.moe_route(&lg, &bg, p).map(drop))?;
-                self.push("moe_route", format!("{label}: {n} tokens, {} experts, top {}", p.n_experts, p.top_k), err, 1e-3, us, (n * p.n_experts * 4) as f64, 0.0, Ceiling::Mem);
+                self.push(
+                    "moe_route",
+                    format!("{label}: {n} tokens, {} experts, top {}", p.n_experts, p.top_k),
+                    err,
+                    1e-3,
+                    us,
+                    (n * p.n_experts * 4) as f64,
+                    0.0,
+                    Ceiling::Mem,
+                );
             }
         }
         Ok(())
@@ -381,7 +528,16 @@ impl Ctx<'_> {
             let flops = 2.0 * (n * k * 3 * h * i) as f64;
             let ceil = if n * k >= 32 * e { Ceiling::Tc } else { Ceiling::Mem };
             let note = if check < n { format!(", {check} rows checked") } else { String::new() };
-            self.push("moe_experts", format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used{note}"), err, 1e-2, us, bytes, flops, ceil);
+            self.push(
+                "moe_experts",
+                format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used{note}"),
+                err,
+                1e-2,
+                us,
+                bytes,
+                flops,
+                ceil,
+            );
         }
         Ok(())
     }

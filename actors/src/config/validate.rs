@@ -66,7 +66,10 @@ impl DeployConfig {
         positive("decode.max_num_batched_tokens", self.decode.max_num_batched_tokens)?;
         distinct("decode.ranks", &self.decode.ranks)?;
         if let Some((i, r)) = self.decode.ranks.iter().enumerate().find(|(_, r)| self.prefill.ranks.contains(r)) {
-            return Err((format!("decode.ranks[{i}]"), format!("rank {r} is also a prefill rank; the pools must not overlap")));
+            return Err((
+                format!("decode.ranks[{i}]"),
+                format!("rank {r} is also a prefill rank; the pools must not overlap"),
+            ));
         }
 
         positive("router.prefill_threshold", self.router.prefill_threshold)?;
@@ -76,7 +79,10 @@ impl DeployConfig {
         positive("kv_cache.block_size", kv.block_size)?;
         match (kv.gpu_memory_utilization, kv.num_blocks) {
             (Some(_), Some(_)) => {
-                return Err(("kv_cache.num_blocks".into(), "set either gpu_memory_utilization or num_blocks, not both".into()))
+                return Err((
+                    "kv_cache.num_blocks".into(),
+                    "set either gpu_memory_utilization or num_blocks, not both".into(),
+                ))
             }
             (Some(u), None) => {
                 if !(u > 0.0 && u <= 1.0) {

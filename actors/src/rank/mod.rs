@@ -88,7 +88,8 @@ pub trait RankFactory: Send + Sync + 'static {
 
     /// Loads the model and returns the engine and this rank's transport endpoint.
     #[allow(clippy::type_complexity)]
-    fn create(&self, info: &RankInfo) -> Result<(Engine<Self::Backend>, Box<dyn Transport<Self::Backend>>), ActorError>;
+    fn create(&self, info: &RankInfo)
+        -> Result<(Engine<Self::Backend>, Box<dyn Transport<Self::Backend>>), ActorError>;
 
     /// Wraps the rank's whole life on its thread (a CPU rank runs inside its own rayon pool).
     fn run_thread(&self, info: &RankInfo, body: Box<dyn FnOnce() + Send + '_>) {
@@ -121,13 +122,18 @@ pub(crate) fn spawner<F: RankFactory>(factory: F, infos: Vec<RankInfo>) -> Spawn
     Arc::new(move |l: Launch| {
         let info = infos[l.slot].clone();
         let f = factory.clone();
-        std::thread::Builder::new().name(format!("cleave-{}-{}", info.role.as_str(), info.rank)).spawn(move || run_rank(&*f, info, l))?;
+        std::thread::Builder::new()
+            .name(format!("cleave-{}-{}", info.role.as_str(), info.rank))
+            .spawn(move || run_rank(&*f, info, l))?;
         Ok(())
     })
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into())
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
 }
 
 fn run_rank<F: RankFactory>(factory: &F, info: RankInfo, l: Launch) {

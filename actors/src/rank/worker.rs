@@ -104,10 +104,9 @@ impl<B: Backend> Worker<B> {
             }
             self.poll_incoming();
             if self.engine.has_work() {
-                let outs = self
-                    .engine
-                    .step()
-                    .map_err(|e| ActorError::Internal(format!("{} rank {}: step failed: {e}", self.role.as_str(), self.rank)))?;
+                let outs = self.engine.step().map_err(|e| {
+                    ActorError::Internal(format!("{} rank {}: step failed: {e}", self.role.as_str(), self.rank))
+                })?;
                 for o in outs {
                     self.on_output(o);
                 }
@@ -237,7 +236,13 @@ impl<B: Backend> Worker<B> {
                 self.forget(id);
                 match dst {
                     Some(dst) if ctx.claim(self.inc, OWNER_TRANSFER) => {
-                        self.events.transfer.do_send(Prefilled { ctx, first: token, src: self.slot, src_inc: self.inc, dst });
+                        self.events.transfer.do_send(Prefilled {
+                            ctx,
+                            first: token,
+                            src: self.slot,
+                            src_inc: self.inc,
+                            dst,
+                        });
                     }
                     _ => {
                         self.engine.release(id);
@@ -255,7 +260,9 @@ impl<B: Backend> Worker<B> {
     fn send_kv(&mut self, ticket: TransferTicket) {
         let id = ticket.req;
         let result = match self.armed.take() {
-            Some(Fault::PanicOnKvSend) => panic!("injected fault: {} rank {} panics in a KV send", self.role.as_str(), self.rank),
+            Some(Fault::PanicOnKvSend) => {
+                panic!("injected fault: {} rank {} panics in a KV send", self.role.as_str(), self.rank)
+            }
             Some(Fault::FailKvSend) => Err("injected transport failure".to_string()),
             _ => self.transport.send(&self.engine, &ticket).map_err(|e| e.0),
         };

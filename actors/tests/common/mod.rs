@@ -71,7 +71,13 @@ pub async fn collect(mut s: TokenStream) -> Outcome {
 
 /// The engine's own greedy outputs (what `cleave generate` prints), one rank, no actors.
 pub fn reference(prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
-    let cfg = EngineConfig { max_num_seqs: 64, max_num_batched_tokens: 2048, block_size: 64, num_blocks: 256, max_model_len: None };
+    let cfg = EngineConfig {
+        max_num_seqs: 64,
+        max_num_batched_tokens: 2048,
+        block_size: 64,
+        num_blocks: 256,
+        max_model_len: None,
+    };
     let mut engine = Engine::load(CpuBackend, &golden(), cfg).expect("load golden");
     let reqs = prompts
         .iter()
@@ -101,7 +107,5 @@ pub fn assert_no_leaks(c: &Cluster) -> ClusterStats {
 
 /// The value of a metric line `name{labels} value` in Prometheus text, 0 when absent.
 pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse::<f64>().ok()))
-        .unwrap_or(0.0)
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse::<f64>().ok())).unwrap_or(0.0)
 }

@@ -104,7 +104,13 @@ pub trait Backend {
     /// RMSNorm of each row over its first `w.cols` columns; later columns pass through unchanged.
     fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
     /// `residual += x`, then returns `rms_norm(residual)` (fused).
-    fn add_rms_norm(&self, residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Tensor,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
     /// `x @ W^T`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
     /// `[n, 2i] -> [n, i]`: `silu(x[:, :i]) * x[:, i:]`.
@@ -118,14 +124,32 @@ pub trait Backend {
     /// `offset + h * stride`, by the angle of that row's position. `cos_sin` is
     /// `[max_pos, rope]`: `rope/2` cosines then `rope/2` sines per position.
     #[allow(clippy::too_many_arguments)]
-    fn rope(&self, x: &mut Self::Tensor, cos_sin: &Self::Tensor, positions: &[u32], heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> Result<()>;
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        cos_sin: &Self::Tensor,
+        positions: &[u32],
+        heads: usize,
+        offset: usize,
+        stride: usize,
+        rope: usize,
+        interleaved: bool,
+    ) -> Result<()>;
 
     /// Writes each row of `latent` `[n, width]` into cache slot `slots[i]` (block * block_size + offset) of `layer`.
     fn write_kv(&self, cache: &mut Self::KvCache, layer: usize, latent: &Self::Tensor, slots: &[u32]) -> Result<()>;
     /// Causal MLA attention of `q` `[n, heads * (nope + rope)]` over the cached latents of `layer`,
     /// with `kv_b` `[heads * (nope + v), kv_lora]` expanding latents to keys and values.
     /// Returns `[n, heads * v]`.
-    fn mla_attention(&self, q: &Self::Tensor, cache: &Self::KvCache, layer: usize, kv_b: &Self::Weight, batch: &AttnBatch, dims: MlaDims) -> Result<Self::Tensor>;
+    fn mla_attention(
+        &self,
+        q: &Self::Tensor,
+        cache: &Self::KvCache,
+        layer: usize,
+        kv_b: &Self::Weight,
+        batch: &AttnBatch,
+        dims: MlaDims,
+    ) -> Result<Self::Tensor>;
 
     /// Router: `logits` `[n, experts]` (f32) and the selection bias -> per-token experts and weights.
     fn moe_route(&self, logits: &Self::Tensor, bias: &Self::Tensor, params: RouterParams) -> Result<Self::Routing>;

@@ -72,11 +72,9 @@ impl ModelConfig {
 
     /// Parses a config.json body; `path` is used in error messages only.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| EngineError::checkpoint(path, format!("not valid JSON: {e}")))?;
-        let obj = value
-            .as_object()
-            .ok_or_else(|| EngineError::checkpoint(path, "top level is not a JSON object"))?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| EngineError::checkpoint(path, format!("not valid JSON: {e}")))?;
+        let obj = value.as_object().ok_or_else(|| EngineError::checkpoint(path, "top level is not a JSON object"))?;
         let f = Fields { obj, path };
         let n_routed_experts = f.usize_or("n_routed_experts", 0)?;
         let eos_token_ids = match obj.get("eos_token_id") {
@@ -86,10 +84,9 @@ impl ModelConfig {
                 .map(|v| v.as_u64().map(|x| x as u32))
                 .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| f.bad("eos_token_id", "a token id or a list of token ids"))?,
-            Some(v) => vec![v
-                .as_u64()
-                .ok_or_else(|| f.bad("eos_token_id", "a token id or a list of token ids"))?
-                as u32],
+            Some(v) => {
+                vec![v.as_u64().ok_or_else(|| f.bad("eos_token_id", "a token id or a list of token ids"))? as u32]
+            }
         };
         let cfg = ModelConfig {
             hidden_size: f.usize("hidden_size")?,
@@ -241,10 +238,9 @@ impl Fields<'_> {
     fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
         match self.obj.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| self.bad(field, "a non-negative integer or null")),
+            Some(v) => {
+                v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| self.bad(field, "a non-negative integer or null"))
+            }
         }
     }
     fn f64_or(&self, field: &str, default: f64) -> Result<f64> {
@@ -286,12 +282,7 @@ fn rope_theta(f: &Fields) -> Result<f64> {
 
 fn yarn(f: &Fields) -> Result<Option<Yarn>> {
     let Some((name, p)) = rope_params(f)? else { return Ok(None) };
-    let kind = p
-        .obj
-        .get("rope_type")
-        .or_else(|| p.obj.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let kind = p.obj.get("rope_type").or_else(|| p.obj.get("type")).and_then(Value::as_str).unwrap_or("default");
     match kind {
         "default" => Ok(None),
         "yarn" => {
@@ -376,10 +367,9 @@ mod tests {
 
     #[test]
     fn rope_parameters_replace_rope_scaling() {
-        let text = v3_json().replace("\"rope_scaling\"", "\"rope_parameters\"").replace(
-            "\"type\":\"yarn\"",
-            "\"rope_type\":\"yarn\",\"rope_theta\":5000",
-        );
+        let text = v3_json()
+            .replace("\"rope_scaling\"", "\"rope_parameters\"")
+            .replace("\"type\":\"yarn\"", "\"rope_type\":\"yarn\",\"rope_theta\":5000");
         let c = ModelConfig::from_json_str(&text, Path::new("config.json")).unwrap();
         assert_eq!(c.rope_theta, 5000.0);
         assert_eq!(c.yarn.unwrap().factor, 40.0);

@@ -105,7 +105,11 @@ impl<B: Backend> Loader<'_, B> {
             q,
             kv_a: self.linear(&format!("{p}.kv_a_proj_with_mqa"), c.latent_dim(), h)?,
             kv_a_norm: self.vector(&format!("{p}.kv_a_layernorm.weight"), c.kv_lora_rank)?,
-            kv_b: self.linear(&format!("{p}.kv_b_proj"), heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)?,
+            kv_b: self.linear(
+                &format!("{p}.kv_b_proj"),
+                heads * (c.qk_nope_head_dim + c.v_head_dim),
+                c.kv_lora_rank,
+            )?,
             o: self.linear(&format!("{p}.o_proj"), h, heads * c.v_head_dim)?,
         })
     }
@@ -227,7 +231,15 @@ impl<B: Backend> Model<B> {
         be.download(&be.linear(&last, &self.lm_head)?)
     }
 
-    fn attention(&self, be: &B, cache: &mut B::KvCache, layer: usize, a: &Attention<B>, x: &B::Tensor, input: &StepInput) -> Result<B::Tensor> {
+    fn attention(
+        &self,
+        be: &B,
+        cache: &mut B::KvCache,
+        layer: usize,
+        a: &Attention<B>,
+        x: &B::Tensor,
+        input: &StepInput,
+    ) -> Result<B::Tensor> {
         let c = &self.cfg;
         let d = self.dims;
         let mut q = match &a.q {

@@ -34,12 +34,7 @@ impl ChatTemplate {
     /// Compiles `source` in an environment configured like transformers' Jinja environment.
     pub(crate) fn new(source: String) -> std::result::Result<Self, minijinja::Error> {
         let mut env = Environment::new();
-        env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .trim_blocks(true)
-                .lstrip_blocks(true)
-                .build()?,
-        );
+        env.set_syntax(minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build()?);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
@@ -82,13 +77,8 @@ impl ChatTemplate {
         ctx.insert("messages", Value::from(messages));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
 
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| template_error(&e))?;
-        template
-            .render(Value::from_object(ctx))
-            .map_err(|e| template_error(&e))
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| template_error(&e))?;
+        template.render(Value::from_object(ctx)).map_err(|e| template_error(&e))
     }
 }
 
@@ -144,9 +134,7 @@ fn json_to_value(v: &serde_json::Value) -> Value {
             }
         }
         serde_json::Value::String(s) => Value::from(s.as_str()),
-        serde_json::Value::Array(items) => {
-            Value::from(items.iter().map(json_to_value).collect::<Vec<_>>())
-        }
+        serde_json::Value::Array(items) => Value::from(items.iter().map(json_to_value).collect::<Vec<_>>()),
         serde_json::Value::Object(map) => {
             let mut out = OrderedMap::default();
             for (key, value) in map {
@@ -174,19 +162,12 @@ impl OrderedMap {
 impl Object for OrderedMap {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let key = key.as_str()?;
-        self.0
-            .iter()
-            .find(|(k, _)| &**k == key)
-            .map(|(_, v)| v.clone())
+        self.0.iter().find(|(k, _)| &**k == key).map(|(_, v)| v.clone())
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
         self.mapped_key_value_enumerator(|this| {
-            Box::new(
-                this.0
-                    .iter()
-                    .map(|(k, v)| (Value::from(k.clone()), v.clone())),
-            )
+            Box::new(this.0.iter().map(|(k, v)| (Value::from(k.clone()), v.clone())))
         })
     }
 
@@ -198,11 +179,7 @@ impl Object for OrderedMap {
 /// transformers' `tojson` filter: Python's `json.dumps(x, ensure_ascii=False, indent=None,
 /// separators=None, sort_keys=False)` (no HTML escaping, unlike minijinja's builtin). `indent`
 /// may also be passed positionally, as with Jinja's builtin filter.
-fn tojson(
-    value: &Value,
-    indent: Option<Value>,
-    kwargs: Kwargs,
-) -> std::result::Result<Value, minijinja::Error> {
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
     let indent = match indent {
         Some(v) => Some(v),
         None => kwargs.get::<Option<Value>>("indent")?,
@@ -235,13 +212,7 @@ fn tojson(
         _ => (", ".to_string(), ": ".to_string()),
     };
     kwargs.assert_all_used()?;
-    let writer = PyJson {
-        indent,
-        item_sep,
-        key_sep,
-        ensure_ascii,
-        sort_keys,
-    };
+    let writer = PyJson { indent, item_sep, key_sep, ensure_ascii, sort_keys };
     let mut out = String::new();
     writer.write(&mut out, value, 0)?;
     Ok(Value::from_safe_string(out))
@@ -257,17 +228,9 @@ struct PyJson {
 }
 
 impl PyJson {
-    fn write(
-        &self,
-        out: &mut String,
-        v: &Value,
-        depth: usize,
-    ) -> std::result::Result<(), minijinja::Error> {
+    fn write(&self, out: &mut String, v: &Value, depth: usize) -> std::result::Result<(), minijinja::Error> {
         if depth > 256 {
-            return Err(minijinja::Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: value nested too deeply",
-            ));
+            return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: value nested too deeply"));
         }
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => out.push_str("null"),
@@ -297,9 +260,7 @@ impl PyJson {
             }
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
-                self.write_container(out, '[', ']', &items, depth, |out, item, depth| {
-                    self.write(out, item, depth)
-                })?;
+                self.write_container(out, '[', ']', &items, depth, |out, item, depth| self.write(out, item, depth))?;
             }
             _ => self.write_str(out, &v.to_string()),
         }

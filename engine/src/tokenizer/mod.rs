@@ -80,29 +80,18 @@ impl Tokenizer {
 
         let (config, template_path) = read_config(dir)?;
         let template = match config.chat_template {
-            Some(source) => Some(chat::ChatTemplate::new(source).map_err(|e| {
-                EngineError::checkpoint(&template_path, format!("invalid chat_template: {e}"))
-            })?),
+            Some(source) => Some(
+                chat::ChatTemplate::new(source)
+                    .map_err(|e| EngineError::checkpoint(&template_path, format!("invalid chat_template: {e}")))?,
+            ),
             None => None,
         };
 
-        let special_ids = inner
-            .get_added_tokens_decoder()
-            .iter()
-            .filter(|(_, t)| t.special)
-            .map(|(id, _)| *id)
-            .collect();
+        let special_ids =
+            inner.get_added_tokens_decoder().iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
         let vocab_size = inner.get_vocab_size(true);
         let think_end = inner.token_to_id(THINK_END);
-        Ok(Tokenizer {
-            inner,
-            special_ids,
-            vocab_size,
-            bos: config.bos,
-            eos: config.eos,
-            think_end,
-            template,
-        })
+        Ok(Tokenizer { inner, special_ids, vocab_size, bos: config.bos, eos: config.eos, think_end, template })
     }
 
     /// Tokenizes `text`; with `add_special_tokens` the tokenizer's post-processor adds its
@@ -181,17 +170,10 @@ impl Tokenizer {
     ) -> Result<String> {
         let template = self.template.as_ref().ok_or_else(|| {
             EngineError::Tokenizer(
-                "this model has no chat template (tokenizer_config.json has no chat_template)"
-                    .to_string(),
+                "this model has no chat template (tokenizer_config.json has no chat_template)".to_string(),
             )
         })?;
-        template.render(
-            messages,
-            add_generation_prompt,
-            self.bos.as_deref(),
-            self.eos.as_deref(),
-            kwargs,
-        )
+        template.render(messages, add_generation_prompt, self.bos.as_deref(), self.eos.as_deref(), kwargs)
     }
 
     /// Renders the template and tokenizes WITHOUT adding special tokens (the rendered text already holds BOS).
@@ -212,8 +194,8 @@ fn read_config(dir: &Path) -> Result<(TokenizerConfig, PathBuf)> {
     let path = dir.join("tokenizer_config.json");
     let mut config = TokenizerConfig::default();
     if let Some(text) = read_optional(&path)? {
-        let json: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| EngineError::checkpoint(&path, format!("invalid JSON: {e}")))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| EngineError::checkpoint(&path, format!("invalid JSON: {e}")))?;
         config.chat_template = template_field(&json, &path)?;
         config.bos = token_field(&json, "bos_token", &path)?;
         config.eos = token_field(&json, "eos_token", &path)?;
@@ -254,24 +236,16 @@ fn template_field(json: &serde_json::Value, path: &Path) -> Result<Option<String
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Array(list)) => {
             let named = |want: Option<&str>| {
-                list.iter().find(|entry| {
-                    want.is_none_or(|w| entry.get("name").and_then(Value::as_str) == Some(w))
-                })
+                list.iter().find(|entry| want.is_none_or(|w| entry.get("name").and_then(Value::as_str) == Some(w)))
             };
             let entry = named(Some("default")).or_else(|| named(None));
             match entry.map(|e| e.get("template")) {
                 None => Ok(None),
                 Some(Some(Value::String(s))) => Ok(Some(s.clone())),
-                Some(_) => Err(EngineError::checkpoint(
-                    path,
-                    "chat_template entry has no string `template`",
-                )),
+                Some(_) => Err(EngineError::checkpoint(path, "chat_template entry has no string `template`")),
             }
         }
-        Some(_) => Err(EngineError::checkpoint(
-            path,
-            "chat_template must be a string or a list of {name, template}",
-        )),
+        Some(_) => Err(EngineError::checkpoint(path, "chat_template must be a string or a list of {name, template}")),
     }
 }
 
@@ -283,14 +257,8 @@ fn token_field(json: &serde_json::Value, key: &str, path: &Path) -> Result<Optio
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Object(obj)) => match obj.get("content") {
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            _ => Err(EngineError::checkpoint(
-                path,
-                format!("`{key}` object has no string `content`"),
-            )),
+            _ => Err(EngineError::checkpoint(path, format!("`{key}` object has no string `content`"))),
         },
-        Some(_) => Err(EngineError::checkpoint(
-            path,
-            format!("`{key}` must be a string or an object with `content`"),
-        )),
+        Some(_) => Err(EngineError::checkpoint(path, format!("`{key}` must be a string or an object with `content`"))),
     }
 }

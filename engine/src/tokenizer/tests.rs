@@ -40,8 +40,7 @@ const R1_TEMPLATE: &str = r#"{% set ns = namespace(system='', first=true) %}
 
 /// GPT-2's byte-to-character table used by byte-level BPE.
 fn byte_chars() -> Vec<char> {
-    let printable =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut extra = 0;
     (0u32..256)
         .map(|b| {
@@ -66,22 +65,13 @@ fn write_tokenizer(name: &str, template: Option<&str>) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).unwrap();
 
-    let added = [
-        (BOS, true),
-        (EOS, true),
-        (USER, true),
-        (ASSISTANT, true),
-        ("<think>", false),
-        ("</think>", false),
-    ];
+    let added = [(BOS, true), (EOS, true), (USER, true), (ASSISTANT, true), ("<think>", false), ("</think>", false)];
     let mut vocab = serde_json::Map::new();
     let mut added_tokens = Vec::new();
     for (id, (content, special)) in added.iter().enumerate() {
         vocab.insert(content.to_string(), json!(id));
-        added_tokens.push(
-            json!({"id": id, "content": content, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": special}),
-        );
+        added_tokens.push(json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": special}));
     }
     for c in byte_chars() {
         let id = vocab.len();
@@ -134,11 +124,7 @@ fn cleanup(dir: &Path) {
 }
 
 fn msg(role: &str, content: &str) -> ChatMessage {
-    ChatMessage {
-        role: role.into(),
-        content: content.into(),
-        reasoning_content: None,
-    }
+    ChatMessage { role: role.into(), content: content.into(), reasoning_content: None }
 }
 
 fn conversation() -> Vec<ChatMessage> {
@@ -170,39 +156,27 @@ fn tokenizer_loads_config_and_special_tokens() {
     // Plain encode adds BOS through the post-processor; without special tokens it does not.
     assert_eq!(tok.encode("hello", true).unwrap()[0], 0);
     assert_ne!(tok.encode("hello", false).unwrap()[0], 0);
-    assert_eq!(
-        tok.decode(&tok.encode("hello world", true).unwrap(), true)
-            .unwrap(),
-        "hello world"
-    );
+    assert_eq!(tok.decode(&tok.encode("hello world", true).unwrap(), true).unwrap(), "hello world");
     cleanup(&dir);
 }
 
 #[test]
 fn tokenizer_chat_template_renders_r1_conversation() {
     let (tok, dir) = load("render", Some(R1_TEMPLATE));
-    let text = tok
-        .apply_chat_template(&conversation(), true, None)
-        .unwrap();
+    let text = tok.apply_chat_template(&conversation(), true, None).unwrap();
     let expected = format!(
         "{BOS}You are helpful.\n\nBe brief.{USER}Hi{ASSISTANT}\n\nHello!{EOS}{USER}What is 2+2?{ASSISTANT}<think>\n"
     );
     assert_eq!(text, expected);
     // Without the generation prompt the text ends after the last user turn.
-    let text = tok
-        .apply_chat_template(&conversation(), false, None)
-        .unwrap();
+    let text = tok.apply_chat_template(&conversation(), false, None).unwrap();
     assert!(text.ends_with(&format!("{USER}What is 2+2?")), "{text:?}");
     // Request kwargs reach the template.
     let kwargs = json!({"thinking": false});
-    let text = tok
-        .apply_chat_template(&conversation()[2..3], true, Some(&kwargs))
-        .unwrap();
+    let text = tok.apply_chat_template(&conversation()[2..3], true, Some(&kwargs)).unwrap();
     assert_eq!(text, format!("{BOS}{USER}Hi{ASSISTANT}</think>"));
     // Kwargs that are not an object are the request's fault.
-    let err = tok
-        .apply_chat_template(&conversation(), true, Some(&json!([1])))
-        .unwrap_err();
+    let err = tok.apply_chat_template(&conversation(), true, Some(&json!([1]))).unwrap_err();
     assert!(matches!(err, EngineError::InvalidRequest(_)), "{err}");
     cleanup(&dir);
 }
@@ -218,9 +192,7 @@ fn tokenizer_encode_chat_has_exactly_one_bos() {
     let n = ids.len();
     assert_eq!(&ids[n - 3..n - 1], &[3, 4]);
     assert_eq!(tok.decode(&ids[n - 1..], false).unwrap(), "\n");
-    let text = tok
-        .apply_chat_template(&conversation(), true, None)
-        .unwrap();
+    let text = tok.apply_chat_template(&conversation(), true, None).unwrap();
     assert_eq!(tok.decode(&ids, false).unwrap(), text);
     cleanup(&dir);
 }
@@ -254,10 +226,7 @@ fn tokenizer_incremental_decoder_never_splits_characters() {
     let text = "héllo 世界 🙂 world!";
     let ids = tok.encode(text, false).unwrap();
     // The emoji and CJK characters really are split into byte tokens.
-    let partial = ids
-        .iter()
-        .filter(|&&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}'))
-        .count();
+    let partial = ids.iter().filter(|&&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}')).count();
     assert!(partial >= 10, "only {partial} partial tokens");
     let chunks = stream(&tok, IncrementalDecoder::new(false), &ids);
     assert_eq!(chunks.concat(), tok.decode(&ids, false).unwrap());
@@ -287,10 +256,7 @@ fn tokenizer_skip_special_tokens_drops_eos() {
     let mut ids = tok.encode("hello world", false).unwrap();
     ids.push(1);
     assert_eq!(tok.decode(&ids, true).unwrap(), "hello world");
-    assert_eq!(
-        tok.decode(&ids, false).unwrap(),
-        format!("hello world{EOS}")
-    );
+    assert_eq!(tok.decode(&ids, false).unwrap(), format!("hello world{EOS}"));
     let chunks = stream(&tok, IncrementalDecoder::new(true), &ids);
     assert_eq!(chunks.concat(), "hello world");
     assert_eq!(chunks[chunks.len() - 2], "", "EOS must produce no text");
@@ -302,9 +268,7 @@ fn tokenizer_skip_special_tokens_drops_eos() {
 #[test]
 fn tokenizer_template_raise_exception_is_an_error() {
     let (tok, dir) = load("raise", Some(R1_TEMPLATE));
-    let err = tok
-        .apply_chat_template(&[msg("robot", "beep")], true, None)
-        .unwrap_err();
+    let err = tok.apply_chat_template(&[msg("robot", "beep")], true, None).unwrap_err();
     assert!(matches!(err, EngineError::Tokenizer(_)));
     assert!(err.to_string().contains("Unsupported role: robot"), "{err}");
     cleanup(&dir);
@@ -314,27 +278,18 @@ fn tokenizer_template_raise_exception_is_an_error() {
 fn tokenizer_template_python_methods_and_tojson() {
     let template = "{{ messages[0].content.strip().split(',')[1] }}|{{ messages[0].content.startswith('  a') }}|{{ tools | tojson }}|{{ missing.x }}";
     let (tok, dir) = load("pycompat", Some(template));
-    let kwargs =
-        json!({"tools": [{"name": "f<x>", "parameters": {"b": 1, "a": [true, null, 1.5]}}]});
+    let kwargs = json!({"tools": [{"name": "f<x>", "parameters": {"b": 1, "a": [true, null, 1.5]}}]});
     let text = tok.apply_chat_template(&[msg("user", "  a,b,c  ")], false, Some(&kwargs));
     // Undefined attribute access on an undefined value is an error naming the line.
     let err = text.unwrap_err().to_string();
-    assert!(
-        err.contains("undefined") && err.contains("chat_template:1"),
-        "{err}"
-    );
+    assert!(err.contains("undefined") && err.contains("chat_template:1"), "{err}");
 
     let template = "{{ messages[0].content.strip().split(',')[1] }}|{{ messages[0].content.startswith('  a') }}|{{ tools | tojson }}";
     let (tok2, dir2) = load("pycompat2", Some(template));
-    let text = tok2
-        .apply_chat_template(&[msg("user", "  a,b,c  ")], false, Some(&kwargs))
-        .unwrap();
+    let text = tok2.apply_chat_template(&[msg("user", "  a,b,c  ")], false, Some(&kwargs)).unwrap();
     // Booleans print like Python; serde_json (without preserve_order) hands objects over with
     // sorted keys, and tojson writes like json.dumps (spaced, no HTML escaping).
-    assert_eq!(
-        text,
-        r#"b|True|[{"name": "f<x>", "parameters": {"a": [true, null, 1.5], "b": 1}}]"#
-    );
+    assert_eq!(text, r#"b|True|[{"name": "f<x>", "parameters": {"a": [true, null, 1.5], "b": 1}}]"#);
     cleanup(&dir);
     cleanup(&dir2);
 }
@@ -344,33 +299,21 @@ fn tokenizer_missing_files_and_templates() {
     let dir = std::env::temp_dir().join(format!("cleave-tokenizer-missing-{}", std::process::id()));
     let err = Tokenizer::from_dir(&dir).unwrap_err();
     let path = dir.join("tokenizer.json");
-    assert!(
-        matches!(&err, EngineError::Io { path: p, .. } if *p == path),
-        "{err}"
-    );
-    assert!(
-        err.to_string().contains(&path.display().to_string()),
-        "{err}"
-    );
+    assert!(matches!(&err, EngineError::Io { path: p, .. } if *p == path), "{err}");
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
 
     // No tokenizer_config.json: the tokenizer works but has no template.
     let (tok, dir) = load("notemplate", None);
     assert!(!tok.has_chat_template());
     assert_eq!(tok.bos_token(), None);
-    let err = tok
-        .apply_chat_template(&[msg("user", "hi")], true, None)
-        .unwrap_err();
+    let err = tok.apply_chat_template(&[msg("user", "hi")], true, None).unwrap_err();
     assert!(err.to_string().contains("no chat template"), "{err}");
     cleanup(&dir);
 
     // A template that does not compile names the file.
     let dir = write_tokenizer("badtemplate", Some("{% for %}"));
     let err = Tokenizer::from_dir(&dir).unwrap_err();
-    assert!(
-        err.to_string().contains("tokenizer_config.json")
-            && err.to_string().contains("syntax error"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("tokenizer_config.json") && err.to_string().contains("syntax error"), "{err}");
     cleanup(&dir);
 }
 
@@ -389,9 +332,7 @@ fn tokenizer_config_template_list_prefers_default() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     assert_eq!(tok.bos_token(), None);
     assert_eq!(tok.eos_token(), Some(EOS));
-    let text = tok
-        .apply_chat_template(&[msg("user", "a"), msg("user", "b")], false, None)
-        .unwrap();
+    let text = tok.apply_chat_template(&[msg("user", "a"), msg("user", "b")], false, None).unwrap();
     assert_eq!(text, format!("{EOS}2"));
     cleanup(&dir);
 }

@@ -40,7 +40,11 @@ pub fn yaml(model: &std::path::Path, name: &str, max_concurrent: usize, disaggre
 /// Writes `text` to a fresh temp file and returns its path.
 pub fn temp_file(text: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let path = std::env::temp_dir().join(format!("cleave-gw-test-{}-{}.yaml", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let path = std::env::temp_dir().join(format!(
+        "cleave-gw-test-{}-{}.yaml",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(&path, text).expect("write temp config");
     path
 }
@@ -68,7 +72,8 @@ impl TestServer {
         let mut gw = GatewayConfig::from_deploy(&cfg).expect("gateway config");
         edit(&mut gw);
         let cluster = tokio::task::spawn_blocking(move || Cluster::start(cfg)).await.unwrap().expect("cluster starts");
-        let server = Server::start(Arc::new(cluster.clone()), gw, "127.0.0.1:0".parse().unwrap()).await.expect("gateway starts");
+        let server =
+            Server::start(Arc::new(cluster.clone()), gw, "127.0.0.1:0".parse().unwrap()).await.expect("gateway starts");
         let url = format!("http://{}", server.local_addr());
         TestServer { url, cluster, server: Some(server), client: reqwest::Client::new() }
     }
@@ -78,7 +83,13 @@ impl TestServer {
     }
 
     pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
-        self.client.post(format!("{}{path}", self.url)).header("content-type", "application/json").body(body).send().await.expect("request sent")
+        self.client
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request sent")
     }
 
     pub async fn get(&self, path: &str) -> reqwest::Response {

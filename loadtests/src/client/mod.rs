@@ -123,7 +123,9 @@ pub fn snippet(bytes: &[u8]) -> String {
 /// A server's OpenAI error body (`{"error": {"message": ...}}`) as one line, or the raw text.
 pub fn error_message(v: &Value) -> String {
     match v.get("error") {
-        Some(Value::Object(e)) => e.get("message").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| v.to_string()),
+        Some(Value::Object(e)) => {
+            e.get("message").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| v.to_string())
+        }
         Some(Value::String(s)) => s.clone(),
         _ => v.to_string(),
     }

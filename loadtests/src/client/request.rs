@@ -163,11 +163,7 @@ pub fn build_payload(endpoint: Endpoint, model: &str, input: &RequestInput) -> V
 
 /// Chat messages sent to a completions endpoint: their contents joined by blank lines.
 fn flatten_messages(messages: &[Value]) -> String {
-    messages
-        .iter()
-        .filter_map(|m| m.get("content").and_then(Value::as_str))
-        .collect::<Vec<_>>()
-        .join("\n\n")
+    messages.iter().filter_map(|m| m.get("content").and_then(Value::as_str)).collect::<Vec<_>>().join("\n\n")
 }
 
 /// Sends one streaming request to `url` and times it. Never fails: errors land in the output.
@@ -195,7 +191,8 @@ pub async fn send_request(
         }
         Ok(()) if timeline.tokens.is_empty() => {
             out.success = false;
-            out.error = "Never received a valid chunk to calculate TTFT. This response will be marked as failed!".into();
+            out.error =
+                "Never received a valid chunk to calculate TTFT. This response will be marked as failed!".into();
         }
         Ok(()) => out.success = true,
     }
@@ -239,7 +236,8 @@ fn handle_event(event: SseEvent, out: &mut RequestOutput, timeline: &mut Timelin
         SseEvent::Data(d) => d,
     };
     let now = Instant::now();
-    let v: Value = serde_json::from_str(&data).map_err(|e| format!("bad SSE JSON ({e}): {}", snippet(data.as_bytes())))?;
+    let v: Value =
+        serde_json::from_str(&data).map_err(|e| format!("bad SSE JSON ({e}): {}", snippet(data.as_bytes())))?;
     apply_chunk(&v, now, out, timeline)
 }
 

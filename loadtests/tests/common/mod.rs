@@ -132,7 +132,12 @@ async fn serve_conn(mut sock: TcpStream, cfg: Arc<MockConfig>, log: Arc<Mutex<Ve
             ("POST", "/tokenize") => {
                 let add = body.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
                 let ids = tokenize(body["prompt"].as_str().unwrap_or(""), add);
-                send_json(&mut sock, 200, &json!({"count": ids.len(), "max_model_len": cfg.max_model_len, "tokens": ids})).await
+                send_json(
+                    &mut sock,
+                    200,
+                    &json!({"count": ids.len(), "max_model_len": cfg.max_model_len, "tokens": ids}),
+                )
+                .await
             }
             ("POST", "/detokenize") => {
                 let ids: Vec<u32> = serde_json::from_value(body["tokens"].clone()).unwrap_or_default();
@@ -141,7 +146,14 @@ async fn serve_conn(mut sock: TcpStream, cfg: Arc<MockConfig>, log: Arc<Mutex<Ve
             ("POST", "/v1/completions") | ("POST", "/v1/chat/completions") => {
                 generate(&mut sock, &cfg, &log, path.clone(), body, arrived).await
             }
-            _ => send_json(&mut sock, 404, &json!({"error": {"message": "not found", "type": "NotFound", "param": null, "code": 404}})).await,
+            _ => {
+                send_json(
+                    &mut sock,
+                    404,
+                    &json!({"error": {"message": "not found", "type": "NotFound", "param": null, "code": 404}}),
+                )
+                .await
+            }
         };
         if !ok {
             return;
@@ -152,7 +164,10 @@ async fn serve_conn(mut sock: TcpStream, cfg: Arc<MockConfig>, log: Arc<Mutex<Ve
 async fn send_json(sock: &mut TcpStream, status: u16, v: &Value) -> bool {
     let body = v.to_string();
     let reason = if status == 200 { "OK" } else { "Error" };
-    let msg = format!("HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let msg = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
     sock.write_all(msg.as_bytes()).await.is_ok()
 }
 
@@ -160,7 +175,14 @@ async fn write_chunk(sock: &mut TcpStream, data: &str) -> bool {
     sock.write_all(format!("{:x}\r\n{data}\r\n", data.len()).as_bytes()).await.is_ok()
 }
 
-async fn generate(sock: &mut TcpStream, cfg: &MockConfig, log: &Mutex<Vec<RequestLog>>, path: String, body: Value, arrived: Instant) -> bool {
+async fn generate(
+    sock: &mut TcpStream,
+    cfg: &MockConfig,
+    log: &Mutex<Vec<RequestLog>>,
+    path: String,
+    body: Value,
+    arrived: Instant,
+) -> bool {
     let chat = path.ends_with("chat/completions");
     let (prompt_tokens, text_for_fail) = if chat {
         let msgs = body["messages"].as_array().cloned().unwrap_or_default();
@@ -177,7 +199,8 @@ async fn generate(sock: &mut TcpStream, cfg: &MockConfig, log: &Mutex<Vec<Reques
         let v = json!({"error": {"message": "injected failure", "type": "InternalServerError", "param": null, "code": 500}});
         return send_json(sock, 500, &v).await;
     }
-    let n = body.get(if chat { "max_completion_tokens" } else { "max_tokens" }).and_then(Value::as_u64).unwrap_or(16) as usize;
+    let n = body.get(if chat { "max_completion_tokens" } else { "max_tokens" }).and_then(Value::as_u64).unwrap_or(16)
+        as usize;
     let usage = body["stream_options"]["include_usage"].as_bool().unwrap_or(false);
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
     if sock.write_all(head.as_bytes()).await.is_err() {
@@ -199,7 +222,8 @@ async fn generate(sock: &mut TcpStream, cfg: &MockConfig, log: &Mutex<Vec<Reques
                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]});
                 data.push_str(&format!("data: {role}\n\n"));
             }
-            let delta = if k < cfg.reasoning_tokens { json!({"reasoning_content": word}) } else { json!({"content": word}) };
+            let delta =
+                if k < cfg.reasoning_tokens { json!({"reasoning_content": word}) } else { json!({"content": word}) };
             let c = json!({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "mock-r1",
                 "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]});
             data.push_str(&format!("data: {c}\n\n"));
@@ -228,8 +252,15 @@ async fn generate(sock: &mut TcpStream, cfg: &MockConfig, log: &Mutex<Vec<Reques
 /// Runs the cleave-bench binary with `args`, off the async runtime; returns (success, stdout, stderr).
 pub async fn run_bench(args: Vec<String>) -> (bool, String, String) {
     tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cleave-bench")).args(&args).output().expect("running cleave-bench");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cleave-bench"))
+            .args(&args)
+            .output()
+            .expect("running cleave-bench");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
     })
     .await
     .unwrap()

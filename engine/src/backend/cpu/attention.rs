@@ -8,7 +8,14 @@ use super::{dot, matmul_t, CpuKvCache, CpuTensor, CpuWeight};
 use crate::backend::{AttnBatch, AttnSeq, MlaDims};
 use crate::error::{EngineError, Result};
 
-pub(super) fn mla_attention(q: &CpuTensor, cache: &CpuKvCache, layer: usize, kv_b: &CpuWeight, batch: &AttnBatch, d: MlaDims) -> Result<CpuTensor> {
+pub(super) fn mla_attention(
+    q: &CpuTensor,
+    cache: &CpuKvCache,
+    layer: usize,
+    kv_b: &CpuWeight,
+    batch: &AttnBatch,
+    d: MlaDims,
+) -> Result<CpuTensor> {
     let qk = d.nope + d.rope;
     if q.cols != d.heads * qk || kv_b.out != d.heads * (d.nope + d.v) || kv_b.inp != d.kv_lora {
         return Err(EngineError::Backend("mla_attention: shapes disagree with the MLA dimensions".into()));
@@ -68,10 +75,8 @@ fn absorbed(q: &CpuTensor, ctx: &[f32], kv_b: &CpuWeight, s: &AttnSeq, d: MlaDim
                 *a += qi * b;
             }
         }
-        let mut scores: Vec<f32> = ctx
-            .chunks_exact(w)
-            .map(|c| (dot(&q_lat, &c[..l]) + dot(&qh[d.nope..], &c[l..])) * d.scale)
-            .collect();
+        let mut scores: Vec<f32> =
+            ctx.chunks_exact(w).map(|c| (dot(&q_lat, &c[..l]) + dot(&qh[d.nope..], &c[l..])) * d.scale).collect();
         softmax_in_place(&mut scores);
         let mut o_lat = vec![0f32; l];
         for (p, c) in scores.iter().zip(ctx.chunks_exact(w)) {
@@ -149,7 +154,11 @@ mod tests {
         let slots: Vec<u32> = (0..ctx_len).map(|t| table[t / 4] * 4 + (t % 4) as u32).collect();
         let lat = CpuTensor::new(pseudo(ctx_len * layout.width, 7), ctx_len, layout.width);
         be.write_kv(&mut cache, 0, &lat, &slots).unwrap();
-        let kv_b = CpuWeight { out: d.heads * (d.nope + d.v), inp: d.kv_lora, data: pseudo(d.heads * (d.nope + d.v) * d.kv_lora, 3) };
+        let kv_b = CpuWeight {
+            out: d.heads * (d.nope + d.v),
+            inp: d.kv_lora,
+            data: pseudo(d.heads * (d.nope + d.v) * d.kv_lora, 3),
+        };
         let q = CpuTensor::new(pseudo(3 * d.heads * (d.nope + d.rope), 5), 3, d.heads * (d.nope + d.rope));
         // The last three positions as one chunk ...
         let chunk = AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: 3, ctx_len, block_table: table.clone() }] };
@@ -157,7 +166,9 @@ mod tests {
         // ... and each as a single decode query over its own prefix.
         for i in 0..3 {
             let qi = be.gather_rows(&q, &[i as u32]).unwrap();
-            let one = AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: 1, ctx_len: ctx_len - 2 + i, block_table: table.clone() }] };
+            let one = AttnBatch {
+                seqs: vec![AttnSeq { q_start: 0, q_len: 1, ctx_len: ctx_len - 2 + i, block_table: table.clone() }],
+            };
             let o = be.mla_attention(&qi, &cache, 0, &kv_b, &one, d).unwrap();
             for (a, b) in o.data.iter().zip(full.row(i)) {
                 assert!((a - b).abs() < 1e-4, "row {i}: {a} vs {b}");

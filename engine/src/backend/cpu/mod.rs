@@ -43,7 +43,10 @@ pub struct CpuWeight {
 impl CpuWeight {
     fn apply(&self, x: &CpuTensor) -> Result<CpuTensor> {
         if x.cols != self.inp {
-            return Err(EngineError::Backend(format!("linear: input has {} columns, weight expects {}", x.cols, self.inp)));
+            return Err(EngineError::Backend(format!(
+                "linear: input has {} columns, weight expects {}",
+                x.cols, self.inp
+            )));
         }
         Ok(CpuTensor::new(matmul_t(&x.data, x.rows, x.cols, &self.data, self.out), x.rows, self.out))
     }
@@ -70,7 +73,10 @@ fn rms_norm_row(x: &mut [f32], w: &[f32], eps: f32) {
 
 fn check_same(a: &CpuTensor, b: &CpuTensor, op: &str) -> Result<()> {
     if (a.rows, a.cols) != (b.rows, b.cols) {
-        return Err(EngineError::Backend(format!("{op}: shapes {}x{} and {}x{} differ", a.rows, a.cols, b.rows, b.cols)));
+        return Err(EngineError::Backend(format!(
+            "{op}: shapes {}x{} and {}x{} differ",
+            a.rows, a.cols, b.rows, b.cols
+        )));
     }
     Ok(())
 }
@@ -134,7 +140,10 @@ impl Backend for CpuBackend {
         let mut data = Vec::with_capacity(ids.len() * table.cols);
         for &id in ids {
             if id as usize >= table.rows {
-                return Err(EngineError::InvalidRequest(format!("token id {id} is outside the vocabulary of {}", table.rows)));
+                return Err(EngineError::InvalidRequest(format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    table.rows
+                )));
             }
             data.extend_from_slice(table.row(id as usize));
         }
@@ -180,7 +189,17 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(data, rows.len(), x.cols))
     }
 
-    fn rope(&self, x: &mut CpuTensor, cos_sin: &CpuTensor, positions: &[u32], heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> Result<()> {
+    fn rope(
+        &self,
+        x: &mut CpuTensor,
+        cos_sin: &CpuTensor,
+        positions: &[u32],
+        heads: usize,
+        offset: usize,
+        stride: usize,
+        rope: usize,
+        interleaved: bool,
+    ) -> Result<()> {
         let half = rope / 2;
         let cols = x.cols;
         for (r, &pos) in positions.iter().enumerate() {
@@ -209,7 +228,15 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn mla_attention(&self, q: &CpuTensor, cache: &CpuKvCache, layer: usize, kv_b: &CpuWeight, batch: &AttnBatch, dims: MlaDims) -> Result<CpuTensor> {
+    fn mla_attention(
+        &self,
+        q: &CpuTensor,
+        cache: &CpuKvCache,
+        layer: usize,
+        kv_b: &CpuWeight,
+        batch: &AttnBatch,
+        dims: MlaDims,
+    ) -> Result<CpuTensor> {
         attention::mla_attention(q, cache, layer, kv_b, batch, dims)
     }
 

@@ -30,10 +30,8 @@ pub fn route_token(logits: &[f32], bias: &[f32], p: RouterParams) -> (Vec<u32>, 
     let scores: Vec<f32> = logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
     let mut choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
     let per_group = p.n_experts / p.n_group;
-    let group_scores: Vec<f32> = choice
-        .chunks_exact(per_group)
-        .map(|g| top_indices(g, 2).iter().map(|&i| g[i]).sum())
-        .collect();
+    let group_scores: Vec<f32> =
+        choice.chunks_exact(per_group).map(|g| top_indices(g, 2).iter().map(|&i| g[i]).sum()).collect();
     let keep = top_indices(&group_scores, p.topk_group);
     for (g, chunk) in choice.chunks_exact_mut(per_group).enumerate() {
         if !keep.contains(&g) {

@@ -18,15 +18,62 @@ use crate::error::{EngineError, Result};
 const SCORE_BYTES: usize = 2 << 30;
 
 #[allow(clippy::too_many_arguments)]
-fn gemm(m: usize, n: usize, k: usize, a: u64, lda: usize, sa: usize, ta: bool, b: u64, ldb: usize, sb: usize, tb: bool, c: u64, ldc: usize, sc: usize, batch: usize) -> Gemm {
-    Gemm { trans_a: ta, trans_b: tb, m, n, k, a, lda, stride_a: sa, b, ldb, stride_b: sb, c, ldc, stride_c: sc, batch, beta: 0.0, c_bf16: false }
+fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: u64,
+    lda: usize,
+    sa: usize,
+    ta: bool,
+    b: u64,
+    ldb: usize,
+    sb: usize,
+    tb: bool,
+    c: u64,
+    ldc: usize,
+    sc: usize,
+    batch: usize,
+) -> Gemm {
+    Gemm {
+        trans_a: ta,
+        trans_b: tb,
+        m,
+        n,
+        k,
+        a,
+        lda,
+        stride_a: sa,
+        b,
+        ldb,
+        stride_b: sb,
+        c,
+        ldc,
+        stride_c: sc,
+        batch,
+        beta: 0.0,
+        c_bf16: false,
+    }
 }
 
-pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCache, layer: usize, kv_b: &CudaWeight, batch: &AttnBatch, d: MlaDims) -> Result<CudaTensor> {
+pub(super) fn mla_attention(
+    be: &CudaBackend,
+    q: &CudaTensor,
+    cache: &CudaKvCache,
+    layer: usize,
+    kv_b: &CudaWeight,
+    batch: &AttnBatch,
+    d: MlaDims,
+) -> Result<CudaTensor> {
     let qk = d.nope + d.rope;
     let (rows, heads, l) = (q.rows, d.heads, d.kv_lora);
     let lay = cache.layout;
-    if q.cols != heads * qk || kv_b.out != heads * (d.nope + d.v) || kv_b.inp != l || lay.width != l + d.rope || layer >= lay.layers {
+    if q.cols != heads * qk
+        || kv_b.out != heads * (d.nope + d.v)
+        || kv_b.inp != l
+        || lay.width != l + d.rope
+        || layer >= lay.layers
+    {
         return Err(EngineError::Backend("mla_attention: shapes disagree with the MLA dimensions".into()));
     }
     let out = be.tensor(rows, heads * d.v)?;
@@ -42,7 +89,9 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
     let (mut max_ctx, mut absorbed_rows) = (0, 0);
     for s in &batch.seqs {
         if s.q_start + s.q_len > rows || s.ctx_len < s.q_len || s.block_table.len() * lay.block_size < s.ctx_len {
-            return Err(EngineError::Backend("mla_attention: a sequence's rows or blocks do not cover its context".into()));
+            return Err(EngineError::Backend(
+                "mla_attention: a sequence's rows or blocks do not cover its context".into(),
+            ));
         }
         if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= lay.num_blocks) {
             return Err(EngineError::Backend(format!("mla_attention: block {b} outside the cache")));
@@ -61,7 +110,18 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
     let mp = be.upload_u32("attn", &meta)?;
     let (row_len, row_tab, tables) = (mp, mp + 4 * rows as u64, mp + 8 * rows as u64);
     let gpu = be.gpu();
-    let p = MlaLaunch { rows, heads, kv_lora: l, rope: d.rope, nope: d.nope, layers: lay.layers, layer, block_size: lay.block_size, scale: d.scale, max_ctx };
+    let p = MlaLaunch {
+        rows,
+        heads,
+        kv_lora: l,
+        rope: d.rope,
+        nope: d.nope,
+        layers: lay.layers,
+        layer,
+        block_size: lay.block_size,
+        scale: d.scale,
+        max_ctx,
+    };
     if let (Some(c32), Some(w32)) = (&cache.f32, &kv_b.f32) {
         gpu.mla_ref_f32(&p, d.v, q.ptr(), ptr(c32), row_len, row_tab, tables, ptr(w32), out.ptr()).map_err(kerr)?;
         return Ok(out);
@@ -74,16 +134,63 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
     if absorbed_rows > 0 {
         let q_lat = be.alloc_f32(rows * heads * l)?;
         let a = (d.nope + d.v) * l;
-        gpu.gemm(&gemm(l, rows, d.nope, kv_b.ptr(), l, a, false, ptr(&q_bf), heads * qk, qk, false, ptr(&q_lat), heads * l, l, heads)).map_err(kerr)?;
+        gpu.gemm(&gemm(
+            l,
+            rows,
+            d.nope,
+            kv_b.ptr(),
+            l,
+            a,
+            false,
+            ptr(&q_bf),
+            heads * qk,
+            qk,
+            false,
+            ptr(&q_lat),
+            heads * l,
+            l,
+            heads,
+        ))
+        .map_err(kerr)?;
         let (splits, chunk) = p.splits(gpu.sm_count);
         let part_o = be.alloc_f32(rows * splits * heads * l)?;
         let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
-        gpu.mla_decode(var.mla_v2, &p, splits, chunk, ptr(&q_lat), q.ptr(), ptr(&cache.buf), row_len, row_tab, tables, ptr(&part_o), ptr(&part_ml))
-            .map_err(kerr)?;
+        gpu.mla_decode(
+            var.mla_v2,
+            &p,
+            splits,
+            chunk,
+            ptr(&q_lat),
+            q.ptr(),
+            ptr(&cache.buf),
+            row_len,
+            row_tab,
+            tables,
+            ptr(&part_o),
+            ptr(&part_ml),
+        )
+        .map_err(kerr)?;
         let o_lat = be.alloc_u16(rows * heads * l)?;
         gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
         let kv_v = kv_b.ptr() + (d.nope * l * 2) as u64;
-        gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, ptr(&o_lat), heads * l, l, false, out.ptr(), heads * d.v, d.v, heads)).map_err(kerr)?;
+        gpu.gemm(&gemm(
+            d.v,
+            rows,
+            l,
+            kv_v,
+            l,
+            a,
+            true,
+            ptr(&o_lat),
+            heads * l,
+            l,
+            false,
+            out.ptr(),
+            heads * d.v,
+            d.v,
+            heads,
+        ))
+        .map_err(kerr)?;
     }
     for s in batch.seqs.iter().filter(|s| expand(s)) {
         let tab = tables + 4 * meta[rows + s.q_start] as u64;
@@ -94,7 +201,17 @@ pub(super) fn mla_attention(be: &CudaBackend, q: &CudaTensor, cache: &CudaKvCach
 
 /// One prefill chunk in the expanded form, writing its rows of `out`.
 #[allow(clippy::too_many_arguments)]
-fn expanded(be: &CudaBackend, q_bf: &cleave_kernels::cudarc::driver::CudaSlice<u16>, cache: &CudaKvCache, layer: usize, kv_b: &CudaWeight, s: &AttnSeq, d: MlaDims, tab: u64, out: &CudaTensor) -> Result<()> {
+fn expanded(
+    be: &CudaBackend,
+    q_bf: &cleave_kernels::cudarc::driver::CudaSlice<u16>,
+    cache: &CudaKvCache,
+    layer: usize,
+    kv_b: &CudaWeight,
+    s: &AttnSeq,
+    d: MlaDims,
+    tab: u64,
+    out: &CudaTensor,
+) -> Result<()> {
     let gpu = be.gpu();
     let lay = cache.layout;
     let (ctx, ql, heads, l, w) = (s.ctx_len, s.q_len, d.heads, d.kv_lora, lay.width);
@@ -117,15 +234,64 @@ fn expanded(be: &CudaBackend, q_bf: &cleave_kernels::cudarc::driver::CudaSlice<u
         let kvh = ptr(&kv) + (h0 * kvw * 2) as u64;
         let qh = q0 + (h0 * qk * 2) as u64;
         // S_h^T [ctx, ql] = K_h [ctx, nope] . Q_h^T, then += K_rope [ctx, R] . Q_rope^T (shared K_rope).
-        gpu.gemm(&gemm(ctx, ql, d.nope, kvh, heads * kvw, kvw, true, qh, heads * qk, qk, false, ptr(&scores), ctx, ctx * ql, n)).map_err(kerr)?;
-        let mut r = gemm(ctx, ql, d.rope, ptr(&lat) + (l * 2) as u64, w, 0, true, qh + (d.nope * 2) as u64, heads * qk, qk, false, ptr(&scores), ctx, ctx * ql, n);
+        gpu.gemm(&gemm(
+            ctx,
+            ql,
+            d.nope,
+            kvh,
+            heads * kvw,
+            kvw,
+            true,
+            qh,
+            heads * qk,
+            qk,
+            false,
+            ptr(&scores),
+            ctx,
+            ctx * ql,
+            n,
+        ))
+        .map_err(kerr)?;
+        let mut r = gemm(
+            ctx,
+            ql,
+            d.rope,
+            ptr(&lat) + (l * 2) as u64,
+            w,
+            0,
+            true,
+            qh + (d.nope * 2) as u64,
+            heads * qk,
+            qk,
+            false,
+            ptr(&scores),
+            ctx,
+            ctx * ql,
+            n,
+        );
         r.beta = 1.0;
         gpu.gemm(&r).map_err(kerr)?;
         gpu.softmax_causal(ptr(&scores), ptr(&probs), n * ql, ql, ctx, d.scale).map_err(kerr)?;
         // O_h^T [v, ql] = V_h^T [v, ctx] . P_h^T [ctx, ql], into out rows (ld heads * v).
         let vh = kvh + (d.nope * 2) as u64;
-        gpu.gemm(&gemm(d.v, ql, ctx, vh, heads * kvw, kvw, false, ptr(&probs), ctx, ctx * ql, false, o0 + (h0 * d.v * 4) as u64, heads * d.v, d.v, n))
-            .map_err(kerr)?;
+        gpu.gemm(&gemm(
+            d.v,
+            ql,
+            ctx,
+            vh,
+            heads * kvw,
+            kvw,
+            false,
+            ptr(&probs),
+            ctx,
+            ctx * ql,
+            false,
+            o0 + (h0 * d.v * 4) as u64,
+            heads * d.v,
+            d.v,
+            n,
+        ))
+        .map_err(kerr)?;
         h0 += n;
     }
     Ok(())

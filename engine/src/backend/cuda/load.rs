@@ -27,7 +27,15 @@ fn src_dtype(src: &LinearSource<'_>) -> Result<SrcDtype> {
 }
 
 /// Writes `src` as bf16 into rows `row_base + r * row_mul + row_off` of the `[*, cols]` matrix at `dst`.
-fn convert_into(be: &CudaBackend, src: &LinearSource<'_>, dst: u64, cols: usize, row_base: usize, row_mul: usize, row_off: usize) -> Result<()> {
+fn convert_into(
+    be: &CudaBackend,
+    src: &LinearSource<'_>,
+    dst: u64,
+    cols: usize,
+    row_base: usize,
+    row_mul: usize,
+    row_off: usize,
+) -> Result<()> {
     let (rows, c) = src.dims();
     if c != cols {
         return Err(EngineError::Backend(format!("{}: {c} input columns, expected {cols}", src.weight.name)));

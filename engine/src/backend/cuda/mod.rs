@@ -15,8 +15,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use cleave_kernels::cudarc::driver::CudaSlice;
-pub use cleave_kernels::Gpu;
 use cleave_kernels::nccl::{NcclComm, P2p};
+pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
 use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
@@ -283,7 +283,10 @@ impl CudaBackend {
 
     fn check_same(a: &CudaTensor, b: &CudaTensor, op: &str) -> Result<()> {
         if (a.rows, a.cols) != (b.rows, b.cols) {
-            return Err(EngineError::Backend(format!("{op}: shapes {}x{} and {}x{} differ", a.rows, a.cols, b.rows, b.cols)));
+            return Err(EngineError::Backend(format!(
+                "{op}: shapes {}x{} and {}x{} differ",
+                a.rows, a.cols, b.rows, b.cols
+            )));
         }
         Ok(())
     }
@@ -318,7 +321,8 @@ impl Backend for CudaBackend {
         }
         let mut pinned = self.pinned.borrow_mut();
         if pinned.as_ref().is_none_or(|p| p.len() < n) {
-            *pinned = Some(unsafe { self.gpu.ctx.alloc_pinned::<f32>(n.next_power_of_two()) }.map_err(|e| kerr(e.into()))?);
+            *pinned =
+                Some(unsafe { self.gpu.ctx.alloc_pinned::<f32>(n.next_power_of_two()) }.map_err(|e| kerr(e.into()))?);
         }
         let host = pinned.as_mut().expect("allocated").as_mut_slice().map_err(|e| kerr(e.into()))?;
         self.gpu.dtoh(t.ptr(), &mut host[..n]).map_err(kerr)?;
@@ -353,7 +357,10 @@ impl Backend for CudaBackend {
 
     fn embedding(&self, table: &CudaTensor, ids: &[u32]) -> Result<CudaTensor> {
         if let Some(&id) = ids.iter().find(|&&i| i as usize >= table.rows) {
-            return Err(EngineError::InvalidRequest(format!("token id {id} is outside the vocabulary of {}", table.rows)));
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {id} is outside the vocabulary of {}",
+                table.rows
+            )));
         }
         let out = self.tensor(ids.len(), table.cols)?;
         let ip = self.upload_u32("ids", ids)?;
@@ -382,7 +389,10 @@ impl Backend for CudaBackend {
 
     fn linear(&self, x: &CudaTensor, w: &CudaWeight) -> Result<CudaTensor> {
         if x.cols != w.inp {
-            return Err(EngineError::Backend(format!("linear: input has {} columns, weight expects {}", x.cols, w.inp)));
+            return Err(EngineError::Backend(format!(
+                "linear: input has {} columns, weight expects {}",
+                x.cols, w.inp
+            )));
         }
         let y = self.tensor(x.rows, w.out)?;
         if let Some(w32) = &w.f32 {
@@ -416,18 +426,33 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn rope(&self, x: &mut CudaTensor, cos_sin: &CudaTensor, positions: &[u32], heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> Result<()> {
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        cos_sin: &CudaTensor,
+        positions: &[u32],
+        heads: usize,
+        offset: usize,
+        stride: usize,
+        rope: usize,
+        interleaved: bool,
+    ) -> Result<()> {
         if positions.len() != x.rows {
             return Err(EngineError::Backend(format!("rope: {} positions for {} rows", positions.len(), x.rows)));
         }
         if let Some(&p) = positions.iter().find(|&&p| p as usize >= cos_sin.rows) {
-            return Err(EngineError::InvalidRequest(format!("position {p} is beyond the rotary table of {}", cos_sin.rows)));
+            return Err(EngineError::InvalidRequest(format!(
+                "position {p} is beyond the rotary table of {}",
+                cos_sin.rows
+            )));
         }
         if heads > 0 && offset + (heads - 1) * stride + rope > x.cols {
             return Err(EngineError::Backend("rope: rotated columns run past the row".into()));
         }
         let pp = self.upload_u32("positions", positions)?;
-        self.gpu.rope(x.ptr(), cos_sin.ptr(), pp, x.rows, x.cols, heads, offset, stride, rope, interleaved).map_err(kerr)
+        self.gpu
+            .rope(x.ptr(), cos_sin.ptr(), pp, x.rows, x.cols, heads, offset, stride, rope, interleaved)
+            .map_err(kerr)
     }
 
     fn write_kv(&self, cache: &mut CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[u32]) -> Result<()> {
@@ -440,14 +465,25 @@ impl Backend for CudaBackend {
         }
         let sp = self.upload_u32("slots", slots)?;
         if let Some(f) = &cache.f32 {
-            return self.gpu.write_kv_f32(latent.ptr(), sp, ptr(f), latent.rows, l.width, l.layers, layer, l.block_size).map_err(kerr);
+            return self
+                .gpu
+                .write_kv_f32(latent.ptr(), sp, ptr(f), latent.rows, l.width, l.layers, layer, l.block_size)
+                .map_err(kerr);
         }
         self.gpu
             .write_kv(latent.ptr(), sp, ptr(&cache.buf), latent.rows, l.width, l.layers, layer, l.block_size)
             .map_err(kerr)
     }
 
-    fn mla_attention(&self, q: &CudaTensor, cache: &CudaKvCache, layer: usize, kv_b: &CudaWeight, batch: &AttnBatch, dims: MlaDims) -> Result<CudaTensor> {
+    fn mla_attention(
+        &self,
+        q: &CudaTensor,
+        cache: &CudaKvCache,
+        layer: usize,
+        kv_b: &CudaWeight,
+        batch: &AttnBatch,
+        dims: MlaDims,
+    ) -> Result<CudaTensor> {
         attention::mla_attention(self, q, cache, layer, kv_b, batch, dims)
     }
 
@@ -479,7 +515,11 @@ impl Backend for CudaBackend {
     fn import_blocks(&self, cache: &mut CudaKvCache, blocks: &[u32], data: &[f32]) -> Result<()> {
         let per = cache.layout.block_values();
         if data.len() != blocks.len() * per {
-            return Err(EngineError::Backend(format!("import_blocks: {} values for {} blocks of {per}", data.len(), blocks.len())));
+            return Err(EngineError::Backend(format!(
+                "import_blocks: {} values for {} blocks of {per}",
+                data.len(),
+                blocks.len()
+            )));
         }
         if let Some(&b) = blocks.iter().find(|&&b| b as usize >= cache.layout.num_blocks) {
             return Err(EngineError::Backend(format!("import_blocks: block {b} outside the cache")));

@@ -10,7 +10,12 @@ use crate::error::{EngineError, Result};
 
 pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
     if logits.cols != p.n_experts || bias.len() != p.n_experts {
-        return Err(EngineError::Backend(format!("moe_route: {} logits and {} biases for {} experts", logits.cols, bias.len(), p.n_experts)));
+        return Err(EngineError::Backend(format!(
+            "moe_route: {} logits and {} biases for {} experts",
+            logits.cols,
+            bias.len(),
+            p.n_experts
+        )));
     }
     let n = logits.rows;
     let gpu = be.gpu();
@@ -19,15 +24,30 @@ pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p:
     if be.poison.get() {
         gpu.memset(ptr(&ids), 0xff, n * p.top_k * 4).map_err(kerr)?;
     }
-    gpu.moe_route(logits.ptr(), bias.ptr(), ptr(&ids), ptr(&weights), n, p.n_experts, p.n_group, p.topk_group, p.top_k, p.norm_topk_prob, p.scaling)
-        .map_err(kerr)?;
+    gpu.moe_route(
+        logits.ptr(),
+        bias.ptr(),
+        ptr(&ids),
+        ptr(&weights),
+        n,
+        p.n_experts,
+        p.n_group,
+        p.topk_group,
+        p.top_k,
+        p.norm_topk_prob,
+        p.scaling,
+    )
+    .map_err(kerr)?;
     Ok(CudaRouting { ids, weights, rows: n, top_k: p.top_k })
 }
 
 pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &CudaExperts) -> Result<CudaTensor> {
     let (n, h, k, e, i) = (x.rows, x.cols, r.top_k, ex.experts, ex.inter);
     if h != ex.hidden || r.rows != n {
-        return Err(EngineError::Backend(format!("moe_experts: {n}x{h} input, routing of {} rows, experts of width {}", r.rows, ex.hidden)));
+        return Err(EngineError::Backend(format!(
+            "moe_experts: {n}x{h} input, routing of {} rows, experts of width {}",
+            r.rows, ex.hidden
+        )));
     }
     let out = be.tensor(n, h)?;
     if n == 0 {
@@ -44,20 +64,49 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let meta = gpu.alloc::<i32>(1).map_err(kerr)?;
     if let Some((gu, dn)) = &ex.f32 {
         let row_expert = gpu.alloc::<i32>(a).map_err(kerr)?;
-        gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), ptr(&row_expert)).map_err(kerr)?;
+        gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), ptr(&row_expert))
+            .map_err(kerr)?;
         let act = be.alloc_f32(a * i)?;
         let y = be.alloc_f32(a * h)?;
-        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(&row_expert), ptr(gu), ptr(dn), ptr(&act), ptr(&y), a, h, i).map_err(kerr)?;
+        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(&row_expert), ptr(gu), ptr(dn), ptr(&act), ptr(&y), a, h, i)
+            .map_err(kerr)?;
         gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
         return Ok(out);
     }
     gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0).map_err(kerr)?;
     let xb = be.to_bf16(x)?;
     let act = be.alloc_u16(a * i)?;
-    gpu.grouped_gemm(be.variants().gemm_v2, bm, true, ptr(&xb), ptr(&sorted_tok), ptr(&ex.gate_up), ptr(&act), ptr(&tiles), ptr(&meta), max_tiles, 2 * i, h)
-        .map_err(kerr)?;
+    gpu.grouped_gemm(
+        be.variants().gemm_v2,
+        bm,
+        true,
+        ptr(&xb),
+        ptr(&sorted_tok),
+        ptr(&ex.gate_up),
+        ptr(&act),
+        ptr(&tiles),
+        ptr(&meta),
+        max_tiles,
+        2 * i,
+        h,
+    )
+    .map_err(kerr)?;
     let y = be.alloc_f32(a * h)?;
-    gpu.grouped_gemm(be.variants().gemm_v2, bm, false, ptr(&act), 0, ptr(&ex.down), ptr(&y), ptr(&tiles), ptr(&meta), max_tiles, h, i).map_err(kerr)?;
+    gpu.grouped_gemm(
+        be.variants().gemm_v2,
+        bm,
+        false,
+        ptr(&act),
+        0,
+        ptr(&ex.down),
+        ptr(&y),
+        ptr(&tiles),
+        ptr(&meta),
+        max_tiles,
+        h,
+        i,
+    )
+    .map_err(kerr)?;
     gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
     if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
         let (ids, _) = be.routing_to_host(r)?;

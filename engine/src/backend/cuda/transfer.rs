@@ -72,7 +72,15 @@ impl KvLink {
 
     /// Prefill side: sends `blocks` of `cache` for request `req` to rank `dst`. Returns the bytes
     /// sent once they are in the receiver's blocks; fails at `deadline`.
-    pub fn send(&mut self, be: &CudaBackend, cache: &CudaKvCache, blocks: &[u32], dst: usize, req: u64, deadline: Instant) -> Result<u64> {
+    pub fn send(
+        &mut self,
+        be: &CudaBackend,
+        cache: &CudaKvCache,
+        blocks: &[u32],
+        dst: usize,
+        req: u64,
+        deadline: Instant,
+    ) -> Result<u64> {
         let key = (self.rank, dst);
         let gpu = be.gpu();
         if self.comms.get(&key).is_none_or(|(_, c)| c.is_aborted()) {
@@ -128,7 +136,15 @@ impl KvLink {
     /// Decode side, called repeatedly: `Ok(Some(bytes))` once request `req`'s KV from rank `src`
     /// sits in `blocks`, `Ok(None)` while it is not there yet. Never blocks for long (except for
     /// joining a new communicator, once per pair).
-    pub fn poll_recv(&mut self, be: &CudaBackend, cache: &mut CudaKvCache, blocks: &[u32], src: usize, req: u64, deadline: Instant) -> Result<Option<u64>> {
+    pub fn poll_recv(
+        &mut self,
+        be: &CudaBackend,
+        cache: &mut CudaKvCache,
+        blocks: &[u32],
+        src: usize,
+        req: u64,
+        deadline: Instant,
+    ) -> Result<Option<u64>> {
         let key = (src, self.rank);
         let gpu = be.gpu();
         let (id, epoch, current, failed) = self.hub.with(key, |p| (p.id, p.epoch, p.current, p.failed));
