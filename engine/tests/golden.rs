@@ -146,3 +146,40 @@ fn first_step_logits_match_hf() {
     let max_diff = logits.iter().zip(&exp.first_logits).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
     assert!(max_diff < 1e-3, "max |logit - HF| = {max_diff}");
 }
+
+#[test]
+fn preemption_under_block_pressure_recomputes_to_the_same_result() {
+    let reference = run("bf16-qlora", chunked(64, 4096));
+    // 16 blocks of 16 tokens hold 256 tokens; the four prompts and their outputs need about 300,
+    // so running sequences are preempted and later recomputed from their tokens.
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        block_size: 16,
+        num_blocks: 16,
+        max_model_len: Some(256),
+    };
+    let exp = expected("bf16-qlora");
+    let mut engine = Engine::load(CpuBackend, &case_dir("bf16-qlora"), cfg).unwrap();
+    let requests = exp
+        .prompts
+        .iter()
+        .enumerate()
+        .map(|(i, (prompt, want, _, _))| Request {
+            id: i as u64,
+            prompt: prompt.clone(),
+            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(want.len()) },
+            prefill_only: false,
+        })
+        .collect();
+    let out = engine.generate(requests).unwrap();
+    assert!(engine.scheduler().preemptions() > 0, "the cache was large enough: nothing was preempted");
+    assert_eq!(engine.scheduler().num_used_blocks(), 0);
+    for (i, want) in reference.iter().enumerate() {
+        let got = &out[&(i as u64)];
+        assert_eq!(got.iter().map(|t| t.token).collect::<Vec<_>>(), want.iter().map(|t| t.token).collect::<Vec<_>>());
+        for (a, b) in got.iter().zip(want) {
+            assert!((a.logprob - b.logprob).abs() < 1e-4);
+        }
+    }
+}
