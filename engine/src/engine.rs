@@ -157,6 +157,15 @@ impl<B: Backend> Engine<B> {
     pub fn backend(&self) -> &B {
         &self.be
     }
+    /// The paged KV cache (device transports read a held request's blocks straight from it).
+    pub fn kv_cache(&self) -> &B::KvCache {
+        &self.cache
+    }
+    /// The backend and the KV cache at once, the cache writable (device transports receive
+    /// straight into reserved blocks, through the backend that owns the cache).
+    pub fn backend_and_kv_cache_mut(&mut self) -> (&B, &mut B::KvCache) {
+        (&self.be, &mut self.cache)
+    }
     pub fn model(&self) -> &Model<B> {
         &self.model
     }

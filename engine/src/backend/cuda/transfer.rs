@@ -1,37 +1,58 @@
 //! KV-block transfer between the GPU ranks of one process over NCCL: the prefill rank's thread
 //! sends a request's blocks straight from its cache into the blocks the decode rank reserved.
 //!
-//! Protocol (per ordered pair of ranks, through the in-process [`KvHub`]): the sender creates the
-//! pair's 2-rank communicator lazily (publishing the NCCL id, which the receiver joins on its next
-//! poll), announces which request it is sending, and queues one group of block-sized sends on its
+//! Protocol (per ordered pair of ranks, through the in-process [`KvHub`]): the pair's 2-rank
+//! communicator is either joined by both ranks at start-up ([`KvLink::connect`]) or created lazily
+//! by the sender (publishing the NCCL id, which the receiver joins on its next poll). The sender
+//! announces which request it is sending and queues one group of block-sized sends on its
 //! transfer stream; the receiver posts the matching receives on its own transfer stream when it
 //! sees its request announced, so NCCL's in-order matching never pairs different requests, and
-//! decoding on the compute stream is never held up by an incoming transfer. A deadline bounds both
-//! sides; on expiry or an NCCL error the pair's communicator is aborted on both sides and
-//! re-created by the next transfer.
+//! decoding on the compute stream is never held up by an incoming transfer. NCCL may complete a
+//! send before the receive is posted (the data waits in the receiver's buffers), so the sender
+//! returns only once the receiver acknowledged the request.
+//!
+//! Every communicator has an epoch in the hub. A side that drops its communicator (deadline, NCCL
+//! error, abandoned receive, restarted rank) bumps the epoch if it was current; a sender whose
+//! communicator is older re-creates it, a sender waiting on a transfer whose epoch moved gives up
+//! at once, and a receiver only ever joins the id of the newest epoch, once. A deadline bounds
+//! both sides.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cleave_kernels::cudarc::driver::CudaEvent;
-use cleave_kernels::nccl::{NcclComm, NcclId};
+use cleave_kernels::nccl::{NcclComm, NcclId, P2p};
+use cleave_kernels::Gpu;
 
 use super::{kerr, CudaBackend, CudaKvCache};
 use crate::error::{EngineError, Result};
 
+/// How many failed or abandoned request ids a pair remembers.
+const REMEMBER: usize = 64;
+
 #[derive(Default)]
 struct Pair {
+    /// The id of a communicator the sender created for the receiver to join (`None` once there is
+    /// nothing to join: start-up communicators, or after a failure).
     id: Option<NcclId>,
+    /// Generation of the pair's communicator.
     epoch: u64,
     /// The request the sender is sending now.
     current: Option<u64>,
-    /// A request whose send failed (the receiver gives up on it).
-    failed: Option<u64>,
-    /// The last request the receiver has fully received. NCCL may complete a send before the
-    /// matching receive is even posted (the data waits in the receiver's buffers), so the
-    /// sender's own completion does not prove delivery: it waits for this.
+    /// Requests whose send failed (the receiver gives up on them).
+    failed: VecDeque<u64>,
+    /// Requests the receiver gave up on (the sender does not start them, or stops waiting).
+    abandoned: VecDeque<u64>,
+    /// The last request the receiver has fully received.
     acked: Option<u64>,
+}
+
+fn remember(q: &mut VecDeque<u64>, req: u64) {
+    if q.len() >= REMEMBER {
+        q.pop_front();
+    }
+    q.push_back(req);
 }
 
 /// Shared by every rank of the process.
@@ -55,18 +76,66 @@ fn xerr(msg: String) -> EngineError {
 pub struct KvLink {
     hub: KvHub,
     rank: usize,
+    /// Communicators by (sender, receiver), with their epochs.
     comms: HashMap<(usize, usize), (u64, NcclComm)>,
-    pending: HashMap<(usize, u64), CudaEvent>,
+    /// Receiver: the last epoch joined per pair (each id is joined at most once).
+    joined: HashMap<(usize, usize), u64>,
+    /// Receiver: receives in flight by (sender, request), with the epoch they were posted on.
+    pending: HashMap<(usize, u64), (u64, CudaEvent)>,
 }
 
 impl KvLink {
     pub fn new(hub: KvHub, rank: usize) -> Self {
-        KvLink { hub, rank, comms: HashMap::new(), pending: HashMap::new() }
+        KvLink { hub, rank, comms: HashMap::new(), joined: HashMap::new(), pending: HashMap::new() }
+    }
+
+    /// Start-up: joins the communicator of the pair `src -> dst` (this rank is one of them)
+    /// with `id`, made once for the pair and handed to both ranks' threads. Blocks until the peer
+    /// joins, so every rank must connect its pairs in one global order (sorted by `(src, dst)`).
+    pub fn connect(&mut self, gpu: &Gpu, src: usize, dst: usize, id: NcclId) -> Result<()> {
+        let me = match self.rank {
+            r if r == src => 0,
+            r if r == dst => 1,
+            r => return Err(xerr(format!("rank {r} is not part of the pair {src} -> {dst}"))),
+        };
+        let key = (src, dst);
+        let epoch = self.hub.with(key, |p| p.epoch);
+        let t = Instant::now();
+        let comm = NcclComm::init(gpu, id, me, 2).map_err(kerr)?;
+        tracing::info!(src, dst, rank = self.rank, ms = t.elapsed().as_millis() as u64, "KV transfer: communicator up");
+        self.comms.insert(key, (epoch, comm));
+        self.joined.insert(key, epoch);
+        Ok(())
+    }
+
+    /// For a restarted rank: marks every communicator of its previous incarnation stale, so that
+    /// its peers re-create them (as senders) or stop waiting on them (as receivers) and nobody
+    /// joins their ids again.
+    pub fn invalidate_pairs(&self) {
+        let mut m = self.hub.pairs.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, p) in m.iter_mut().filter(|((s, d), _)| *s == self.rank || *d == self.rank) {
+            p.epoch += 1;
+            p.id = None;
+            p.current = None;
+        }
     }
 
     fn drop_comm(&mut self, key: (usize, usize)) {
         if let Some((_, mut c)) = self.comms.remove(&key) {
             c.abort();
+        }
+    }
+
+    /// Receiver: drops the pair's communicator and, if it was the current one, tells the sender.
+    fn drop_recv_comm(&mut self, key: (usize, usize)) {
+        if let Some((e, mut c)) = self.comms.remove(&key) {
+            c.abort();
+            self.hub.with(key, |p| {
+                if p.epoch == e {
+                    p.epoch += 1;
+                    p.id = None;
+                }
+            });
         }
     }
 
@@ -83,7 +152,8 @@ impl KvLink {
     ) -> Result<u64> {
         let key = (self.rank, dst);
         let gpu = be.gpu();
-        if self.comms.get(&key).is_none_or(|(_, c)| c.is_aborted()) {
+        let hub_epoch = self.hub.with(key, |p| p.epoch);
+        if self.comms.get(&key).is_none_or(|(e, c)| c.is_aborted() || *e != hub_epoch) {
             self.drop_comm(key);
             let id = NcclComm::unique_id().map_err(kerr)?;
             let epoch = self.hub.with(key, |p| {
@@ -92,31 +162,28 @@ impl KvLink {
                 p.current = None;
                 p.epoch
             });
+            tracing::info!(src = self.rank, dst, epoch, "KV transfer: new communicator; waiting for the receiver");
             // Blocks until the receiver joins on its next poll.
             let comm = NcclComm::init(gpu, id, 0, 2).map_err(kerr)?;
             self.comms.insert(key, (epoch, comm));
         }
-        self.hub.with(key, |p| {
-            p.current = Some(req);
-            p.failed = None;
+        let epoch = self.comms[&key].0;
+        let abandoned = self.hub.with(key, |p| {
+            let gone = p.abandoned.contains(&req);
+            if !gone {
+                p.current = Some(req);
+            }
+            gone
         });
+        if abandoned {
+            return Err(xerr(format!(
+                "rank {} -> {dst}, request {req}: the receiver gave up before the send",
+                self.rank
+            )));
+        }
         let regions = CudaBackend::regions(cache, blocks, 1)?;
         let bytes: u64 = regions.iter().map(|r| r.bytes as u64).sum();
-        let stream = gpu.xfer_stream().map_err(kerr)?;
-        let comm = &mut self.comms.get_mut(&key).expect("created").1;
-        let mut res = comm
-            .transfer_on(gpu, &stream, &regions, &[])
-            .and_then(|_| stream.record_event(None).map_err(Into::into))
-            .and_then(|ev| comm.wait_event(&ev, deadline.saturating_duration_since(Instant::now())))
-            .map_err(|e| e.to_string());
-        while res.is_ok() && self.hub.with(key, |p| p.acked) != Some(req) {
-            if Instant::now() >= deadline {
-                res = Err("the receiver did not take the blocks before the deadline".into());
-            } else {
-                std::thread::sleep(std::time::Duration::from_micros(20));
-            }
-        }
-        match res {
+        match self.deliver(gpu, key, epoch, &regions, req, deadline) {
             Ok(()) => {
                 self.hub.with(key, |p| p.current = None);
                 Ok(bytes)
@@ -124,7 +191,7 @@ impl KvLink {
             Err(e) => {
                 self.hub.with(key, |p| {
                     p.current = None;
-                    p.failed = Some(req);
+                    remember(&mut p.failed, req);
                     p.id = None;
                 });
                 self.drop_comm(key);
@@ -133,9 +200,47 @@ impl KvLink {
         }
     }
 
+    /// Queues the sends and waits for their completion and the receiver's acknowledgement.
+    fn deliver(
+        &mut self,
+        gpu: &Gpu,
+        key: (usize, usize),
+        epoch: u64,
+        regions: &[P2p],
+        req: u64,
+        deadline: Instant,
+    ) -> std::result::Result<(), String> {
+        let stream = gpu.xfer_stream().map_err(|e| e.to_string())?;
+        let comm = &mut self.comms.get_mut(&key).expect("created").1;
+        comm.transfer_on(gpu, &stream, regions, &[]).map_err(|e| e.to_string())?;
+        let ev = stream.record_event(None).map_err(|e| format!("{e:?}"))?;
+        let mut sent = false;
+        loop {
+            if !sent {
+                sent = comm.poll(&ev).map_err(|e| e.to_string())?;
+            }
+            let (acked, gone) =
+                self.hub.with(key, |p| (p.acked == Some(req), p.epoch != epoch || p.abandoned.contains(&req)));
+            if sent && acked {
+                return Ok(());
+            }
+            if gone {
+                return Err("the receiver gave up on the transfer".into());
+            }
+            if Instant::now() >= deadline {
+                return Err(if sent {
+                    "the receiver did not take the blocks before the deadline".into()
+                } else {
+                    "the send did not complete before the deadline".into()
+                });
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
     /// Decode side, called repeatedly: `Ok(Some(bytes))` once request `req`'s KV from rank `src`
     /// sits in `blocks`, `Ok(None)` while it is not there yet. Never blocks for long (except for
-    /// joining a new communicator, once per pair).
+    /// joining a communicator the sender re-created).
     pub fn poll_recv(
         &mut self,
         be: &CudaBackend,
@@ -147,33 +252,35 @@ impl KvLink {
     ) -> Result<Option<u64>> {
         let key = (src, self.rank);
         let gpu = be.gpu();
-        let (id, epoch, current, failed) = self.hub.with(key, |p| (p.id, p.epoch, p.current, p.failed));
-        if failed == Some(req) {
-            self.pending.remove(&(src, req));
-            self.drop_comm(key);
+        let (id, epoch, current, failed) = self.hub.with(key, |p| (p.id, p.epoch, p.current, p.failed.contains(&req)));
+        if failed {
+            if self.pending.remove(&(src, req)).is_some() {
+                self.drop_recv_comm(key);
+            }
             return Err(xerr(format!("rank {src} failed to send request {req}")));
         }
         if Instant::now() >= deadline {
-            if self.pending.remove(&(src, req)).is_some() {
-                self.drop_comm(key);
-            }
+            self.cancel(src, req);
             return Err(xerr(format!("request {req} from rank {src} did not arrive in time")));
         }
         if let Some(id) = id {
-            if self.comms.get(&key).map(|c| c.0) != Some(epoch) {
+            if self.joined.get(&key) != Some(&epoch) {
+                // The sender made a new communicator: the old one (and what was posted on it) is void.
                 self.drop_comm(key);
+                self.joined.insert(key, epoch);
                 let comm = NcclComm::init(gpu, id, 1, 2).map_err(kerr)?;
+                tracing::info!(src, dst = self.rank, epoch, "KV transfer: joined a new communicator");
                 self.comms.insert(key, (epoch, comm));
             }
         }
         let regions = CudaBackend::regions(cache, blocks, 0)?;
         let bytes: u64 = regions.iter().map(|r| r.bytes as u64).sum();
-        if let Some(ev) = self.pending.get(&(src, req)) {
-            let Some((_, comm)) = self.comms.get_mut(&key) else {
-                self.pending.remove(&(src, req));
-                return Err(xerr(format!("the communicator with rank {src} went away")));
+        if let Some((posted, ev)) = self.pending.get(&(src, req)) {
+            let res = match self.comms.get_mut(&key) {
+                Some((e, comm)) if e == posted => comm.poll(ev).map_err(|e| e.to_string()),
+                _ => Err(format!("the communicator with rank {src} was replaced mid-transfer")),
             };
-            return match comm.poll(ev) {
+            return match res {
                 Ok(true) => {
                     self.pending.remove(&(src, req));
                     self.hub.with(key, |p| p.acked = Some(req));
@@ -182,25 +289,38 @@ impl KvLink {
                 Ok(false) => Ok(None),
                 Err(e) => {
                     self.pending.remove(&(src, req));
-                    self.drop_comm(key);
+                    self.drop_recv_comm(key);
                     Err(xerr(format!("request {req} from rank {src}: {e}")))
                 }
             };
         }
         if current == Some(req) {
-            let Some((_, comm)) = self.comms.get(&key) else { return Ok(None) };
+            let Some((e, comm)) = self.comms.get(&key) else { return Ok(None) };
             let stream = gpu.xfer_stream().map_err(kerr)?;
             comm.transfer_on(gpu, &stream, &[], &regions).map_err(kerr)?;
             let ev = stream.record_event(None).map_err(|e| kerr(e.into()))?;
-            self.pending.insert((src, req), ev);
+            self.pending.insert((src, req), (*e, ev));
         }
         Ok(None)
     }
 
-    /// Forgets an abandoned receive (a receive in flight takes the pair's communicator with it).
+    /// Forgets an abandoned receive: the sender will not start it or stops waiting on it, and a
+    /// receive in flight takes the pair's communicator with it.
     pub fn cancel(&mut self, src: usize, req: u64) {
+        let key = (src, self.rank);
+        self.hub.with(key, |p| remember(&mut p.abandoned, req));
         if self.pending.remove(&(src, req)).is_some() {
-            self.drop_comm((src, self.rank));
+            self.drop_recv_comm(key);
+        }
+    }
+}
+
+impl Drop for KvLink {
+    /// Aborts every communicator (local and non-blocking; peers notice through the epochs or
+    /// their deadlines).
+    fn drop(&mut self) {
+        for (_, (_, mut c)) in self.comms.drain() {
+            c.abort();
         }
     }
 }
