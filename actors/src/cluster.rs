@@ -15,7 +15,7 @@ use cleave_engine::{EngineConfig, SamplingParams};
 use crate::config::{ConfigError, DeployConfig, Device};
 use crate::error::ActorError;
 use crate::pool::Pool;
-use crate::rank::{spawner, CpuRankFactory, Fault, RankCmd, RankFactory, RankInfo};
+use crate::rank::{spawner, CpuRankFactory, CudaRankFactory, Fault, RankCmd, RankFactory, RankInfo};
 use crate::request::{ReqCtx, TokenStream};
 use crate::router::{RouteRequest, Router};
 use crate::table::{RankStats, RankStatus, RankTable, Role};
@@ -134,7 +134,9 @@ fn model_info(cfg: &DeployConfig) -> Result<(Arc<Tokenizer>, ModelInfo), ActorEr
 
 impl Cluster {
     /// Starts the deployment `cfg` (resolving a relative `model` against the current directory)
-    /// and returns once every rank has loaded its model.
+    /// and returns once every rank has loaded its model. `device: cpu` ranks are
+    /// [`CpuRankFactory`] threads; `device: cuda` ranks are [`CudaRankFactory`] GPUs (an error
+    /// naming `device` at once when no GPU, driver or NCCL is usable).
     pub fn start(mut cfg: DeployConfig) -> Result<Cluster, ActorError> {
         cfg.check()?;
         if !cfg.model.join("config.json").is_file() {
@@ -142,13 +144,11 @@ impl Cluster {
         }
         match cfg.device {
             Device::Cpu => Self::start_with(cfg, CpuRankFactory::new()),
-            Device::Cuda => Err(ConfigError {
-                file: None,
-                field: Some("device".into()),
-                line: None,
-                message: "cuda ranks are not available in this build yet; use device: cpu".into(),
+            // Fails at once, naming `device`, without a usable GPU, driver or NCCL.
+            Device::Cuda => {
+                let factory = CudaRankFactory::new(&cfg)?;
+                Self::start_with(cfg, factory)
             }
-            .into()),
         }
     }
 

@@ -39,7 +39,7 @@ pub use cluster::{Cluster, ClusterStats, ModelInfo};
 pub use error::ActorError;
 #[doc(hidden)]
 pub use rank::Fault;
-pub use rank::{CpuRankFactory, RankFactory, RankInfo};
+pub use rank::{CpuRankFactory, CudaRankFactory, RankFactory, RankInfo};
 pub use request::{ReqId, StreamEvent, TokenStream};
 pub use router::Route;
 pub use table::{RankStats, RankStatus, Role};

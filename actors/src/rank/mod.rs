@@ -4,6 +4,7 @@
 //! channel. Panics and errors end the thread; its pool restarts it.
 
 mod cpu;
+mod cuda;
 mod worker;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,6 +18,7 @@ use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::{Engine, EngineConfig};
 
 pub use cpu::CpuRankFactory;
+pub use cuda::CudaRankFactory;
 
 use crate::config::Device;
 use crate::error::ActorError;
