@@ -39,6 +39,11 @@ fn expected(case: &str) -> Case {
 }
 
 fn run(case: &str, cfg: EngineConfig) -> Vec<Vec<TokenOutput>> {
+    run_counting_preemptions(case, cfg).0
+}
+
+/// Generates every prompt of `case` greedily in one engine; also returns the preemption count.
+fn run_counting_preemptions(case: &str, cfg: EngineConfig) -> (Vec<Vec<TokenOutput>>, u64) {
     let exp = expected(case);
     let mut engine = Engine::load(CpuBackend, &case_dir(case), cfg).expect("load");
     let requests = exp
@@ -54,7 +59,7 @@ fn run(case: &str, cfg: EngineConfig) -> Vec<Vec<TokenOutput>> {
         .collect();
     let mut out = engine.generate(requests).expect("generate");
     assert_eq!(engine.scheduler().num_used_blocks(), 0, "blocks leaked");
-    (0..exp.prompts.len()).map(|i| out.remove(&(i as u64)).unwrap()).collect()
+    ((0..exp.prompts.len()).map(|i| out.remove(&(i as u64)).unwrap()).collect(), engine.scheduler().preemptions())
 }
 
 fn check_against_hf(case: &str, cfg: EngineConfig) {
@@ -159,27 +164,12 @@ fn preemption_under_block_pressure_recomputes_to_the_same_result() {
         num_blocks: 16,
         max_model_len: Some(256),
     };
-    let exp = expected("bf16-qlora");
-    let mut engine = Engine::load(CpuBackend, &case_dir("bf16-qlora"), cfg).unwrap();
-    let requests = exp
-        .prompts
-        .iter()
-        .enumerate()
-        .map(|(i, (prompt, want, _, _))| Request {
-            id: i as u64,
-            prompt: prompt.clone(),
-            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(want.len()) },
-            prefill_only: false,
-        })
-        .collect();
-    let out = engine.generate(requests).unwrap();
-    assert!(engine.scheduler().preemptions() > 0, "the cache was large enough: nothing was preempted");
-    assert_eq!(engine.scheduler().num_used_blocks(), 0);
-    for (i, want) in reference.iter().enumerate() {
-        let got = &out[&(i as u64)];
-        assert_eq!(got.iter().map(|t| t.token).collect::<Vec<_>>(), want.iter().map(|t| t.token).collect::<Vec<_>>());
-        for (a, b) in got.iter().zip(want) {
-            assert!((a.logprob - b.logprob).abs() < 1e-4);
+    let (got, preemptions) = run_counting_preemptions("bf16-qlora", cfg);
+    assert!(preemptions > 0, "the cache was large enough: nothing was preempted");
+    for (a, b) in reference.iter().zip(&got) {
+        assert_eq!(a.iter().map(|t| t.token).collect::<Vec<_>>(), b.iter().map(|t| t.token).collect::<Vec<_>>());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x.logprob - y.logprob).abs() < 1e-4);
         }
     }
 }
