@@ -118,13 +118,21 @@ fn fp8_partial_blocks_match_hf() {
 fn chunk_budget_and_block_size_do_not_change_the_result() {
     let reference = run("bf16-qlora", chunked(64, 4096));
     for cfg in [chunked(16, 32), chunked(64, 7), EngineConfig { max_num_seqs: 1, ..chunked(32, 100) }] {
-        let got = run("bf16-qlora", EngineConfig { num_blocks: 256, ..cfg });
-        for (a, b) in reference.iter().zip(&got) {
-            let ids = |v: &Vec<TokenOutput>| v.iter().map(|t| t.token).collect::<Vec<_>>();
-            assert_eq!(ids(a), ids(b), "{cfg:?}");
-            for (x, y) in a.iter().zip(b) {
-                assert!((x.logprob - y.logprob).abs() < 1e-4, "{cfg:?}: {} vs {}", x.logprob, y.logprob);
-            }
+        assert_same_outputs(
+            &reference,
+            &run("bf16-qlora", EngineConfig { num_blocks: 256, ..cfg }),
+            &format!("{cfg:?}"),
+        );
+    }
+}
+
+/// Equal token ids and logprobs within 1e-4 for every prompt.
+fn assert_same_outputs(reference: &[Vec<TokenOutput>], got: &[Vec<TokenOutput>], label: &str) {
+    for (a, b) in reference.iter().zip(got) {
+        let ids = |v: &Vec<TokenOutput>| v.iter().map(|t| t.token).collect::<Vec<_>>();
+        assert_eq!(ids(a), ids(b), "{label}");
+        for (x, y) in a.iter().zip(b) {
+            assert!((x.logprob - y.logprob).abs() < 1e-4, "{label}: {} vs {}", x.logprob, y.logprob);
         }
     }
 }
@@ -166,10 +174,5 @@ fn preemption_under_block_pressure_recomputes_to_the_same_result() {
     };
     let (got, preemptions) = run_counting_preemptions("bf16-qlora", cfg);
     assert!(preemptions > 0, "the cache was large enough: nothing was preempted");
-    for (a, b) in reference.iter().zip(&got) {
-        assert_eq!(a.iter().map(|t| t.token).collect::<Vec<_>>(), b.iter().map(|t| t.token).collect::<Vec<_>>());
-        for (x, y) in a.iter().zip(b) {
-            assert!((x.logprob - y.logprob).abs() < 1e-4);
-        }
-    }
+    assert_same_outputs(&reference, &got, "with preemption");
 }
