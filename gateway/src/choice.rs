@@ -5,6 +5,8 @@
 use cleave_engine::{FinishReason, TokenOutput};
 
 use crate::reasoning::ReasoningSplitter;
+use crate::sse::ResponseMeta;
+use crate::validate::Endpoint;
 
 /// A token's logprob and its top alternatives.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +61,18 @@ impl ChoiceState {
             completion_tokens: 0,
             finish: None,
         }
+    }
+
+    /// The states of a response's `n` choices. Only chat output is split into reasoning and
+    /// content; completions get `splitter` switched off.
+    pub fn for_response(
+        meta: &ResponseMeta,
+        n: usize,
+        splitter: ReasoningSplitter,
+        include_reasoning: bool,
+    ) -> Vec<Self> {
+        let splitter = if meta.endpoint == Endpoint::Chat { splitter } else { ReasoningSplitter::off() };
+        (0..n).map(|i| ChoiceState::new(i, splitter.clone(), include_reasoning, meta.logprobs)).collect()
     }
 
     /// Whether this choice's output has a reasoning section.

@@ -62,8 +62,7 @@ impl StreamFormatter {
         splitter: ReasoningSplitter,
         include_reasoning: bool,
     ) -> Self {
-        let splitter = if meta.endpoint == Endpoint::Chat { splitter } else { ReasoningSplitter::off() };
-        let choices = (0..n).map(|i| ChoiceState::new(i, splitter.clone(), include_reasoning, meta.logprobs)).collect();
+        let choices = ChoiceState::for_response(&meta, n, splitter, include_reasoning);
         StreamFormatter { meta, tokenizer, choices, sent: vec![0; n], events: 0 }
     }
 
