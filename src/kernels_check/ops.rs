@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuRouting, CpuTensor};
-use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::cuda::{CudaBackend, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -361,16 +361,19 @@ impl Ctx<'_> {
     /// absorbed prefill), so that either can be the default.
     pub fn attention(&mut self) -> Result<()> {
         let def = self.cu.variants();
+        self.v2_then_v1(Variants { mla_v2: false, expanded_prefill: false, ..def }, Self::attention_all)
+    }
+
+    /// Runs `check` under the default (v2) kernels, then, unless checking the f32 reference
+    /// precision, again under `v1`, tagging each row with its generation.
+    fn v2_then_v1(&mut self, v1: Variants, check: fn(&mut Self) -> Result<()>) -> Result<()> {
+        let def = self.cu.variants();
         self.tag = " v2";
-        let r = self.attention_all();
+        let r = check(self);
         if r.is_ok() && !self.precise {
-            self.cu.set_variants(cleave_engine::backend::cuda::Variants {
-                mla_v2: false,
-                expanded_prefill: false,
-                ..def
-            });
+            self.cu.set_variants(v1);
             self.tag = " v1";
-            let r1 = self.attention_all();
+            let r1 = check(self);
             self.cu.set_variants(def);
             self.tag = "";
             return r1;
@@ -472,18 +475,7 @@ impl Ctx<'_> {
 
     pub fn experts(&mut self) -> Result<()> {
         let def = self.cu.variants();
-        self.tag = " v2";
-        let r = self.experts_all();
-        if r.is_ok() && !self.precise {
-            self.cu.set_variants(cleave_engine::backend::cuda::Variants { gemm_v2: false, ..def });
-            self.tag = " v1";
-            let r1 = self.experts_all();
-            self.cu.set_variants(def);
-            self.tag = "";
-            return r1;
-        }
-        self.tag = "";
-        r
+        self.v2_then_v1(Variants { gemm_v2: false, ..def }, Self::experts_all)
     }
 
     fn experts_all(&mut self) -> Result<()> {

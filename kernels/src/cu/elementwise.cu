@@ -71,16 +71,26 @@ extern "C" __global__ void rope_f32(float* x, const float* cos_sin, const u32* p
     }
 }
 
-// The cache is block-major: [num_blocks, layers, block_size, width] bf16.
-extern "C" __global__ void write_kv_bf16(const float* latent, const u32* slots, bf16_t* cache, int n, int width, int layers,
+__device__ __forceinline__ void store_as(bf16_t* p, float v) { *p = f2bf(v); }
+__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+
+// The cache is block-major: [num_blocks, layers, block_size, width], bf16 (fast path) or f32
+// (reference precision, write_kv_f32 below).
+template <typename T>
+__device__ __forceinline__ void write_kv(const float* latent, const u32* slots, T* cache, int n, int width, int layers,
                                          int layer, int bs) {
     const u64 total = (u64)n * width;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / width, c = i % width;
         const u32 slot = slots[r];
         const u64 blk = slot / bs, off = slot % bs;
-        cache[((blk * layers + layer) * bs + off) * width + c] = f2bf(latent[i]);
+        store_as(&cache[((blk * layers + layer) * bs + off) * width + c], latent[i]);
     }
+}
+
+extern "C" __global__ void write_kv_bf16(const float* latent, const u32* slots, bf16_t* cache, int n, int width, int layers,
+                                         int layer, int bs) {
+    write_kv(latent, slots, cache, n, width, layers, layer, bs);
 }
 
 extern "C" __global__ void kv_export_f32(const bf16_t* cache, const u32* blocks, float* out, int nb, u64 per_block) {
@@ -156,13 +166,7 @@ extern "C" __global__ void fill_uniform_bf16(bf16_t* dst, u64 n, u64 seed, float
 // Reference-precision (f32) cache: same block-major layout, f32 values.
 extern "C" __global__ void write_kv_f32(const float* latent, const u32* slots, float* cache, int n, int width, int layers,
                                        int layer, int bs) {
-    const u64 total = (u64)n * width;
-    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const u64 r = i / width, c = i % width;
-        const u32 slot = slots[r];
-        const u64 blk = slot / bs, off = slot % bs;
-        cache[((blk * layers + layer) * bs + off) * width + c] = latent[i];
-    }
+    write_kv(latent, slots, cache, n, width, layers, layer, bs);
 }
 
 extern "C" __global__ void kv_gather_f32(const float* cache, const u32* blocks, float* out, int nb, u64 per_block) {

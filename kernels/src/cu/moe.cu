@@ -177,114 +177,14 @@ extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, in
 // Grouped GEMM: for each tile (expert e, sorted rows rs..rs+rc) and column block n0..n0+128,
 // Y[rs + r, n] = sum_k X[row(rs + r), k] * W[e, n, k], with row(p) = rowidx[p] (or p when null).
 // EPI 0 stores f32 [*, N]; EPI 1 takes interleaved gate/up columns (2j gate, 2j+1 up) and stores
-// bf16 silu(gate) * up as [*, N/2]. K % 8 == 0. 128 threads, 3-stage cp.async pipeline, BK = 32.
-template <int BM, int WM, int WN, int EPI>
+// bf16 silu(gate) * up as [*, N/2]. K % 8 == 0. 128 threads, ST-stage cp.async pipeline, BK = 32.
+// Two generations share this template (V2 is a compile-time constant): v1 (ST 3) loads MMA
+// fragments with 32-bit shared loads; v2 (the default) loads them with ldmatrix and prefetches
+// weight lines into L2 ahead of the pipeline.
+template <int BM, int WM, int WN, int EPI, int ST, bool V2>
 __device__ __forceinline__ void grouped_gemm(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
-                                             const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
-                                             const int* __restrict__ meta, int N, int K) {
-    constexpr int BN = 128, BK = 32, ST = 3, SA = BK + 8;
-    constexpr int MT = BM / WM / 16, NT = BN / WN / 8;
-    __shared__ __align__(16) bf16_t sA[ST][BM * SA];
-    __shared__ __align__(16) bf16_t sB[ST][BN * SA];
-    const int tile = blockIdx.y;
-    if (tile >= meta[0]) return;
-    const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
-    const int n0 = blockIdx.x * BN;
-    const bf16_t* Wb = Wt + (u64)e * N * K;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int wm = warp / WN, wn = warp % WN;
-    auto load = [&](int stage, int kt) {
-        const int k0 = kt * BK;
-        for (int i = tid; i < BM * (BK / 8); i += 128) {
-            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
-            const bool ok = r < rc && k0 + c < K;
-            const bf16_t* src = X;
-            if (ok) {
-                const int p = rs + r;
-                const int row = rowidx ? rowidx[p] : p;
-                src = X + (u64)row * K + k0 + c;
-            }
-            cp_async16(&sA[stage][r * SA + c], src, ok ? 16 : 0);
-        }
-        for (int i = tid; i < BN * (BK / 8); i += 128) {
-            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
-            const bool ok = n0 + r < N && k0 + c < K;
-            const bf16_t* src = ok ? Wb + (u64)(n0 + r) * K + k0 + c : Wt;
-            cp_async16(&sB[stage][r * SA + c], src, ok ? 16 : 0);
-        }
-    };
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int a = 0; a < MT; a++)
-#pragma unroll
-        for (int b = 0; b < NT; b++) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0.f;
-    const int KT = (K + BK - 1) / BK;
-#pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < KT) load(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait<ST - 2>();
-        __syncthreads();
-        if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
-        cp_async_commit();
-        const bf16_t* a = sA[kt % ST];
-        const bf16_t* b = sB[kt % ST];
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            u32 af[MT][4], bfr[NT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const int r = wm * (BM / WM) + mt * 16 + g;
-                af[mt][0] = ld_u32(a + r * SA + kk + 2 * t4);
-                af[mt][1] = ld_u32(a + (r + 8) * SA + kk + 2 * t4);
-                af[mt][2] = ld_u32(a + r * SA + kk + 8 + 2 * t4);
-                af[mt][3] = ld_u32(a + (r + 8) * SA + kk + 8 + 2 * t4);
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int n = wn * (BN / WN) + nt * 8 + g;
-                bfr[nt][0] = ld_u32(b + n * SA + kk + 2 * t4);
-                bfr[nt][1] = ld_u32(b + n * SA + kk + 8 + 2 * t4);
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    mma_bf16(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[nt][0], bfr[nt][1]);
-        }
-    }
-    cp_async_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int col = n0 + wn * (BN / WN) + nt * 8 + 2 * t4;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = wm * (BM / WM) + mt * 16 + g + hh * 8;
-                if (r >= rc) continue;
-                const u64 p = (u64)(rs + r);
-                const float c0 = acc[mt][nt][2 * hh], c1 = acc[mt][nt][2 * hh + 1];
-                if (EPI == 0) {
-                    float* y = reinterpret_cast<float*>(Y) + p * N;
-                    if (col < N) y[col] = c0;
-                    if (col + 1 < N) y[col + 1] = c1;
-                } else {
-                    bf16_t* y = reinterpret_cast<bf16_t*>(Y) + p * (N / 2);
-                    if (col + 1 < N) y[col / 2] = f2bf(c0 / (1.0f + expf(-c0)) * c1);
-                }
-            }
-        }
-    }
-}
-
-// Version 2: fragments through ldmatrix, ST pipeline stages.
-template <int BM, int WM, int WN, int EPI, int ST>
-__device__ __forceinline__ void grouped_gemm2(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
-                                             const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
-                                             const int* __restrict__ meta, int N, int K) {
+                                            const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
+                                            const int* __restrict__ meta, int N, int K) {
     constexpr int BN = 128, BK = 32, SA = BK + 8;
     constexpr int MT = BM / WM / 16, NT = BN / WN / 8;
     __shared__ __align__(16) bf16_t sA[ST][BM * SA];
@@ -332,7 +232,7 @@ __device__ __forceinline__ void grouped_gemm2(const bf16_t* __restrict__ X, cons
         __syncthreads();
         if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
         cp_async_commit();
-        {  // each thread pulls one weight row's 128-byte line four tiles past the pipeline into L2
+        if (V2) {  // each thread pulls one weight row's 128-byte line four tiles past the pipeline into L2
             const int k_pf = (kt + ST + 3) * BK;
             if (k_pf < K && n0 + tid < N && (kt & 1) == 0) prefetch_l2(Wb + (u64)(n0 + tid) * K + k_pf);
         }
@@ -341,15 +241,33 @@ __device__ __forceinline__ void grouped_gemm2(const bf16_t* __restrict__ X, cons
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             u32 af[MT][4], bfr[NT][2];
+            if (V2) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const int r = wm * (BM / WM) + mt * 16 + (lane & 15);
-                ldsm_x4(af[mt][0], af[mt][1], af[mt][2], af[mt][3], a + r * SA + kk + (lane >> 4) * 8);
-            }
+                for (int mt = 0; mt < MT; mt++) {
+                    const int r = wm * (BM / WM) + mt * 16 + (lane & 15);
+                    ldsm_x4(af[mt][0], af[mt][1], af[mt][2], af[mt][3], a + r * SA + kk + (lane >> 4) * 8);
+                }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt += 2) {
-                const int n = wn * (BN / WN) + nt * 8 + ((lane >> 4) & 1) * 8 + (lane & 7);
-                ldsm_x4(bfr[nt][0], bfr[nt][1], bfr[nt + 1][0], bfr[nt + 1][1], b + n * SA + kk + ((lane >> 3) & 1) * 8);
+                for (int nt = 0; nt < NT; nt += 2) {
+                    const int n = wn * (BN / WN) + nt * 8 + ((lane >> 4) & 1) * 8 + (lane & 7);
+                    ldsm_x4(bfr[nt][0], bfr[nt][1], bfr[nt + 1][0], bfr[nt + 1][1],
+                            b + n * SA + kk + ((lane >> 3) & 1) * 8);
+                }
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const int r = wm * (BM / WM) + mt * 16 + g;
+                    af[mt][0] = ld_u32(a + r * SA + kk + 2 * t4);
+                    af[mt][1] = ld_u32(a + (r + 8) * SA + kk + 2 * t4);
+                    af[mt][2] = ld_u32(a + r * SA + kk + 8 + 2 * t4);
+                    af[mt][3] = ld_u32(a + (r + 8) * SA + kk + 8 + 2 * t4);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int n = wn * (BN / WN) + nt * 8 + g;
+                    bfr[nt][0] = ld_u32(b + n * SA + kk + 2 * t4);
+                    bfr[nt][1] = ld_u32(b + n * SA + kk + 8 + 2 * t4);
+                }
             }
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -385,14 +303,14 @@ __device__ __forceinline__ void grouped_gemm2(const bf16_t* __restrict__ X, cons
 
 #define GG_ARGS const bf16_t *X, const int *rowidx, const bf16_t *Wt, void *Y, const int *tiles, const int *meta, int N, int K
 #define GG_PASS X, rowidx, Wt, Y, tiles, meta, N, K
-extern "C" __global__ void __launch_bounds__(128) gg16_f32(GG_ARGS) { grouped_gemm<16, 1, 4, 0>(GG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) gg16_silu(GG_ARGS) { grouped_gemm<16, 1, 4, 1>(GG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) gg64_f32(GG_ARGS) { grouped_gemm<64, 2, 2, 0>(GG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) gg64_silu(GG_ARGS) { grouped_gemm<64, 2, 2, 1>(GG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) gg16_f32_v2(GG_ARGS) { grouped_gemm2<16, 1, 4, 0, 4>(GG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) gg16_silu_v2(GG_ARGS) { grouped_gemm2<16, 1, 4, 1, 4>(GG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) gg64_f32_v2(GG_ARGS) { grouped_gemm2<64, 2, 2, 0, 3>(GG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) gg64_silu_v2(GG_ARGS) { grouped_gemm2<64, 2, 2, 1, 3>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg16_f32(GG_ARGS) { grouped_gemm<16, 1, 4, 0, 3, false>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg16_silu(GG_ARGS) { grouped_gemm<16, 1, 4, 1, 3, false>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg64_f32(GG_ARGS) { grouped_gemm<64, 2, 2, 0, 3, false>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg64_silu(GG_ARGS) { grouped_gemm<64, 2, 2, 1, 3, false>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg16_f32_v2(GG_ARGS) { grouped_gemm<16, 1, 4, 0, 4, true>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg16_silu_v2(GG_ARGS) { grouped_gemm<16, 1, 4, 1, 4, true>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg64_f32_v2(GG_ARGS) { grouped_gemm<64, 2, 2, 0, 3, true>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gg64_silu_v2(GG_ARGS) { grouped_gemm<64, 2, 2, 1, 3, true>(GG_PASS); }
 
 // out[t] = sum_j w[t, j] * Y[inv[t * top_k + j]].
 extern "C" __global__ void moe_combine(const float* Y, const int* inv, const float* wts, float* out, int n, int top_k, int H) {

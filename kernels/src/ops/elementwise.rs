@@ -1,0 +1,125 @@
+//! Row-wise and element-wise launchers: embedding, RMSNorm, SiLU, RoPE, casts, weight conversion.
+
+use super::SrcDtype;
+use crate::{Arg, Gpu, Result};
+
+use Arg::{Ptr, F32, I32, U64};
+
+impl Gpu {
+    pub fn embedding(&self, table: u64, ids: u64, out: u64, n: usize, cols: usize) -> Result<()> {
+        self.launch_rows("embedding_f32", n, 256, &[Ptr(table), Ptr(ids), Ptr(out), I32(n as i32), I32(cols as i32)])
+    }
+
+    /// `y = rmsnorm(x)` over the first `wc` columns, or with `res != 0`: `res += x; y = rmsnorm(res)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        x: u64,
+        res: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        wc: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let block = if cols > 4096 { 512 } else { 256 };
+        self.launch_rows(
+            "rms_norm_f32",
+            rows,
+            block,
+            &[Ptr(x), Ptr(res), Ptr(w), Ptr(y), I32(cols as i32), I32(wc as i32), F32(eps)],
+        )
+    }
+
+    pub fn silu_mul(&self, x: u64, y: u64, rows: usize, half: usize) -> Result<()> {
+        self.launch_flat("silu_mul_f32", rows * half, &[Ptr(x), Ptr(y), I32(rows as i32), I32(half as i32)])
+    }
+
+    pub fn add(&self, a: u64, b: u64, n: usize) -> Result<()> {
+        self.launch_flat("add_f32", n, &[Ptr(a), Ptr(b), U64(n as u64)])
+    }
+
+    pub fn gather_rows(&self, x: u64, rows: u64, y: u64, n: usize, cols: usize) -> Result<()> {
+        self.launch_rows("gather_rows_f32", n, 256, &[Ptr(x), Ptr(rows), Ptr(y), I32(n as i32), I32(cols as i32)])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        x: u64,
+        cos_sin: u64,
+        pos: u64,
+        n: usize,
+        cols: usize,
+        heads: usize,
+        offset: usize,
+        stride: usize,
+        rope: usize,
+        interleaved: bool,
+    ) -> Result<()> {
+        self.launch_flat(
+            "rope_f32",
+            n * heads * rope / 2,
+            &[
+                Ptr(x),
+                Ptr(cos_sin),
+                Ptr(pos),
+                I32(n as i32),
+                I32(cols as i32),
+                I32(heads as i32),
+                I32(offset as i32),
+                I32(stride as i32),
+                I32(rope as i32),
+                I32(interleaved as i32),
+            ],
+        )
+    }
+
+    pub fn cast_f32_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        self.launch_flat("cast_f32_bf16", n, &[Ptr(x), Ptr(y), U64(n as u64)])
+    }
+
+    pub fn cast_bf16_f32(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        self.launch_flat("cast_bf16_f32", n, &[Ptr(x), Ptr(y), U64(n as u64)])
+    }
+
+    /// Converts a stored `[rows, cols]` weight into bf16 rows `row_base + r * row_mul + row_off`
+    /// of `dst` (`cols` wide). `scale`: fp8 block scales (0 for none) with block `[sb0, sb1]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn convert_weight(
+        &self,
+        src: u64,
+        dtype: SrcDtype,
+        rows: usize,
+        cols: usize,
+        scale: u64,
+        block: [usize; 2],
+        dst: u64,
+        row_base: usize,
+        row_mul: usize,
+        row_off: usize,
+    ) -> Result<()> {
+        self.launch_flat(
+            "convert_weight",
+            rows * cols,
+            &[
+                Ptr(src),
+                I32(dtype as i32),
+                I32(rows as i32),
+                I32(cols as i32),
+                Ptr(scale),
+                I32(block[0] as i32),
+                I32(block[1] as i32),
+                Ptr(dst),
+                I32(row_base as i32),
+                I32(row_mul as i32),
+                I32(row_off as i32),
+            ],
+        )
+    }
+
+    pub fn fill_uniform_bf16(&self, dst: u64, n: usize, seed: u64, lo: f32, hi: f32) -> Result<()> {
+        self.launch_flat("fill_uniform_bf16", n, &[Ptr(dst), U64(n as u64), U64(seed), F32(lo), F32(hi)])
+    }
+}
