@@ -9,7 +9,7 @@ use crate::backend::{AttnSeq, Backend, KvLayout};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::blocks_for;
 use crate::model::{Model, StepInput};
-use crate::sampler::{sample, skip_samples, Rng, SamplingParams};
+use crate::sampler::{sample, skip_samples, Rng, SampleRow, Sampled, SamplingParams};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqId};
 use crate::stop::StopMatcher;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -320,17 +320,16 @@ impl<B: Backend> Engine<B> {
         }
         let logits = self.model.forward(&self.be, &mut self.cache, &input)?;
         self.sched.commit(&work);
-        let vocab = self.model.config().vocab_size;
+        let picked = self.pick(&logits, &samplers)?;
         let mut out = Vec::with_capacity(samplers.len());
-        for (i, id) in samplers.into_iter().enumerate() {
-            out.push(self.on_logits(id, &logits[i * vocab..(i + 1) * vocab])?);
+        for (id, s) in samplers.into_iter().zip(picked) {
+            out.push(self.on_token(id, s)?);
         }
         Ok(out)
     }
 
-    fn on_logits(&mut self, id: SeqId, logits: &[f32]) -> Result<TokenOutput> {
-        let st = self.reqs.get_mut(&id).expect("scheduled request has state");
-        let seq = self.sched.get(id).expect("scheduled sequence exists");
+    /// Tokens suppressed for `id` now: EOS and stop ids before `min_tokens`.
+    fn banned(&self, st: &ReqState) -> Vec<u32> {
         let p = &st.params;
         let mut banned: Vec<u32> = Vec::new();
         if st.generated < p.min_tokens {
@@ -339,7 +338,47 @@ impl<B: Backend> Engine<B> {
                 banned.extend(self.eos.iter().copied());
             }
         }
-        let s = sample(logits, p, &mut st.rng, if p.repetition_penalty != 1.0 { &seq.tokens } else { &[] }, &banned);
+        banned
+    }
+
+    /// Chooses the next token of each sampling sequence (row `i` of `logits` is `ids[i]`). Rows
+    /// whose settings need no history are sampled where the logits are; only the others (repetition
+    /// penalty, top logprobs, suppressed tokens) bring their logits to the host.
+    fn pick(&mut self, logits: &B::Tensor, ids: &[SeqId]) -> Result<Vec<Sampled>> {
+        let mut on_device = Vec::new();
+        let mut on_host = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            let banned = self.banned(&self.reqs[id]);
+            let st = self.reqs.get_mut(id).expect("scheduled request has state");
+            if SampleRow::fits(&st.params, !banned.is_empty()) {
+                on_device.push(SampleRow::new(i as u32, &st.params, &mut st.rng));
+            } else {
+                on_host.push((i, banned));
+            }
+        }
+        let mut out: Vec<Option<Sampled>> = vec![None; ids.len()];
+        for (r, (token, logprob)) in on_device.iter().zip(self.be.sample(logits, &on_device)?) {
+            out[r.row as usize] = Some(Sampled { token, logprob, top: Vec::new() });
+        }
+        if !on_host.is_empty() {
+            let rows: Vec<u32> = on_host.iter().map(|(i, _)| *i as u32).collect();
+            let host = self.be.download(&self.be.gather_rows(logits, &rows)?)?;
+            let vocab = self.model.config().vocab_size;
+            for (j, (i, banned)) in on_host.into_iter().enumerate() {
+                let st = self.reqs.get_mut(&ids[i]).expect("scheduled request has state");
+                let seq = self.sched.get(ids[i]).expect("scheduled sequence exists");
+                let p = &st.params;
+                let history = if p.repetition_penalty != 1.0 { &seq.tokens[..] } else { &[] };
+                out[i] = Some(sample(&host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, &banned));
+            }
+        }
+        Ok(out.into_iter().map(|s| s.expect("every row sampled")).collect())
+    }
+
+    fn on_token(&mut self, id: SeqId, s: Sampled) -> Result<TokenOutput> {
+        let st = self.reqs.get_mut(&id).expect("scheduled request has state");
+        let seq = self.sched.get(id).expect("scheduled sequence exists");
+        let p = &st.params;
         let total_len = seq.tokens.len() + 1;
         st.generated += 1;
         let mut finish = None;

@@ -165,7 +165,7 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng, history: &[u32]
             *x = f32::NEG_INFINITY;
         }
     }
-    let token = if is_greedy(p) { argmax(&l) } else { draw(&l, p, rng) };
+    let token = if is_greedy(p) { argmax(&l) } else { draw(&l, &SampleRow::new(0, p, rng)) };
     let top = if p.top_logprobs > 0 {
         let mut idx: Vec<usize> = (0..logprobs.len()).collect();
         let k = p.top_logprobs.min(idx.len());
@@ -179,44 +179,88 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng, history: &[u32]
     Sampled { token: token as u32, logprob: logprobs[token], top }
 }
 
-fn draw(l: &[f32], p: &SamplingParams, rng: &mut Rng) -> usize {
-    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut cand: Vec<(usize, f64)> = l
-        .iter()
-        .enumerate()
-        .filter(|(_, x)| x.is_finite())
-        .map(|(i, x)| (i, (((x - m) / p.temperature) as f64).exp()))
-        .collect();
-    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    if p.top_k > 0 {
-        cand.truncate(p.top_k);
+/// One row for device-side sampling: which row of the logits, the settings that need no history
+/// (temperature, top-k, top-p, min-p) and the uniform draw `u` in [0, 1) taken from the request's
+/// generator (unused when greedy), so that a seeded request gets the same tokens on every backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRow {
+    pub row: u32,
+    /// 0 (or below 1e-5) means greedy.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub u: f32,
+}
+
+impl SampleRow {
+    /// Whether `p` can be applied without the token history or a banned list (no repetition
+    /// penalty, no top logprobs); `banned` says whether any token must be suppressed now.
+    pub fn fits(p: &SamplingParams, banned: bool) -> bool {
+        p.repetition_penalty == 1.0 && p.top_logprobs == 0 && !banned
     }
-    let total: f64 = cand.iter().map(|c| c.1).sum();
-    if p.top_p < 1.0 {
+
+    /// The row's settings from `p`, drawing `u` from `rng` when the choice is random.
+    pub fn new(row: u32, p: &SamplingParams, rng: &mut Rng) -> Self {
+        let u = if is_greedy(p) { 0.0 } else { rng.next_f64() as f32 };
+        SampleRow { row, temperature: p.temperature, top_k: p.top_k as u32, top_p: p.top_p, min_p: p.min_p, u }
+    }
+}
+
+/// The reference for every backend's [`crate::backend::Backend::sample`]: the token for `row`'s
+/// settings and its logprob under the unmodified distribution.
+pub fn pick(logits: &[f32], row: &SampleRow) -> (u32, f32) {
+    let token = if row.temperature <= 1e-5 { argmax(logits) } else { draw(logits, row) };
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = m + logits.iter().map(|x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32;
+    (token as u32, logits[token] - lse)
+}
+
+/// Weights `w = exp((l - max) / T)` in (0, 1], cut at one threshold `tau` (the largest of the
+/// top-k, top-p and min-p cuts, ties at the cut all kept), then the token whose cumulative
+/// weight in vocabulary order first passes `u * sum(kept)`. The threshold form (rather than a
+/// sort) is what the GPU kernel computes with a radix select, so both pick the same token.
+fn draw(l: &[f32], r: &SampleRow) -> usize {
+    let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let w: Vec<f32> =
+        l.iter().map(|&x| if x.is_finite() { ((x - m) / r.temperature).exp() } else { 0.0 }).collect();
+    let mut sorted: Vec<f32> = w.iter().copied().filter(|&x| x > 0.0).collect();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let mut tau = 0.0f32;
+    let k = r.top_k as usize;
+    if k > 0 && k < sorted.len() {
+        tau = sorted[k - 1];
+    }
+    if r.top_p < 1.0 {
+        let kept: f64 = sorted.iter().filter(|&&x| x >= tau).map(|&x| x as f64).sum();
+        let target = r.top_p as f64 * kept;
         let mut acc = 0.0;
-        let mut keep = cand.len();
-        for (i, c) in cand.iter().enumerate() {
-            acc += c.1 / total;
-            if acc >= p.top_p as f64 {
-                keep = i + 1;
+        for &x in sorted.iter().filter(|&&x| x >= tau) {
+            acc += x as f64;
+            if acc >= target {
+                tau = tau.max(x);
                 break;
             }
         }
-        cand.truncate(keep.max(1));
     }
-    if p.min_p > 0.0 {
-        let floor = cand[0].1 * p.min_p as f64;
-        cand.retain(|c| c.1 >= floor);
+    if r.min_p > 0.0 {
+        tau = tau.max(r.min_p);
     }
-    let total: f64 = cand.iter().map(|c| c.1).sum();
-    let mut u = rng.next_f64() * total;
-    for c in &cand {
-        u -= c.1;
-        if u < 0.0 {
-            return c.0;
+    let total: f64 = w.iter().filter(|&&x| x >= tau && x > 0.0).map(|&x| x as f64).sum();
+    let target = r.u as f64 * total;
+    let mut acc = 0.0;
+    let mut last = argmax(l);
+    for (i, &x) in w.iter().enumerate() {
+        if x >= tau && x > 0.0 {
+            acc += x as f64;
+            last = i;
+            if acc > target {
+                return i;
+            }
         }
     }
-    cand.last().map_or(0, |c| c.0)
+    last
 }
 
 #[cfg(test)]

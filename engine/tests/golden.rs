@@ -155,7 +155,7 @@ fn first_step_logits_match_hf() {
         attn: AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: n, ctx_len: n, block_table: vec![1] }] },
         sample_rows: vec![n as u32 - 1],
     };
-    let logits = model.forward(&be, &mut cache, &input).unwrap();
+    let logits = be.download(&model.forward(&be, &mut cache, &input).unwrap()).unwrap();
     let max_diff = logits.iter().zip(&exp.first_logits).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
     assert!(max_diff < 1e-3, "max |logit - HF| = {max_diff}");
 }

@@ -51,6 +51,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
         include_str!("cu/attention.cu"),
         &["mla_decode", "mla_decode2", "mla_combine", "mla_ref_f32", "gather_latent", "softmax_causal"],
     ),
+    ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     (
         "moe",
         include_str!("cu/moe.cu"),

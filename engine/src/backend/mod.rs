@@ -56,6 +56,8 @@ pub struct ExpertSource<'a> {
     pub down: LinearSource<'a>,
 }
 
+pub use crate::sampler::SampleRow;
+
 /// Shape of the paged latent cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
@@ -155,6 +157,11 @@ pub trait Backend {
     fn moe_route(&self, logits: &Self::Tensor, bias: &Self::Tensor, params: RouterParams) -> Result<Self::Routing>;
     /// Weighted sum of each token's routed experts' outputs.
     fn moe_experts(&self, x: &Self::Tensor, routing: &Self::Routing, experts: &Self::Experts) -> Result<Self::Tensor>;
+
+    /// Picks a token for each listed row of `logits` `[rows, vocab]`, where the logits are (the
+    /// GPU samples there; nothing but the choices comes back). Returns each row's token and its
+    /// logprob under the unmodified distribution. [`crate::sampler::pick`] is the reference.
+    fn sample(&self, logits: &Self::Tensor, rows: &[SampleRow]) -> Result<Vec<(u32, f32)>>;
 
     /// Copies whole blocks (all layers) out of the cache, in block order.
     fn export_blocks(&self, cache: &Self::KvCache, blocks: &[u32]) -> Result<Vec<f32>>;

@@ -212,8 +212,9 @@ impl<B: Backend> Model<B> {
         self.max_len
     }
 
-    /// Runs one step and returns the logits of `input.sample_rows`, `[rows * vocab]`.
-    pub fn forward(&self, be: &B, cache: &mut B::KvCache, input: &StepInput) -> Result<Vec<f32>> {
+    /// Runs one step and returns the logits of `input.sample_rows`, `[sample rows, vocab]`, where
+    /// the backend keeps them.
+    pub fn forward(&self, be: &B, cache: &mut B::KvCache, input: &StepInput) -> Result<B::Tensor> {
         if let Some(&p) = input.positions.iter().find(|&&p| p as usize >= self.max_len) {
             return Err(EngineError::InvalidRequest(format!("position {p} is beyond max_model_len {}", self.max_len)));
         }
@@ -228,7 +229,7 @@ impl<B: Backend> Model<B> {
             x = be.add_rms_norm(&mut h, &m, next, eps)?;
         }
         let last = be.gather_rows(&x, &input.sample_rows)?;
-        be.download(&be.linear(&last, &self.lm_head)?)
+        be.linear(&last, &self.lm_head)
     }
 
     fn attention(

@@ -7,6 +7,8 @@ mod attention;
 mod elementwise;
 mod kv;
 mod moe;
+mod sample;
+pub use sample::{SampleLaunch, SAMPLE_PARAM_WORDS};
 
 /// Heads per attention block and keys per tile (must match attention.cu).
 pub const MLA_HEADS_PER_BLOCK: usize = 16;

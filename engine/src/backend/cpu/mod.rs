@@ -7,7 +7,7 @@ mod moe;
 
 use rayon::prelude::*;
 
-use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
+use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams, SampleRow};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 
@@ -246,6 +246,15 @@ impl Backend for CpuBackend {
 
     fn moe_experts(&self, x: &CpuTensor, routing: &CpuRouting, experts: &CpuExperts) -> Result<CpuTensor> {
         experts.forward(x, routing)
+    }
+
+    fn sample(&self, logits: &CpuTensor, rows: &[SampleRow]) -> Result<Vec<(u32, f32)>> {
+        rows.iter()
+            .map(|r| match (r.row as usize) < logits.rows {
+                true => Ok(crate::sampler::pick(logits.row(r.row as usize), r)),
+                false => Err(EngineError::Backend(format!("sample: row {} of {}", r.row, logits.rows))),
+            })
+            .collect()
     }
 
     fn export_blocks(&self, cache: &CpuKvCache, blocks: &[u32]) -> Result<Vec<f32>> {

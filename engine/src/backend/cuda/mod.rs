@@ -9,6 +9,7 @@
 mod attention;
 mod load;
 mod moe;
+mod sample;
 pub mod transfer;
 
 use std::cell::{Cell, RefCell};
@@ -19,7 +20,7 @@ use cleave_kernels::nccl::{NcclComm, P2p};
 pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
-use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
+use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams, SampleRow};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 
@@ -493,6 +494,10 @@ impl Backend for CudaBackend {
 
     fn moe_experts(&self, x: &CudaTensor, routing: &CudaRouting, experts: &CudaExperts) -> Result<CudaTensor> {
         moe::experts(self, x, routing, experts)
+    }
+
+    fn sample(&self, logits: &CudaTensor, rows: &[SampleRow]) -> Result<Vec<(u32, f32)>> {
+        sample::sample(self, logits, rows)
     }
 
     fn export_blocks(&self, cache: &CudaKvCache, blocks: &[u32]) -> Result<Vec<f32>> {

@@ -1,0 +1,27 @@
+//! Sampling on the device: only the chosen token and its logprob per row come back to the host.
+
+use super::{kerr, CudaBackend, CudaTensor};
+use crate::backend::SampleRow;
+use crate::error::{EngineError, Result};
+use cleave_kernels::ops::{SampleLaunch, SAMPLE_PARAM_WORDS};
+
+pub(super) fn sample(be: &CudaBackend, logits: &CudaTensor, rows: &[SampleRow]) -> Result<Vec<(u32, f32)>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(r) = rows.iter().find(|r| r.row as usize >= logits.rows) {
+        return Err(EngineError::Backend(format!("sample: row {} of {}", r.row, logits.rows)));
+    }
+    let n = rows.len();
+    let mut params = Vec::with_capacity(n * SAMPLE_PARAM_WORDS);
+    for r in rows {
+        params.extend([r.row, r.temperature.to_bits(), r.top_k, r.top_p.to_bits(), r.min_p.to_bits(), r.u.to_bits()]);
+    }
+    let pp = be.upload_u32("sample", &params)?;
+    let out = be.gpu.alloc::<u32>(2 * n).map_err(kerr)?;
+    let launch = SampleLaunch { rows: n, vocab: logits.cols };
+    be.gpu.sample_rows(logits.ptr(), pp, cleave_kernels::ptr(&out), launch).map_err(kerr)?;
+    let mut host = vec![0u32; 2 * n];
+    be.gpu.dtoh(cleave_kernels::ptr(&out), &mut host).map_err(kerr)?;
+    Ok(host.chunks(2).map(|c| (c[0], f32::from_bits(c[1]))).collect())
+}
