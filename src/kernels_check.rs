@@ -7,6 +7,7 @@ mod bench;
 mod golden;
 mod nccl;
 mod ops;
+mod sample;
 
 use std::path::PathBuf;
 
@@ -213,13 +214,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             precise: false,
             tag: "",
         };
-        let stages = ["elementwise", "linear", "attention", "router", "experts"];
+        let stages = ["elementwise", "linear", "attention", "router", "experts", "sample"];
         for name in stages {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
                 "linear" => ctx.linear(),
                 "attention" => ctx.attention(),
                 "router" => ctx.router(),
+                "sample" => ctx.sample(),
                 _ => ctx.experts(),
             };
             if let Err(e) = r {

@@ -313,6 +313,28 @@ mod tests {
     }
 
     #[test]
+    fn pick_cuts_at_one_threshold_keeps_ties_and_walks_in_vocabulary_order() {
+        let row = |temperature, top_k, top_p, min_p, u| SampleRow { row: 0, temperature, top_k, top_p, min_p, u };
+        // Greedy: the first maximal logit, with the raw logprob.
+        let (t, lp) = pick(&[1.0, 3.0, 3.0], &row(0.0, 0, 1.0, 0.0, 0.5));
+        assert_eq!(t, 1);
+        assert!((lp - log_softmax(&[1.0, 3.0, 3.0])[1]).abs() < 1e-6);
+        // top_k 1 with a tie at the cut keeps both tied tokens; u picks between them in order.
+        let l = [2.0, 1.0, 2.0, 0.0];
+        assert_eq!(pick(&l, &row(1.0, 1, 1.0, 0.0, 0.2)).0, 0);
+        assert_eq!(pick(&l, &row(1.0, 1, 1.0, 0.0, 0.7)).0, 2);
+        // Without cuts, u = 0 takes the first token in vocabulary order, not the likeliest.
+        assert_eq!(pick(&[0.0, 5.0, 0.0], &row(1.0, 0, 1.0, 0.0, 0.0)).0, 0);
+        // top_p: the smallest top set whose mass reaches p (here the single best token).
+        assert!((0..10).all(|i| pick(&[0.0, 5.0, 0.0], &row(1.0, 0, 0.9, 0.0, i as f32 / 10.0)).0 == 1));
+        // min_p is relative to the best token's weight.
+        let l = [0.0, 1.0f32.ln() + 3.0, 3.0];
+        assert!((0..10).all(|i| pick(&l, &row(1.0, 0, 1.0, 0.5, i as f32 / 10.0)).0 != 0));
+        // -inf logits are never drawn.
+        assert!((0..10).all(|i| pick(&[f32::NEG_INFINITY, 0.0, 0.0], &row(1.0, 0, 1.0, 0.0, i as f32 / 10.0)).0 != 0));
+    }
+
+    #[test]
     fn banned_tokens_are_never_chosen_and_top_logprobs_sorted() {
         let l = [9.0, 1.0, 2.0];
         let mut p = params(0.0);

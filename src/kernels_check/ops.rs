@@ -51,7 +51,7 @@ pub fn named<'a>(name: &'a str, bytes: &'a [u8], shape: &'a [usize]) -> LinearSo
 }
 
 impl Ctx<'_> {
-    fn time(&self, mut f: impl FnMut() -> cleave_engine::Result<()>) -> Result<f64> {
+    pub(super) fn time(&self, mut f: impl FnMut() -> cleave_engine::Result<()>) -> Result<f64> {
         self.cu.set_poison(false);
         for _ in 0..3 {
             f()?;
@@ -72,13 +72,13 @@ impl Ctx<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn push(&mut self, op: &str, shape: String, err: f64, tol: f64, us: f64, bytes: f64, flops: f64, ceiling: Ceiling) {
+    pub(super) fn push(&mut self, op: &str, shape: String, err: f64, tol: f64, us: f64, bytes: f64, flops: f64, ceiling: Ceiling) {
         let (op, tol) =
             if self.precise { (format!("{op} [f32]"), tol.min(1e-3)) } else { (format!("{op}{}", self.tag), tol) };
         self.rows.push(Row { op, shape, err, tol, us, bytes, flops, ceiling });
     }
 
-    fn up(&self, v: &[f32], r: usize, c: usize) -> Result<(CpuTensor, cleave_engine::backend::cuda::CudaTensor)> {
+    pub(super) fn up(&self, v: &[f32], r: usize, c: usize) -> Result<(CpuTensor, cleave_engine::backend::cuda::CudaTensor)> {
         Ok((self.cpu.upload(v, r, c)?, self.cu.upload(v, r, c)?))
     }
 

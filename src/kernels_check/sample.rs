@@ -1,0 +1,74 @@
+//! Sampling on the GPU against the reference (`cleave_engine::sampler::pick`) on the same logits
+//! and the same uniform draws: greedy, temperature, top-k, top-p, min-p and their mixes.
+
+use anyhow::Result;
+use cleave_engine::backend::{Backend, SampleRow};
+
+use super::ops::Ctx;
+use super::Ceiling;
+
+/// (temperature, top_k, top_p, min_p) cycled over the rows.
+const SETTINGS: &[(f32, u32, f32, f32)] = &[
+    (0.0, 0, 1.0, 0.0),
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 0, 0.9, 0.0),
+    (1.0, 50, 1.0, 0.0),
+    (1.3, 0, 1.0, 0.05),
+    (0.8, 20, 0.8, 0.02),
+    (0.6, 1, 1.0, 0.0),
+    (1.0, 0, 0.05, 0.0),
+];
+
+impl Ctx<'_> {
+    pub fn sample(&mut self) -> Result<()> {
+        let vocab = if self.quick { 1000 } else { 129280 };
+        let batches: &[usize] = if self.quick { &[16] } else { &[1, 64, 256] };
+        for &n in batches {
+            let logits = self.rng.vec(n * vocab, 8.0);
+            let (lc, lg) = self.up(&logits, n, vocab)?;
+            let rows: Vec<SampleRow> = (0..n)
+                .map(|i| {
+                    let (temperature, top_k, top_p, min_p) = SETTINGS[i % SETTINGS.len()];
+                    SampleRow { row: i as u32, temperature, top_k, top_p, min_p, u: self.rng.unit() }
+                })
+                .collect();
+            let want = self.cpu.sample(&lc, &rows)?;
+            let got = self.cu.sample(&lg, &rows)?;
+            let differ = want.iter().zip(&got).filter(|(a, b)| a.0 != b.0).count();
+            let greedy_differ =
+                want.iter().zip(&got).zip(&rows).filter(|((a, b), r)| r.temperature == 0.0 && a.0 != b.0).count();
+            let dlp = want
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| a.0 == b.0)
+                .map(|(a, b)| (a.1 - b.1).abs() as f64)
+                .fold(0.0, f64::max);
+            let us = self.time(|| self.cu.sample(&lg, &rows).map(drop))?;
+            let us_copy = self.time(|| self.cu.download(&lg).map(drop))?;
+            let bytes = (n * vocab * 4) as f64;
+            // A token may differ only where u lands within f32 rounding of a boundary.
+            let frac = if greedy_differ > 0 { f64::INFINITY } else { differ as f64 / n as f64 };
+            self.push(
+                "sample tokens",
+                format!("{n} rows of {vocab} (differing: {differ}; logits copy {us_copy:.0} us)"),
+                frac,
+                0.02,
+                us,
+                bytes,
+                0.0,
+                Ceiling::Mem,
+            );
+            self.push(
+                "sample logprob",
+                format!("{n} rows of {vocab}, max |dlogprob|"),
+                dlp,
+                1e-4,
+                us,
+                bytes,
+                0.0,
+                Ceiling::Mem,
+            );
+        }
+        Ok(())
+    }
+}
