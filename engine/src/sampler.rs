@@ -223,8 +223,7 @@ pub fn pick(logits: &[f32], row: &SampleRow) -> (u32, f32) {
 /// sort) is what the GPU kernel computes with a radix select, so both pick the same token.
 fn draw(l: &[f32], r: &SampleRow) -> usize {
     let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let w: Vec<f32> =
-        l.iter().map(|&x| if x.is_finite() { ((x - m) / r.temperature).exp() } else { 0.0 }).collect();
+    let w: Vec<f32> = l.iter().map(|&x| if x.is_finite() { ((x - m) / r.temperature).exp() } else { 0.0 }).collect();
     let mut sorted: Vec<f32> = w.iter().copied().filter(|&x| x > 0.0).collect();
     sorted.sort_by(|a, b| b.total_cmp(a));
     let mut tau = 0.0f32;

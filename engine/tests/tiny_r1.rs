@@ -100,8 +100,13 @@ fn held_back_text_is_released_when_eos_or_a_stop_token_ends_the_sequence() {
 #[test]
 fn backend_and_host_sampling_agree_for_a_seed() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-r1");
-    let cfg =
-        EngineConfig { max_num_seqs: 4, max_num_batched_tokens: 512, block_size: 64, num_blocks: 64, max_model_len: None };
+    let cfg = EngineConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 512,
+        block_size: 64,
+        num_blocks: 64,
+        max_model_len: None,
+    };
     let mut engine = Engine::load(CpuBackend, &dir, cfg).expect("models/tiny-r1 loads");
     let prompt = engine.tokenizer().unwrap().encode("What is 12 + 7?", false).unwrap();
     let params = |top_logprobs| SamplingParams {
@@ -129,7 +134,12 @@ fn backend_and_host_sampling_agree_for_a_seed() {
     }
     // The temperature makes the draws matter: the answer is not the greedy one throughout.
     let greedy = engine
-        .generate(vec![Request { id: 2, prompt: prompt.clone(), params: SamplingParams::greedy(48), prefill_only: false }])
+        .generate(vec![Request {
+            id: 2,
+            prompt: prompt.clone(),
+            params: SamplingParams::greedy(48),
+            prefill_only: false,
+        }])
         .unwrap()
         .remove(&2)
         .unwrap();

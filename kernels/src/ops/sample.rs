@@ -19,6 +19,11 @@ impl Gpu {
         if s.vocab == 0 || s.vocab > i32::MAX as usize {
             return Err(KernelError::Invalid(format!("sample_rows: vocabulary of {}", s.vocab)));
         }
-        self.launch_rows("sample_rows", s.rows, 1024, &[Arg::Ptr(logits), Arg::Ptr(params), Arg::Ptr(out), Arg::I32(s.vocab as i32)])
+        self.launch_rows(
+            "sample_rows",
+            s.rows,
+            1024,
+            &[Arg::Ptr(logits), Arg::Ptr(params), Arg::Ptr(out), Arg::I32(s.vocab as i32)],
+        )
     }
 }
