@@ -4,6 +4,7 @@
 //! (`--nccl`). Without a GPU it says so and succeeds: that is what CI runs.
 
 mod bench;
+mod gemv;
 mod golden;
 mod nccl;
 mod ops;
@@ -214,7 +215,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             precise: false,
             tag: "",
         };
-        let stages = ["elementwise", "linear", "attention", "router", "experts", "sample"];
+        let stages = ["elementwise", "linear", "attention", "router", "experts", "gemv", "sample"];
         for name in stages {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
@@ -222,6 +223,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "attention" => ctx.attention(),
                 "router" => ctx.router(),
                 "sample" => ctx.sample(),
+                "gemv" => ctx.gemv(),
                 _ => ctx.experts(),
             };
             if let Err(e) = r {

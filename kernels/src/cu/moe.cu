@@ -312,6 +312,99 @@ extern "C" __global__ void __launch_bounds__(128) gg16_silu_v2(GG_ARGS) { groupe
 extern "C" __global__ void __launch_bounds__(128) gg64_f32_v2(GG_ARGS) { grouped_gemm<64, 2, 2, 0, 3, true>(GG_PASS); }
 extern "C" __global__ void __launch_bounds__(128) gg64_silu_v2(GG_ARGS) { grouped_gemm<64, 2, 2, 1, 3, true>(GG_PASS); }
 
+// Decode-time grouped GEMM (row tiles of at most 16 rows): the same (tile, column block) grid
+// and epilogues as `grouped_gemm`, but no shared memory. Each warp owns NT groups of 8 weight
+// rows over the whole of K and streams them straight from HBM into MMA fragments: within every
+// 32-wide K chunk the reduction order is permuted so that lane (g, t) needs exactly the 16 bytes
+// W[n + g][k0 + 8t .. k0 + 8t + 7] (b0, b1 of both k16 steps) and X[row g (and g + 8)][same
+// columns] (a0/a2, a1/a3), i.e. one 16-byte load per operand, no ldmatrix, no layout change of
+// the weights. Mapping: MMA step s, half j, pair element h <-> column 8t + 4s + 2j + h.
+// U chunks are loaded before any is consumed (U x NT x 512 B of weights in flight per warp).
+__device__ __forceinline__ uint4 ld_stream(const bf16_t* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+template <int EPI, int NT, int U>
+__device__ __forceinline__ void grouped_gemv(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
+                                            const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
+                                            const int* __restrict__ meta, int N, int K) {
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) return;
+    const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int n0 = (blockIdx.x * 4 + warp) * NT * 8;
+    if (n0 >= N) return;
+    const bf16_t* Wb = Wt + (u64)e * N * K;
+    const bool r0 = g < rc, r1 = g + 8 < rc;
+    const bf16_t* x0 = X + (u64)(r0 ? (rowidx ? rowidx[rs + g] : rs + g) : 0) * K + 8 * t4;
+    const bf16_t* x1 = X + (u64)(r1 ? (rowidx ? rowidx[rs + g + 8] : rs + g + 8) : 0) * K + 8 * t4;
+    const bf16_t* w[NT];
+    bool wok[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int n = n0 + nt * 8 + g;
+        wok[nt] = n < N;
+        w[nt] = Wb + (u64)(wok[nt] ? n : 0) * K + 8 * t4;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int k0 = 0; k0 < K; k0 += 32 * U) {
+        uint4 a[U][2], b[U][NT];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + 32 * u;
+            const bool kin = k + 8 * t4 < K;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) b[u][nt] = kin && wok[nt] ? ld_stream(w[nt] + k) : zero;
+            a[u][0] = kin && r0 ? *reinterpret_cast<const uint4*>(x0 + k) : zero;
+            a[u][1] = kin && r1 ? *reinterpret_cast<const uint4*>(x1 + k) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                mma_bf16(acc[nt], a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, b[u][nt].x, b[u][nt].y);
+                mma_bf16(acc[nt], a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, b[u][nt].z, b[u][nt].w);
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int col = n0 + nt * 8 + 2 * t4;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = g + hh * 8;
+            if (r >= rc) continue;
+            const u64 p = (u64)(rs + r);
+            const float c0 = acc[nt][2 * hh], c1 = acc[nt][2 * hh + 1];
+            if (EPI == 0) {
+                float* y = reinterpret_cast<float*>(Y) + p * N;
+                if (col < N) y[col] = c0;
+                if (col + 1 < N) y[col + 1] = c1;
+            } else {
+                bf16_t* y = reinterpret_cast<bf16_t*>(Y) + p * (N / 2);
+                if (col + 1 < N) y[col / 2] = f2bf(c0 / (1.0f + expf(-c0)) * c1);
+            }
+        }
+    }
+}
+// Names: gv<NT><U>_{f32,silu}. Columns per block: 4 warps x NT x 8.
+extern "C" __global__ void __launch_bounds__(128) gv44_f32(GG_ARGS) { grouped_gemv<0, 4, 4>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv44_silu(GG_ARGS) { grouped_gemv<1, 4, 4>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv42_f32(GG_ARGS) { grouped_gemv<0, 4, 2>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv42_silu(GG_ARGS) { grouped_gemv<1, 4, 2>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv24_f32(GG_ARGS) { grouped_gemv<0, 2, 4>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv24_silu(GG_ARGS) { grouped_gemv<1, 2, 4>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv28_f32(GG_ARGS) { grouped_gemv<0, 2, 8>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv28_silu(GG_ARGS) { grouped_gemv<1, 2, 8>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv18_f32(GG_ARGS) { grouped_gemv<0, 1, 8>(GG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) gv18_silu(GG_ARGS) { grouped_gemv<1, 1, 8>(GG_PASS); }
+
 // out[t] = sum_j w[t, j] * Y[inv[t * top_k + j]].
 extern "C" __global__ void moe_combine(const float* Y, const int* inv, const float* wts, float* out, int n, int top_k, int H) {
     const int t = blockIdx.x;
