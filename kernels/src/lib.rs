@@ -10,7 +10,7 @@ pub mod compile;
 pub mod nccl;
 pub mod ops;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -137,6 +137,8 @@ pub struct Gpu {
     /// A second stream for KV transfers (created on first use), so that a receive in flight
     /// never holds up the compute stream.
     xfer: RefCell<Option<Arc<CudaStream>>>,
+    /// Device allocations made through [`Gpu::alloc`] so far.
+    allocs: Cell<u64>,
 }
 
 impl Gpu {
@@ -194,6 +196,7 @@ impl Gpu {
             max_smem_optin,
             prof: RefCell::new(None),
             xfer: RefCell::new(None),
+            allocs: Cell::new(0),
         })
     }
 
@@ -285,8 +288,17 @@ impl Gpu {
     }
 
     /// `n` uninitialized elements (at least one, so that empty tensors have an address).
+    /// Counted in [`Gpu::device_allocs`].
     pub fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
-        Ok(unsafe { self.stream.alloc::<T>(n.max(1)) }?)
+        let s = unsafe { self.stream.alloc::<T>(n.max(1)) }?;
+        self.allocs.set(self.allocs.get() + 1);
+        Ok(s)
+    }
+
+    /// How many device allocations [`Gpu::alloc`] has made (a decode step in steady state makes
+    /// none: the engine's buffers come from its workspace).
+    pub fn device_allocs(&self) -> u64 {
+        self.allocs.get()
     }
 
     /// Fills `bytes` bytes at `ptr` with `value`.

@@ -1,6 +1,8 @@
 //! Decode-step and prefill benchmark of a checkpoint on one GPU, driving `Model::forward` with
 //! synthetic batches over a randomly filled latent cache: step time, tokens/s, achieved HBM
-//! bandwidth (weights and KV bytes read per step over step time) and tensor-core FLOP/s.
+//! bandwidth (weights and KV bytes read per step over step time) and tensor-core FLOP/s. After
+//! the warm-up step of each batch, the timed steps must make no device allocation (the backend's
+//! workspace serves them); the command fails otherwise.
 
 use std::path::Path;
 use std::time::Instant;
@@ -100,6 +102,7 @@ pub fn run(
         "{:>6} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>11} {:>10} {:>11}",
         "batch", "step ms", "tok/s", "experts/L", "GB/step", "GB/s", "of HBM", "no-logits", "of HBM", "v1 kernels"
     );
+    let mut allocating = Vec::new();
     for &b in batches {
         let mut input = StepInput::default();
         for s in 0..b {
@@ -129,7 +132,12 @@ pub fn run(
             }
             Ok(median(ts))
         };
-        let full = time(&input, &mut cache, 10)?;
+        // The step above was this shape's warm-up: from here on the workspace serves every buffer.
+        let allocs0 = cu.device_allocs();
+        let timed = 10;
+        let full = time(&input, &mut cache, timed)?;
+        // `time` runs two untimed steps before the timed ones: all count.
+        let (allocs, steps) = (cu.device_allocs() - allocs0, timed + 2);
         let bare_in = StepInput { sample_rows: Vec::new(), ..input.clone() };
         let bare = time(&bare_in, &mut cache, 10)?;
         // The same step on the first kernel versions (a fallback if the defaults regress).
@@ -157,7 +165,21 @@ pub fn run(
             100.0 * bytes_bare / bare / HBM_BYTES_PER_S,
             v1 * 1e3
         );
+        if allocs == 0 {
+            println!("{:>6} allocations per decode step: 0", "");
+        } else {
+            println!(
+                "{:>6} allocations per decode step: {:.2} ({allocs} over {steps} steps)",
+                "",
+                allocs as f64 / steps as f64
+            );
+            allocating.push(b);
+        }
     }
+    anyhow::ensure!(
+        allocating.is_empty(),
+        "decode steps of batch {allocating:?} allocated device memory after their warm-up step"
+    );
     if prefill > 0 {
         let p = prefill;
         let table: Vec<u32> = (0..p.div_ceil(bs) as u32).collect();

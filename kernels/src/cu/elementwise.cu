@@ -10,12 +10,15 @@ extern "C" __global__ void embedding_f32(const float* table, const u32* ids, flo
 }
 
 // One block per row. With `res` non-null: res += x, then y = rmsnorm(res). RMSNorm covers the
-// first `wc` columns; later columns are copied through.
-extern "C" __global__ void rms_norm_f32(const float* x, float* res, const float* w, float* y, int cols, int wc, float eps) {
+// first `wc` columns; later columns are copied through. With `yb` non-null, also writes y as bf16
+// (the next GEMM's operand, the same rounding as cast_f32_bf16) in the same pass.
+extern "C" __global__ void rms_norm_f32(const float* x, float* res, const float* w, float* y, bf16_t* yb, int cols, int wc,
+                                        float eps) {
     const int r = blockIdx.x;
     const float* xr = x + (u64)r * cols;
     float* yr = y + (u64)r * cols;
     float* rr = res ? res + (u64)r * cols : 0;
+    bf16_t* br = yb ? yb + (u64)r * cols : 0;
     float ss = 0.f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float v = xr[c];
@@ -24,19 +27,27 @@ extern "C" __global__ void rms_norm_f32(const float* x, float* res, const float*
             rr[c] = v;
         }
         if (c < wc) ss += v * v;
+        else if (br) br[c] = f2bf(v);
         yr[c] = v;
     }
     ss = block_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)wc + eps);
-    for (int c = threadIdx.x; c < wc; c += blockDim.x) yr[c] = yr[c] * inv * w[c];
+    for (int c = threadIdx.x; c < wc; c += blockDim.x) {
+        const float v = yr[c] * inv * w[c];
+        yr[c] = v;
+        if (br) br[c] = f2bf(v);
+    }
 }
 
-extern "C" __global__ void silu_mul_f32(const float* x, float* y, int rows, int half) {
+// y = silu(gate) * up per row of [gate | up]; with `yb` non-null also y as bf16.
+extern "C" __global__ void silu_mul_f32(const float* x, float* y, bf16_t* yb, int rows, int half) {
     const u64 n = (u64)rows * half;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / half, c = i % half;
         const float g = x[r * 2 * half + c], u = x[r * 2 * half + half + c];
-        y[i] = g / (1.0f + expf(-g)) * u;
+        const float v = g / (1.0f + expf(-g)) * u;
+        y[i] = v;
+        if (yb) yb[i] = f2bf(v);
     }
 }
 

@@ -11,6 +11,7 @@ impl Gpu {
     }
 
     /// `y = rmsnorm(x)` over the first `wc` columns, or with `res != 0`: `res += x; y = rmsnorm(res)`.
+    /// With `yb != 0`, also writes `y` as bf16 there (a GEMM operand, no separate cast).
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
         &self,
@@ -18,6 +19,7 @@ impl Gpu {
         res: u64,
         w: u64,
         y: u64,
+        yb: u64,
         rows: usize,
         cols: usize,
         wc: usize,
@@ -28,12 +30,13 @@ impl Gpu {
             "rms_norm_f32",
             rows,
             block,
-            &[Ptr(x), Ptr(res), Ptr(w), Ptr(y), I32(cols as i32), I32(wc as i32), F32(eps)],
+            &[Ptr(x), Ptr(res), Ptr(w), Ptr(y), Ptr(yb), I32(cols as i32), I32(wc as i32), F32(eps)],
         )
     }
 
-    pub fn silu_mul(&self, x: u64, y: u64, rows: usize, half: usize) -> Result<()> {
-        self.launch_flat("silu_mul_f32", rows * half, &[Ptr(x), Ptr(y), I32(rows as i32), I32(half as i32)])
+    /// `y = silu(gate) * up` over rows `[gate | up]` of `2 * half`; with `yb != 0` also `y` as bf16.
+    pub fn silu_mul(&self, x: u64, y: u64, yb: u64, rows: usize, half: usize) -> Result<()> {
+        self.launch_flat("silu_mul_f32", rows * half, &[Ptr(x), Ptr(y), Ptr(yb), I32(rows as i32), I32(half as i32)])
     }
 
     pub fn add(&self, a: u64, b: u64, n: usize) -> Result<()> {

@@ -4,16 +4,25 @@
 //! host inside a forward step except `download`.
 //!
 //! A `CudaBackend` owns its device context and stream; create it on the thread that runs the
-//! rank and keep it there.
+//! rank and keep it there. Every activation and scratch buffer comes from the backend's
+//! workspace (`pool`): after one step of a batch shape, further steps of that shape make no
+//! device allocation ([`CudaBackend::device_allocs`]).
+//!
+//! bf16 shadows: at `Precision::Bf16`, the kernels that produce GEMM operands (RMSNorm, SiLU-mul)
+//! also write a bf16 copy of their output in the same pass, held by the output tensor; `linear`
+//! and the experts use it instead of a separate cast. Every in-place mutation goes through
+//! [`CudaTensor::ptr_mut`], which drops the copy, so a stale one is never read.
 
 mod attention;
 mod load;
 mod moe;
+mod pool;
 mod sample;
 pub mod transfer;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::nccl::{NcclComm, P2p};
@@ -23,21 +32,41 @@ use cleave_kernels::{ptr, KernelError};
 use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams, SampleRow};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
+use pool::{class_bytes, Buf, Elem, Workspace};
+pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
 
 pub(crate) fn kerr(e: KernelError) -> EngineError {
     EngineError::Backend(format!("cuda: {e}"))
 }
 
-/// An f32 matrix on the device.
+/// An f32 matrix on the device, optionally with a bf16 copy of its values (its "shadow").
 pub struct CudaTensor {
-    buf: CudaSlice<f32>,
+    buf: Buf<f32>,
+    /// The values as bf16, written by the kernel that produced them (see the module docs). Only
+    /// that kernel sets it; [`CudaTensor::ptr_mut`] clears it.
+    bf16: Option<Buf<u16>>,
     rows: usize,
     cols: usize,
 }
 
 impl CudaTensor {
+    /// Device address of the f32 values, to read them (or to write a tensor just created). Any
+    /// in-place change of an existing tensor must use [`CudaTensor::ptr_mut`].
     pub fn ptr(&self) -> u64 {
         ptr(&self.buf)
+    }
+    /// Device address of the f32 values for an in-place change: drops the bf16 shadow, which
+    /// would no longer match.
+    pub fn ptr_mut(&mut self) -> u64 {
+        self.bf16 = None;
+        ptr(&self.buf)
+    }
+    /// Device address of the bf16 shadow, when the tensor has one.
+    pub fn bf16_ptr(&self) -> Option<u64> {
+        self.bf16.as_ref().map(|b| ptr(b))
+    }
+    pub fn has_bf16(&self) -> bool {
+        self.bf16.is_some()
     }
     pub fn len(&self) -> usize {
         self.rows * self.cols
@@ -76,8 +105,8 @@ pub struct CudaExperts {
 
 /// Per-token expert ids and weights, on the device.
 pub struct CudaRouting {
-    ids: CudaSlice<u32>,
-    weights: CudaSlice<f32>,
+    ids: Buf<u32>,
+    weights: Buf<f32>,
     pub rows: usize,
     pub top_k: usize,
 }
@@ -137,15 +166,36 @@ pub enum Precision {
     F32,
 }
 
+/// A bf16 GEMM operand: a tensor's shadow, or a cast made for this use.
+pub(crate) enum Bf16In<'a> {
+    Shadow(&'a Buf<u16>),
+    Cast(Buf<u16>),
+}
+
+impl Bf16In<'_> {
+    pub(crate) fn ptr(&self) -> u64 {
+        match self {
+            Bf16In::Shadow(b) => ptr(b),
+            Bf16In::Cast(b) => ptr(b),
+        }
+    }
+}
+
+/// An uploaded index array: the values last sent and the device buffer holding them.
+type Upload = (Vec<u32>, Buf<u32>);
+
 pub struct CudaBackend {
+    /// Idle activation and scratch buffers (declared first: dropped while `gpu` still lives).
+    ws: Rc<Workspace>,
     gpu: Gpu,
     precision: Precision,
     variants: Cell<Variants>,
     /// Pinned staging for large downloads (logits): pageable copies run at a few GB/s.
     pinned: RefCell<Option<cleave_kernels::cudarc::driver::PinnedHostSlice<f32>>>,
     /// Small per-step index arrays (token ids, positions, slots, attention metadata), re-uploaded
-    /// only when their content changes: the 2 x layers attention calls of a step share one upload.
-    uploads: RefCell<HashMap<&'static str, (Vec<u32>, CudaSlice<u32>)>>,
+    /// only when their content changes (into the same buffer while it fits): the 2 x layers
+    /// attention calls of a step share one upload.
+    uploads: RefCell<HashMap<&'static str, Upload>>,
     /// Fill every output with NaN before a kernel writes it (kernels-check).
     poison: Cell<bool>,
     /// When set, `moe_experts` records how many experts received tokens (synchronizes).
@@ -160,6 +210,7 @@ impl CudaBackend {
 
     pub fn with_precision(ordinal: usize, precision: Precision) -> Result<Self> {
         Ok(CudaBackend {
+            ws: Workspace::new(),
             gpu: Gpu::new(ordinal).map_err(kerr)?,
             precision,
             variants: Cell::new(Variants::from_env()),
@@ -203,6 +254,28 @@ impl CudaBackend {
         self.gpu.sync().map_err(kerr)
     }
 
+    /// Device allocations made so far (weights, caches and workspace misses). A decode step of a
+    /// batch shape seen before adds none.
+    pub fn device_allocs(&self) -> u64 {
+        self.gpu.device_allocs()
+    }
+
+    /// Workspace counters: requests served from idle buffers, new buffers, evictions, idle bytes.
+    pub fn workspace_stats(&self) -> PoolStats {
+        self.ws.stats()
+    }
+
+    /// Bounds the bytes of idle workspace buffers ([`DEFAULT_IDLE_CAP`] by default); the least
+    /// recently used go first.
+    pub fn set_workspace_cap(&self, bytes: usize) {
+        self.ws.set_cap(bytes)
+    }
+
+    /// Frees every idle workspace buffer; returns the bytes freed.
+    pub fn trim_workspace(&self) -> usize {
+        self.ws.clear()
+    }
+
     /// KV blocks that fit in `fraction` of the device memory, counting what is already in use
     /// (weights) against it: `(fraction * total - used) / bytes per block`.
     pub fn kv_blocks_for_memory(&self, fraction: f64, layers: usize, block_size: usize, width: usize) -> Result<usize> {
@@ -225,8 +298,8 @@ impl CudaBackend {
     /// A routing decided elsewhere (tests: the CPU router's choice).
     pub fn routing_from_host(&self, ids: &[u32], weights: &[f32], top_k: usize) -> Result<CudaRouting> {
         let rows = ids.len() / top_k.max(1);
-        let id_buf = self.gpu.alloc::<u32>(ids.len()).map_err(kerr)?;
-        let w_buf = self.gpu.alloc::<f32>(weights.len()).map_err(kerr)?;
+        let id_buf = self.buf::<u32>(ids.len())?;
+        let w_buf = self.buf::<f32>(weights.len())?;
         self.gpu.htod(ids, ptr(&id_buf)).map_err(kerr)?;
         self.gpu.htod(weights, ptr(&w_buf)).map_err(kerr)?;
         Ok(CudaRouting { ids: id_buf, weights: w_buf, rows, top_k })
@@ -240,46 +313,97 @@ impl CudaBackend {
         Ok((ids, w))
     }
 
-    fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>> {
-        let b = self.gpu.alloc::<f32>(n).map_err(kerr)?;
+    /// A workspace buffer of at least `n` elements: an idle one of its size class, else a new
+    /// one (when the device is out of memory, after freeing every idle buffer).
+    fn buf<T: Elem>(&self, n: usize) -> Result<Buf<T>> {
+        let class = class_bytes(n.max(1) * std::mem::size_of::<T>());
+        if let Some(s) = self.ws.take::<T>(class) {
+            return Ok(Buf::pooled(s, class, &self.ws));
+        }
+        let len = class / std::mem::size_of::<T>();
+        let s = match self.gpu.alloc::<T>(len) {
+            Ok(s) => s,
+            Err(_) if self.ws.clear() > 0 => self.gpu.alloc::<T>(len).map_err(kerr)?,
+            Err(e) => return Err(kerr(e)),
+        };
+        Ok(Buf::pooled(s, class, &self.ws))
+    }
+
+    /// `buf`, filled with NaN (all ones) first when poisoning (kernels-check).
+    fn scratch<T: Elem>(&self, n: usize) -> Result<Buf<T>> {
+        let b = self.buf::<T>(n)?;
         if self.poison.get() {
-            self.gpu.memset(ptr(&b), 0xff, n * 4).map_err(kerr)?;
+            self.gpu.memset(ptr(&b), 0xff, n * std::mem::size_of::<T>()).map_err(kerr)?;
         }
         Ok(b)
     }
 
-    fn alloc_u16(&self, n: usize) -> Result<CudaSlice<u16>> {
-        let b = self.gpu.alloc::<u16>(n).map_err(kerr)?;
-        if self.poison.get() {
-            self.gpu.memset(ptr(&b), 0xff, n * 2).map_err(kerr)?;
-        }
-        Ok(b)
+    fn alloc_f32(&self, n: usize) -> Result<Buf<f32>> {
+        self.scratch::<f32>(n)
+    }
+
+    fn alloc_u16(&self, n: usize) -> Result<Buf<u16>> {
+        self.scratch::<u16>(n)
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
-        Ok(CudaTensor { buf: self.alloc_f32(rows * cols)?, rows, cols })
+        Ok(CudaTensor { buf: self.alloc_f32(rows * cols)?, bf16: None, rows, cols })
     }
 
-    /// Device copy of `data` under `key`, uploaded only when it differs from the last one.
+    /// A tensor for a kernel that also writes its bf16 shadow: with one at `Precision::Bf16`.
+    fn tensor_shadowed(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        let mut t = self.tensor(rows, cols)?;
+        if self.precision == Precision::Bf16 {
+            t.bf16 = Some(self.alloc_u16(rows * cols)?);
+        }
+        Ok(t)
+    }
+
+    /// Device copy of `data` under `key`, uploaded only when it differs from the last one, into
+    /// the key's buffer while it is large enough.
     fn upload_u32(&self, key: &'static str, data: &[u32]) -> Result<u64> {
         let mut up = self.uploads.borrow_mut();
-        if let Some((v, buf)) = up.get(key) {
+        if let Some((v, buf)) = up.get_mut(key) {
             if v.as_slice() == data {
                 return Ok(ptr(buf));
             }
+            if data.len() <= buf.len() {
+                self.gpu.htod(data, ptr(buf)).map_err(kerr)?;
+                v.clear();
+                v.extend_from_slice(data);
+                return Ok(ptr(buf));
+            }
         }
-        let buf = self.gpu.alloc::<u32>(data.len()).map_err(kerr)?;
+        let buf = self.buf::<u32>(data.len())?;
         self.gpu.htod(data, ptr(&buf)).map_err(kerr)?;
         let p = ptr(&buf);
         up.insert(key, (data.to_vec(), buf));
         Ok(p)
     }
 
-    /// `x` as bf16 (for GEMM operands).
-    fn to_bf16(&self, x: &CudaTensor) -> Result<CudaSlice<u16>> {
-        let b = self.gpu.alloc::<u16>(x.len()).map_err(kerr)?;
+    /// `x` as bf16 (for GEMM operands), always a fresh cast.
+    fn to_bf16(&self, x: &CudaTensor) -> Result<Buf<u16>> {
+        let b = self.buf::<u16>(x.len())?;
         self.gpu.cast_f32_bf16(x.ptr(), ptr(&b), x.len()).map_err(kerr)?;
         Ok(b)
+    }
+
+    /// `x` as a bf16 GEMM operand: its shadow when it has one, else a cast.
+    fn bf16_in<'a>(&self, x: &'a CudaTensor) -> Result<Bf16In<'a>> {
+        match &x.bf16 {
+            Some(b) => Ok(Bf16In::Shadow(b)),
+            None => Ok(Bf16In::Cast(self.to_bf16(x)?)),
+        }
+    }
+
+    /// The bf16 shadow of `t` as raw bits, if it has one (kernels-check).
+    pub fn download_bf16_shadow(&self, t: &CudaTensor) -> Result<Option<Vec<u16>>> {
+        let Some(p) = t.bf16_ptr() else {
+            return Ok(None);
+        };
+        let mut v = vec![0u16; t.len()];
+        self.gpu.dtoh(p, &mut v).map_err(kerr)?;
+        Ok(Some(v))
     }
 
     fn check_same(a: &CudaTensor, b: &CudaTensor, op: &str) -> Result<()> {
@@ -308,7 +432,9 @@ impl Backend for CudaBackend {
         if data.len() != rows * cols {
             return Err(EngineError::Backend(format!("upload: {} values for shape {rows}x{cols}", data.len())));
         }
-        let t = self.tensor(rows, cols)?;
+        // Exact size, outside the workspace: uploads are weights and tables that live long.
+        let buf = Buf::unpooled(self.gpu.alloc::<f32>(rows * cols).map_err(kerr)?);
+        let t = CudaTensor { buf, bf16: None, rows, cols };
         self.gpu.htod(data, t.ptr()).map_err(kerr)?;
         Ok(t)
     }
@@ -373,8 +499,9 @@ impl Backend for CudaBackend {
         if w.len() > x.cols {
             return Err(EngineError::Backend(format!("rms_norm: weight of {} for rows of {}", w.len(), x.cols)));
         }
-        let y = self.tensor(x.rows, x.cols)?;
-        self.gpu.rms_norm(x.ptr(), 0, w.ptr(), y.ptr(), x.rows, x.cols, w.len(), eps).map_err(kerr)?;
+        let y = self.tensor_shadowed(x.rows, x.cols)?;
+        let yb = y.bf16_ptr().unwrap_or(0);
+        self.gpu.rms_norm(x.ptr(), 0, w.ptr(), y.ptr(), yb, x.rows, x.cols, w.len(), eps).map_err(kerr)?;
         Ok(y)
     }
 
@@ -383,8 +510,10 @@ impl Backend for CudaBackend {
         if w.len() > x.cols {
             return Err(EngineError::Backend(format!("add_rms_norm: weight of {} for rows of {}", w.len(), x.cols)));
         }
-        let y = self.tensor(x.rows, x.cols)?;
-        self.gpu.rms_norm(x.ptr(), residual.ptr(), w.ptr(), y.ptr(), x.rows, x.cols, w.len(), eps).map_err(kerr)?;
+        let y = self.tensor_shadowed(x.rows, x.cols)?;
+        let yb = y.bf16_ptr().unwrap_or(0);
+        let res = residual.ptr_mut();
+        self.gpu.rms_norm(x.ptr(), res, w.ptr(), y.ptr(), yb, x.rows, x.cols, w.len(), eps).map_err(kerr)?;
         Ok(y)
     }
 
@@ -399,22 +528,24 @@ impl Backend for CudaBackend {
         if let Some(w32) = &w.f32 {
             self.gpu.linear_f32(x.ptr(), ptr(w32), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
         } else if x.rows > 0 {
-            let xb = self.to_bf16(x)?;
-            self.gpu.linear_bf16(ptr(&xb), w.ptr(), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
+            let xb = self.bf16_in(x)?;
+            self.gpu.linear_bf16(xb.ptr(), w.ptr(), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
         }
         Ok(y)
     }
 
     fn silu_mul(&self, x: &CudaTensor) -> Result<CudaTensor> {
         let h = x.cols / 2;
-        let y = self.tensor(x.rows, h)?;
-        self.gpu.silu_mul(x.ptr(), y.ptr(), x.rows, h).map_err(kerr)?;
+        let y = self.tensor_shadowed(x.rows, h)?;
+        let yb = y.bf16_ptr().unwrap_or(0);
+        self.gpu.silu_mul(x.ptr(), y.ptr(), yb, x.rows, h).map_err(kerr)?;
         Ok(y)
     }
 
     fn add_assign(&self, a: &mut CudaTensor, b: &CudaTensor) -> Result<()> {
         Self::check_same(a, b, "add")?;
-        self.gpu.add(a.ptr(), b.ptr(), a.len()).map_err(kerr)
+        let n = a.len();
+        self.gpu.add(a.ptr_mut(), b.ptr(), n).map_err(kerr)
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
@@ -451,8 +582,9 @@ impl Backend for CudaBackend {
             return Err(EngineError::Backend("rope: rotated columns run past the row".into()));
         }
         let pp = self.upload_u32("positions", positions)?;
+        let (rows, cols) = (x.rows, x.cols);
         self.gpu
-            .rope(x.ptr(), cos_sin.ptr(), pp, x.rows, x.cols, heads, offset, stride, rope, interleaved)
+            .rope(x.ptr_mut(), cos_sin.ptr(), pp, rows, cols, heads, offset, stride, rope, interleaved)
             .map_err(kerr)
     }
 
@@ -529,7 +661,7 @@ impl Backend for CudaBackend {
         if let Some(&b) = blocks.iter().find(|&&b| b as usize >= cache.layout.num_blocks) {
             return Err(EngineError::Backend(format!("import_blocks: block {b} outside the cache")));
         }
-        let src = self.gpu.alloc::<f32>(data.len()).map_err(kerr)?;
+        let src = self.buf::<f32>(data.len())?;
         self.gpu.htod(data, ptr(&src)).map_err(kerr)?;
         let bp = self.upload_u32("blocks", blocks)?;
         match &cache.f32 {

@@ -19,11 +19,8 @@ pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p:
     }
     let n = logits.rows;
     let gpu = be.gpu();
-    let ids = gpu.alloc::<u32>(n * p.top_k).map_err(kerr)?;
+    let ids = be.scratch::<u32>(n * p.top_k)?;
     let weights = be.alloc_f32(n * p.top_k)?;
-    if be.poison.get() {
-        gpu.memset(ptr(&ids), 0xff, n * p.top_k * 4).map_err(kerr)?;
-    }
     gpu.moe_route(
         logits.ptr(),
         bias.ptr(),
@@ -58,12 +55,12 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     // Row tiles of 64 once experts average 32 rows or more (prefill), else 16 (decode).
     let bm = if a >= 32 * e { 64 } else { 16 };
     let max_tiles = Gpu::moe_max_tiles(a, e, bm);
-    let sorted_tok = gpu.alloc::<i32>(a).map_err(kerr)?;
-    let inv = gpu.alloc::<i32>(a).map_err(kerr)?;
-    let tiles = gpu.alloc::<i32>(3 * max_tiles).map_err(kerr)?;
-    let meta = gpu.alloc::<i32>(1).map_err(kerr)?;
+    let sorted_tok = be.buf::<i32>(a)?;
+    let inv = be.buf::<i32>(a)?;
+    let tiles = be.buf::<i32>(3 * max_tiles)?;
+    let meta = be.buf::<i32>(1)?;
     if let Some((gu, dn)) = &ex.f32 {
-        let row_expert = gpu.alloc::<i32>(a).map_err(kerr)?;
+        let row_expert = be.buf::<i32>(a)?;
         gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), ptr(&row_expert))
             .map_err(kerr)?;
         let act = be.alloc_f32(a * i)?;
@@ -74,13 +71,14 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         return Ok(out);
     }
     gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0).map_err(kerr)?;
-    let xb = be.to_bf16(x)?;
+    // The input's bf16 shadow (an RMSNorm output) when it has one.
+    let xb = be.bf16_in(x)?;
     let act = be.alloc_u16(a * i)?;
     gpu.grouped_gemm(
         be.variants().gemm_v2,
         bm,
         true,
-        ptr(&xb),
+        xb.ptr(),
         ptr(&sorted_tok),
         ptr(&ex.gate_up),
         ptr(&act),

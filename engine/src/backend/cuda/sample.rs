@@ -18,7 +18,7 @@ pub(super) fn sample(be: &CudaBackend, logits: &CudaTensor, rows: &[SampleRow]) 
         params.extend([r.row, r.temperature.to_bits(), r.top_k, r.top_p.to_bits(), r.min_p.to_bits(), r.u.to_bits()]);
     }
     let pp = be.upload_u32("sample", &params)?;
-    let out = be.gpu.alloc::<u32>(2 * n).map_err(kerr)?;
+    let out = be.buf::<u32>(2 * n)?;
     let launch = SampleLaunch { rows: n, vocab: logits.cols };
     be.gpu.sample_rows(logits.ptr(), pp, cleave_kernels::ptr(&out), launch).map_err(kerr)?;
     let mut host = vec![0u32; 2 * n];
