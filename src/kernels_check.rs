@@ -8,6 +8,7 @@ mod gemv;
 mod golden;
 mod nccl;
 mod ops;
+mod prefill;
 mod sample;
 
 use std::path::PathBuf;
@@ -215,12 +216,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             precise: false,
             tag: "",
         };
-        let stages = ["elementwise", "linear", "attention", "router", "experts", "gemv", "sample"];
+        let stages = ["elementwise", "linear", "attention", "prefill", "router", "experts", "gemv", "sample"];
         for name in stages {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
                 "linear" => ctx.linear(),
                 "attention" => ctx.attention(),
+                "prefill" => ctx.prefill(),
                 "router" => ctx.router(),
                 "sample" => ctx.sample(),
                 "gemv" => ctx.gemv(),

@@ -49,7 +49,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("cu/attention.cu"),
-        &["mla_decode", "mla_decode2", "mla_combine", "mla_ref_f32", "gather_latent", "softmax_causal"],
+        &["mla_decode", "mla_decode2", "mla_combine", "mla_ref_f32", "gather_latent", "mla_prefill_flash"],
     ),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     (

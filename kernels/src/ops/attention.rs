@@ -1,10 +1,17 @@
 //! MLA attention launchers: absorbed decode (v1 and v2 kernels, one argument layout), split
-//! combine, expanded-prefill helpers, and the f32 reference attention.
+//! combine, the expanded prefill (latent gather, flash attention), and the f32 reference attention.
 
 use super::{MlaLaunch, MLA_HEADS_PER_BLOCK, MLA_MAX_LATENT};
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
+
+/// Query rows per block and keys per tile of `mla_prefill_flash`, and the largest head dims it
+/// takes (must match attention.cu `PF_*`).
+const PREFILL_Q_TILE: usize = 64;
+const PREFILL_KEY_TILE: usize = 64;
+const PREFILL_MAX_QK: usize = 192;
+const PREFILL_MAX_V: usize = 128;
 
 impl Gpu {
     /// Checks the shapes `mla_decode` supports.
@@ -125,9 +132,106 @@ impl Gpu {
         )
     }
 
-    /// Causal softmax of `rows` score rows of length `ctx` (row r is query r % ql of the chunk).
-    pub fn softmax_causal(&self, s: u64, p: u64, rows: usize, ql: usize, ctx: usize, scale: f32) -> Result<()> {
-        self.launch_rows("softmax_causal", rows, 256, &[Ptr(s), Ptr(p), I32(ql as i32), I32(ctx as i32), F32(scale)])
+    /// Checks the head dimensions `mla_prefill_flash` supports, and that a gathered latent row's
+    /// rope part (columns `kv_lora..`) starts 16-byte aligned.
+    pub fn mla_prefill_supported(nope: usize, rope: usize, v: usize, kv_lora: usize) -> Result<()> {
+        let (max_qk, max_v) = (PREFILL_MAX_QK, PREFILL_MAX_V);
+        if nope == 0 || v == 0 || !(nope | rope | v | kv_lora).is_multiple_of(8) || nope + rope > max_qk || v > max_v {
+            return Err(KernelError::Invalid(format!(
+                "flash prefill attention needs qk_nope_head_dim, qk_rope_head_dim, v_head_dim and kv_lora_rank \
+                 divisible by 8, nope + rope <= {max_qk}, 0 < v <= {max_v} (got nope {nope}, rope {rope}, v {v}, \
+                 kv_lora {kv_lora})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Dynamic shared memory of `mla_prefill_flash`: Q tile, two K tiles, two V tiles (bf16, rows
+    /// padded to a multiple of 16 columns plus 8).
+    pub fn mla_prefill_smem(nope: usize, rope: usize, v: usize) -> usize {
+        let sk = (nope + rope).div_ceil(16) * 16 + 8;
+        let sv = v.div_ceil(16) * 16 + 8;
+        (PREFILL_Q_TILE * sk + 2 * PREFILL_KEY_TILE * (sk + sv)) * 2
+    }
+
+    /// Causal flash attention of one expanded prefill chunk, all heads: `out[i, h*v..]` for the
+    /// chunk's `q_len` query rows, the last `q_len` positions of a `ctx`-key sequence (see
+    /// attention.cu `mla_prefill_flash` for the operand layouts). `q`, `out` point at the chunk's
+    /// first row, `kv` (per-head `[k_nope | v]`) and `k_rope` at the sequence's first key; leading
+    /// dimensions are in elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mla_prefill_flash(
+        &self,
+        q: u64,
+        q_ld: usize,
+        kv: u64,
+        kv_ld: usize,
+        k_rope: u64,
+        kr_ld: usize,
+        out: u64,
+        out_ld: usize,
+        q_len: usize,
+        ctx: usize,
+        heads: usize,
+        nope: usize,
+        rope: usize,
+        v: usize,
+        scale: f32,
+    ) -> Result<()> {
+        // kv_lora does not reach the kernel: the k_rope pointer's alignment is checked below.
+        Self::mla_prefill_supported(nope, rope, v, 0)?;
+        let bad = |what: String| Err(KernelError::Invalid(format!("mla_prefill_flash: {what}")));
+        if q_len == 0 || heads == 0 {
+            return Ok(());
+        }
+        if ctx < q_len || ctx > i32::MAX as usize || heads > 65535 {
+            return bad(format!("{q_len} query rows in a context of {ctx}, {heads} heads"));
+        }
+        let lds = [(q_ld, heads * (nope + rope)), (kv_ld, heads * (nope + v)), (kr_ld, rope), (out_ld, heads * v)];
+        if lds.iter().any(|&(ld, min)| ld < min || ld > i32::MAX as usize) {
+            return bad(format!("leading dimensions {q_ld}, {kv_ld}, {kr_ld}, {out_ld} for {heads} heads"));
+        }
+        // 16-byte cp.async of bf16 rows, 8-byte float2 stores of the output.
+        let aligned = (q | kv | k_rope).is_multiple_of(16) && out.is_multiple_of(8);
+        if !aligned || !(q_ld | kv_ld | kr_ld).is_multiple_of(8) || !out_ld.is_multiple_of(2) {
+            return bad(
+                "operands must be 16-byte aligned (output 8-byte) with leading dimensions divisible by 8 (output 2)"
+                    .into(),
+            );
+        }
+        let smem = Self::mla_prefill_smem(nope, rope, v);
+        if smem > self.max_smem_optin {
+            return bad(format!("needs {smem} bytes of shared memory, the device allows {}", self.max_smem_optin));
+        }
+        if smem > 48 * 1024 {
+            self.ctx.bind_to_thread()?;
+            self.func("mla_prefill_flash")?.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+        }
+        self.launch(
+            "mla_prefill_flash",
+            (q_len.div_ceil(PREFILL_Q_TILE) as u32, heads as u32, 1),
+            128,
+            smem as u32,
+            &[
+                Ptr(q),
+                Ptr(kv),
+                Ptr(k_rope),
+                Ptr(out),
+                I32(q_len as i32),
+                I32(ctx as i32),
+                I32(nope as i32),
+                I32(rope as i32),
+                I32(v as i32),
+                I32(q_ld as i32),
+                I32(kv_ld as i32),
+                I32(kr_ld as i32),
+                I32(out_ld as i32),
+                F32(scale),
+            ],
+        )
     }
 
     /// Reference precision: `out[row, h*V..]` for every row and head, all in f32 (see attention.cu
@@ -175,5 +279,24 @@ impl Gpu {
                 F32(p.scale),
             ],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_flash_shapes() {
+        // DeepSeek heads: two blocks per SM fit in an H100/H200's 228 KB of shared memory.
+        assert_eq!(Gpu::mla_prefill_smem(128, 64, 128), 111_616);
+        assert!(2 * (Gpu::mla_prefill_smem(128, 64, 128) + 1024) <= 228 * 1024);
+        assert!(Gpu::mla_prefill_supported(128, 64, 128, 512).is_ok());
+        assert!(Gpu::mla_prefill_supported(32, 16, 32, 64).is_ok());
+        assert!(Gpu::mla_prefill_supported(16, 8, 24, 40).is_ok());
+        assert!(Gpu::mla_prefill_supported(128, 72, 128, 512).is_err());
+        assert!(Gpu::mla_prefill_supported(128, 64, 136, 512).is_err());
+        assert!(Gpu::mla_prefill_supported(12, 4, 16, 64).is_err());
+        assert!(Gpu::mla_prefill_supported(16, 8, 16, 36).is_err());
     }
 }

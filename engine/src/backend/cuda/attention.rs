@@ -1,10 +1,11 @@
 //! MLA attention on the GPU. Decode rows and short chunks use the absorbed form: `q_lat = q_nope
 //! W_UK` (batched GEMM over heads), the paged split-context kernel with online softmax over
 //! `[c | k_rope]`, the split merge, and `out = o_lat W_UV^T`. Prefill chunks of at least
-//! [`EXPAND_MIN_ROWS`] rows use the expanded form through cuBLAS: the sequence's latents are
-//! gathered, expanded to per-head keys and values once (`kv_b`), scores `Q K^T` for all heads as
-//! strided-batched GEMMs, a causal softmax kernel, then `P V`. All compute the CPU backend's
-//! function; f32 precision runs the reference kernel.
+//! [`EXPAND_MIN_ROWS`] rows use the expanded form: the sequence's latents are gathered, expanded
+//! to per-head keys and values once (`kv_b`, cuBLAS), and a flash-attention kernel computes the
+//! causal attention of all heads (online softmax, no score matrix in memory); head dims it does
+//! not take (see `Gpu::mla_prefill_supported`) stay on the absorbed form. All compute the CPU
+//! backend's function; f32 precision runs the reference kernel.
 
 use cleave_kernels::blas::Gemm;
 use cleave_kernels::ops::MlaLaunch;
@@ -13,9 +14,6 @@ use cleave_kernels::{ptr, Gpu};
 use super::{kerr, CudaBackend, CudaKvCache, CudaTensor, CudaWeight, EXPAND_MIN_ROWS};
 use crate::backend::{AttnBatch, AttnSeq, MlaDims};
 use crate::error::{EngineError, Result};
-
-/// Score workspace cap of the expanded path (heads are processed in groups under it).
-const SCORE_BYTES: usize = 2 << 30;
 
 #[allow(clippy::too_many_arguments)]
 fn gemm(
@@ -82,7 +80,8 @@ pub(super) fn mla_attention(
     }
     let var = be.variants();
     let precise = cache.f32.is_some() || kv_b.f32.is_some();
-    let expand = |s: &AttnSeq| !precise && var.expanded_prefill && s.q_len >= EXPAND_MIN_ROWS;
+    let flash = Gpu::mla_prefill_supported(d.nope, d.rope, d.v, l).is_ok();
+    let expand = |s: &AttnSeq| !precise && flash && var.expanded_prefill && s.q_len >= EXPAND_MIN_ROWS;
     // Per-row metadata, packed: [visible keys per row | block-table offset per row | tables].
     // Rows of expanded sequences get 0 visible keys here (the absorbed kernel skips them).
     let mut meta = vec![0u32; 2 * rows];
@@ -223,76 +222,23 @@ fn expanded(
     let mut g = gemm(heads * kvw, ctx, l, kv_b.ptr(), l, 0, true, ptr(&lat), w, 0, false, ptr(&kv), heads * kvw, 0, 1);
     g.c_bf16 = true;
     gpu.gemm(&g).map_err(kerr)?;
-    let hc = (SCORE_BYTES / (ql * ctx * 6)).clamp(1, heads);
-    let scores = be.alloc_f32(hc * ql * ctx)?;
-    let probs = be.alloc_u16(hc * ql * ctx)?;
-    let q0 = ptr(q_bf) + (s.q_start * heads * qk * 2) as u64;
-    let o0 = out.ptr() + (s.q_start * heads * d.v * 4) as u64;
-    let mut h0 = 0;
-    while h0 < heads {
-        let n = hc.min(heads - h0);
-        let kvh = ptr(&kv) + (h0 * kvw * 2) as u64;
-        let qh = q0 + (h0 * qk * 2) as u64;
-        // S_h^T [ctx, ql] = K_h [ctx, nope] . Q_h^T, then += K_rope [ctx, R] . Q_rope^T (shared K_rope).
-        gpu.gemm(&gemm(
-            ctx,
-            ql,
-            d.nope,
-            kvh,
-            heads * kvw,
-            kvw,
-            true,
-            qh,
-            heads * qk,
-            qk,
-            false,
-            ptr(&scores),
-            ctx,
-            ctx * ql,
-            n,
-        ))
-        .map_err(kerr)?;
-        let mut r = gemm(
-            ctx,
-            ql,
-            d.rope,
-            ptr(&lat) + (l * 2) as u64,
-            w,
-            0,
-            true,
-            qh + (d.nope * 2) as u64,
-            heads * qk,
-            qk,
-            false,
-            ptr(&scores),
-            ctx,
-            ctx * ql,
-            n,
-        );
-        r.beta = 1.0;
-        gpu.gemm(&r).map_err(kerr)?;
-        gpu.softmax_causal(ptr(&scores), ptr(&probs), n * ql, ql, ctx, d.scale).map_err(kerr)?;
-        // O_h^T [v, ql] = V_h^T [v, ctx] . P_h^T [ctx, ql], into out rows (ld heads * v).
-        let vh = kvh + (d.nope * 2) as u64;
-        gpu.gemm(&gemm(
-            d.v,
-            ql,
-            ctx,
-            vh,
-            heads * kvw,
-            kvw,
-            false,
-            ptr(&probs),
-            ctx,
-            ctx * ql,
-            false,
-            o0 + (h0 * d.v * 4) as u64,
-            heads * d.v,
-            d.v,
-            n,
-        ))
-        .map_err(kerr)?;
-        h0 += n;
-    }
-    Ok(())
+    let (q0, o0) = (s.q_start * heads * qk * 2, s.q_start * heads * d.v * 4);
+    gpu.mla_prefill_flash(
+        ptr(q_bf) + q0 as u64,
+        heads * qk,
+        ptr(&kv),
+        heads * kvw,
+        ptr(&lat) + (l * 2) as u64,
+        w,
+        out.ptr() + o0 as u64,
+        heads * d.v,
+        ql,
+        ctx,
+        heads,
+        d.nope,
+        d.rope,
+        d.v,
+        d.scale,
+    )
+    .map_err(kerr)
 }
