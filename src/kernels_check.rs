@@ -4,7 +4,6 @@
 //! (`--nccl`). Without a GPU it says so and succeeds: that is what CI runs.
 
 mod bench;
-mod gemv;
 mod golden;
 mod nccl;
 mod ops;
@@ -29,6 +28,9 @@ pub struct Args {
     /// Skip the per-op checks.
     #[arg(long)]
     no_ops: bool,
+    /// Run only these per-op stages (elementwise, linear, attention, router, experts, prefill, sample).
+    #[arg(long, value_delimiter = ',')]
+    stages: Vec<String>,
     /// Directory of golden checkpoints: generate on CPU and CUDA and compare.
     #[arg(long)]
     golden: Option<PathBuf>,
@@ -216,8 +218,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             precise: false,
             tag: "",
         };
-        let stages = ["elementwise", "linear", "attention", "prefill", "router", "experts", "gemv", "sample"];
-        for name in stages {
+        let stages = ["elementwise", "linear", "attention", "prefill", "router", "experts", "sample"];
+        for name in stages.into_iter().filter(|s| a.stages.is_empty() || a.stages.iter().any(|x| x == s)) {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
                 "linear" => ctx.linear(),
@@ -225,7 +227,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "prefill" => ctx.prefill(),
                 "router" => ctx.router(),
                 "sample" => ctx.sample(),
-                "gemv" => ctx.gemv(),
                 _ => ctx.experts(),
             };
             if let Err(e) = r {

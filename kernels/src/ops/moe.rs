@@ -140,55 +140,6 @@ impl Gpu {
         )
     }
 
-    /// Decode grouped GEMM over row tiles of at most 16 rows, streaming weights straight into
-    /// MMA fragments (`grouped_gemv` in moe.cu): `shape` = (groups of 8 columns per warp, K chunks
-    /// in flight). Same arguments and outputs as [`Gpu::grouped_gemm`] with `bm` 16.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemv(
-        &self,
-        shape: (usize, usize),
-        silu: bool,
-        x: u64,
-        rowidx: u64,
-        w: u64,
-        y: u64,
-        tiles: u64,
-        meta: u64,
-        max_tiles: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<()> {
-        if k % 8 != 0 {
-            return Err(KernelError::Invalid(format!("grouped GEMV needs K divisible by 8 (got {k})")));
-        }
-        let name = match (shape, silu) {
-            ((4, 4), false) => "gv44_f32",
-            ((4, 4), true) => "gv44_silu",
-            ((4, 2), false) => "gv42_f32",
-            ((4, 2), true) => "gv42_silu",
-            ((2, 4), false) => "gv24_f32",
-            ((2, 4), true) => "gv24_silu",
-            ((2, 8), false) => "gv28_f32",
-            ((2, 8), true) => "gv28_silu",
-            ((1, 8), false) => "gv18_f32",
-            ((1, 8), true) => "gv18_silu",
-            _ => return Err(KernelError::Invalid(format!("grouped GEMV shape {shape:?}"))),
-        };
-        let cols_per_block = 4 * shape.0 * 8;
-        self.launch(
-            name,
-            (n.div_ceil(cols_per_block) as u32, max_tiles as u32, 1),
-            128,
-            0,
-            &[Ptr(x), Ptr(rowidx), Ptr(w), Ptr(y), Ptr(tiles), Ptr(meta), I32(n as i32), I32(k as i32)],
-        )
-    }
-
-    /// The compiled [`Gpu::grouped_gemv`] shapes.
-    pub const GEMV_SHAPES: [(usize, usize); 5] = [(4, 4), (4, 2), (2, 4), (2, 8), (1, 8)];
-    /// The shape the engine uses (chosen with `cleave kernels-check`'s gemv table).
-    pub const GEMV_DEFAULT: (usize, usize) = (4, 4);
-
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(&self, y: u64, inv: u64, wts: u64, out: u64, n: usize, top_k: usize, h: usize) -> Result<()> {
         self.launch_rows(
