@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::backend::Backend;
 use cleave_engine::tokenizer::ChatMessage;
 use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
@@ -56,6 +56,16 @@ pub struct Args {
     /// GPU ordinal for `--device cuda`.
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Numeric format on `--device cuda`: bfloat16 (fast) or float32 (matches the CPU reference).
+    #[arg(long, value_enum, default_value = "auto")]
+    dtype: Dtype,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Dtype {
+    Auto,
+    Bfloat16,
+    Float32,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -72,8 +82,14 @@ enum Output {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     match a.device {
+        Device::Cpu if a.dtype == Dtype::Bfloat16 => {
+            bail!("--dtype bfloat16 needs --device cuda (the CPU backend computes in float32)")
+        }
         Device::Cpu => run_on(CpuBackend, a),
-        Device::Cuda => run_on(CudaBackend::new(a.gpu).context("opening the GPU")?, a),
+        Device::Cuda => {
+            let precision = if a.dtype == Dtype::Float32 { Precision::F32 } else { Precision::Bf16 };
+            run_on(CudaBackend::with_precision(a.gpu, precision).context("opening the GPU")?, a)
+        }
     }
 }
 

@@ -182,6 +182,7 @@ impl Cluster {
                 role,
                 num_ranks: ranks.len(),
                 device: cfg.device,
+                dtype: cfg.dtype,
                 model_dir: cfg.model.clone(),
                 engine: engine(role),
                 gpu_memory_utilization: cfg.kv_cache.gpu_memory_utilization,

@@ -66,6 +66,19 @@ pub enum Device {
     Cuda,
 }
 
+/// Numeric format of weights, activations and the KV cache (vLLM's `--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// bfloat16 on CUDA, float32 on the CPU.
+    #[default]
+    Auto,
+    /// bf16 weights and KV cache, bf16 tensor-core GEMMs (CUDA only).
+    Bfloat16,
+    /// f32 throughout: matches the CPU reference to rounding (small models, checking).
+    Float32,
+}
+
 /// What happens to a request whose KV transfer or rank fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -89,6 +102,8 @@ pub struct DeployConfig {
     pub served_model_name: Option<String>,
     #[serde(default)]
     pub device: Device,
+    #[serde(default)]
+    pub dtype: Dtype,
     /// Longest prompt + output; default: the model's `max_position_embeddings`.
     #[serde(default)]
     pub max_model_len: Option<usize>,

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use super::{DeployConfig, Device};
+use super::{DeployConfig, Device, Dtype};
 
 type Invalid = (String, String);
 
@@ -47,6 +47,9 @@ impl DeployConfig {
         }
         if let Some(n) = self.max_model_len {
             positive("max_model_len", n)?;
+        }
+        if self.device == Device::Cpu && self.dtype == Dtype::Bfloat16 {
+            return Err(("dtype".into(), "bfloat16 needs device: cuda (the CPU backend computes in float32)".into()));
         }
         if self.server.host.trim().is_empty() {
             return Err(("server.host".into(), "must not be empty".into()));
@@ -189,6 +192,9 @@ mod tests {
         assert!(e.message.contains("device: cuda"), "{e}");
         let e = err("model: m\ndevice: cuda\nkv_cache: {gpu_memory_utilization: 0.9, num_blocks: 10}\n");
         assert_eq!(e.line, Some(3));
+        let e = err("model: m\ndtype: bfloat16\n");
+        assert_eq!((e.field.as_deref(), e.line), (Some("dtype"), Some(2)), "{e}");
+        assert!(err("model: m\ndtype: float16\n").message.contains("unknown variant `float16`"));
         let e = err("model: m\nprefill: {ranks: [3, 3]}\n");
         assert_eq!(e.field.as_deref(), Some("prefill.ranks[1]"));
         let e = err("model: m\nmax_model_len: 4096\nkv_cache: {block_size: 64, num_blocks: 8}\n");

@@ -9,14 +9,14 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cleave_engine::backend::cuda::transfer::{KvHub, KvLink};
-use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::kv_cache::blocks_for;
 use cleave_engine::model::Model;
 use cleave_engine::Engine;
 use cleave_kernels::nccl::{NcclComm, NcclId};
 
 use super::{RankFactory, RankInfo};
-use crate::config::{ConfigError, DeployConfig};
+use crate::config::{ConfigError, DeployConfig, Dtype};
 use crate::error::ActorError;
 use crate::transport::{TransferTicket, Transport, TransportError};
 
@@ -128,7 +128,8 @@ impl RankFactory for CudaRankFactory {
     fn create(&self, info: &RankInfo) -> Result<(Engine<CudaBackend>, Box<dyn Transport<CudaBackend>>), ActorError> {
         let rank = info.rank;
         let t0 = Instant::now();
-        let be = match CudaBackend::new(rank) {
+        let precision = if info.dtype == Dtype::Float32 { Precision::F32 } else { Precision::Bf16 };
+        let be = match CudaBackend::with_precision(rank, precision) {
             Ok(be) => {
                 self.set_opened(rank, Ok(()));
                 be

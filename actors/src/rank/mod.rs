@@ -20,7 +20,7 @@ use cleave_engine::{Engine, EngineConfig};
 pub use cpu::CpuRankFactory;
 pub use cuda::CudaRankFactory;
 
-use crate::config::Device;
+use crate::config::{Device, Dtype};
 use crate::error::ActorError;
 use crate::pool::{Pool, RankExited, RankReady};
 use crate::request::{ReqCtx, ReqId};
@@ -74,6 +74,7 @@ pub struct RankInfo {
     /// Ranks in the cluster (to size per-rank thread pools).
     pub num_ranks: usize,
     pub device: Device,
+    pub dtype: Dtype,
     pub model_dir: PathBuf,
     /// Limits for this rank's engine. On CUDA with `gpu_memory_utilization`, `num_blocks` is 0
     /// and the factory sizes the cache.
