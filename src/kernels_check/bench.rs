@@ -97,7 +97,9 @@ pub fn run(
     let k = counts(&c);
     let mut rng = XRng::new(seed);
     let vocab = c.vocab_size;
-    println!("\ndecode step (every sequence at context {ctx}; every row sampled greedily on the GPU, tokens to the host)");
+    println!(
+        "\ndecode step (every sequence at context {ctx}; every row sampled greedily on the GPU, tokens to the host)"
+    );
     println!(
         "{:>6} {:>10} {:>10} {:>11} {:>9} {:>10} {:>10} {:>11} {:>10} {:>11}",
         "batch", "step ms", "tok/s", "experts/L", "GB/step", "GB/s", "of HBM", "no lm_head", "of HBM", "v1 kernels"

@@ -22,6 +22,8 @@ struct RankOut {
     init_s: f64,
     raw: Vec<f64>,
     blocks: Vec<f64>,
+    /// The same transfer between runs of consecutive blocks on both sides (one send).
+    runs: Vec<f64>,
     checksum: u64,
     /// Through the KvLink protocol: (request, checksum of its blocks on this side) per delivered
     /// transfer, the timed sends, and the outcome of the deliberately abandoned one.
@@ -70,11 +72,20 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
         if r == 0 { c.transfer(be.gpu(), &p, &[]) } else { c.transfer(be.gpu(), &[], &p) }.map_err(|e| anyhow!("{e}"))
     })?;
     let blocks_t = time(&mut |c: &mut NcclComm| {
-        if r == 0 { be.kv_send(c, &cache, &src, 1) } else { be.kv_recv(c, &mut cache, &dst, 0) }
+        if r == 0 { be.kv_send(c, &cache, &src, &dst, 1) } else { be.kv_recv(c, &mut cache, &dst, &src, 0) }
             .map_err(|e| anyhow!("{e}"))
     })?;
     let mine = if r == 0 { &src } else { &dst };
     let checksum = checksum(&be.kv_raw(&cache, mine)?);
+    let (run_src, run_dst): (Vec<u32>, Vec<u32>) = ((0..nb as u32).collect(), (nb as u32..2 * nb as u32).collect());
+    let runs_t = time(&mut |c: &mut NcclComm| {
+        if r == 0 {
+            be.kv_send(c, &cache, &run_src, &run_dst, 1)
+        } else {
+            be.kv_recv(c, &mut cache, &run_dst, &run_src, 0)
+        }
+        .map_err(|e| anyhow!("{e}"))
+    })?;
     if r == 1 {
         let (raw, blk) = (median(raw_t.clone()), median(blocks_t.clone()));
         println!(
@@ -89,7 +100,7 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
     }
     drop(comm);
     let (link, link_times, link_timeout) = link_test(r, &be, &mut cache, nb, seed, &barrier)?;
-    Ok(RankOut { init_s, raw: raw_t, blocks: blocks_t, checksum, link, link_times, link_timeout })
+    Ok(RankOut { init_s, raw: raw_t, blocks: blocks_t, runs: runs_t, checksum, link, link_times, link_timeout })
 }
 
 /// The engine's transfer protocol ([`KvLink`]): transfers of several sizes, timed full-prompt
@@ -115,23 +126,35 @@ fn link_test(
     // (request, blocks): distinct block ids on each side.
     let plan: Vec<(u64, usize)> =
         vec![(1, nb), (2, 3), (3, 17), (10, nb), (11, nb), (12, nb), (13, nb), (14, nb), (99, 2), (100, 5)];
-    let src_of =
-        |n: usize, req: u64| -> Vec<u32> { (0..n as u32).map(|i| (i * 2 + req as u32) % (2 * nb as u32)).collect() };
-    let dst_of = |n: usize, req: u64| -> Vec<u32> { (0..n as u32).rev().map(|i| i + 5 + (req as u32 % 3)).collect() };
+    // The timed ones (10..15) move consecutive blocks to consecutive blocks, as a fresh allocator
+    // hands them out; the others scatter on both sides.
+    let timed = |req: u64| (10..15).contains(&req);
+    let src_of = move |n: usize, req: u64| -> Vec<u32> {
+        match timed(req) {
+            true => (0..n as u32).collect(),
+            false => (0..n as u32).map(|i| (i * 2 + req as u32) % (2 * nb as u32)).collect(),
+        }
+    };
+    let dst_of = move |n: usize, req: u64| -> Vec<u32> {
+        match timed(req) {
+            true => (nb as u32..(nb + n) as u32).collect(),
+            false => (0..n as u32).rev().map(|i| i + 5 + (req as u32 % 3)).collect(),
+        }
+    };
     let (mut done, mut times, mut timeout) = (Vec::new(), Vec::new(), String::new());
     for &(req, n) in &plan {
         if r == 0 {
             let long = req != 99;
             let deadline = Instant::now() + if long { Duration::from_secs(20) } else { Duration::from_millis(300) };
             let t = Instant::now();
-            let res = link.send(be, cache, &src_of(n, req), 1, req, deadline);
+            let res = link.send(be, cache, &src_of(n, req), &dst_of(n, req), 1, req, deadline);
             let dt = t.elapsed().as_secs_f64();
             match (req, res) {
                 (99, Err(e)) => timeout = format!("timed out as expected after {:.0} ms ({e})", dt * 1e3),
                 (99, Ok(_)) => timeout = "NOT timed out: the abandoned transfer completed".into(),
                 (_, Err(e)) => return Err(anyhow!("link send {req}: {e}")),
                 (_, Ok(_)) => {
-                    if (10..15).contains(&req) {
+                    if timed(req) {
                         times.push(dt);
                     }
                     done.push((req, checksum(&be.kv_raw(cache, &src_of(n, req))?)));
@@ -185,6 +208,7 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
     let (s, d) = (&outs[0], &outs[1]);
     let raw = median(d.raw.clone());
     let blk = median(d.blocks.clone());
+    let runs = median(d.runs.clone());
     println!("\nNCCL KV transfer GPU0 -> GPU1: {tokens} tokens = {nb} blocks of {BS} x {LAYERS} layers x {WIDTH} x bf16 = {:.1} MB", bytes as f64 / 1e6);
     println!("  communicator init: {:.2} s / {:.2} s (rank 0 / 1)", s.init_s, d.init_s);
     println!(
@@ -194,10 +218,16 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
         bytes as f64 / raw / 1e9
     );
     println!(
-        "  KV blocks, cache to cache ({nb} sends): {:.3} ms  {:.0} GB/s  = {:.0}% of raw",
+        "  KV blocks, cache to cache, scattered ({nb} sends): {:.3} ms  {:.0} GB/s  = {:.0}% of raw",
         blk * 1e3,
         bytes as f64 / blk / 1e9,
         100.0 * raw / blk
+    );
+    println!(
+        "  KV blocks, cache to cache, consecutive (1 send): {:.3} ms  {:.0} GB/s  = {:.0}% of raw",
+        runs * 1e3,
+        bytes as f64 / runs / 1e9,
+        100.0 * raw / runs
     );
     let ok = s.checksum == d.checksum;
     println!("  received blocks equal the sent ones: {}", if ok { "yes" } else { "NO" });
@@ -205,7 +235,7 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
     let lt = median(s.link_times.clone());
     let link_ok = s.link.len() == d.link.len() && s.link.iter().zip(&d.link).all(|(a, b)| a == b);
     println!(
-        "  engine KvLink protocol (announce, transfer stream, deadline): {} transfers delivered {}; {nb}-block transfer {:.3} ms median ({:.0} GB/s)",
+        "  engine KvLink protocol (announce, transfer stream, deadline): {} transfers delivered {}; {nb} consecutive blocks {:.3} ms median ({:.0} GB/s)",
         d.link.len(),
         if link_ok { "intact" } else { "CORRUPTED" },
         lt * 1e3,

@@ -193,7 +193,7 @@ impl Transport<CudaBackend> for NcclTransport {
         let t0 = Instant::now();
         let bytes = self
             .link
-            .send(engine.backend(), engine.kv_cache(), &seq.blocks[..n], t.dst_rank, t.req, t.deadline)
+            .send(engine.backend(), engine.kv_cache(), &seq.blocks[..n], &t.blocks, t.dst_rank, t.req, t.deadline)
             .map_err(terr)?;
         tracing::debug!(
             request_id = t.req,

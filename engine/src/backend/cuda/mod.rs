@@ -673,18 +673,33 @@ impl Backend for CudaBackend {
 }
 
 /// KV blocks over NCCL: every block is one contiguous region (all layers), so a transfer is one
-/// group of block-sized point-to-point operations straight between the two caches (no staging).
-/// Both sides list the same number of blocks in the same order; ids may differ.
+/// group of point-to-point operations straight between the two caches (no staging). Both sides
+/// list the same number of blocks in the same order (ids may differ) and derive the same
+/// operations from both lists: each run of blocks consecutive on both sides is one operation.
 impl CudaBackend {
-    /// Queues sending `blocks` of `cache` to rank `peer`. Complete with [`NcclComm::wait`].
-    pub fn kv_send(&self, comm: &NcclComm, cache: &CudaKvCache, blocks: &[u32], peer: usize) -> Result<()> {
-        let sends = Self::regions(cache, blocks, peer)?;
+    /// Queues sending `blocks` of `cache` into the peer's `theirs`. Complete with [`NcclComm::wait`].
+    pub fn kv_send(
+        &self,
+        comm: &NcclComm,
+        cache: &CudaKvCache,
+        blocks: &[u32],
+        theirs: &[u32],
+        peer: usize,
+    ) -> Result<()> {
+        let sends = Self::regions(cache, blocks, theirs, peer)?;
         comm.transfer(&self.gpu, &sends, &[]).map_err(kerr)
     }
 
-    /// Queues receiving `blocks` of `cache` from rank `peer`.
-    pub fn kv_recv(&self, comm: &NcclComm, cache: &mut CudaKvCache, blocks: &[u32], peer: usize) -> Result<()> {
-        let recvs = Self::regions(cache, blocks, peer)?;
+    /// Queues receiving the peer's `theirs` into `blocks` of `cache`.
+    pub fn kv_recv(
+        &self,
+        comm: &NcclComm,
+        cache: &mut CudaKvCache,
+        blocks: &[u32],
+        theirs: &[u32],
+        peer: usize,
+    ) -> Result<()> {
+        let recvs = Self::regions(cache, blocks, theirs, peer)?;
         comm.transfer(&self.gpu, &[], &recvs).map_err(kerr)
     }
 
@@ -692,22 +707,64 @@ impl CudaBackend {
     pub fn kv_raw(&self, cache: &CudaKvCache, blocks: &[u32]) -> Result<Vec<u16>> {
         let per = cache.layout.block_values() * if cache.f32.is_some() { 2 } else { 1 };
         let mut out = vec![0u16; blocks.len() * per];
-        for (i, p) in Self::regions(cache, blocks, 0)?.iter().enumerate() {
-            self.gpu.dtoh(p.ptr, &mut out[i * per..(i + 1) * per]).map_err(kerr)?;
+        let mut at = 0;
+        for p in Self::regions(cache, blocks, blocks, 0)? {
+            let n = p.bytes / 2;
+            self.gpu.dtoh(p.ptr, &mut out[at..at + n]).map_err(kerr)?;
+            at += n;
         }
         Ok(out)
     }
 
-    pub(crate) fn regions(cache: &CudaKvCache, blocks: &[u32], peer: usize) -> Result<Vec<P2p>> {
-        blocks
-            .iter()
-            .map(|&b| {
-                if b as usize >= cache.layout.num_blocks {
-                    return Err(EngineError::Backend(format!("KV transfer: block {b} outside the cache")));
-                }
-                let (ptr, bytes) = cache.block_region(b);
-                Ok(P2p { ptr, bytes, peer })
+    /// This side's regions of a transfer between `mine` and the peer's `theirs`.
+    pub(crate) fn regions(cache: &CudaKvCache, mine: &[u32], theirs: &[u32], peer: usize) -> Result<Vec<P2p>> {
+        if mine.len() != theirs.len() {
+            return Err(EngineError::Backend(format!(
+                "KV transfer: {} blocks here, {} on the peer",
+                mine.len(),
+                theirs.len()
+            )));
+        }
+        if let Some(&b) = mine.iter().find(|&&b| b as usize >= cache.layout.num_blocks) {
+            return Err(EngineError::Backend(format!("KV transfer: block {b} outside the cache")));
+        }
+        Ok(paired_runs(mine, theirs)
+            .into_iter()
+            .map(|(start, len)| {
+                let (ptr, bytes) = cache.block_region(start);
+                P2p { ptr, bytes: bytes * len, peer }
             })
-            .collect()
+            .collect())
+    }
+}
+
+/// `(first block of mine, blocks)` of each maximal run where both lists go up by one.
+pub(crate) fn paired_runs(mine: &[u32], theirs: &[u32]) -> Vec<(u32, usize)> {
+    let mut runs: Vec<(u32, usize)> = Vec::new();
+    for i in 0..mine.len() {
+        let extends = i > 0 && mine[i] == mine[i - 1].wrapping_add(1) && theirs[i] == theirs[i - 1].wrapping_add(1);
+        match runs.last_mut() {
+            Some(run) if extends => run.1 += 1,
+            _ => runs.push((mine[i], 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paired_runs;
+
+    #[test]
+    fn runs_break_where_either_side_breaks() {
+        assert_eq!(paired_runs(&[4, 5, 6, 7], &[10, 11, 12, 13]), vec![(4, 4)]);
+        assert_eq!(paired_runs(&[4, 5, 6, 7], &[10, 11, 20, 21]), vec![(4, 2), (6, 2)]);
+        assert_eq!(paired_runs(&[4, 5, 9, 10], &[1, 2, 3, 4]), vec![(4, 2), (9, 2)]);
+        assert_eq!(paired_runs(&[3, 2, 1], &[1, 2, 3]), vec![(3, 1), (2, 1), (1, 1)]);
+        assert_eq!(paired_runs(&[], &[]), vec![]);
+        // The peer computes the same cut points from the swapped lists.
+        let (a, b) = ([0u32, 1, 2, 7, 8, 3], [5u32, 6, 9, 10, 11, 12]);
+        let lens = |r: Vec<(u32, usize)>| r.into_iter().map(|x| x.1).collect::<Vec<_>>();
+        assert_eq!(lens(paired_runs(&a, &b)), lens(paired_runs(&b, &a)));
     }
 }

@@ -38,8 +38,10 @@ struct Pair {
     id: Option<NcclId>,
     /// Generation of the pair's communicator.
     epoch: u64,
-    /// The request the sender is sending now.
+    /// The request the sender is sending now, and its blocks (the receiver cuts the transfer into
+    /// the same runs).
     current: Option<u64>,
+    current_blocks: Vec<u32>,
     /// Requests whose send failed (the receiver gives up on them).
     failed: VecDeque<u64>,
     /// Requests the receiver gave up on (the sender does not start them, or stops waiting).
@@ -139,13 +141,15 @@ impl KvLink {
         }
     }
 
-    /// Prefill side: sends `blocks` of `cache` for request `req` to rank `dst`. Returns the bytes
-    /// sent once they are in the receiver's blocks; fails at `deadline`.
+    /// Prefill side: sends `blocks` of `cache` for request `req` into `dst_blocks` of rank `dst`.
+    /// Returns the bytes sent once they are in the receiver's blocks; fails at `deadline`.
+    #[allow(clippy::too_many_arguments)]
     pub fn send(
         &mut self,
         be: &CudaBackend,
         cache: &CudaKvCache,
         blocks: &[u32],
+        dst_blocks: &[u32],
         dst: usize,
         req: u64,
         deadline: Instant,
@@ -168,10 +172,12 @@ impl KvLink {
             self.comms.insert(key, (epoch, comm));
         }
         let epoch = self.comms[&key].0;
+        let regions = CudaBackend::regions(cache, blocks, dst_blocks, 1)?;
         let abandoned = self.hub.with(key, |p| {
             let gone = p.abandoned.contains(&req);
             if !gone {
                 p.current = Some(req);
+                p.current_blocks = blocks.to_vec();
             }
             gone
         });
@@ -181,7 +187,6 @@ impl KvLink {
                 self.rank
             )));
         }
-        let regions = CudaBackend::regions(cache, blocks, 1)?;
         let bytes: u64 = regions.iter().map(|r| r.bytes as u64).sum();
         match self.deliver(gpu, key, epoch, &regions, req, deadline) {
             Ok(()) => {
@@ -252,7 +257,10 @@ impl KvLink {
     ) -> Result<Option<u64>> {
         let key = (src, self.rank);
         let gpu = be.gpu();
-        let (id, epoch, current, failed) = self.hub.with(key, |p| (p.id, p.epoch, p.current, p.failed.contains(&req)));
+        let (id, epoch, current, failed) = self.hub.with(key, |p| {
+            let current = p.current.filter(|&c| c == req).map(|c| (c, p.current_blocks.clone()));
+            (p.id, p.epoch, current, p.failed.contains(&req))
+        });
         if failed {
             if self.pending.remove(&(src, req)).is_some() {
                 self.drop_recv_comm(key);
@@ -273,8 +281,7 @@ impl KvLink {
                 self.comms.insert(key, (epoch, comm));
             }
         }
-        let regions = CudaBackend::regions(cache, blocks, 0)?;
-        let bytes: u64 = regions.iter().map(|r| r.bytes as u64).sum();
+        let bytes = blocks.len() as u64 * cache.block_region(0).1 as u64;
         if let Some((posted, ev)) = self.pending.get(&(src, req)) {
             let res = match self.comms.get_mut(&key) {
                 Some((e, comm)) if e == posted => comm.poll(ev).map_err(|e| e.to_string()),
@@ -294,7 +301,8 @@ impl KvLink {
                 }
             };
         }
-        if current == Some(req) {
+        if let Some((_, src_blocks)) = current {
+            let regions = CudaBackend::regions(cache, blocks, &src_blocks, 0)?;
             let Some((e, comm)) = self.comms.get(&key) else { return Ok(None) };
             let stream = gpu.xfer_stream().map_err(kerr)?;
             comm.transfer_on(gpu, &stream, &[], &regions).map_err(kerr)?;
