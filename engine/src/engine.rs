@@ -121,7 +121,7 @@ impl<B: Backend> Engine<B> {
             ("num_blocks", cfg.num_blocks),
         ] {
             if v == 0 {
-                return Err(EngineError::InvalidRequest(format!("{name} must be positive")));
+                return Err(EngineError::Config(format!("{name} must be positive")));
             }
         }
         if cfg.num_blocks * cfg.block_size < max_len {

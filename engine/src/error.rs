@@ -31,6 +31,9 @@ pub enum EngineError {
     /// The request itself is invalid for this model (e.g. too long, bad token id).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// An engine setting is unusable (raised at construction, never for a request).
+    #[error("engine config: {0}")]
+    Config(String),
     /// Not enough KV cache to ever hold this request.
     #[error("KV cache too small: {0}")]
     CacheCapacity(String),

@@ -121,3 +121,13 @@ fn a_shard_named_in_the_index_but_absent_is_named() {
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
     assert!(load_err(&dir).contains("model-00002-of-00002.safetensors"));
 }
+
+#[test]
+fn unusable_engine_settings_are_config_errors_naming_the_setting() {
+    let cfg = EngineConfig { max_num_seqs: 0, ..EngineConfig::default() };
+    match Engine::load(CpuBackend, &golden("bf16-qlora"), cfg) {
+        Err(cleave_engine::EngineError::Config(m)) => assert!(m.contains("max_num_seqs"), "{m}"),
+        Err(e) => panic!("expected a config error, got {e}"),
+        Ok(_) => panic!("max_num_seqs 0 was accepted"),
+    }
+}
