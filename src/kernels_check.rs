@@ -5,6 +5,7 @@
 
 mod bench;
 mod golden;
+mod moe_tune;
 mod nccl;
 mod ops;
 mod prefill;
@@ -28,7 +29,8 @@ pub struct Args {
     /// Skip the per-op checks.
     #[arg(long)]
     no_ops: bool,
-    /// Run only these per-op stages (elementwise, linear, attention, router, experts, prefill, sample).
+    /// Run only these per-op stages (elementwise, linear, attention, router, experts, prefill, sample;
+    /// moe_tune, the persistent grouped-GEMM shape sweep, runs only when named).
     #[arg(long, value_delimiter = ',')]
     stages: Vec<String>,
     /// Directory of golden checkpoints: generate on CPU and CUDA and compare.
@@ -218,8 +220,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             precise: false,
             tag: "",
         };
-        let stages = ["elementwise", "linear", "attention", "prefill", "router", "experts", "sample"];
-        for name in stages.into_iter().filter(|s| a.stages.is_empty() || a.stages.iter().any(|x| x == s)) {
+        let stages = ["elementwise", "linear", "attention", "prefill", "router", "experts", "sample", "moe_tune"];
+        let wanted = |s: &&str| if a.stages.is_empty() { *s != "moe_tune" } else { a.stages.iter().any(|x| x == s) };
+        for name in stages.into_iter().filter(wanted) {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
                 "linear" => ctx.linear(),
@@ -227,6 +230,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "prefill" => ctx.prefill(),
                 "router" => ctx.router(),
                 "sample" => ctx.sample(),
+                "moe_tune" => ctx.moe_tune(),
                 _ => ctx.experts(),
             };
             if let Err(e) = r {

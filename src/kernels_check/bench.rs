@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use cleave_engine::backend::cuda::{CudaBackend, Variants};
+use cleave_engine::backend::cuda::{CudaBackend, PersistentGemm, Variants, DEFAULT_PERSISTENT};
 use cleave_engine::backend::{AttnSeq, Backend, KvLayout, SampleRow};
 use cleave_engine::model::{Model, ModelConfig, StepInput};
 
@@ -148,16 +148,26 @@ pub fn run(
         };
         // The step above was this shape's warm-up: from here on the workspace serves every buffer.
         let allocs0 = cu.device_allocs();
+        cu.take_workspace_misses();
         let timed = 10;
         let full = time(&input, &mut cache, timed)?;
         // `time` runs two untimed steps before the timed ones: all count.
         let (allocs, steps) = (cu.device_allocs() - allocs0, timed + 2);
+        let misses = cu.take_workspace_misses();
         let bare_in = StepInput { sample_rows: Vec::new(), ..input.clone() };
         let bare = time(&bare_in, &mut cache, 10)?;
         // The same step on the first kernel versions (a fallback if the defaults regress).
         let def = cu.variants();
-        cu.set_variants(Variants { mla_v2: false, gemm_v2: false, expanded_prefill: false });
+        cu.set_variants(Variants::FIRST);
         let v1 = time(&bare_in, &mut cache, 5)?;
+        // The whole step without the persistent grouped GEMM, with its default, and under every
+        // compiled configuration.
+        let mut sweep = Vec::new();
+        let cfgs = [None, Some(DEFAULT_PERSISTENT)].into_iter().chain(PersistentGemm::compiled().map(Some));
+        for cfg in cfgs {
+            cu.set_variants(Variants { moe_persistent: cfg, ..def });
+            sweep.push((cfg, time(&input, &mut cache, 5)?));
+        }
         cu.set_variants(def);
         if b == 64 || b == 1 {
             profile(cu, &format!("decode batch {b}"), || step(&input, &mut cache))?;
@@ -179,6 +189,13 @@ pub fn run(
             100.0 * bytes_bare / bare / HBM_BYTES_PER_S,
             v1 * 1e3
         );
+        let show = |cfg: Option<PersistentGemm>| cfg.map_or("gg16 v2".to_string(), |c| format!("ggp {c}"));
+        let line: Vec<String> = sweep.iter().map(|(c, t)| format!("{} {:.3}", show(*c), t * 1e3)).collect();
+        println!("{:>6} step ms by decode grouped GEMM: {}", "", line.join(", "));
+        if let Some((c, t)) = sweep.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+            let pct = 100.0 * bytes_full / t / HBM_BYTES_PER_S;
+            println!("{:>6} fastest: {} at {:.3} ms ({pct:.1}% of HBM)", "", show(*c), t * 1e3);
+        }
         if allocs == 0 {
             println!("{:>6} allocations per decode step: 0", "");
         } else {
@@ -187,13 +204,10 @@ pub fn run(
                 "",
                 allocs as f64 / steps as f64
             );
+            misses.iter().for_each(|m| println!("{:>6}   workspace miss: {m}", ""));
             allocating.push(b);
         }
     }
-    anyhow::ensure!(
-        allocating.is_empty(),
-        "decode steps of batch {allocating:?} allocated device memory after their warm-up step"
-    );
     if prefill > 0 {
         let p = prefill;
         let table: Vec<u32> = (0..p.div_ceil(bs) as u32).collect();
@@ -220,7 +234,7 @@ pub fn run(
         };
         let s = run(3)?;
         let def = cu.variants();
-        cu.set_variants(Variants { mla_v2: false, gemm_v2: false, expanded_prefill: false });
+        cu.set_variants(Variants::FIRST);
         let s1 = run(1)?;
         cu.set_variants(def);
         println!("\nprefill on the first kernel versions (absorbed attention, v1 grouped GEMM): {:.1} ms", s1 * 1e3);
@@ -246,5 +260,9 @@ pub fn run(
             TC_FLOPS / 1e12
         );
     }
+    anyhow::ensure!(
+        allocating.is_empty(),
+        "decode steps of batch {allocating:?} allocated device memory after their warm-up step"
+    );
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuRouting, CpuTensor};
-use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, Variants};
+use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, Variants, DEFAULT_PERSISTENT};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -72,13 +72,28 @@ impl Ctx<'_> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn push(&mut self, op: &str, shape: String, err: f64, tol: f64, us: f64, bytes: f64, flops: f64, ceiling: Ceiling) {
+    pub(super) fn push(
+        &mut self,
+        op: &str,
+        shape: String,
+        err: f64,
+        tol: f64,
+        us: f64,
+        bytes: f64,
+        flops: f64,
+        ceiling: Ceiling,
+    ) {
         let (op, tol) =
             if self.precise { (format!("{op} [f32]"), tol.min(1e-3)) } else { (format!("{op}{}", self.tag), tol) };
         self.rows.push(Row { op, shape, err, tol, us, bytes, flops, ceiling });
     }
 
-    pub(super) fn up(&self, v: &[f32], r: usize, c: usize) -> Result<(CpuTensor, cleave_engine::backend::cuda::CudaTensor)> {
+    pub(super) fn up(
+        &self,
+        v: &[f32],
+        r: usize,
+        c: usize,
+    ) -> Result<(CpuTensor, cleave_engine::backend::cuda::CudaTensor)> {
         Ok((self.cpu.upload(v, r, c)?, self.cu.upload(v, r, c)?))
     }
 
@@ -468,22 +483,25 @@ impl Ctx<'_> {
     /// absorbed prefill), so that either can be the default.
     pub fn attention(&mut self) -> Result<()> {
         let def = self.cu.variants();
-        self.v2_then_v1(Variants { mla_v2: false, expanded_prefill: false, ..def }, Self::attention_all)
+        self.each_variant(&[(" v1", Variants { mla_v2: false, expanded_prefill: false, ..def })], Self::attention_all)
     }
 
-    /// Runs `check` under the default (v2) kernels, then, unless checking the f32 reference
-    /// precision, again under `v1`, tagging each row with its generation.
-    fn v2_then_v1(&mut self, v1: Variants, check: fn(&mut Self) -> Result<()>) -> Result<()> {
+    /// Runs `check` under the default kernels (rows tagged " v2"), then, unless checking the f32
+    /// reference precision, again under each alternative, tagging each row with its name.
+    fn each_variant(&mut self, alts: &[(&'static str, Variants)], check: fn(&mut Self) -> Result<()>) -> Result<()> {
         let def = self.cu.variants();
         self.tag = " v2";
-        let r = check(self);
-        if r.is_ok() && !self.precise {
-            self.cu.set_variants(v1);
-            self.tag = " v1";
-            let r1 = check(self);
+        let mut r = check(self);
+        if !self.precise {
+            for &(tag, v) in alts {
+                if r.is_err() {
+                    break;
+                }
+                self.cu.set_variants(v);
+                self.tag = tag;
+                r = check(self);
+            }
             self.cu.set_variants(def);
-            self.tag = "";
-            return r1;
         }
         self.tag = "";
         r
@@ -580,9 +598,19 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// The experts under the default grouped GEMM, v1, and the persistent decode kernel (on, or
+    /// off when it is the default).
     pub fn experts(&mut self) -> Result<()> {
         let def = self.cu.variants();
-        self.v2_then_v1(Variants { gemm_v2: false, ..def }, Self::experts_all)
+        let (tag, other) = match def.moe_persistent {
+            Some(_) => (" no-ggp", None),
+            None => (" ggp", Some(DEFAULT_PERSISTENT)),
+        };
+        let alts = [
+            (" v1", Variants { gemm_v2: false, moe_persistent: None, ..def }),
+            (tag, Variants { moe_persistent: other, ..def }),
+        ];
+        self.each_variant(&alts, Self::experts_all)
     }
 
     fn experts_all(&mut self) -> Result<()> {

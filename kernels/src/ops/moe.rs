@@ -1,10 +1,75 @@
 //! MoE launchers: routing, expert alignment, grouped GEMM (v1 and v2 kernels, one argument
 //! layout), the weighted combine, and the f32 reference expert MLP.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use cudarc::driver::sys::CUfunction_attribute;
+
 use super::GG_BN;
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
+
+/// (bn, bk, stages, f32 kernel, silu kernel) of every compiled persistent grouped-GEMM shape.
+const GGP_KERNELS: [(usize, usize, usize, &str, &str); 10] = [
+    (16, 32, 8, "ggp16_32_8_f32", "ggp16_32_8_silu"),
+    (16, 64, 4, "ggp16_64_4_f32", "ggp16_64_4_silu"),
+    (16, 64, 8, "ggp16_64_8_f32", "ggp16_64_8_silu"),
+    (32, 32, 4, "ggp32_32_4_f32", "ggp32_32_4_silu"),
+    (32, 32, 8, "ggp32_32_8_f32", "ggp32_32_8_silu"),
+    (32, 64, 4, "ggp32_64_4_f32", "ggp32_64_4_silu"),
+    (32, 64, 6, "ggp32_64_6_f32", "ggp32_64_6_silu"),
+    (64, 32, 4, "ggp64_32_4_f32", "ggp64_32_4_silu"),
+    (64, 32, 6, "ggp64_32_6_f32", "ggp64_32_6_silu"),
+    (64, 32, 8, "ggp64_32_8_f32", "ggp64_32_8_silu"),
+];
+
+thread_local! {
+    /// Resident blocks per SM by kernel handle. A stale entry (a handle reused by another module)
+    /// would only change the grid size, never the result.
+    static GGP_OCCUPANCY: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
+}
+
+/// A persistent decode grouped-GEMM configuration: columns per work item, k-tile width, pipeline
+/// stages (together one compiled kernel) and the L2 prefetch distance in k-tiles (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PersistentGemm {
+    pub bn: usize,
+    pub bk: usize,
+    pub stages: usize,
+    pub prefetch: usize,
+}
+
+impl PersistentGemm {
+    /// Default L2 prefetch distance (gg16 v2 prefetches 4 k-tiles ahead too).
+    pub const DEFAULT_PREFETCH: usize = 4;
+
+    /// Every compiled shape with the default prefetch distance.
+    pub fn compiled() -> impl Iterator<Item = PersistentGemm> {
+        GGP_KERNELS.iter().map(|k| PersistentGemm { bn: k.0, bk: k.1, stages: k.2, prefetch: Self::DEFAULT_PREFETCH })
+    }
+}
+
+impl std::fmt::Display for PersistentGemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}/{}", self.bn, self.bk, self.stages, self.prefetch)
+    }
+}
+
+impl std::str::FromStr for PersistentGemm {
+    type Err = KernelError;
+
+    /// `BN/BK/STAGES/PREFETCH`, e.g. `32/64/4/4`; the shape must be compiled.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || KernelError::Invalid(format!("persistent grouped GEMM `{s}`: expected BN/BK/STAGES/PREFETCH"));
+        let v: Vec<usize> = s.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
+        let [bn, bk, stages, prefetch] = v[..] else { return Err(bad()) };
+        let cfg = PersistentGemm { bn, bk, stages, prefetch };
+        Gpu::persistent_kernel(cfg, false)?;
+        Ok(cfg)
+    }
+}
 
 impl Gpu {
     #[allow(clippy::too_many_arguments)]
@@ -140,6 +205,76 @@ impl Gpu {
         )
     }
 
+    fn persistent_kernel(cfg: PersistentGemm, silu: bool) -> Result<&'static str> {
+        GGP_KERNELS
+            .iter()
+            .find(|k| (k.0, k.1, k.2) == (cfg.bn, cfg.bk, cfg.stages))
+            .map(|k| if silu { k.4 } else { k.3 })
+            .ok_or_else(|| KernelError::Invalid(format!("persistent grouped GEMM shape {cfg} is not compiled")))
+    }
+
+    /// Resident blocks per SM of a persistent grouped-GEMM shape (the driver's occupancy with the
+    /// shared-memory carveout set to its maximum; queried once per kernel and thread).
+    pub fn persistent_blocks_per_sm(&self, cfg: PersistentGemm, silu: bool) -> Result<usize> {
+        let f = self.func(Self::persistent_kernel(cfg, silu)?)?;
+        let key = f.cu_function() as usize;
+        if let Some(b) = GGP_OCCUPANCY.with(|c| c.borrow().get(&key).copied()) {
+            return Ok(b);
+        }
+        self.ctx.bind_to_thread()?;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
+        let b = (f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)? as usize).max(1);
+        GGP_OCCUPANCY.with(|c| c.borrow_mut().insert(key, b));
+        Ok(b)
+    }
+
+    /// Persistent decode grouped GEMM (`gg_persistent` in moe.cu): the same arguments and outputs
+    /// as [`Gpu::grouped_gemm`] with `bm` 16 (tiles from `moe_align` with BM 16). One wave of
+    /// resident blocks (no more than there are work items), each streaming a balanced range of
+    /// (row tile, `cfg.bn` columns) items through one cp.async pipeline. `cfg` is one of
+    /// [`PersistentGemm::compiled`], with any prefetch distance.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_gemm_persistent(
+        &self,
+        cfg: PersistentGemm,
+        silu: bool,
+        x: u64,
+        rowidx: u64,
+        w: u64,
+        y: u64,
+        tiles: u64,
+        meta: u64,
+        max_tiles: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        if k % 8 != 0 || (silu && n % 2 != 0) || n > i32::MAX as usize || k > i32::MAX as usize {
+            return Err(KernelError::Invalid(format!(
+                "persistent grouped GEMM needs K divisible by 8 and, with SiLU, an even N (got N {n}, K {k})"
+            )));
+        }
+        let name = Self::persistent_kernel(cfg, silu)?;
+        let items = max_tiles * n.div_ceil(cfg.bn);
+        let blocks = (self.persistent_blocks_per_sm(cfg, silu)? * self.sm_count).min(items);
+        self.launch(
+            name,
+            (blocks as u32, 1, 1),
+            128,
+            0,
+            &[
+                Ptr(x),
+                Ptr(rowidx),
+                Ptr(w),
+                Ptr(y),
+                Ptr(tiles),
+                Ptr(meta),
+                I32(n as i32),
+                I32(k as i32),
+                I32(cfg.prefetch.min(1 << 20) as i32),
+            ],
+        )
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(&self, y: u64, inv: u64, wts: u64, out: u64, n: usize, top_k: usize, h: usize) -> Result<()> {
         self.launch_rows(
@@ -179,5 +314,28 @@ impl Gpu {
             0,
             &[Ptr(act), Ptr(row_expert), Ptr(down), Ptr(y), I32(h as i32), I32(i as i32)],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn persistent_shapes_are_compiled_kernels() {
+        let moe = crate::MODULES.iter().find(|m| m.0 == "moe").expect("moe module");
+        assert_eq!(PersistentGemm::compiled().count(), GGP_KERNELS.len());
+        for cfg in PersistentGemm::compiled() {
+            for silu in [false, true] {
+                let name = Gpu::persistent_kernel(cfg, silu).expect("compiled");
+                assert!(moe.2.contains(&name), "{name} is not in MODULES");
+                let epi = if silu { "silu" } else { "f32" };
+                assert_eq!(name, format!("ggp{}_{}_{}_{epi}", cfg.bn, cfg.bk, cfg.stages));
+            }
+            assert_eq!(cfg.to_string().parse::<PersistentGemm>().unwrap(), cfg);
+        }
+        assert!("128/32/4/4".parse::<PersistentGemm>().is_err());
+        assert!("32/64/4".parse::<PersistentGemm>().is_err());
+        assert!("a/64/4/4".parse::<PersistentGemm>().is_err());
     }
 }

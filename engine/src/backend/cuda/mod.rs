@@ -19,6 +19,7 @@ mod moe;
 mod pool;
 mod sample;
 pub mod transfer;
+mod variants;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -34,6 +35,7 @@ use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 use pool::{class_bytes, Buf, Elem, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
+pub use variants::{PersistentGemm, Variants, DEFAULT_PERSISTENT, EXPAND_MIN_ROWS};
 
 pub(crate) fn kerr(e: KernelError) -> EngineError {
     EngineError::Backend(format!("cuda: {e}"))
@@ -132,30 +134,6 @@ impl CudaKvCache {
     }
 }
 
-/// Kernel variants (environment `CLEAVE_MLA_DECODE=v1|v2`, `CLEAVE_MOE_GEMM=v1|v2`,
-/// `CLEAVE_PREFILL_ATTN=absorbed|expanded`); both sides of each are checked by kernels-check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Variants {
-    pub mla_v2: bool,
-    pub gemm_v2: bool,
-    /// Prefill chunks of at least [`EXPAND_MIN_ROWS`] rows: expanded keys/values and cuBLAS
-    /// attention instead of the absorbed kernel.
-    pub expanded_prefill: bool,
-}
-
-pub const EXPAND_MIN_ROWS: usize = 64;
-
-impl Variants {
-    pub fn from_env() -> Self {
-        let is = |k: &str, v: &str| std::env::var(k).map(|x| x == v).unwrap_or(false);
-        Variants {
-            mla_v2: !is("CLEAVE_MLA_DECODE", "v1"),
-            gemm_v2: !is("CLEAVE_MOE_GEMM", "v1"),
-            expanded_prefill: !is("CLEAVE_PREFILL_ATTN", "absorbed"),
-        }
-    }
-}
-
 /// Numerics of a CUDA backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
@@ -200,6 +178,8 @@ pub struct CudaBackend {
     poison: Cell<bool>,
     /// When set, `moe_experts` records how many experts received tokens (synchronizes).
     expert_stats: RefCell<Option<Vec<usize>>>,
+    /// Where the workspace last had to allocate (the first 32 since the last take).
+    misses: RefCell<Vec<String>>,
 }
 
 impl CudaBackend {
@@ -209,15 +189,17 @@ impl CudaBackend {
     }
 
     pub fn with_precision(ordinal: usize, precision: Precision) -> Result<Self> {
+        let variants = Variants::from_env()?;
         Ok(CudaBackend {
             ws: Workspace::new(),
             gpu: Gpu::new(ordinal).map_err(kerr)?,
             precision,
-            variants: Cell::new(Variants::from_env()),
+            variants: Cell::new(variants),
             pinned: RefCell::new(None),
             uploads: RefCell::new(HashMap::new()),
             poison: Cell::new(false),
             expert_stats: RefCell::new(None),
+            misses: RefCell::new(Vec::new()),
         })
     }
 
@@ -313,14 +295,27 @@ impl CudaBackend {
         Ok((ids, w))
     }
 
+    /// The workspace's allocations since the last call (type, elements and call site; at most 32):
+    /// what made a step that should reuse buffers allocate.
+    pub fn take_workspace_misses(&self) -> Vec<String> {
+        std::mem::take(&mut self.misses.borrow_mut())
+    }
+
     /// A workspace buffer of at least `n` elements: an idle one of its size class, else a new
     /// one (when the device is out of memory, after freeing every idle buffer).
+    #[track_caller]
     fn buf<T: Elem>(&self, n: usize) -> Result<Buf<T>> {
         let class = class_bytes(n.max(1) * std::mem::size_of::<T>());
         if let Some(s) = self.ws.take::<T>(class) {
             return Ok(Buf::pooled(s, class, &self.ws));
         }
         let len = class / std::mem::size_of::<T>();
+        let mut misses = self.misses.borrow_mut();
+        if misses.len() < 32 {
+            let at = std::panic::Location::caller();
+            misses.push(format!("{} x{len} at {}:{}", std::any::type_name::<T>(), at.file(), at.line()));
+        }
+        drop(misses);
         let s = match self.gpu.alloc::<T>(len) {
             Ok(s) => s,
             Err(_) if self.ws.clear() > 0 => self.gpu.alloc::<T>(len).map_err(kerr)?,
@@ -330,6 +325,7 @@ impl CudaBackend {
     }
 
     /// `buf`, filled with NaN (all ones) first when poisoning (kernels-check).
+    #[track_caller]
     fn scratch<T: Elem>(&self, n: usize) -> Result<Buf<T>> {
         let b = self.buf::<T>(n)?;
         if self.poison.get() {
@@ -338,19 +334,23 @@ impl CudaBackend {
         Ok(b)
     }
 
+    #[track_caller]
     fn alloc_f32(&self, n: usize) -> Result<Buf<f32>> {
         self.scratch::<f32>(n)
     }
 
+    #[track_caller]
     fn alloc_u16(&self, n: usize) -> Result<Buf<u16>> {
         self.scratch::<u16>(n)
     }
 
+    #[track_caller]
     fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
         Ok(CudaTensor { buf: self.alloc_f32(rows * cols)?, bf16: None, rows, cols })
     }
 
     /// A tensor for a kernel that also writes its bf16 shadow: with one at `Precision::Bf16`.
+    #[track_caller]
     fn tensor_shadowed(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
         let mut t = self.tensor(rows, cols)?;
         if self.precision == Precision::Bf16 {
@@ -374,7 +374,10 @@ impl CudaBackend {
                 return Ok(ptr(buf));
             }
         }
-        let buf = self.buf::<u32>(data.len())?;
+        // Outside the workspace: a key keeps its buffer across steps, and one taken from the pool
+        // would make the next step's transient buffers of that class allocate again.
+        let len = class_bytes(data.len().max(1) * 4) / 4;
+        let buf = Buf::unpooled(self.gpu.alloc::<u32>(len).map_err(kerr)?);
         self.gpu.htod(data, ptr(&buf)).map_err(kerr)?;
         let p = ptr(&buf);
         up.insert(key, (data.to_vec(), buf));

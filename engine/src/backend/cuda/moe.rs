@@ -74,37 +74,18 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     // The input's bf16 shadow (an RMSNorm output) when it has one.
     let xb = be.bf16_in(x)?;
     let act = be.alloc_u16(a * i)?;
-    gpu.grouped_gemm(
-        be.variants().gemm_v2,
-        bm,
-        true,
-        xb.ptr(),
-        ptr(&sorted_tok),
-        ptr(&ex.gate_up),
-        ptr(&act),
-        ptr(&tiles),
-        ptr(&meta),
-        max_tiles,
-        2 * i,
-        h,
-    )
-    .map_err(kerr)?;
     let y = be.alloc_f32(a * h)?;
-    gpu.grouped_gemm(
-        be.variants().gemm_v2,
-        bm,
-        false,
-        ptr(&act),
-        0,
-        ptr(&ex.down),
-        ptr(&y),
-        ptr(&tiles),
-        ptr(&meta),
-        max_tiles,
-        h,
-        i,
-    )
-    .map_err(kerr)?;
+    let (tp, mp) = (ptr(&tiles), ptr(&meta));
+    let gemm = |silu: bool, x: u64, rowidx: u64, w: u64, y: u64, n: usize, k: usize| {
+        let v = be.variants();
+        match v.moe_persistent {
+            Some(cfg) if bm == 16 => gpu.grouped_gemm_persistent(cfg, silu, x, rowidx, w, y, tp, mp, max_tiles, n, k),
+            _ => gpu.grouped_gemm(v.gemm_v2, bm, silu, x, rowidx, w, y, tp, mp, max_tiles, n, k),
+        }
+        .map_err(kerr)
+    };
+    gemm(true, xb.ptr(), ptr(&sorted_tok), ptr(&ex.gate_up), ptr(&act), 2 * i, h)?;
+    gemm(false, ptr(&act), 0, ptr(&ex.down), ptr(&y), h, i)?;
     gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
     if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
         let (ids, _) = be.routing_to_host(r)?;

@@ -1,0 +1,95 @@
+//! Kernel variants: which of the checked implementations of an op the backend launches. Every
+//! side of each is checked against the CPU by kernels-check, so any can be the default.
+
+pub use cleave_kernels::ops::PersistentGemm;
+
+use crate::error::{EngineError, Result};
+
+/// Kernel variants, from the environment: `CLEAVE_MLA_DECODE=v1|v2` (default v2),
+/// `CLEAVE_MOE_GEMM=v1|v2|persistent[:BN/BK/STAGES/PREFETCH]` (default persistent with
+/// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variants {
+    pub mla_v2: bool,
+    pub gemm_v2: bool,
+    /// Decode-sized expert batches (row tiles of 16) through the persistent grouped GEMM in this
+    /// configuration instead of one block per (tile, 128 columns).
+    pub moe_persistent: Option<PersistentGemm>,
+    /// Prefill chunks of at least [`EXPAND_MIN_ROWS`] rows: expanded keys/values and cuBLAS
+    /// attention instead of the absorbed kernel.
+    pub expanded_prefill: bool,
+}
+
+pub const EXPAND_MIN_ROWS: usize = 64;
+
+/// The default persistent grouped-GEMM configuration: the fastest in `kernels-check --stages
+/// moe_tune` at the V2-Lite and V3 decode shapes of 16 and 64 tokens (82-98% of HBM bandwidth on
+/// an H200, kernels/bench/results/run6-tune.txt) and in whole V2-Lite decode steps.
+pub const DEFAULT_PERSISTENT: PersistentGemm = PersistentGemm { bn: 32, bk: 64, stages: 6, prefetch: 0 };
+
+impl Variants {
+    /// The first kernel versions (a fallback if the defaults regress).
+    pub const FIRST: Variants =
+        Variants { mla_v2: false, gemm_v2: false, moe_persistent: None, expanded_prefill: false };
+
+    pub fn from_env() -> Result<Self> {
+        let var = |k: &str| std::env::var(k).unwrap_or_default();
+        Self::parse(&var("CLEAVE_MLA_DECODE"), &var("CLEAVE_MOE_GEMM"), &var("CLEAVE_PREFILL_ATTN"))
+    }
+
+    /// The variants the three settings name (empty: the default); an unknown value is a
+    /// configuration error naming its variable.
+    pub fn parse(mla_decode: &str, moe_gemm: &str, prefill_attn: &str) -> Result<Self> {
+        let bad = |var: &str, v: &str, want: &str| EngineError::Config(format!("{var}: `{v}` is not one of {want}"));
+        let mla_v2 = match mla_decode {
+            "" | "v2" => true,
+            "v1" => false,
+            v => return Err(bad("CLEAVE_MLA_DECODE", v, "v1, v2")),
+        };
+        let (gemm_v2, moe_persistent) = match moe_gemm {
+            "" | "persistent" => (true, Some(DEFAULT_PERSISTENT)),
+            "v2" => (true, None),
+            "v1" => (false, None),
+            v => match v.strip_prefix("persistent:") {
+                Some(cfg) => {
+                    let cfg = cfg.parse().map_err(|e| EngineError::Config(format!("CLEAVE_MOE_GEMM: {e}")))?;
+                    (true, Some(cfg))
+                }
+                None => return Err(bad("CLEAVE_MOE_GEMM", v, "v1, v2, persistent, persistent:BN/BK/STAGES/PREFETCH")),
+            },
+        };
+        let expanded_prefill = match prefill_attn {
+            "" | "expanded" => true,
+            "absorbed" => false,
+            v => return Err(bad("CLEAVE_PREFILL_ATTN", v, "absorbed, expanded")),
+        };
+        Ok(Variants { mla_v2, gemm_v2, moe_persistent, expanded_prefill })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_and_bad_ones_name_their_variable() {
+        let def = Variants::parse("", "", "").unwrap();
+        assert_eq!(
+            def,
+            Variants { mla_v2: true, gemm_v2: true, moe_persistent: Some(DEFAULT_PERSISTENT), expanded_prefill: true }
+        );
+        assert_eq!(Variants::parse("v1", "v1", "absorbed").unwrap(), Variants::FIRST);
+        assert_eq!(Variants::parse("", "v2", "").unwrap().moe_persistent, None);
+        let custom = Variants::parse("", "persistent:16/64/4/2", "").unwrap();
+        assert_eq!(custom.moe_persistent, Some(PersistentGemm { bn: 16, bk: 64, stages: 4, prefetch: 2 }));
+        for (args, var) in [
+            (("v3", "", ""), "CLEAVE_MLA_DECODE"),
+            (("", "fast", ""), "CLEAVE_MOE_GEMM"),
+            (("", "persistent:128/64/4/0", ""), "CLEAVE_MOE_GEMM"),
+            (("", "", "flash"), "CLEAVE_PREFILL_ATTN"),
+        ] {
+            let e = Variants::parse(args.0, args.1, args.2).unwrap_err().to_string();
+            assert!(e.contains(var), "{e}");
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The persistent decode grouped GEMM (`Gpu::grouped_gemm_persistent`) in every compiled shape
+//! against gg16 v2 (`grouped_gemm(true, 16, ..)`, itself checked against the CPU in the experts
+//! stage) at DeepSeek decode shapes: relative error of each output against gg16 v2's, median time,
+//! and the HBM share of the weight bytes of the experts the tokens touched. Every shape runs with
+//! the default prefetch distance; the fastest one per case also with other distances. An odd shape
+//! (partial column blocks and k-tiles, several tiles per expert) checks the bounds.
+
+use anyhow::Result;
+use cleave_kernels::cudarc::driver::CudaSlice;
+use cleave_kernels::ops::PersistentGemm;
+use cleave_kernels::{ptr, Gpu};
+
+use super::ops::Ctx;
+use super::{rel_err, Ceiling, HBM_BYTES_PER_S};
+
+/// Prefetch distances also tried with the fastest shape of each case.
+const OTHER_PREFETCH: [usize; 3] = [0, 2, 8];
+
+impl Ctx<'_> {
+    pub fn moe_tune(&mut self) -> Result<()> {
+        let g = self.cu.gpu();
+        // (name, experts, hidden, moe_intermediate)
+        let shapes: &[(&str, usize, usize, usize)] = if self.quick {
+            &[("small", 8, 256, 128), ("odd", 8, 200, 72)]
+        } else {
+            &[("V2-Lite", 64, 2048, 1408), ("V3", 256, 7168, 2048), ("odd", 8, 200, 72)]
+        };
+        let top_k = 6;
+        let mut summary = Vec::new();
+        for &(shape_name, e, h, i) in shapes {
+            let batches: &[usize] = if self.quick || shape_name == "odd" { &[4, 64] } else { &[1, 16, 64] };
+            let gate_up = g.alloc::<u16>(e * 2 * i * h)?;
+            let down = g.alloc::<u16>(e * h * i)?;
+            g.fill_uniform_bf16(ptr(&gate_up), e * 2 * i * h, 7, -0.05, 0.05)?;
+            g.fill_uniform_bf16(ptr(&down), e * h * i, 8, -0.05, 0.05)?;
+            for &b in batches {
+                let a = b * top_k;
+                let mut ids = Vec::with_capacity(a);
+                for _ in 0..b {
+                    let mut all: Vec<u32> = (0..e as u32).collect();
+                    self.rng.shuffle(&mut all);
+                    ids.extend_from_slice(&all[..top_k]);
+                }
+                let id_buf = g.alloc::<u32>(a)?;
+                g.htod(&ids, ptr(&id_buf))?;
+                let max_tiles = Gpu::moe_max_tiles(a, e, 16);
+                let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
+                let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(1)?);
+                g.moe_align(ptr(&id_buf), a, top_k, e, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
+                let mut n_tiles = [0i32];
+                g.dtoh(ptr(&meta), &mut n_tiles)?;
+                let x = g.alloc::<u16>(b * h)?;
+                g.fill_uniform_bf16(ptr(&x), b * h, 9, -1.0, 1.0)?;
+                let act = g.alloc::<u16>(a * i)?;
+                g.fill_uniform_bf16(ptr(&act), a * i, 10, -1.0, 1.0)?;
+                let touched = {
+                    let mut u = ids.clone();
+                    u.sort_unstable();
+                    u.dedup();
+                    u.len()
+                };
+                // (op, silu, x, rowidx, w, n, k, output u16 words, weight bytes read)
+                let (s, guw, dnw) = (ptr(&sorted), ptr(&gate_up), ptr(&down));
+                let cases = [
+                    ("gate_up", true, ptr(&x), s, guw, 2 * i, h, a * i, touched * 2 * i * h * 2),
+                    ("down", false, ptr(&act), 0, dnw, h, i, a * h * 2, touched * h * i * 2),
+                ];
+                for (op, silu, xp, rowidx, wp, n, k, words, bytes) in cases {
+                    let out = g.alloc::<u16>(words)?;
+                    // bf16 outputs are compared through their bit patterns widened to f32.
+                    let read = |o: &CudaSlice<u16>| -> Result<Vec<f32>> {
+                        let mut v = vec![0u16; words];
+                        g.dtoh(ptr(o), &mut v)?;
+                        Ok(if silu {
+                            v.iter().map(|&x| f32::from_bits((x as u32) << 16)).collect()
+                        } else {
+                            v.chunks(2).map(|c| f32::from_bits(c[0] as u32 | (c[1] as u32) << 16)).collect()
+                        })
+                    };
+                    let (tp, mp, yp) = (ptr(&tiles), ptr(&meta), ptr(&out));
+                    let label = format!("{shape_name} {b} tok, {e}x{n}x{k}, {} tiles, {touched} experts", n_tiles[0]);
+                    g.memset(yp, 0xff, words * 2)?;
+                    g.grouped_gemm(true, 16, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k)?;
+                    let want = read(&out)?;
+                    let us = self.time(|| {
+                        g.grouped_gemm(true, 16, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k).map_err(kerr)
+                    })?;
+                    let base_err = if want.iter().all(|v| v.is_finite()) { 0.0 } else { f64::INFINITY };
+                    self.push(
+                        &format!("gg16 v2 {op}"),
+                        label.clone(),
+                        base_err,
+                        1e-2,
+                        us,
+                        bytes as f64,
+                        0.0,
+                        Ceiling::Mem,
+                    );
+                    let run = |ctx: &mut Self, cfg: PersistentGemm| -> Result<f64> {
+                        g.memset(yp, 0xff, words * 2)?;
+                        g.grouped_gemm_persistent(cfg, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k)?;
+                        let err = rel_err(&read(&out)?, &want);
+                        let us = ctx.time(|| {
+                            g.grouped_gemm_persistent(cfg, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k)
+                                .map_err(kerr)
+                        })?;
+                        let per_sm = g.persistent_blocks_per_sm(cfg, silu)?;
+                        let name = format!("ggp{}/{}/{} pf{} {op}", cfg.bn, cfg.bk, cfg.stages, cfg.prefetch);
+                        let shape = format!("{label}, {per_sm}/SM");
+                        ctx.push(&name, shape, err, 1e-2, us, bytes as f64, 0.0, Ceiling::Mem);
+                        Ok(if err <= 1e-2 { us } else { f64::INFINITY })
+                    };
+                    let mut best: Option<(f64, PersistentGemm)> = None;
+                    for cfg in PersistentGemm::compiled() {
+                        let t = run(self, cfg)?;
+                        if best.is_none_or(|(bt, _)| t < bt) {
+                            best = Some((t, cfg));
+                        }
+                    }
+                    let (mut best_us, mut best_cfg) = best.expect("compiled shapes");
+                    if best_us.is_finite() {
+                        let first = best_cfg;
+                        for prefetch in OTHER_PREFETCH.into_iter().filter(|&p| p != first.prefetch) {
+                            let cfg = PersistentGemm { prefetch, ..first };
+                            let t = run(self, cfg)?;
+                            if t < best_us {
+                                (best_us, best_cfg) = (t, cfg);
+                            }
+                        }
+                    }
+                    let hbm = |t: f64| 100.0 * bytes as f64 / (t * 1e-6) / HBM_BYTES_PER_S;
+                    summary.push(format!(
+                        "  {label} {op}: gg16 v2 {us:.1} us ({:.1}% HBM), best ggp{}/{}/{} pf{} {best_us:.1} us ({:.1}% HBM)",
+                        hbm(us),
+                        best_cfg.bn,
+                        best_cfg.bk,
+                        best_cfg.stages,
+                        best_cfg.prefetch,
+                        hbm(best_us)
+                    ));
+                }
+            }
+        }
+        println!("moe_tune: the fastest persistent grouped GEMM per case (shape BN/BK/stages, prefetch)");
+        summary.iter().for_each(|l| println!("{l}"));
+        Ok(())
+    }
+}
+
+fn kerr(e: cleave_kernels::KernelError) -> cleave_engine::EngineError {
+    cleave_engine::EngineError::Backend(format!("cuda: {e}"))
+}
