@@ -207,6 +207,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     for m in &g.modules {
         println!("  module {:<12} {} in {:.3} s", m.name, if m.cached { "from cache" } else { "compiled" }, m.seconds);
     }
+    let mla = cleave_kernels::ops::MlaLaunch {
+        rows: 1,
+        heads: 16,
+        kv_lora: 512,
+        rope: 64,
+        nope: 128,
+        layers: 1,
+        layer: 0,
+        block_size: 64,
+        scale: 1.0,
+        max_ctx: 1,
+    };
+    println!(
+        "  mla_decode2: {} blocks per SM with {} bytes of shared memory (DeepSeek latent width 576)",
+        g.mla_decode_blocks_per_sm(&mla)?,
+        mla.smem_bytes()
+    );
     let mut failed = 0;
     if !a.no_ops {
         cu.set_poison(true);

@@ -49,7 +49,15 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("cu/attention.cu"),
-        &["mla_decode", "mla_decode2", "mla_combine", "mla_ref_f32", "gather_latent", "mla_prefill_flash"],
+        &[
+            "mla_decode",
+            "mla_decode2",
+            "mla_decode2_dsv",
+            "mla_combine",
+            "mla_ref_f32",
+            "gather_latent",
+            "mla_prefill_flash",
+        ],
     ),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     (
@@ -199,9 +207,14 @@ impl Gpu {
             modules.push(m);
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
-        for f in ["mla_decode", "mla_decode2"] {
+        for f in ["mla_decode", "mla_decode2", "mla_decode2_dsv"] {
             funcs[f]
                 .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
+            // All of the unified L1/shared memory as shared, so that two blocks fit per SM.
+            funcs[f].set_attribute(
+                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
         }
         Ok(Gpu {
             ctx,

@@ -291,15 +291,21 @@ extern "C" __global__ void mla_ref_f32(const float* __restrict__ q, const float*
     }
 }
 
-// Version 2 of mla_decode, same contract. Differences: each warp loads whole latent rows (one
-// block-table lookup per key, no per-chunk division), Q staged with independent loads, scores
-// over two independent MMA chains, and the P.V operand fetched with ldmatrix.trans (two n-tiles
-// per instruction) instead of four 16-bit loads per fragment.
-extern "C" __global__ void __launch_bounds__(128) mla_decode2(
+// Version 2 of mla_decode, same contract. Differences: each warp loads whole latent rows (block
+// table lookups one tile ahead, one parallel load per tile), Q staged with independent loads,
+// scores over two independent MMA chains, and the P.V operand fetched with ldmatrix.trans (two
+// n-tiles per instruction) instead of four 16-bit loads per fragment. The kernel is bound by
+// instruction latency (2 warps per scheduler), so fewer instructions per key is what pays:
+// LC, RC, BSC > 0 fix the latent width, rope width and cache block size at compile time (the
+// DeepSeek shape: 512, 64, 64), which turns the per-key index arithmetic into shifts and unrolls
+// the score loop; 0 keeps the runtime arguments.
+template <int LC, int RC, int BSC>
+__device__ __forceinline__ void mla_decode2_t(
     const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers,
     int layer, int bs, int chunk, int splits, float scale) {
+    if (LC > 0) L = LC, R = RC, bs = BSC;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HB;
     const int W = L + R, Wp = (W + 15) & ~15, S = Wp + 8;
     const int KBUF = TT * S + 64;
@@ -321,38 +327,53 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode2(
     const u64 blk_stride = (u64)layers * bs * W;
     const int ntiles = t_end > t_begin ? (t_end - t_begin + TT - 1) / TT : 0;
     const int cpr = Wp / 8;
-    auto load_tile = [&](int buf, int tile) {
+    // Block-table lookups run one tile ahead of the copies that need them: lane i < KPW holds the
+    // page of key warp + i * NWARP of a tile (the keys this warp copies), issued as one parallel
+    // load per tile, so no copy waits on a dependent table read (cp.async's memory clobber would
+    // serialize them). No L2 prefetch: it measured slower (the copies queue behind it).
+    constexpr int KPW = TT / NWARP;
+    auto pages = [&](int tile) -> int {
+        const int pos = t_begin + tile * TT + warp + lane * NWARP;
+        return (lane < KPW && tile < ntiles && pos < t_end) ? __ldg(tab + pos / bs) : 0;
+    };
+    auto load_tile = [&](int buf, int tile, int pg) {
         bf16_t* dst = sK + buf * KBUF;
         const int t0 = t_begin + tile * TT;
-        for (int tok = warp; tok < TT; tok += NWARP) {
-            const int pos = t0 + tok;
+#pragma unroll
+        for (int i = 0; i < KPW; i++) {
+            const int tok = warp + i * NWARP, pos = t0 + tok;
+            const int page = __shfl_sync(0xffffffffu, pg, i);
             const bool ok = pos < t_end;
-            const bf16_t* src = cache;
-            if (ok) src = cache + (u64)tab[pos / bs] * blk_stride + ((u64)layer * bs + pos % bs) * W;
+            const bf16_t* src = ok ? cache + (u64)page * blk_stride + ((u64)layer * bs + pos % bs) * W : cache;
+#pragma unroll
             for (int c = lane; c < cpr; c += 32) {
                 const bool in = ok && c * 8 < W;
                 cp_async16(dst + tok * S + c * 8, in ? src + c * 8 : cache, in ? 16 : 0);
             }
-            // Pull the same key two tiles ahead into L2 (128-byte lines), so that each tile's
-            // copy waits on L2 rather than on HBM.
-            const int pf = pos + 2 * TT;
-            if (pf < t_end && lane * 64 < W) {
-                prefetch_l2(cache + (u64)tab[pf / bs] * blk_stride + ((u64)layer * bs + pf % bs) * W + lane * 64);
-            }
         }
     };
-    if (ntiles > 0) load_tile(0, 0);
+    int pg = pages(0);
+    if (ntiles > 0) load_tile(0, 0, pg);
     cp_async_commit();
-    // Q: 16 heads x Wp columns, rows of independent loads.
-    for (int h = warp; h < HB; h += NWARP) {
-        const bool hv = h0 + h < heads;
-        const float* ql = q_lat + ((u64)row * heads + h0 + h) * L;
-        const float* qr = q + (u64)row * heads * qk + (u64)(h0 + h) * qk + nope;
-#pragma unroll 4
-        for (int c = lane; c < Wp; c += 32) {
-            float v = 0.f;
-            if (hv) v = c < L ? ql[c] : (c < W ? qr[c - L] : 0.f);
-            sQ[h * S + c] = f2bf(v);
+    pg = pages(1);
+    // Q: 16 heads x Wp columns of bf16, 16 independent loads per thread in flight.
+    for (int i0 = 0; i0 < HB * Wp; i0 += 16 * 128) {
+        float v[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            const int i = i0 + u * 128 + tid, h = i / Wp, c = i % Wp;
+            v[u] = 0.f;
+            if (i < HB * Wp && h0 + h < heads) {
+                if (c < L)
+                    v[u] = __ldg(q_lat + ((u64)row * heads + h0 + h) * L + c);
+                else if (c < W)
+                    v[u] = __ldg(q + (u64)row * heads * qk + (u64)(h0 + h) * qk + nope + c - L);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            const int i = i0 + u * 128 + tid;
+            if (i < HB * Wp) sQ[(i / Wp) * S + i % Wp] = f2bf(v[u]);
         }
     }
     if (tid < HB) {
@@ -367,8 +388,9 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode2(
     __syncthreads();
 
     for (int it = 0; it < ntiles; it++) {
-        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1);
+        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1, pg);
         cp_async_commit();
+        pg = pages(it + 2);
         cp_async_wait<1>();
         __syncthreads();
         const bf16_t* kb = sK + (it & 1) * KBUF;
@@ -401,10 +423,10 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode2(
             const float s = sS[h * TT + lane];
             const float m_old = sM[h];
             const float m_new = fmaxf(m_old, warp_max(s));
-            const float p = (m_new == NEG_INF) ? 0.f : expf(s - m_new);
+            const float p = (m_new == NEG_INF) ? 0.f : __expf(s - m_new);
             const float sum = warp_sum(p);
             if (lane == 0) {
-                const float sc = (m_new == NEG_INF) ? 1.f : expf(m_old - m_new);
+                const float sc = (m_new == NEG_INF) ? 1.f : __expf(m_old - m_new);
                 sSc[h] = sc;
                 sL[h] = sL[h] * sc + sum;
                 sM[h] = m_new;
@@ -471,6 +493,11 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode2(
         part_ml[(pbase + h0 + tid) * 2 + 1] = sL[tid];
     }
 }
+
+#define MLA2_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers, int layer, int bs, int chunk, int splits, float scale
+#define MLA2_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, L, R, nope, qk, layers, layer, bs, chunk, splits, scale
+extern "C" __global__ void __launch_bounds__(128) mla_decode2(MLA2_ARGS) { mla_decode2_t<0, 0, 0>(MLA2_PASS); }
+extern "C" __global__ void __launch_bounds__(128) mla_decode2_dsv(MLA2_ARGS) { mla_decode2_t<512, 64, 64>(MLA2_PASS); }
 
 // Expanded prefill: the sequence's latent rows, gathered from the paged cache into [ctx, W].
 extern "C" __global__ void gather_latent(const bf16_t* cache, const int* tab, bf16_t* out, int ctx, int layers, int layer, int bs, int W) {

@@ -24,6 +24,12 @@ impl Gpu {
         Ok(())
     }
 
+    /// Resident `mla_decode2_dsv` blocks per SM at launch `p`'s shared memory.
+    pub fn mla_decode_blocks_per_sm(&self, p: &MlaLaunch) -> Result<usize> {
+        let f = self.func("mla_decode2_dsv")?;
+        Ok(f.occupancy_max_active_blocks_per_multiprocessor(128, p.smem_bytes(), None)? as usize)
+    }
+
     /// Partial attention of every row over its visible keys; see attention.cu.
     #[allow(clippy::too_many_arguments)]
     pub fn mla_decode(
@@ -49,7 +55,11 @@ impl Gpu {
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(MLA_HEADS_PER_BLOCK);
         self.launch(
-            if v2 { "mla_decode2" } else { "mla_decode" },
+            match (v2, p.kv_lora, p.rope, p.block_size) {
+                (true, 512, 64, 64) => "mla_decode2_dsv",
+                (true, ..) => "mla_decode2",
+                _ => "mla_decode",
+            },
             (p.rows as u32, splits as u32, hg as u32),
             128,
             smem as u32,
