@@ -220,7 +220,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_ctx: 1,
     };
     println!(
-        "  mla_decode2: {} blocks per SM with {} bytes of shared memory (DeepSeek latent width 576)",
+        "  {}: {} blocks per SM with {} bytes of shared memory (DeepSeek latent width 576)",
+        mla.decode_kernel(true),
         g.mla_decode_blocks_per_sm(&mla)?,
         mla.smem_bytes()
     );

@@ -208,13 +208,10 @@ impl Gpu {
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
         for f in ["mla_decode", "mla_decode2", "mla_decode2_dsv"] {
-            funcs[f]
-                .set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
+            let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
+            f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
             // All of the unified L1/shared memory as shared, so that two blocks fit per SM.
-            funcs[f].set_attribute(
-                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )?;
+            f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
         }
         Ok(Gpu {
             ctx,
@@ -435,6 +432,15 @@ mod tests {
         for (name, src, fns) in MODULES {
             for f in *fns {
                 assert!(src.contains(&format!(" {f}(")), "{name}.cu lacks kernel {f}");
+            }
+            // And every kernel the source defines is listed (loaded), the other way round.
+            for part in src.split("extern \"C\" __global__ void ").skip(1) {
+                let part = match part.strip_prefix("__launch_bounds__(") {
+                    Some(rest) => rest.split_once(") ").expect("launch bounds").1,
+                    None => part,
+                };
+                let kernel = part.split('(').next().expect("kernel name").trim();
+                assert!(fns.contains(&kernel), "{name}.cu defines {kernel}, which MODULES does not list");
             }
         }
     }

@@ -24,9 +24,9 @@ impl Gpu {
         Ok(())
     }
 
-    /// Resident `mla_decode2_dsv` blocks per SM at launch `p`'s shared memory.
+    /// Resident blocks per SM of launch `p`'s v2 decode kernel.
     pub fn mla_decode_blocks_per_sm(&self, p: &MlaLaunch) -> Result<usize> {
-        let f = self.func("mla_decode2_dsv")?;
+        let f = self.func(p.decode_kernel(true))?;
         Ok(f.occupancy_max_active_blocks_per_multiprocessor(128, p.smem_bytes(), None)? as usize)
     }
 
@@ -55,11 +55,7 @@ impl Gpu {
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(MLA_HEADS_PER_BLOCK);
         self.launch(
-            match (v2, p.kv_lora, p.rope, p.block_size) {
-                (true, 512, 64, 64) => "mla_decode2_dsv",
-                (true, ..) => "mla_decode2",
-                _ => "mla_decode",
-            },
+            p.decode_kernel(v2),
             (p.rows as u32, splits as u32, hg as u32),
             128,
             smem as u32,

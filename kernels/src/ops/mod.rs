@@ -52,6 +52,17 @@ impl MlaLaunch {
         hb * s * 2 + 2 * (tt * s + 64) * 2 + hb * tt * 4 + hb * (tt + 8) * 2 + 3 * hb * 4
     }
 
+    /// The decode kernel for these dimensions (128 threads per block, [`Self::smem_bytes`] of
+    /// dynamic shared memory): v2 has a version compiled for the DeepSeek shape (latent 512,
+    /// rope 64, cache block 64).
+    pub fn decode_kernel(&self, v2: bool) -> &'static str {
+        match (v2, self.kv_lora, self.rope, self.block_size) {
+            (true, 512, 64, 64) => "mla_decode2_dsv",
+            (true, ..) => "mla_decode2",
+            _ => "mla_decode",
+        }
+    }
+
     /// (splits, keys per split): enough blocks to fill the GPU, each split a whole number of tiles.
     pub fn splits(&self, sm_count: usize) -> (usize, usize) {
         let tiles = self.max_ctx.div_ceil(MLA_TILE).max(1);
