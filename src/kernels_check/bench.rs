@@ -156,6 +156,16 @@ pub fn run(
         let misses = cu.take_workspace_misses();
         let bare_in = StepInput { sample_rows: Vec::new(), ..input.clone() };
         let bare = time(&bare_in, &mut cache, 10)?;
+        // Host time to enqueue a forward pass (no sampling, so nothing in it waits for the GPU):
+        // close to the step time means the step is launch-bound.
+        let mut enq = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            model.forward(cu, &mut cache, &bare_in)?;
+            enq.push(t.elapsed().as_secs_f64());
+            cu.sync()?;
+        }
+        let enqueue = median(enq);
         // The same step on the first kernel versions (a fallback if the defaults regress).
         let def = cu.variants();
         cu.set_variants(Variants::FIRST);
@@ -196,6 +206,7 @@ pub fn run(
             let pct = 100.0 * bytes_full / t / HBM_BYTES_PER_S;
             println!("{:>6} fastest: {} at {:.3} ms ({pct:.1}% of HBM)", "", show(*c), t * 1e3);
         }
+        println!("{:>6} host time to enqueue the forward pass: {:.3} ms (of {:.3} ms)", "", enqueue * 1e3, bare * 1e3);
         if allocs == 0 {
             println!("{:>6} allocations per decode step: 0", "");
         } else {
