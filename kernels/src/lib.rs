@@ -49,16 +49,9 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("cu/attention.cu"),
-        &[
-            "mla_decode",
-            "mla_decode2",
-            "mla_decode2_dsv",
-            "mla_combine",
-            "mla_ref_f32",
-            "gather_latent",
-            "mla_prefill_flash",
-        ],
+        &["mla_decode", "mla_decode2", "mla_decode2_dsv", "mla_combine", "mla_ref_f32"],
     ),
+    ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash"]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     (
         "moe",

@@ -1,5 +1,5 @@
 //! The persistent decode grouped GEMM (`Gpu::grouped_gemm_persistent`) in every compiled shape
-//! against gg16 v2 (`grouped_gemm(true, 16, ..)`, itself checked against the CPU in the experts
+//! against gg16 v2 (`GemmKernel::Tiled { v2: true, bm: 16 }`, itself checked against the CPU in the experts
 //! stage) at DeepSeek decode shapes: relative error of each output against gg16 v2's, median time,
 //! and the HBM share of the weight bytes of the experts the tokens touched. Every shape runs with
 //! the default prefetch distance; the fastest one per case also with other distances. An odd shape
@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 use cleave_kernels::cudarc::driver::CudaSlice;
-use cleave_kernels::ops::PersistentGemm;
+use cleave_kernels::ops::{GemmKernel, GroupedGemm, PersistentGemm};
 use cleave_kernels::{ptr, Gpu};
 
 use super::ops::Ctx;
@@ -77,14 +77,25 @@ impl Ctx<'_> {
                             v.chunks(2).map(|c| f32::from_bits(c[0] as u32 | (c[1] as u32) << 16)).collect()
                         })
                     };
-                    let (tp, mp, yp) = (ptr(&tiles), ptr(&meta), ptr(&out));
+                    let yp = ptr(&out);
+                    let gg = GroupedGemm {
+                        silu,
+                        x: xp,
+                        rowidx,
+                        w: wp,
+                        y: yp,
+                        tiles: ptr(&tiles),
+                        meta: ptr(&meta),
+                        max_tiles,
+                        n,
+                        k,
+                    };
+                    let gg16 = GemmKernel::Tiled { v2: true, bm: 16 };
                     let label = format!("{shape_name} {b} tok, {e}x{n}x{k}, {} tiles, {touched} experts", n_tiles[0]);
                     g.memset(yp, 0xff, words * 2)?;
-                    g.grouped_gemm(true, 16, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k)?;
+                    g.grouped_gemm(gg16, &gg)?;
                     let want = read(&out)?;
-                    let us = self.time(|| {
-                        g.grouped_gemm(true, 16, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k).map_err(kerr)
-                    })?;
+                    let us = self.time(|| g.grouped_gemm(gg16, &gg).map_err(kerr))?;
                     let base_err = if want.iter().all(|v| v.is_finite()) { 0.0 } else { f64::INFINITY };
                     self.push(
                         &format!("gg16 v2 {op}"),
@@ -98,12 +109,9 @@ impl Ctx<'_> {
                     );
                     let run = |ctx: &mut Self, cfg: PersistentGemm| -> Result<f64> {
                         g.memset(yp, 0xff, words * 2)?;
-                        g.grouped_gemm_persistent(cfg, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k)?;
+                        g.grouped_gemm(GemmKernel::Persistent(cfg), &gg)?;
                         let err = rel_err(&read(&out)?, &want);
-                        let us = ctx.time(|| {
-                            g.grouped_gemm_persistent(cfg, silu, xp, rowidx, wp, yp, tp, mp, max_tiles, n, k)
-                                .map_err(kerr)
-                        })?;
+                        let us = ctx.time(|| g.grouped_gemm(GemmKernel::Persistent(cfg), &gg).map_err(kerr))?;
                         let per_sm = g.persistent_blocks_per_sm(cfg, silu)?;
                         let name = format!("ggp{}/{}/{} pf{} {op}", cfg.bn, cfg.bk, cfg.stages, cfg.prefetch);
                         let shape = format!("{label}, {per_sm}/SM");

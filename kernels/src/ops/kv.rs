@@ -6,38 +6,6 @@ use crate::{Arg, Gpu, Result};
 use Arg::{Ptr, I32, U64};
 
 impl Gpu {
-    /// Writes `n` latent rows `width` wide into their cache slots (bf16 cache).
-    #[allow(clippy::too_many_arguments)]
-    pub fn write_kv(
-        &self,
-        latent: u64,
-        slots: u64,
-        cache: u64,
-        n: usize,
-        width: usize,
-        layers: usize,
-        layer: usize,
-        bs: usize,
-    ) -> Result<()> {
-        self.write_kv_as("write_kv_bf16", latent, slots, cache, n, width, layers, layer, bs)
-    }
-
-    /// [`Gpu::write_kv`] for the f32 reference-precision cache.
-    #[allow(clippy::too_many_arguments)]
-    pub fn write_kv_f32(
-        &self,
-        latent: u64,
-        slots: u64,
-        cache: u64,
-        n: usize,
-        width: usize,
-        layers: usize,
-        layer: usize,
-        bs: usize,
-    ) -> Result<()> {
-        self.write_kv_as("write_kv_f32", latent, slots, cache, n, width, layers, layer, bs)
-    }
-
     pub fn kv_export(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
         self.kv_blocks("kv_export_f32", cache, blocks, out, nb, per_block)
     }
@@ -54,10 +22,12 @@ impl Gpu {
         self.kv_blocks("kv_scatter_f32", input, blocks, cache, nb, per_block)
     }
 
+    /// Writes `n` latent rows `width` wide into their cache slots, of a bf16 cache or (`f32_cache`)
+    /// the f32 reference-precision one.
     #[allow(clippy::too_many_arguments)]
-    fn write_kv_as(
+    pub fn write_kv(
         &self,
-        name: &'static str,
+        f32_cache: bool,
         latent: u64,
         slots: u64,
         cache: u64,
@@ -68,7 +38,7 @@ impl Gpu {
         bs: usize,
     ) -> Result<()> {
         self.launch_flat(
-            name,
+            if f32_cache { "write_kv_f32" } else { "write_kv_bf16" },
             n * width,
             &[
                 Ptr(latent),

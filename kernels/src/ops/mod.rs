@@ -7,7 +7,7 @@ mod attention;
 mod elementwise;
 mod kv;
 mod moe;
-pub use moe::PersistentGemm;
+pub use moe::{GemmKernel, GroupedGemm, PersistentGemm};
 mod sample;
 pub use sample::{SampleLaunch, SAMPLE_PARAM_WORDS};
 

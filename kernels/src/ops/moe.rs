@@ -31,6 +31,33 @@ thread_local! {
     static GGP_OCCUPANCY: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
 }
 
+/// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
+/// rs..rs+rc) of `tiles`/`meta` (from `moe_align`), Y[rs + r, :n] = X[row(rs + r), :k] W[e]^T with
+/// row(p) = rowidx[p] (or p when `rowidx` is 0). `silu` takes interleaved gate/up columns and
+/// writes bf16 `[*, n/2]` = silu(gate) * up, else f32 `[*, n]`.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupedGemm {
+    pub silu: bool,
+    pub x: u64,
+    pub rowidx: u64,
+    pub w: u64,
+    pub y: u64,
+    pub tiles: u64,
+    pub meta: u64,
+    pub max_tiles: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// Which grouped-GEMM kernel runs: one block per (tile of `bm` rows, 128 columns), v1 or v2, or
+/// the persistent decode kernel (`gg_persistent` in moe.cu: one wave of resident blocks, each
+/// streaming a balanced range of (16-row tile, `bn` columns) items through one cp.async pipeline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmKernel {
+    Tiled { v2: bool, bm: usize },
+    Persistent(PersistentGemm),
+}
+
 /// A persistent decode grouped-GEMM configuration: columns per work item, k-tile width, pipeline
 /// stages (together one compiled kernel) and the L2 prefetch distance in k-tiles (0: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,46 +190,42 @@ impl Gpu {
         )
     }
 
-    /// Grouped GEMM over expert row tiles (see moe.cu). `bm` 16 or 64; `silu` fuses the
-    /// interleaved gate/up activation and writes bf16 `[*, n/2]`, else f32 `[*, n]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm(
-        &self,
-        v2: bool,
-        bm: usize,
-        silu: bool,
-        x: u64,
-        rowidx: u64,
-        w: u64,
-        y: u64,
-        tiles: u64,
-        meta: u64,
-        max_tiles: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<()> {
-        if k % 8 != 0 {
-            return Err(KernelError::Invalid(format!("grouped GEMM needs K divisible by 8 (got {k})")));
+    /// Grouped GEMM over expert row tiles (see moe.cu) with `kernel`. Both kernels take the same
+    /// operands; the tiled ones read tiles from `moe_align` with their `bm`, the persistent one
+    /// with BM 16.
+    pub fn grouped_gemm(&self, kernel: GemmKernel, g: &GroupedGemm) -> Result<()> {
+        let (n, k) = (g.n, g.k);
+        if k % 8 != 0 || (g.silu && n % 2 != 0) || n > i32::MAX as usize || k > i32::MAX as usize {
+            return Err(KernelError::Invalid(format!(
+                "grouped GEMM needs K divisible by 8 and, with SiLU, an even N (got N {n}, K {k})"
+            )));
         }
-        let name = match (bm, silu, v2) {
-            (16, false, false) => "gg16_f32",
-            (16, true, false) => "gg16_silu",
-            (64, false, false) => "gg64_f32",
-            (64, true, false) => "gg64_silu",
-            (16, false, true) => "gg16_f32_v2",
-            (16, true, true) => "gg16_silu_v2",
-            (64, false, true) => "gg64_f32_v2",
-            (64, true, true) => "gg64_silu_v2",
-            _ => return Err(KernelError::Invalid(format!("grouped GEMM row tile {bm}"))),
-        };
-        let gx = n.div_ceil(GG_BN) as u32;
-        self.launch(
-            name,
-            (gx, max_tiles as u32, 1),
-            128,
-            0,
-            &[Ptr(x), Ptr(rowidx), Ptr(w), Ptr(y), Ptr(tiles), Ptr(meta), I32(n as i32), I32(k as i32)],
-        )
+        let args =
+            [Ptr(g.x), Ptr(g.rowidx), Ptr(g.w), Ptr(g.y), Ptr(g.tiles), Ptr(g.meta), I32(n as i32), I32(k as i32)];
+        match kernel {
+            GemmKernel::Tiled { v2, bm } => {
+                let name = match (bm, g.silu, v2) {
+                    (16, false, false) => "gg16_f32",
+                    (16, true, false) => "gg16_silu",
+                    (64, false, false) => "gg64_f32",
+                    (64, true, false) => "gg64_silu",
+                    (16, false, true) => "gg16_f32_v2",
+                    (16, true, true) => "gg16_silu_v2",
+                    (64, false, true) => "gg64_f32_v2",
+                    (64, true, true) => "gg64_silu_v2",
+                    _ => return Err(KernelError::Invalid(format!("grouped GEMM row tile {bm}"))),
+                };
+                self.launch(name, (n.div_ceil(GG_BN) as u32, g.max_tiles as u32, 1), 128, 0, &args)
+            }
+            GemmKernel::Persistent(cfg) => {
+                // One wave of resident blocks, no more than there are work items.
+                let items = g.max_tiles * n.div_ceil(cfg.bn);
+                let blocks = (self.persistent_blocks_per_sm(cfg, g.silu)? * self.sm_count).min(items);
+                let mut all = args.to_vec();
+                all.push(I32(cfg.prefetch.min(1 << 20) as i32));
+                self.launch(Self::persistent_kernel(cfg, g.silu)?, (blocks as u32, 1, 1), 128, 0, &all)
+            }
+        }
     }
 
     fn persistent_kernel(cfg: PersistentGemm, silu: bool) -> Result<&'static str> {
@@ -226,53 +249,6 @@ impl Gpu {
         let b = (f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)? as usize).max(1);
         GGP_OCCUPANCY.with(|c| c.borrow_mut().insert(key, b));
         Ok(b)
-    }
-
-    /// Persistent decode grouped GEMM (`gg_persistent` in moe.cu): the same arguments and outputs
-    /// as [`Gpu::grouped_gemm`] with `bm` 16 (tiles from `moe_align` with BM 16). One wave of
-    /// resident blocks (no more than there are work items), each streaming a balanced range of
-    /// (row tile, `cfg.bn` columns) items through one cp.async pipeline. `cfg` is one of
-    /// [`PersistentGemm::compiled`], with any prefetch distance.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grouped_gemm_persistent(
-        &self,
-        cfg: PersistentGemm,
-        silu: bool,
-        x: u64,
-        rowidx: u64,
-        w: u64,
-        y: u64,
-        tiles: u64,
-        meta: u64,
-        max_tiles: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<()> {
-        if k % 8 != 0 || (silu && n % 2 != 0) || n > i32::MAX as usize || k > i32::MAX as usize {
-            return Err(KernelError::Invalid(format!(
-                "persistent grouped GEMM needs K divisible by 8 and, with SiLU, an even N (got N {n}, K {k})"
-            )));
-        }
-        let name = Self::persistent_kernel(cfg, silu)?;
-        let items = max_tiles * n.div_ceil(cfg.bn);
-        let blocks = (self.persistent_blocks_per_sm(cfg, silu)? * self.sm_count).min(items);
-        self.launch(
-            name,
-            (blocks as u32, 1, 1),
-            128,
-            0,
-            &[
-                Ptr(x),
-                Ptr(rowidx),
-                Ptr(w),
-                Ptr(y),
-                Ptr(tiles),
-                Ptr(meta),
-                I32(n as i32),
-                I32(k as i32),
-                I32(cfg.prefetch.min(1 << 20) as i32),
-            ],
-        )
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -2,6 +2,7 @@
 //! the expert row tiles that received tokens (gate/up with SiLU-mul fused, then down) and a
 //! weighted combine. No host synchronization: tile counts stay on the device.
 
+use cleave_kernels::ops::{GemmKernel, GroupedGemm};
 use cleave_kernels::{ptr, Gpu};
 
 use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor};
@@ -75,17 +76,28 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let xb = be.bf16_in(x)?;
     let act = be.alloc_u16(a * i)?;
     let y = be.alloc_f32(a * h)?;
-    let (tp, mp) = (ptr(&tiles), ptr(&meta));
-    let gemm = |silu: bool, x: u64, rowidx: u64, w: u64, y: u64, n: usize, k: usize| {
-        let v = be.variants();
-        match v.moe_persistent {
-            Some(cfg) if bm == 16 => gpu.grouped_gemm_persistent(cfg, silu, x, rowidx, w, y, tp, mp, max_tiles, n, k),
-            _ => gpu.grouped_gemm(v.gemm_v2, bm, silu, x, rowidx, w, y, tp, mp, max_tiles, n, k),
-        }
-        .map_err(kerr)
+    let v = be.variants();
+    let kernel = match v.moe_persistent {
+        Some(cfg) if bm == 16 => GemmKernel::Persistent(cfg),
+        _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },
     };
-    gemm(true, xb.ptr(), ptr(&sorted_tok), ptr(&ex.gate_up), ptr(&act), 2 * i, h)?;
-    gemm(false, ptr(&act), 0, ptr(&ex.down), ptr(&y), h, i)?;
+    let (tiles, meta) = (ptr(&tiles), ptr(&meta));
+    let gate_up = GroupedGemm {
+        silu: true,
+        x: xb.ptr(),
+        rowidx: ptr(&sorted_tok),
+        w: ptr(&ex.gate_up),
+        y: ptr(&act),
+        tiles,
+        meta,
+        max_tiles,
+        n: 2 * i,
+        k: h,
+    };
+    gpu.grouped_gemm(kernel, &gate_up).map_err(kerr)?;
+    let down =
+        GroupedGemm { silu: false, x: ptr(&act), rowidx: 0, w: ptr(&ex.down), y: ptr(&y), n: h, k: i, ..gate_up };
+    gpu.grouped_gemm(kernel, &down).map_err(kerr)?;
     gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
     if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
         let (ids, _) = be.routing_to_host(r)?;
