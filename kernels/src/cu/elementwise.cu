@@ -11,31 +11,45 @@ extern "C" __global__ void embedding_f32(const float* table, const u32* ids, flo
 
 // One block per row. With `res` non-null: res += x, then y = rmsnorm(res). RMSNorm covers the
 // first `wc` columns; later columns are copied through. With `yb` non-null, also writes y as bf16
-// (the next GEMM's operand, the same rounding as cast_f32_bf16) in the same pass.
-extern "C" __global__ void rms_norm_f32(const float* x, float* res, const float* w, float* y, bf16_t* yb, int cols, int wc,
-                                        float eps) {
-    const int r = blockIdx.x;
+// (the next GEMM's operand, the same rounding as cast_f32_bf16) in the same pass. The row stays in
+// registers (at most RMS_PER_THREAD values per thread, cols <= RMS_PER_THREAD * blockDim.x): all
+// loads are issued before the reduction, nothing is read twice. x, res and y must not overlap.
+#define RMS_PER_THREAD 16
+extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __restrict__ res, const float* __restrict__ w,
+                                        float* __restrict__ y, bf16_t* __restrict__ yb, int cols, int wc, float eps) {
+    const int r = blockIdx.x, nt = blockDim.x;
     const float* xr = x + (u64)r * cols;
     float* yr = y + (u64)r * cols;
     float* rr = res ? res + (u64)r * cols : 0;
     bf16_t* br = yb ? yb + (u64)r * cols : 0;
+    float v[RMS_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < RMS_PER_THREAD; i++) {
+        const int c = threadIdx.x + i * nt;
+        v[i] = c < cols ? xr[c] + (rr ? rr[c] : 0.f) : 0.f;
+    }
     float ss = 0.f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = xr[c];
-        if (rr) {
-            v += rr[c];
-            rr[c] = v;
+#pragma unroll
+    for (int i = 0; i < RMS_PER_THREAD; i++) {
+        const int c = threadIdx.x + i * nt;
+        if (c >= cols) continue;
+        if (rr) rr[c] = v[i];
+        if (c < wc) {
+            ss += v[i] * v[i];
+        } else {
+            yr[c] = v[i];
+            if (br) br[c] = f2bf(v[i]);
         }
-        if (c < wc) ss += v * v;
-        else if (br) br[c] = f2bf(v);
-        yr[c] = v;
     }
     ss = block_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)wc + eps);
-    for (int c = threadIdx.x; c < wc; c += blockDim.x) {
-        const float v = yr[c] * inv * w[c];
-        yr[c] = v;
-        if (br) br[c] = f2bf(v);
+#pragma unroll
+    for (int i = 0; i < RMS_PER_THREAD; i++) {
+        const int c = threadIdx.x + i * nt;
+        if (c >= wc) continue;
+        const float o = v[i] * inv * w[c];
+        yr[c] = o;
+        if (br) br[c] = f2bf(o);
     }
 }
 

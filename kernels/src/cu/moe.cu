@@ -334,14 +334,35 @@ extern "C" __global__ void __launch_bounds__(128) gg16_silu_v2(GG_ARGS) { groupe
 extern "C" __global__ void __launch_bounds__(128) gg64_f32_v2(GG_ARGS) { grouped_gemm<64, 2, 2, 0, 3, true>(GG_PASS); }
 extern "C" __global__ void __launch_bounds__(128) gg64_silu_v2(GG_ARGS) { grouped_gemm<64, 2, 2, 1, 3, true>(GG_PASS); }
 
-// out[t] = sum_j w[t, j] * Y[inv[t * top_k + j]].
-extern "C" __global__ void moe_combine(const float* Y, const int* inv, const float* wts, float* out, int n, int top_k, int H) {
-    const int t = blockIdx.x;
-    if (t >= n) return;
-    for (int c = threadIdx.x; c < H; c += blockDim.x) {
-        float s = 0.f;
-        for (int j = 0; j < top_k; j++) s += wts[(u64)t * top_k + j] * Y[(u64)inv[(u64)t * top_k + j] * H + c];
-        out[(u64)t * H + c] = s;
+// out[t] = sum_j wts[t, j] * Y[inv[t, j]]: the weighted sum of token t's expert outputs. Grid
+// (ceil(H / 4 / blockDim), n): each thread owns 4 columns of one token, the top_k rows' loads
+// independent of each other (float4 when H % 4 == 0).
+extern "C" __global__ void moe_combine(const float* __restrict__ Y, const int* __restrict__ inv,
+                                       const float* __restrict__ wts, float* __restrict__ out, int n, int top_k, int H) {
+    const int t = blockIdx.y, c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (t >= n || c >= H) return;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    const bool vec = (H & 3) == 0;
+#pragma unroll 8
+    for (int j = 0; j < top_k; j++) {
+        const float wj = wts[(u64)t * top_k + j];
+        const float* y = Y + (u64)inv[(u64)t * top_k + j] * H + c;
+        if (vec) {
+            const float4 v = *reinterpret_cast<const float4*>(y);
+            s[0] += wj * v.x, s[1] += wj * v.y, s[2] += wj * v.z, s[3] += wj * v.w;
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (c + q < H) s[q] += wj * y[q];
+        }
+    }
+    float* o = out + (u64)t * H + c;
+    if (vec) {
+        *reinterpret_cast<float4*>(o) = make_float4(s[0], s[1], s[2], s[3]);
+    } else {
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (c + q < H) o[q] = s[q];
     }
 }
 

@@ -1,7 +1,7 @@
 //! Row-wise and element-wise launchers: embedding, RMSNorm, SiLU, RoPE, casts, weight conversion.
 
 use super::SrcDtype;
-use crate::{Arg, Gpu, Result};
+use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32, U64};
 
@@ -25,7 +25,11 @@ impl Gpu {
         wc: usize,
         eps: f32,
     ) -> Result<()> {
-        let block = if cols > 4096 { 512 } else { 256 };
+        // The kernel keeps a row in registers, RMS_PER_THREAD (16) values per thread.
+        if cols > 16 * 1024 || wc > cols || wc == 0 {
+            return Err(KernelError::Invalid(format!("rms_norm: {cols} columns, {wc} normalized (at most 16384)")));
+        }
+        let block = (cols.div_ceil(16).div_ceil(32) * 32).max(256) as u32;
         self.launch_rows(
             "rms_norm_f32",
             rows,

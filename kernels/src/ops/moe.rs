@@ -253,10 +253,14 @@ impl Gpu {
 
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine(&self, y: u64, inv: u64, wts: u64, out: u64, n: usize, top_k: usize, h: usize) -> Result<()> {
-        self.launch_rows(
+        if n == 0 {
+            return Ok(());
+        }
+        self.launch(
             "moe_combine",
-            n,
-            256,
+            (h.div_ceil(4 * 128) as u32, n as u32, 1),
+            128,
+            0,
             &[Ptr(y), Ptr(inv), Ptr(wts), Ptr(out), I32(n as i32), I32(top_k as i32), I32(h as i32)],
         )
     }
