@@ -24,7 +24,7 @@ grep -E 'ready at|error|Error|rank loaded|communicator up|KV cache sized|GPU ope
 if [ -z "$URL" ]; then log "server did not come up"; tail -40 $OUT/serve.log | tee -a $L; kill $SP 2>/dev/null; exit 1; fi
 log "streaming chat request (short prompt: decode_local)"
 timeout 20 curl -sN $URL/v1/chat/completions -H 'Content-Type: application/json' \
-  -d '{"model":"tiny-r1","messages":[{"role":"user","content":"What is 1234 plus 4321?"}],"stream":true,"max_tokens":96,"temperature":0}' 2>&1 | tee -a $L
+  -d '{"model":"tiny-r1","messages":[{"role":"user","content":"What is 1234 plus 4321?"}],"stream":true,"max_tokens":400,"temperature":0}' 2>&1 | tee -a $L
 LONG=$(python3 -c "print(' '.join(['What is 12 plus 34?']*70) + ' What is 1234 plus 4321?')")
 log "streaming chat request (long prompt: prefill route, KV over NCCL)"
 timeout 20 curl -sN $URL/v1/chat/completions -H 'Content-Type: application/json' \

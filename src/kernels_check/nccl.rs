@@ -143,6 +143,9 @@ fn link_test(
     };
     let (mut done, mut times, mut timeout) = (Vec::new(), Vec::new(), String::new());
     for &(req, n) in &plan {
+        // Both sides start each transfer together, so that a timed send measures the protocol and
+        // the copy, not the other side's checksum of the previous transfer.
+        barrier.wait();
         if r == 0 {
             let long = req != 99;
             let deadline = Instant::now() + if long { Duration::from_secs(20) } else { Duration::from_millis(300) };
