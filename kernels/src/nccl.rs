@@ -35,6 +35,41 @@ pub struct NcclComm {
     aborted: bool,
 }
 
+/// How long enqueueing one group may take before the transfer is given up.
+const ENQUEUE_BOUND: Duration = Duration::from_secs(30);
+
+/// Why a communicator's background work did not settle.
+enum Settle {
+    Late,
+    Failed(sys::ncclResult_t),
+}
+
+/// NCCL_CONFIG_INITIALIZER with `blocking = 0`: every other field left to NCCL's default (its
+/// "undefined" value), `version` the library's own so that it reads every field it knows.
+fn nonblocking_config() -> Result<sys::ncclConfig_t> {
+    const UNDEF: i32 = i32::MIN;
+    let version = nccl::get_nccl_version().map_err(|e| err("ncclGetVersion", e))?;
+    let mut c: sys::ncclConfig_t = unsafe { std::mem::zeroed() };
+    c.size = std::mem::size_of::<sys::ncclConfig_t>();
+    c.magic = 0xcafebeef;
+    c.version = version as u32;
+    c.blocking = 0;
+    c.cgaClusterSize = UNDEF;
+    c.minCTAs = UNDEF;
+    c.maxCTAs = UNDEF;
+    c.splitShare = UNDEF;
+    c.trafficClass = UNDEF;
+    c.collnetEnable = UNDEF;
+    c.CTAPolicy = UNDEF;
+    c.shrinkShare = UNDEF;
+    c.nvlsCTAs = UNDEF;
+    c.nChannelsPerNetPeer = UNDEF;
+    c.nvlinkCentricSched = UNDEF;
+    c.graphUsageMode = UNDEF;
+    c.numRmaCtx = UNDEF;
+    Ok(c)
+}
+
 fn err(what: &str, e: impl std::fmt::Debug) -> KernelError {
     KernelError::Nccl(format!("{what}: {e:?}"))
 }
@@ -49,15 +84,53 @@ impl NcclComm {
         Ok(NcclId(id.internal))
     }
 
-    /// Joins the communicator as `rank` of `world` on `gpu`'s device; blocks until every rank joined.
-    pub fn init(gpu: &Gpu, id: NcclId, rank: usize, world: usize) -> Result<NcclComm> {
+    /// Joins the communicator as `rank` of `world` on `gpu`'s device once every rank joined; at
+    /// `deadline` gives up and aborts it. The communicator is non-blocking (NCCL returns at once and
+    /// finishes in the background), so a peer that never joins cannot hold this thread forever.
+    pub fn init(gpu: &Gpu, id: NcclId, rank: usize, world: usize, deadline: Instant) -> Result<NcclComm> {
         gpu.ctx.bind_to_thread()?;
-        let mut comm = std::mem::MaybeUninit::uninit();
-        unsafe {
-            nccl::comm_init_rank(comm.as_mut_ptr(), world as i32, sys::ncclUniqueId { internal: id.0 }, rank as i32)
+        let mut config = nonblocking_config()?;
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        let id = sys::ncclUniqueId { internal: id.0 };
+        unsafe { nccl::comm_init_rank_config(&mut comm, world as i32, id, rank as i32, &mut config) }
+            .map_err(|e| err("ncclCommInitRankConfig", e))?;
+        let mut c = NcclComm { comm, rank, world, aborted: false };
+        if let Err(e) = c.settle(deadline) {
+            c.abort();
+            return Err(match e {
+                Settle::Late => KernelError::Nccl(format!(
+                    "ncclCommInitRankConfig: rank {rank} of {world}: the other ranks did not join before the deadline"
+                )),
+                Settle::Failed(s) => err("ncclCommInitRankConfig", s),
+            });
         }
-        .map_err(|e| err("ncclCommInitRank", e))?;
-        Ok(NcclComm { comm: unsafe { comm.assume_init() }, rank, world, aborted: false })
+        Ok(c)
+    }
+
+    /// Waits until the communicator's background work (initialization, enqueueing a group) is
+    /// done.
+    fn settle(&self, deadline: Instant) -> std::result::Result<(), Settle> {
+        let spin_until = Instant::now() + Duration::from_millis(1);
+        loop {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+            match state {
+                sys::ncclResult_t::ncclSuccess => return Ok(()),
+                sys::ncclResult_t::ncclInProgress => {}
+                s => return Err(Settle::Failed(s)),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Settle::Late);
+            }
+            // Enqueueing a group settles in microseconds: spin (yielding) through the first
+            // millisecond, then poll gently (a peer joining a communicator takes 100s of ms).
+            if now < spin_until {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -123,7 +196,18 @@ impl NcclComm {
             }
         }
         let end = nccl::group_end().map_err(|e| err("ncclGroupEnd", e));
-        res.and(end.map(|_| ()))
+        res?;
+        // A non-blocking communicator may still be enqueueing the group: the operations are on
+        // the stream (and an event recorded after them means something) only once it settled.
+        if let nccl::NcclStatus::InProgress = end? {
+            self.settle(Instant::now() + ENQUEUE_BOUND).map_err(|e| match e {
+                Settle::Late => {
+                    KernelError::Nccl(format!("ncclGroupEnd: not enqueued within {} s", ENQUEUE_BOUND.as_secs()))
+                }
+                Settle::Failed(s) => err("ncclGroupEnd", s),
+            })?;
+        }
+        Ok(())
     }
 
     /// Waits for the queued transfer; on a timeout or an asynchronous error the communicator is

@@ -30,6 +30,8 @@ struct RankOut {
     link: Vec<(u64, u64)>,
     link_times: Vec<f64>,
     link_timeout: String,
+    /// Rank 0 alone on a fresh id: the init must give up at its deadline.
+    lone_init: String,
 }
 
 fn checksum(v: &[u16]) -> u64 {
@@ -39,7 +41,7 @@ fn checksum(v: &[u16]) -> u64 {
 fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Result<RankOut> {
     let be = CudaBackend::new(r)?;
     let t = Instant::now();
-    let mut comm = NcclComm::init(be.gpu(), id, r, 2)?;
+    let mut comm = NcclComm::init(be.gpu(), id, r, 2, Instant::now() + Duration::from_secs(60))?;
     let init_s = t.elapsed().as_secs_f64();
     let layout = KvLayout { layers: LAYERS, num_blocks: 2 * nb + 8, block_size: BS, width: WIDTH };
     let mut cache = be.alloc_kv_cache(layout)?;
@@ -100,7 +102,26 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
     }
     drop(comm);
     let (link, link_times, link_timeout) = link_test(r, &be, &mut cache, nb, seed, &barrier)?;
-    Ok(RankOut { init_s, raw: raw_t, blocks: blocks_t, runs: runs_t, checksum, link, link_times, link_timeout })
+    let mut lone_init = String::new();
+    if r == 0 {
+        let t = Instant::now();
+        let lone = NcclComm::init(be.gpu(), NcclComm::unique_id()?, 0, 2, t + Duration::from_millis(300));
+        lone_init = match lone {
+            Err(e) => format!("gave up after {:.0} ms as expected ({e})", t.elapsed().as_secs_f64() * 1e3),
+            Ok(_) => "NOT given up: a communicator of 2 came up with 1 rank".into(),
+        };
+    }
+    Ok(RankOut {
+        init_s,
+        raw: raw_t,
+        blocks: blocks_t,
+        runs: runs_t,
+        checksum,
+        link,
+        link_times,
+        link_timeout,
+        lone_init,
+    })
 }
 
 /// The engine's transfer protocol ([`KvLink`]): transfers of several sizes, timed full-prompt
@@ -246,5 +267,7 @@ pub fn run(tokens: usize, seed: u64) -> Result<()> {
     );
     println!("  abandoned transfer: {}; the next transfer re-created the communicator and arrived", s.link_timeout);
     anyhow::ensure!(link_ok && s.link_timeout.starts_with("timed out"), "KvLink protocol check failed");
+    println!("  communicator init whose peer never joins: {}", s.lone_init);
+    anyhow::ensure!(s.lone_init.starts_with("gave up"), "NCCL init without its peer did not time out");
     Ok(())
 }

@@ -115,7 +115,7 @@ impl CudaRankFactory {
         }
         for &((src, dst), id) in self.pairs.iter().filter(|((s, d), _)| *s == rank || *d == rank) {
             self.wait_opened(rank, if src == rank { dst } else { src })?;
-            link.connect(be.gpu(), src, dst, id)
+            link.connect(be.gpu(), src, dst, id, Instant::now() + PEER_WAIT)
                 .map_err(|e| ActorError::Load(format!("NCCL communicator {src} -> {dst}: {e}")))?;
         }
         Ok(link)

@@ -92,9 +92,10 @@ impl KvLink {
     }
 
     /// Start-up: joins the communicator of the pair `src -> dst` (this rank is one of them)
-    /// with `id`, made once for the pair and handed to both ranks' threads. Blocks until the peer
-    /// joins, so every rank must connect its pairs in one global order (sorted by `(src, dst)`).
-    pub fn connect(&mut self, gpu: &Gpu, src: usize, dst: usize, id: NcclId) -> Result<()> {
+    /// with `id`, made once for the pair and handed to both ranks' threads. Waits for the peer to
+    /// join (until `deadline`), so every rank must connect its pairs in one global order (sorted by
+    /// `(src, dst)`).
+    pub fn connect(&mut self, gpu: &Gpu, src: usize, dst: usize, id: NcclId, deadline: Instant) -> Result<()> {
         let me = match self.rank {
             r if r == src => 0,
             r if r == dst => 1,
@@ -103,7 +104,7 @@ impl KvLink {
         let key = (src, dst);
         let epoch = self.hub.with(key, |p| p.epoch);
         let t = Instant::now();
-        let comm = NcclComm::init(gpu, id, me, 2).map_err(kerr)?;
+        let comm = NcclComm::init(gpu, id, me, 2, deadline).map_err(kerr)?;
         tracing::info!(src, dst, rank = self.rank, ms = t.elapsed().as_millis() as u64, "KV transfer: communicator up");
         self.comms.insert(key, (epoch, comm));
         self.joined.insert(key, epoch);
@@ -167,8 +168,8 @@ impl KvLink {
                 p.epoch
             });
             tracing::info!(src = self.rank, dst, epoch, "KV transfer: new communicator; waiting for the receiver");
-            // Blocks until the receiver joins on its next poll.
-            let comm = NcclComm::init(gpu, id, 0, 2).map_err(kerr)?;
+            // Waits for the receiver to join on its next poll, until the transfer's deadline.
+            let comm = NcclComm::init(gpu, id, 0, 2, deadline).map_err(kerr)?;
             self.comms.insert(key, (epoch, comm));
         }
         let epoch = self.comms[&key].0;
@@ -276,7 +277,7 @@ impl KvLink {
                 // The sender made a new communicator: the old one (and what was posted on it) is void.
                 self.drop_comm(key);
                 self.joined.insert(key, epoch);
-                let comm = NcclComm::init(gpu, id, 1, 2).map_err(kerr)?;
+                let comm = NcclComm::init(gpu, id, 1, 2, deadline).map_err(kerr)?;
                 tracing::info!(src, dst = self.rank, epoch, "KV transfer: joined a new communicator");
                 self.comms.insert(key, (epoch, comm));
             }
