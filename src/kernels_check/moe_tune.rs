@@ -1,4 +1,4 @@
-//! The persistent decode grouped GEMM (`Gpu::grouped_gemm_persistent`) in every compiled shape
+//! The persistent decode grouped GEMM (`GemmKernel::Persistent`) in every compiled shape
 //! against gg16 v2 (`GemmKernel::Tiled { v2: true, bm: 16 }`, itself checked against the CPU in the experts
 //! stage) at DeepSeek decode shapes: relative error of each output against gg16 v2's, median time,
 //! and the HBM share of the weight bytes of the experts the tokens touched. Every shape runs with
