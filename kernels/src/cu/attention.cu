@@ -186,18 +186,26 @@ extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml
     const int row = blockIdx.x, h = blockIdx.y;
     __shared__ float wts[64];
     __shared__ float inv_denom;
-    if (threadIdx.x == 0) {
-        float M = NEG_INF;
-        for (int s = 0; s < splits; s++) M = fmaxf(M, part_ml[(((u64)row * splits + s) * heads + h) * 2]);
-        float denom = 0.f;
-        for (int s = 0; s < splits; s++) {
-            const u64 b = (((u64)row * splits + s) * heads + h) * 2;
-            const float m = part_ml[b], l = part_ml[b + 1];
-            const float w = (m == NEG_INF) ? 0.f : expf(m - M);
-            wts[s] = w;
-            denom += w * l;
+    if (threadIdx.x < 32) {  // one warp: lane s and s + 32 hold split s's (max, sum)
+        const int lane = threadIdx.x;
+        float m[2], l[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int sp = lane + 32 * k;
+            const u64 b = (((u64)row * splits + sp) * heads + h) * 2;
+            m[k] = sp < splits ? part_ml[b] : NEG_INF;
+            l[k] = sp < splits ? part_ml[b + 1] : 0.f;
         }
-        inv_denom = denom > 0.f ? 1.f / denom : 0.f;
+        const float M = warp_max(fmaxf(m[0], m[1]));
+        float denom = 0.f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float w = (m[k] == NEG_INF) ? 0.f : expf(m[k] - M);
+            if (lane + 32 * k < splits) wts[lane + 32 * k] = w;
+            denom += w * l[k];
+        }
+        denom = warp_sum(denom);
+        if (lane == 0) inv_denom = denom > 0.f ? 1.f / denom : 0.f;
     }
     __syncthreads();
     const u64 sstride = (u64)heads * L;

@@ -97,10 +97,11 @@ impl Gpu {
         if splits > 64 {
             return Err(KernelError::Invalid(format!("mla_combine: {splits} splits (at most 64)")));
         }
+        // A thread per latent column (kv_lora <= 512): the splits' loads are all that is serial.
         self.launch(
             "mla_combine",
             (rows as u32, heads as u32, 1),
-            128,
+            (kv_lora.div_ceil(32) * 32).clamp(32, MLA_MAX_LATENT) as u32,
             0,
             &[Ptr(part_o), Ptr(part_ml), Ptr(o_lat), I32(heads as i32), I32(kv_lora as i32), I32(splits as i32)],
         )
