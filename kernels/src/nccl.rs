@@ -160,41 +160,19 @@ impl NcclComm {
         gpu.ctx.bind_to_thread()?;
         let stream = stream.cu_stream() as sys::cudaStream_t;
         nccl::group_start().map_err(|e| err("ncclGroupStart", e))?;
-        let mut res = Ok(());
-        for s in sends.iter().filter(|s| s.bytes > 0) {
-            let r = unsafe {
-                nccl::send(
-                    s.ptr as *const c_void,
-                    s.bytes,
-                    sys::ncclDataType_t::ncclUint8,
-                    s.peer as i32,
-                    self.comm,
-                    stream,
-                )
+        // Every operation is queued inside the group (which is always closed), stopping at the
+        // first that fails.
+        let u8t = sys::ncclDataType_t::ncclUint8;
+        let queue = |p: &P2p, send: bool| unsafe {
+            let r = if send {
+                nccl::send(p.ptr as *const c_void, p.bytes, u8t, p.peer as i32, self.comm, stream)
+            } else {
+                nccl::recv(p.ptr as *mut c_void, p.bytes, u8t, p.peer as i32, self.comm, stream)
             };
-            if let Err(e) = r {
-                res = Err(err("ncclSend", e));
-                break;
-            }
-        }
-        if res.is_ok() {
-            for r in recvs.iter().filter(|r| r.bytes > 0) {
-                let x = unsafe {
-                    nccl::recv(
-                        r.ptr as *mut c_void,
-                        r.bytes,
-                        sys::ncclDataType_t::ncclUint8,
-                        r.peer as i32,
-                        self.comm,
-                        stream,
-                    )
-                };
-                if let Err(e) = x {
-                    res = Err(err("ncclRecv", e));
-                    break;
-                }
-            }
-        }
+            r.map(drop).map_err(|e| err(if send { "ncclSend" } else { "ncclRecv" }, e))
+        };
+        let ops = sends.iter().map(|p| (p, true)).chain(recvs.iter().map(|p| (p, false)));
+        let res = ops.filter(|(p, _)| p.bytes > 0).try_for_each(|(p, send)| queue(p, send));
         let end = nccl::group_end().map_err(|e| err("ncclGroupEnd", e));
         res?;
         // A non-blocking communicator may still be enqueueing the group: the operations are on
