@@ -39,6 +39,34 @@ pub fn bf16_bytes(vals: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (bytes, held)
 }
 
+/// Random bf16 expert weights (gate, up, down, scaled by fan-in) for `e` experts of hidden size `h`
+/// and intermediate size `i`.
+pub struct RandomExperts {
+    e: usize,
+    gate_up: [Vec<u8>; 2],
+    down: Vec<u8>,
+    shapes: [[usize; 2]; 2],
+}
+
+impl RandomExperts {
+    pub fn new(rng: &mut XRng, e: usize, h: usize, i: usize) -> Self {
+        let mut mk = |fan: usize| bf16_bytes(&rng.vec(e * i * h, (3.0 / fan as f32).sqrt())).0;
+        let (gate, up, down) = (mk(h), mk(h), mk(i));
+        RandomExperts { e, gate_up: [gate, up], down, shapes: [[i, h], [h, i]] }
+    }
+
+    pub fn sources(&self) -> Vec<ExpertSource<'_>> {
+        let per = self.down.len() / self.e;
+        (0..self.e)
+            .map(|x| ExpertSource {
+                gate: source(&self.gate_up[0][x * per..(x + 1) * per], &self.shapes[0]),
+                up: source(&self.gate_up[1][x * per..(x + 1) * per], &self.shapes[0]),
+                down: source(&self.down[x * per..(x + 1) * per], &self.shapes[1]),
+            })
+            .collect()
+    }
+}
+
 pub fn source<'a>(bytes: &'a [u8], shape: &'a [usize]) -> LinearSource<'a> {
     named("random", bytes, shape)
 }
@@ -355,18 +383,7 @@ impl Ctx<'_> {
         self.push_check("bf16 shadow: silu_mul -> linear", format!("{n} x 2*{i} -> {m}"), err);
         // the routed experts read the shadow of their (normed) input too
         let (e, h, i, k) = (8, 64, 40, 3);
-        let mk = |rng: &mut XRng, len: usize, fan: usize| bf16_bytes(&rng.vec(len, (3.0 / fan as f32).sqrt())).0;
-        let (gate, up, down) =
-            (mk(&mut self.rng, e * i * h, h), mk(&mut self.rng, e * i * h, h), mk(&mut self.rng, e * h * i, i));
-        let (gs, ds, per) = ([i, h], [h, i], i * h * 2);
-        let sources: Vec<ExpertSource> = (0..e)
-            .map(|x| ExpertSource {
-                gate: source(&gate[x * per..(x + 1) * per], &gs),
-                up: source(&up[x * per..(x + 1) * per], &gs),
-                down: source(&down[x * per..(x + 1) * per], &ds),
-            })
-            .collect();
-        let eg = self.cu.load_experts(&sources)?;
+        let eg = self.cu.load_experts(&RandomExperts::new(&mut self.rng, e, h, i).sources())?;
         let ids: Vec<u32> = (0..n * k).map(|j| ((j * 5 + j / k) % e) as u32).collect();
         let wts: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
         let rg = self.cu.routing_from_host(&ids, &wts, k)?;
@@ -615,18 +632,8 @@ impl Ctx<'_> {
 
     fn experts_all(&mut self) -> Result<()> {
         let (e, h, i, k) = if self.quick { (8, 64, 40, 3) } else { (64, 2048, 1408, 6) };
-        let gate = bf16_bytes(&self.rng.vec(e * i * h, (3.0 / h as f32).sqrt())).0;
-        let up = bf16_bytes(&self.rng.vec(e * i * h, (3.0 / h as f32).sqrt())).0;
-        let down = bf16_bytes(&self.rng.vec(e * h * i, (3.0 / i as f32).sqrt())).0;
-        let (gs, ds) = ([i, h], [h, i]);
-        let per = i * h * 2;
-        let sources: Vec<ExpertSource> = (0..e)
-            .map(|x| ExpertSource {
-                gate: source(&gate[x * per..(x + 1) * per], &gs),
-                up: source(&up[x * per..(x + 1) * per], &gs),
-                down: source(&down[x * per..(x + 1) * per], &ds),
-            })
-            .collect();
+        let weights = RandomExperts::new(&mut self.rng, e, h, i);
+        let sources = weights.sources();
         let ec = self.cpu.load_experts(&sources)?;
         let eg = self.cu.load_experts(&sources)?;
         let sizes: &[usize] = if self.quick { &[1, 5, 40] } else { &[1, 16, 64, 256, 512, 4096] };
