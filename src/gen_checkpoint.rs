@@ -316,7 +316,7 @@ mod tests {
             write(&dir, Shape::Tiny, Some(2), dtype, 7).unwrap();
             let cfg = ModelConfig::from_dir(&dir).unwrap();
             assert_eq!(cfg.num_hidden_layers, 2);
-            assert_eq!(cfg.fp8.is_some(), dtype == WeightDtype::Fp8);
+            assert_eq!(cfg.fp8_block().is_some(), dtype == WeightDtype::Fp8);
             Model::load(&CpuBackend, &dir, Some(64)).unwrap();
             std::fs::remove_dir_all(&dir).unwrap();
         }

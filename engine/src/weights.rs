@@ -12,6 +12,7 @@ use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use safetensors::SafeTensors;
 
 use crate::error::{EngineError, Result};
+use crate::model::Quantization;
 
 struct Shard {
     path: PathBuf,
@@ -38,13 +39,34 @@ pub struct RawTensor<'a> {
     pub bytes: &'a [u8],
 }
 
-/// A linear layer's weight `[out, in]` with its FP8 block scales when quantized.
+/// A linear layer's weight `[out, in]` as stored: plain (bf16/f16/f32), FP8 with block scales,
+/// or AWQ int4.
 #[derive(Clone, Copy)]
-pub struct LinearSource<'a> {
-    pub weight: RawTensor<'a>,
-    /// `weight_scale_inv` `[ceil(out/b0), ceil(in/b1)]` and the block size `[b0, b1]`.
-    pub scale_inv: Option<(RawTensor<'a>, [usize; 2])>,
+pub enum LinearSource<'a> {
+    /// `weight` `[out, in]`, with `weight_scale_inv` `[ceil(out/b0), ceil(in/b1)]` and the block
+    /// size `[b0, b1]` when it is float8.
+    Dense {
+        weight: RawTensor<'a>,
+        scale_inv: Option<(RawTensor<'a>, [usize; 2])>,
+    },
+    Awq(AwqSource<'a>),
 }
+
+/// An AutoAWQ "gemm" linear layer (REFERENCE.md section 4): `qweight` i32 `[in, out/8]`,
+/// `qzeros` i32 `[in/group, out/8]`, `scales` f16 `[in/group, out]`; nibble `i` of a packed
+/// word holds column `8 * word + AWQ_ORDER[i]`, and `W[n, k] = (q[k, n] - z[k/g, n]) * s[k/g, n]`.
+#[derive(Clone, Copy)]
+pub struct AwqSource<'a> {
+    pub qweight: RawTensor<'a>,
+    pub qzeros: RawTensor<'a>,
+    pub scales: RawTensor<'a>,
+    pub group: usize,
+    pub out: usize,
+    pub inp: usize,
+}
+
+/// Column offset (within a group of 8) held by nibble `i` of an AWQ packed word.
+pub const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 impl Checkpoint {
     /// Opens `dir`, mapping every shard and indexing tensor names.
@@ -142,25 +164,61 @@ impl Checkpoint {
         self.raw_shaped(name, shape)?.to_f32()
     }
 
-    /// The linear weight `<prefix>.weight` of shape `[out, inp]`, with FP8 scales when the
-    /// checkpoint is block-quantized and this tensor is stored as float8.
+    /// The linear layer `prefix` of shape `[out, inp]` in whatever format it is stored:
+    /// `<prefix>.qweight` (+ `qzeros`, `scales`) for AWQ, else `<prefix>.weight` (+
+    /// `weight_scale_inv` when float8). Shapes and dtypes are checked against `quant`.
     pub fn linear(
         &self,
         prefix: &str,
         out: usize,
         inp: usize,
-        fp8_block: Option<[usize; 2]>,
+        quant: Option<&Quantization>,
     ) -> Result<LinearSource<'_>> {
+        let qname = format!("{prefix}.qweight");
+        if self.contains(&qname) {
+            return self.awq_linear(prefix, out, inp, quant).map(LinearSource::Awq);
+        }
         let weight = self.raw_shaped(&format!("{prefix}.weight"), &[out, inp])?;
         let scale_inv = if weight.dtype == Dtype::F8_E4M3 {
-            let block = fp8_block.unwrap_or([128, 128]);
+            let block = match quant {
+                Some(Quantization::Fp8 { block }) => *block,
+                _ => [128, 128],
+            };
             let sname = format!("{prefix}.weight_scale_inv");
             let s = self.raw_shaped(&sname, &[out.div_ceil(block[0]), inp.div_ceil(block[1])])?;
+            s.expect_dtype(&[Dtype::F32, Dtype::BF16, Dtype::F16])?;
             Some((s, block))
         } else {
             None
         };
-        Ok(LinearSource { weight, scale_inv })
+        Ok(LinearSource::Dense { weight, scale_inv })
+    }
+
+    fn awq_linear(&self, prefix: &str, out: usize, inp: usize, quant: Option<&Quantization>) -> Result<AwqSource<'_>> {
+        let qweight = self.raw(&format!("{prefix}.qweight"))?;
+        let bad = |msg: String| Err(EngineError::checkpoint(qweight.path, format!("tensor `{}`: {msg}", qweight.name)));
+        let Some(Quantization::Awq(cfg)) = quant else {
+            return bad("is AWQ-packed but config.json declares no `quantization_config` with quant_method awq".into());
+        };
+        if cfg.skips(prefix) {
+            return bad(format!(
+                "is AWQ-packed but `{prefix}` is listed in `quantization_config.modules_to_not_convert`"
+            ));
+        }
+        let group = cfg.group_size;
+        if out % 8 != 0 {
+            return bad(format!("{out} output features are not a multiple of 8 (AWQ packs 8 per int32)"));
+        }
+        if inp % group != 0 {
+            return bad(format!("`quantization_config.group_size` {group} does not divide the {inp} input features"));
+        }
+        qweight.expect_shape(&[inp, out / 8])?;
+        qweight.expect_dtype(&[Dtype::I32, Dtype::U32])?;
+        let qzeros = self.raw_shaped(&format!("{prefix}.qzeros"), &[inp / group, out / 8])?;
+        qzeros.expect_dtype(&[Dtype::I32, Dtype::U32])?;
+        let scales = self.raw_shaped(&format!("{prefix}.scales"), &[inp / group, out])?;
+        scales.expect_dtype(&[Dtype::F16, Dtype::BF16, Dtype::F32])?;
+        Ok(AwqSource { qweight, qzeros, scales, group, out, inp })
     }
 }
 
@@ -194,6 +252,18 @@ impl RawTensor<'_> {
                 name: self.name.to_string(),
                 expected: shape.to_vec(),
                 actual: self.shape.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fails with a message naming the file and tensor unless the dtype is one of `allowed`.
+    pub fn expect_dtype(&self, allowed: &[Dtype]) -> Result<()> {
+        if !allowed.contains(&self.dtype) {
+            return Err(EngineError::TensorDtype {
+                path: self.path.to_path_buf(),
+                name: self.name.to_string(),
+                dtype: format!("{:?} (expected one of {allowed:?})", self.dtype),
             });
         }
         Ok(())
@@ -240,28 +310,89 @@ impl RawTensor<'_> {
     }
 }
 
-impl LinearSource<'_> {
-    /// `[out, in]` row-major f32, dequantized blockwise: `W[i,j] = q[i,j] * s[i/b0, j/b1]`.
+impl<'a> LinearSource<'a> {
+    /// `[out, in]` row-major f32, exactly: FP8 blockwise `W[i,j] = q[i,j] * s[i/b0, j/b1]`, AWQ
+    /// `W[n,k] = (q - z) * s`.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
-        let mut w = self.weight.to_f32()?;
-        if let Some((s, [b0, b1])) = &self.scale_inv {
-            let s = s.to_f32()?;
-            let (out, inp) = (self.weight.shape[0], self.weight.shape[1]);
-            let sc = inp.div_ceil(*b1);
-            for i in 0..out {
-                let srow = &s[(i / b0) * sc..(i / b0 + 1) * sc];
-                for (j, x) in w[i * inp..(i + 1) * inp].iter_mut().enumerate() {
-                    *x *= srow[j / b1];
+        match self {
+            LinearSource::Dense { weight, scale_inv } => {
+                let mut w = weight.to_f32()?;
+                if let Some((s, [b0, b1])) = scale_inv {
+                    let s = s.to_f32()?;
+                    let (out, inp) = (weight.shape[0], weight.shape[1]);
+                    let sc = inp.div_ceil(*b1);
+                    for i in 0..out {
+                        let srow = &s[(i / b0) * sc..(i / b0 + 1) * sc];
+                        for (j, x) in w[i * inp..(i + 1) * inp].iter_mut().enumerate() {
+                            *x *= srow[j / b1];
+                        }
+                    }
                 }
+                Ok(w)
             }
+            LinearSource::Awq(a) => a.to_f32(),
         }
-        Ok(w)
     }
 
     /// `[out, in]` of the weight.
     pub fn dims(&self) -> (usize, usize) {
-        (self.weight.shape[0], self.weight.shape[1])
+        match self {
+            LinearSource::Dense { weight, .. } => (weight.shape[0], weight.shape[1]),
+            LinearSource::Awq(a) => (a.out, a.inp),
+        }
     }
+
+    /// The stored tensor holding the weight values (`weight` or `qweight`), for messages.
+    pub fn main(&self) -> &RawTensor<'a> {
+        match self {
+            LinearSource::Dense { weight, .. } => weight,
+            LinearSource::Awq(a) => &a.qweight,
+        }
+    }
+}
+
+impl AwqSource<'_> {
+    /// The 4-bit values `[in, out]` (0..16) and the zero points `[in/group, out]`, unpacked.
+    pub fn unpack(&self) -> (Vec<u8>, Vec<u8>) {
+        (unpack_int4(self.qweight.bytes, self.out), unpack_int4(self.qzeros.bytes, self.out))
+    }
+
+    /// `[out, in]` row-major f32: `W[n, k] = (q[k, n] - z[k/g, n]) * s[k/g, n]`.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let (q, z) = self.unpack();
+        let s = self.scales.to_f32()?;
+        let (out, inp, g) = (self.out, self.inp, self.group);
+        let mut w = vec![0f32; out * inp];
+        for k in 0..inp {
+            let (qr, gr) = (&q[k * out..(k + 1) * out], (k / g) * out);
+            for n in 0..out {
+                w[n * inp + k] = (qr[n] as f32 - z[gr + n] as f32) * s[gr + n];
+            }
+        }
+        Ok(w)
+    }
+}
+
+/// Unpacks AWQ int32 words (little-endian) of rows `cols / 8` wide into `[rows, cols]` nibbles.
+fn unpack_int4(bytes: &[u8], cols: usize) -> Vec<u8> {
+    let mut v = vec![0u8; bytes.len() * 2];
+    for (w, c) in bytes.chunks_exact(4).enumerate() {
+        let word = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let (row, base) = (w / (cols / 8), (w % (cols / 8)) * 8);
+        for (i, &o) in AWQ_ORDER.iter().enumerate() {
+            v[row * cols + base + o] = ((word >> (4 * i)) & 0xf) as u8;
+        }
+    }
+    v
+}
+
+/// Packs `[rows, cols]` nibbles (0..16, `cols % 8 == 0`) into AWQ int32 words `[rows, cols / 8]`
+/// (tests, tools).
+pub fn pack_int4(values: &[u8]) -> Vec<u32> {
+    values
+        .chunks_exact(8)
+        .map(|chunk| AWQ_ORDER.iter().enumerate().fold(0u32, |acc, (i, &o)| acc | ((chunk[o] as u32 & 0xf) << (4 * i))))
+        .collect()
 }
 
 /// Decodes one OCP float8 e4m3fn value (bias 7, no infinities, S.1111.111 is NaN).
@@ -291,5 +422,15 @@ mod tests {
         assert_eq!(fp8_e4m3_to_f32(0xfe), -448.0);
         assert_eq!(fp8_e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
         assert!(fp8_e4m3_to_f32(0x7f).is_nan());
+    }
+
+    #[test]
+    fn awq_packing_round_trips_in_autoawq_order() {
+        // Column c of a row holds c % 16: word 0 must read 0x75316420 (nibble i = column ORDER[i]).
+        let v: Vec<u8> = (0..32).map(|c| (c % 16) as u8).collect();
+        let words = pack_int4(&v);
+        assert_eq!(words[0], 0x7531_6420);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(unpack_int4(&bytes, 16), v);
     }
 }

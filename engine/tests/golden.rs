@@ -115,6 +115,16 @@ fn fp8_partial_blocks_match_hf() {
 }
 
 #[test]
+fn awq_group_128_with_attention_quantized_matches_hf() {
+    check_against_hf("awq-g128", chunked(64, 128));
+}
+
+#[test]
+fn awq_group_64_with_attention_unquantized_matches_hf() {
+    check_against_hf("awq-g64-attn16", chunked(64, 128));
+}
+
+#[test]
 fn chunk_budget_and_block_size_do_not_change_the_result() {
     let reference = run("bf16-qlora", chunked(64, 4096));
     for cfg in [chunked(16, 32), chunked(64, 7), EngineConfig { max_num_seqs: 1, ..chunked(32, 100) }] {

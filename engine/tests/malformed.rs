@@ -131,3 +131,76 @@ fn unusable_engine_settings_are_config_errors_naming_the_setting() {
         Ok(_) => panic!("max_num_seqs 0 was accepted"),
     }
 }
+
+/// Rewrites `quantization_config` of a scratch copy's config.json.
+fn edit_quant_config(dir: &Path, edit: impl Fn(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(cfg["quantization_config"].as_object_mut().unwrap());
+    std::fs::write(&path, cfg.to_string()).unwrap();
+}
+
+const AWQ_UP: &str = "model.layers.1.mlp.experts.3.up_proj";
+
+#[test]
+fn awq_settings_cleave_cannot_serve_name_the_field() {
+    let cases: [(&str, fn(&mut serde_json::Map<String, serde_json::Value>), &str); 5] = [
+        ("bits", |q| drop(q.insert("bits".into(), 8.into())), "`quantization_config.bits` 8"),
+        ("gemv", |q| drop(q.insert("version".into(), "gemv".into())), "`quantization_config.version` \"gemv\""),
+        ("marlin", |q| drop(q.insert("version".into(), "marlin".into())), "\"marlin\" is not supported"),
+        ("zp", |q| drop(q.insert("zero_point".into(), false.into())), "`quantization_config.zero_point`"),
+        ("group", |q| drop(q.insert("group_size".into(), (-1).into())), "`quantization_config.group_size`"),
+    ];
+    for (name, edit, want) in cases {
+        let dir = scratch("awq-g128", &format!("awq-{name}"));
+        edit_quant_config(&dir, edit);
+        let e = load_err(&dir);
+        assert!(e.contains("config.json") && e.contains(want), "{name}: {e}");
+    }
+}
+
+#[test]
+fn a_group_size_that_does_not_divide_the_inputs_is_named() {
+    let dir = scratch("awq-g128", "awq-group96");
+    edit_quant_config(&dir, |q| drop(q.insert("group_size".into(), 96.into())));
+    let e = load_err(&dir);
+    assert!(e.contains(".qweight`") && e.contains("group_size` 96 does not divide"), "{e}");
+}
+
+#[test]
+fn awq_tensors_with_wrong_shapes_or_dtypes_are_named() {
+    let dir = scratch("awq-g128", "awq-zeros");
+    edit_safetensors(&dir.join("model.safetensors"), |k, v| {
+        if k == format!("{AWQ_UP}.qzeros") {
+            let s = v["shape"].as_array().unwrap().clone();
+            v["shape"] = serde_json::json!([s[1], s[0]]);
+        }
+    });
+    let e = load_err(&dir);
+    assert!(e.contains(&format!("{AWQ_UP}.qzeros")) && e.contains("shape"), "{e}");
+
+    let dir = scratch("awq-g128", "awq-dtype");
+    edit_safetensors(&dir.join("model.safetensors"), |k, v| {
+        if k == format!("{AWQ_UP}.scales") {
+            v["dtype"] = "I16".into();
+        }
+    });
+    let e = load_err(&dir);
+    assert!(e.contains(&format!("{AWQ_UP}.scales")) && e.contains("I16"), "{e}");
+}
+
+#[test]
+fn awq_tensors_the_config_does_not_declare_are_refused() {
+    let dir = scratch("awq-g128", "awq-undeclared");
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("quantization_config");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let e = load_err(&dir);
+    assert!(e.contains(".qweight`") && e.contains("quant_method awq"), "{e}");
+
+    let dir = scratch("awq-g128", "awq-skipped");
+    edit_quant_config(&dir, |q| drop(q.insert("modules_to_not_convert".into(), serde_json::json!(["mlp.experts"]))));
+    let e = load_err(&dir);
+    assert!(e.contains("modules_to_not_convert") && e.contains("mlp.experts"), "{e}");
+}

@@ -11,7 +11,7 @@ def log(*a):
 @dataclasses.dataclass
 class CaseSpec:
     name: str
-    dtype: str = "bf16"  # bf16 | f32 | fp8
+    dtype: str = "bf16"  # bf16 | f32 | fp8 | awq
     hidden: int = 64
     layers: int = 3
     dense_layers: int = 1  # first_k_dense_replace
@@ -38,6 +38,8 @@ class CaseSpec:
     mscale: float = 1.0
     mscale_all_dim: float = 1.0
     block: int = 32  # fp8 weight_block_size [block, block]
+    awq_group: int = 128  # awq group_size
+    awq_skip: tuple = ()  # awq modules_to_not_convert (kept bf16)
     shards: int = 1
     mtp: bool = False
     seed: int = 1
@@ -78,6 +80,22 @@ CASES = {
         kv_lora=40, nope=16, rope=8, v=16, inter=144, moe_inter=40, experts=12, groups=4,
         topk_group=2, topk=4, shared=1, vocab=419, rope_style="none", rope_theta=10000.0, block=32,
         shards=1, mtp=True, seed=33, prompt_lens=(12, 1, 65, 200)),
+    # AutoAWQ int4, group 128, every linear layer in the decoder quantized (attention included),
+    # all input sizes multiples of 128; the MTP layer present.
+    "awq-g128": CaseSpec(
+        name="awq-g128", dtype="awq", hidden=128, layers=3, dense_layers=1, heads=4, q_lora=128,
+        kv_lora=128, nope=16, rope=8, v=32, inter=256, moe_inter=128, experts=8, groups=4,
+        topk_group=2, topk=3, shared=1, vocab=400, rope_style="legacy", rope_theta=10000.0,
+        yarn_factor=4.0, yarn_orig=256, awq_group=128, shards=1, mtp=True, seed=44,
+        prompt_lens=(10, 1, 67, 150)),
+    # AutoAWQ int4, group 64, attention left in bf16 through modules_to_not_convert, no q_lora,
+    # 2 shared experts, sharded into 2 files.
+    "awq-g64-attn16": CaseSpec(
+        name="awq-g64-attn16", dtype="awq", hidden=64, layers=3, dense_layers=1, heads=4, q_lora=0,
+        kv_lora=32, nope=16, rope=8, v=16, inter=192, moe_inter=64, experts=8, groups=2,
+        topk_group=1, topk=2, shared=2, vocab=384, rope_style="new", rope_theta=10000.0,
+        yarn_factor=8.0, yarn_orig=128, mscale=0.707, mscale_all_dim=0.707, awq_group=64,
+        awq_skip=("self_attn",), shards=2, mtp=False, seed=55, prompt_lens=(8, 1, 64, 129)),
 }
 
 
@@ -138,12 +156,16 @@ def make_config(spec, tok_size):
     else:
         raise ValueError(s.rope_style)
     if s.rope_style == "new":
-        cfg["dtype"] = {"bf16": "bfloat16", "f32": "float32", "fp8": "bfloat16"}[s.dtype]
+        cfg["dtype"] = {"bf16": "bfloat16", "f32": "float32", "fp8": "bfloat16", "awq": "float16"}[s.dtype]
     else:
-        cfg["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32", "fp8": "bfloat16"}[s.dtype]
+        cfg["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32", "fp8": "bfloat16", "awq": "float16"}[s.dtype]
     if s.dtype == "fp8":
         cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3",
                                       "quant_method": "fp8", "weight_block_size": [s.block, s.block]}
+    if s.dtype == "awq":  # as AutoAWQ writes it (DeepSeek-V3-AWQ / R1-AWQ)
+        cfg["quantization_config"] = {"bits": 4, "group_size": s.awq_group,
+                                      "modules_to_not_convert": list(s.awq_skip) or None,
+                                      "quant_method": "awq", "version": "gemm", "zero_point": True}
     cfg["transformers_version"] = "4.46.3"
     assert s.vocab >= tok_size, f"vocab {s.vocab} < tokenizer {tok_size}"
     assert cfg["max_position_embeddings"] >= 1024
@@ -160,7 +182,7 @@ def parse_args(argv, description=None):
     c = ap.add_argument_group("extra case from shape options (--custom NAME)")
     c.add_argument("--custom", default=None, metavar="NAME")
     base = CaseSpec(name="custom")
-    for fld, typ, hlp in (("dtype", str, "bf16|f32|fp8"), ("hidden", int, ""), ("layers", int, ""),
+    for fld, typ, hlp in (("dtype", str, "bf16|f32|fp8|awq"), ("awq_group", int, "awq group_size"), ("hidden", int, ""), ("layers", int, ""),
                           ("dense_layers", int, "first_k_dense_replace"), ("heads", int, ""),
                           ("q_lora", int, "0 = q_lora_rank null"), ("kv_lora", int, ""), ("nope", int, ""),
                           ("rope", int, ""), ("v", int, ""), ("inter", int, ""), ("moe_inter", int, ""),
@@ -175,6 +197,8 @@ def parse_args(argv, description=None):
         c.add_argument("--" + fld.replace("_", "-"), dest="c_" + fld, type=typ, default=getattr(base, fld),
                        help=f"{hlp} (default {getattr(base, fld)})".strip())
     c.add_argument("--mtp", dest="c_mtp", action="store_true", help="add MTP-layer tensors to skip")
+    c.add_argument("--awq-skip", dest="c_awq_skip", action="append", default=[],
+                   help="awq: a module name fragment kept bf16 (modules_to_not_convert); repeatable")
     c.add_argument("--no-norm-topk-prob", dest="c_norm_topk_prob", action="store_false")
     c.add_argument("--prompt-lens", dest="c_prompt_lens", default="11,1,70,140")
     return ap.parse_args(argv)

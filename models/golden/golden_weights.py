@@ -103,6 +103,41 @@ def quant_fp8(w, B):
     return q, scale.contiguous(), deq
 
 
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a packed int32 holds column 8 * word + AWQ_ORDER[i]
+
+
+def pack_awq(v):
+    """[rows, cols] integers in 0..15 -> AutoAWQ "gemm" int32 words [rows, cols / 8]."""
+    import torch
+    rows, cols = v.shape
+    v = v.to(torch.int64).view(rows, cols // 8, 8)
+    word = torch.zeros(rows, cols // 8, dtype=torch.int64)
+    for i, o in enumerate(AWQ_ORDER):
+        word |= v[:, :, o] << (4 * i)
+    word = torch.where(word >= 2 ** 31, word - 2 ** 32, word)  # as int32 bit patterns
+    return word.to(torch.int32).contiguous()
+
+
+def quant_awq(w, G):
+    """AutoAWQ-style asymmetric int4 per group of G input channels: s = (max - min) / 15 (stored
+    f16), z = round(-min / s), q = clamp(round(w / s) + z, 0, 15); W ~= (q - z) * s. Returns the
+    checkpoint tensors (qweight [in, out/8], qzeros [in/G, out/8], scales f16 [in/G, out]) and
+    the dequantized f32 weight [out, in] a loader must see."""
+    import torch
+    out, inp = w.shape
+    assert inp % G == 0 and out % 8 == 0, (w.shape, G)
+    g = w.view(out, inp // G, G)
+    mx, mn = g.amax(-1), g.amin(-1)
+    scale = ((mx - mn).clamp(min=1e-5) / 15.0).to(torch.float16)  # [out, in/G]
+    s32 = scale.float()
+    zero = torch.round(-mn / s32).clamp(0, 15)
+    q = (torch.round(g / s32[..., None]) + zero[..., None]).clamp(0, 15)
+    deq = ((q - zero[..., None]) * s32[..., None]).view(out, inp)
+    qweight = pack_awq(q.view(out, inp).t().contiguous())
+    qzeros = pack_awq(zero.t().contiguous())
+    return qweight, qzeros, scale.t().contiguous(), deq
+
+
 def storage_tensors(spec, W):
     """(tensors to save in the checkpoint, f32 weights exactly as a loader must see them)."""
     import torch
@@ -114,7 +149,12 @@ def storage_tensors(spec, W):
         elif spec.dtype == "f32":
             store[n] = w.float().contiguous()
             ref[n] = store[n]
-        elif spec.dtype == "bf16" or not is_fp8_target(n):
+        elif spec.dtype == "awq" and is_fp8_target(n) and not any(m in n for m in spec.awq_skip):
+            qw, qz, sc, deq = quant_awq(w, spec.awq_group)
+            base = n[: -len(".weight")]
+            store[base + ".qweight"], store[base + ".qzeros"], store[base + ".scales"] = qw, qz, sc
+            ref[n] = deq
+        elif spec.dtype in ("bf16", "awq") or not is_fp8_target(n):
             store[n] = w.to(torch.bfloat16).contiguous()
             ref[n] = store[n].float()
         else:

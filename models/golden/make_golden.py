@@ -145,11 +145,11 @@ def run_case(spec, out_root, tok, n_bpe, errs, notes):
     write_tokenizer(tok, d)
     log(f"  wrote {len(store)} tensors in {files}; params {sum(w.numel() for w in W.values())}")
 
-    # HF reference. fp8: HF cannot run fp8 on CPU, so the reference model is loaded from the
-    # DEQUANTIZED weights (W = q * s blockwise, in f32) with the same config minus
-    # quantization_config. The checkpoint written above keeps the fp8 tensors + weight_scale_inv.
+    # HF reference. fp8 / awq: HF cannot run them on CPU, so the reference model is loaded from the
+    # DEQUANTIZED weights (fp8: W = q * s blockwise; awq: W = (q - z) * s per group; in f32) with the
+    # same config minus quantization_config. The checkpoint written above keeps the packed tensors.
     tmp = None
-    if s.dtype == "fp8":
+    if s.dtype in ("fp8", "awq"):
         from safetensors.torch import save_file
         tmp = tempfile.mkdtemp(prefix=f"golden-{s.name}-deq-")
         cfg2 = {k: v for k, v in cfg.items() if k != "quantization_config"}
@@ -188,7 +188,7 @@ def run_case(spec, out_root, tok, n_bpe, errs, notes):
     # prompts: random ids among the plain BPE tokens (not 0/1, not the chat tokens). For each
     # length try a few random prompts and keep the one whose greedy run has the longest prefix of
     # clear (margin >= thr) steps, with no BOS/EOS generated.
-    thr = {"f32": 0.05, "bf16": 0.15, "fp8": 0.3}[s.dtype]
+    thr = {"f32": 0.05, "bf16": 0.15, "fp8": 0.3, "awq": 0.3}[s.dtype]
     prompts_out, first_logits = [], None
     stats = {"routings": 0, "bias_changes": 0, "fill_differs": 0}
     max_ref_diff, ref_argmax_bad = 0.0, 0
@@ -244,8 +244,9 @@ def run_case(spec, out_root, tok, n_bpe, errs, notes):
         "reference": {"transformers": transformers.__version__, "torch": torch.__version__,
                       "compute": "HF DeepseekV3ForCausalLM, float32, CPU, eager attention, "
                                  "full recompute per step (no KV cache), greedy argmax, no EOS stop",
-                      "weights": "dequantized fp8 (q * weight_scale_inv, blockwise) in f32"
-                      if s.dtype == "fp8" else f"{s.dtype} checkpoint upcast to f32"},
+                      "weights": {"fp8": "dequantized fp8 (q * weight_scale_inv, blockwise) in f32",
+                                  "awq": "dequantized AWQ int4 ((q - z) * s per group) in f32"}.get(
+                                      s.dtype, f"{s.dtype} checkpoint upcast to f32")},
     }
     with open(os.path.join(d, "expected.json"), "w") as f:
         json.dump(expected, f, separators=(",", ":"))
@@ -365,7 +366,8 @@ def main(argv=None):
     for s in specs:
         if args.seed is not None:
             s.seed = args.seed
-        assert s.dtype in ("bf16", "f32", "fp8"), s.dtype
+        assert s.dtype in ("bf16", "f32", "fp8", "awq"), s.dtype
+        s.awq_skip = tuple(s.awq_skip)
         assert s.experts % s.groups == 0 and s.experts // s.groups >= 2, "need >= 2 experts per group"
         assert s.topk_group <= s.groups and s.topk <= s.topk_group * (s.experts // s.groups)
         assert 0 <= s.dense_layers <= s.layers and s.rope % 2 == 0

@@ -72,7 +72,7 @@ pub fn source<'a>(bytes: &'a [u8], shape: &'a [usize]) -> LinearSource<'a> {
 }
 
 pub fn named<'a>(name: &'a str, bytes: &'a [u8], shape: &'a [usize]) -> LinearSource<'a> {
-    LinearSource {
+    LinearSource::Dense {
         weight: RawTensor { name, path: Path::new("random"), dtype: Dtype::BF16, shape, bytes },
         scale_inv: None,
     }

@@ -23,10 +23,30 @@ pub struct Yarn {
     pub truncate: bool,
 }
 
-/// FP8 block quantization as declared by `quantization_config`.
+/// Weight quantization declared by `quantization_config`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Fp8Blocks {
-    pub block: [usize; 2],
+pub enum Quantization {
+    /// FP8 e4m3 weights with f32 `weight_scale_inv` per `[b0, b1]` block.
+    Fp8 { block: [usize; 2] },
+    /// AutoAWQ "gemm" int4 (`qweight` / `qzeros` / `scales` per linear layer).
+    Awq(AwqConfig),
+}
+
+/// AutoAWQ "gemm" int4 quantization: asymmetric 4-bit weights with a zero point and an f16 scale
+/// per `group_size` input channels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AwqConfig {
+    pub group_size: usize,
+    /// Module name fragments left unquantized (HF's rule: a module is skipped when its name
+    /// contains one of them).
+    pub modules_to_not_convert: Vec<String>,
+}
+
+impl AwqConfig {
+    /// Whether the linear layer named `prefix` is kept unquantized.
+    pub fn skips(&self, prefix: &str) -> bool {
+        self.modules_to_not_convert.iter().any(|m| !m.is_empty() && prefix.contains(m.as_str()))
+    }
 }
 
 /// The model hyper-parameters cleave needs, validated.
@@ -59,7 +79,7 @@ pub struct ModelConfig {
     pub rope_interleave: bool,
     pub yarn: Option<Yarn>,
     pub max_position_embeddings: usize,
-    pub fp8: Option<Fp8Blocks>,
+    pub quantization: Option<Quantization>,
 }
 
 impl ModelConfig {
@@ -75,7 +95,7 @@ impl ModelConfig {
         let value: Value =
             serde_json::from_str(text).map_err(|e| EngineError::checkpoint(path, format!("not valid JSON: {e}")))?;
         let obj = value.as_object().ok_or_else(|| EngineError::checkpoint(path, "top level is not a JSON object"))?;
-        let f = Fields { obj, path };
+        let f = Fields { obj, path, prefix: String::new() };
         let n_routed_experts = f.usize_or("n_routed_experts", 0)?;
         let eos_token_ids = match obj.get("eos_token_id") {
             None | Some(Value::Null) => Vec::new(),
@@ -116,7 +136,7 @@ impl ModelConfig {
             rope_interleave: f.bool_or("rope_interleave", true)?,
             yarn: yarn(&f)?,
             max_position_embeddings: f.usize_or("max_position_embeddings", 4096)?,
-            fp8: fp8(&f)?,
+            quantization: quantization(&f)?,
         };
         cfg.validate(path)?;
         Ok(cfg)
@@ -201,6 +221,22 @@ impl ModelConfig {
         scale as f32
     }
 
+    /// The FP8 block size when the checkpoint is FP8 block-quantized.
+    pub fn fp8_block(&self) -> Option<[usize; 2]> {
+        match &self.quantization {
+            Some(Quantization::Fp8 { block }) => Some(*block),
+            _ => None,
+        }
+    }
+
+    /// The AWQ settings when the checkpoint is AWQ-quantized.
+    pub fn awq(&self) -> Option<&AwqConfig> {
+        match &self.quantization {
+            Some(Quantization::Awq(a)) => Some(a),
+            _ => None,
+        }
+    }
+
     /// The context length the model serves.
     pub fn max_model_len(&self) -> usize {
         self.max_position_embeddings
@@ -219,16 +255,21 @@ pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
 struct Fields<'a> {
     obj: &'a Map<String, Value>,
     path: &'a Path,
+    /// `parent.` for a nested object, so messages name the full field.
+    prefix: String,
 }
 
 impl Fields<'_> {
     fn bad(&self, field: &str, expected: &str) -> EngineError {
         let got = self.obj.get(field).map(|v| v.to_string()).unwrap_or_else(|| "nothing".into());
-        EngineError::checkpoint(PathBuf::from(self.path), format!("`{field}` must be {expected}, got {got}"))
+        EngineError::checkpoint(
+            PathBuf::from(self.path),
+            format!("`{}{field}` must be {expected}, got {got}", self.prefix),
+        )
     }
     fn usize(&self, field: &str) -> Result<usize> {
         match self.obj.get(field) {
-            None => Err(EngineError::checkpoint(self.path, format!("missing field `{field}`"))),
+            None => Err(EngineError::checkpoint(self.path, format!("missing field `{}{field}`", self.prefix))),
             Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| self.bad(field, "a non-negative integer")),
         }
     }
@@ -258,7 +299,9 @@ impl Fields<'_> {
     fn sub(&self, field: &str) -> Result<Option<Fields<'_>>> {
         match self.obj.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::Object(o)) => Ok(Some(Fields { obj: o, path: self.path })),
+            Some(Value::Object(o)) => {
+                Ok(Some(Fields { obj: o, path: self.path, prefix: format!("{}{field}.", self.prefix) }))
+            }
             Some(_) => Err(self.bad(field, "an object")),
         }
     }
@@ -313,31 +356,78 @@ fn yarn(f: &Fields) -> Result<Option<Yarn>> {
     }
 }
 
-fn fp8(f: &Fields) -> Result<Option<Fp8Blocks>> {
+fn quantization(f: &Fields) -> Result<Option<Quantization>> {
     let Some(q) = f.sub("quantization_config")? else { return Ok(None) };
+    let field = |name: &str| format!("`quantization_config.{name}`");
     let method = q.obj.get("quant_method").and_then(Value::as_str).unwrap_or("");
-    if method != "fp8" {
-        return Err(EngineError::checkpoint(
+    match method {
+        "fp8" => {
+            if let Some(fmt) = q.obj.get("fmt").and_then(Value::as_str) {
+                if fmt != "e4m3" {
+                    return Err(EngineError::checkpoint(
+                        f.path,
+                        format!("{} {fmt:?} is not supported (e4m3)", field("fmt")),
+                    ));
+                }
+            }
+            let block = match q.obj.get("weight_block_size") {
+                None | Some(Value::Null) => [128, 128],
+                Some(Value::Array(a)) if a.len() == 2 && a.iter().all(|v| v.as_u64().is_some_and(|x| x > 0)) => {
+                    [a[0].as_u64().unwrap() as usize, a[1].as_u64().unwrap() as usize]
+                }
+                Some(_) => return Err(q.bad("weight_block_size", "two positive integers")),
+            };
+            Ok(Some(Quantization::Fp8 { block }))
+        }
+        "awq" => {
+            // AutoAWQ writes bits/group_size/version/zero_point; its older quant_config.json
+            // spelling (w_bit, q_group_size) is accepted too.
+            let bits = match q.opt_usize("bits")? {
+                Some(b) => b,
+                None => q.usize_or("w_bit", 4)?,
+            };
+            if bits != 4 {
+                return Err(EngineError::checkpoint(
+                    f.path,
+                    format!("{} {bits} is not supported (4-bit AWQ only)", field("bits")),
+                ));
+            }
+            let group_size = match q.obj.get("group_size").or_else(|| q.obj.get("q_group_size")) {
+                Some(v) => match v.as_i64() {
+                    Some(g) if g > 0 => g as usize,
+                    _ => return Err(q.bad("group_size", "a positive integer (per-channel -1 is not supported)")),
+                },
+                None => return Err(EngineError::checkpoint(f.path, format!("missing field {}", field("group_size")))),
+            };
+            let version = q.obj.get("version").and_then(Value::as_str).unwrap_or("gemm");
+            if !version.eq_ignore_ascii_case("gemm") {
+                return Err(EngineError::checkpoint(
+                    f.path,
+                    format!("{} {version:?} is not supported (AutoAWQ \"gemm\" packing only)", field("version")),
+                ));
+            }
+            if !q.bool_or("zero_point", true)? {
+                return Err(EngineError::checkpoint(
+                    f.path,
+                    format!("{} false is not supported (asymmetric AWQ with zero points only)", field("zero_point")),
+                ));
+            }
+            let modules_to_not_convert = match q.obj.get("modules_to_not_convert") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| q.bad("modules_to_not_convert", "a list of module names"))?,
+                Some(_) => return Err(q.bad("modules_to_not_convert", "a list of module names")),
+            };
+            Ok(Some(Quantization::Awq(AwqConfig { group_size, modules_to_not_convert })))
+        }
+        other => Err(EngineError::checkpoint(
             f.path,
-            format!("`quantization_config.quant_method` {method:?} is not supported (fp8)"),
-        ));
+            format!("{} {other:?} is not supported (fp8 or awq)", field("quant_method")),
+        )),
     }
-    if let Some(fmt) = q.obj.get("fmt").and_then(Value::as_str) {
-        if fmt != "e4m3" {
-            return Err(EngineError::checkpoint(
-                f.path,
-                format!("`quantization_config.fmt` {fmt:?} is not supported (e4m3)"),
-            ));
-        }
-    }
-    let block = match q.obj.get("weight_block_size") {
-        None | Some(Value::Null) => [128, 128],
-        Some(Value::Array(a)) if a.len() == 2 && a.iter().all(|v| v.as_u64().is_some_and(|x| x > 0)) => {
-            [a[0].as_u64().unwrap() as usize, a[1].as_u64().unwrap() as usize]
-        }
-        Some(_) => return Err(q.bad("weight_block_size", "two positive integers")),
-    };
-    Ok(Some(Fp8Blocks { block }))
 }
 
 #[cfg(test)]
@@ -362,7 +452,7 @@ mod tests {
         assert!((c.softmax_scale() - 0.13523).abs() < 1e-4, "{}", c.softmax_scale());
         assert_eq!(c.latent_dim(), 576);
         assert!(c.is_moe_layer(3) && !c.is_moe_layer(2));
-        assert_eq!(c.fp8, Some(Fp8Blocks { block: [128, 128] }));
+        assert_eq!(c.quantization, Some(Quantization::Fp8 { block: [128, 128] }));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::config::ModelConfig;
 use super::rope::cos_sin_table;
 use crate::backend::{AttnBatch, Backend, ExpertSource, MlaDims, RouterParams};
 use crate::error::{EngineError, Result};
-use crate::weights::Checkpoint;
+use crate::weights::{Checkpoint, LinearSource};
 
 enum QProj<B: Backend> {
     Lora { a: B::Weight, norm: B::Tensor, b: B::Weight },
@@ -70,20 +70,20 @@ struct Loader<'a, B: Backend> {
     cfg: &'a ModelConfig,
 }
 
-impl<B: Backend> Loader<'_, B> {
+impl<'a, B: Backend> Loader<'a, B> {
     fn vector(&self, name: &str, n: usize) -> Result<B::Tensor> {
         self.be.upload(&self.ck.f32(name, &[n])?, 1, n)
     }
     fn linear(&self, prefix: &str, out: usize, inp: usize) -> Result<B::Weight> {
-        self.be.load_linear(&[self.ck.linear(prefix, out, inp, self.block())?])
+        self.be.load_linear(&[self.source(prefix, out, inp)?])
     }
-    fn block(&self) -> Option<[usize; 2]> {
-        self.cfg.fp8.as_ref().map(|f| f.block)
+    fn source(&self, prefix: &str, out: usize, inp: usize) -> Result<LinearSource<'a>> {
+        self.ck.linear(prefix, out, inp, self.cfg.quantization.as_ref())
     }
     fn dense(&self, prefix: &str, inter: usize) -> Result<Dense<B>> {
         let h = self.cfg.hidden_size;
-        let gate = self.ck.linear(&format!("{prefix}.gate_proj"), inter, h, self.block())?;
-        let up = self.ck.linear(&format!("{prefix}.up_proj"), inter, h, self.block())?;
+        let gate = self.source(&format!("{prefix}.gate_proj"), inter, h)?;
+        let up = self.source(&format!("{prefix}.up_proj"), inter, h)?;
         Ok(Dense {
             gate_up: self.be.load_linear(&[gate, up])?,
             down: self.linear(&format!("{prefix}.down_proj"), h, inter)?,
@@ -121,14 +121,14 @@ impl<B: Backend> Loader<'_, B> {
             return Ok(Mlp::Dense(self.dense(&p, c.intermediate_size)?));
         }
         let (h, e, i) = (c.hidden_size, c.n_routed_experts, c.moe_intermediate_size);
-        let gate_src = self.ck.linear(&format!("{p}.gate"), e, h, None)?;
+        let gate_src = self.source(&format!("{p}.gate"), e, h)?;
         let sources = (0..e)
             .map(|x| {
                 let ep = format!("{p}.experts.{x}");
                 Ok(ExpertSource {
-                    gate: self.ck.linear(&format!("{ep}.gate_proj"), i, h, self.block())?,
-                    up: self.ck.linear(&format!("{ep}.up_proj"), i, h, self.block())?,
-                    down: self.ck.linear(&format!("{ep}.down_proj"), h, i, self.block())?,
+                    gate: self.source(&format!("{ep}.gate_proj"), i, h)?,
+                    up: self.source(&format!("{ep}.up_proj"), i, h)?,
+                    down: self.source(&format!("{ep}.down_proj"), h, i)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -172,7 +172,7 @@ impl<B: Backend> Model<B> {
             });
         }
         let lm_name = if ck.contains("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
-        let lm_head = be.load_linear(&[ck.linear(lm_name, v, h, None)?])?;
+        let lm_head = be.load_linear(&[l.source(lm_name, v, h)?])?;
         let norm = l.vector("model.norm.weight", h)?;
         let max_len = max_len.unwrap_or(cfg.max_position_embeddings);
         if max_len == 0 {

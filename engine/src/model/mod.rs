@@ -4,5 +4,5 @@ pub mod config;
 mod deepseek;
 pub mod rope;
 
-pub use config::ModelConfig;
+pub use config::{AwqConfig, ModelConfig, Quantization};
 pub use deepseek::{Model, StepInput};

@@ -8,18 +8,18 @@ use safetensors::tensor::Dtype;
 use super::{kerr, CudaBackend, CudaExperts, CudaWeight, Precision};
 use crate::backend::ExpertSource;
 use crate::error::{EngineError, Result};
-use crate::weights::LinearSource;
+use crate::weights::{LinearSource, RawTensor};
 
-fn src_dtype(src: &LinearSource<'_>) -> Result<SrcDtype> {
-    Ok(match src.weight.dtype {
+fn src_dtype(weight: &RawTensor<'_>) -> Result<SrcDtype> {
+    Ok(match weight.dtype {
         Dtype::BF16 => SrcDtype::Bf16,
         Dtype::F16 => SrcDtype::F16,
         Dtype::F32 => SrcDtype::F32,
         Dtype::F8_E4M3 => SrcDtype::Fp8E4m3,
         other => {
             return Err(EngineError::TensorDtype {
-                path: src.weight.path.to_path_buf(),
-                name: src.weight.name.to_string(),
+                path: weight.path.to_path_buf(),
+                name: weight.name.to_string(),
                 dtype: format!("{other:?}"),
             })
         }
@@ -38,17 +38,29 @@ fn convert_into(
 ) -> Result<()> {
     let (rows, c) = src.dims();
     if c != cols {
-        return Err(EngineError::Backend(format!("{}: {c} input columns, expected {cols}", src.weight.name)));
+        return Err(EngineError::Backend(format!("{}: {c} input columns, expected {cols}", src.main().name)));
     }
-    let dtype = src_dtype(src)?;
     let gpu = be.gpu();
+    let (weight, scale_inv) = match src {
+        LinearSource::Dense { weight, scale_inv } => (weight, scale_inv),
+        LinearSource::Awq(_) => {
+            // Formats the compressed kernels do not take (see `quant`) arrive here expanded.
+            let host: Vec<u16> = src.to_f32()?.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+            let raw = gpu.alloc::<u16>(host.len()).map_err(kerr)?;
+            gpu.htod(&host, ptr(&raw)).map_err(kerr)?;
+            return gpu
+                .convert_weight(ptr(&raw), SrcDtype::Bf16, rows, cols, 0, [1, 1], dst, row_base, row_mul, row_off)
+                .map_err(kerr);
+        }
+    };
+    let dtype = src_dtype(weight)?;
     if dtype == SrcDtype::Bf16 && row_mul == 1 {
         let at = dst + ((row_base + row_off) * cols * 2) as u64;
-        return gpu.htod(src.weight.bytes, at).map_err(kerr);
+        return gpu.htod(weight.bytes, at).map_err(kerr);
     }
-    let raw = gpu.alloc::<u8>(src.weight.bytes.len()).map_err(kerr)?;
-    gpu.htod(src.weight.bytes, ptr(&raw)).map_err(kerr)?;
-    let (scale, block) = match &src.scale_inv {
+    let raw = gpu.alloc::<u8>(weight.bytes.len()).map_err(kerr)?;
+    gpu.htod(weight.bytes, ptr(&raw)).map_err(kerr)?;
+    let (scale, block) = match scale_inv {
         Some((s, block)) => {
             let host = s.to_f32()?;
             let buf = gpu.alloc::<f32>(host.len()).map_err(kerr)?;
@@ -63,7 +75,7 @@ fn convert_into(
 
 /// The MoE router's gate (`model.layers.N.mlp.gate.weight`): kept in f32.
 pub(super) fn is_router_gate(parts: &[LinearSource<'_>]) -> bool {
-    parts.len() == 1 && parts[0].weight.name.ends_with(".mlp.gate.weight")
+    parts.len() == 1 && parts[0].main().name.ends_with(".mlp.gate.weight")
 }
 
 pub(super) fn linear(be: &CudaBackend, parts: &[LinearSource<'_>]) -> Result<CudaWeight> {
