@@ -1,7 +1,9 @@
 //! `cleave gen-checkpoint`: random-weight DeepSeek-V3-architecture checkpoints at real shapes
 //! (HF layout: config.json + model.safetensors) for performance work. Weights are uniform in
-//! +-sqrt(3 / fan_in) (unit-variance outputs), norms are 1, routing biases 0; bf16, or fp8 e4m3
-//! with 128x128 `weight_scale_inv` blocks for every linear layer but the router and lm_head.
+//! +-sqrt(3 / fan_in) (unit-variance outputs), norms are 1, routing biases 0; bf16, fp8 e4m3
+//! with 128x128 `weight_scale_inv` blocks, or AutoAWQ "gemm" int4 with groups of 64 (4-bit values
+//! and zero points spread over their range, f16 scales that give the same output variance) for
+//! every linear layer but the router and lm_head.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -24,7 +26,11 @@ pub enum Shape {
 pub enum WeightDtype {
     Bf16,
     Fp8,
+    Awq,
 }
+
+/// Input channels per AWQ scale and zero point in generated checkpoints.
+pub const AWQ_GROUP: usize = 64;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -42,7 +48,7 @@ pub struct Args {
 }
 
 /// The config.json of a shape.
-pub fn config(shape: Shape, layers: Option<usize>, fp8: bool) -> Value {
+pub fn config(shape: Shape, layers: Option<usize>, dtype: WeightDtype) -> Value {
     let mut c = match shape {
         Shape::V2Lite => json!({
             "hidden_size": 2048, "num_hidden_layers": 27, "first_k_dense_replace": 1, "intermediate_size": 10944,
@@ -96,8 +102,14 @@ pub fn config(shape: Shape, layers: Option<usize>, fp8: bool) -> Value {
         let dense = o["first_k_dense_replace"].as_u64().unwrap_or(0) as usize;
         o.insert("first_k_dense_replace".into(), json!(dense.min(n.saturating_sub(1))));
     }
-    if fp8 {
-        o.insert("quantization_config".into(), json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}));
+    match dtype {
+        WeightDtype::Bf16 => {}
+        WeightDtype::Fp8 => {
+            o.insert("quantization_config".into(), json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}));
+        }
+        WeightDtype::Awq => {
+            o.insert("quantization_config".into(), json!({"quant_method": "awq", "bits": 4, "group_size": AWQ_GROUP, "version": "gemm", "zero_point": true, "modules_to_not_convert": null}));
+        }
     }
     c
 }
@@ -117,13 +129,19 @@ enum Kind {
     Fp8,
     /// f32 scales of an fp8 weight with this fan_in.
     Scale(usize),
+    /// AWQ packed 4-bit values (any nibble).
+    AwqQ,
+    /// AWQ packed zero points (nibbles 5..=10).
+    AwqZ,
+    /// f16 AWQ scales of a weight with this fan_in.
+    AwqS(usize),
     /// bf16 ones.
     Ones,
     /// f32 zeros.
     Zeros,
 }
 
-fn specs(c: &Value, fp8: bool) -> Vec<Spec> {
+fn specs(c: &Value, dtype: WeightDtype) -> Vec<Spec> {
     let g = |k: &str| c[k].as_u64().unwrap_or(0) as usize;
     let (h, heads, nope, rope, v, kvl) = (
         g("hidden_size"),
@@ -137,7 +155,12 @@ fn specs(c: &Value, fp8: bool) -> Vec<Spec> {
         (g("n_routed_experts"), g("intermediate_size"), g("moe_intermediate_size"), g("n_shared_experts"));
     let mut s = Vec::new();
     let mut lin = |s: &mut Vec<Spec>, name: String, out: usize, inp: usize, quant: bool| {
-        if quant && fp8 {
+        if quant && dtype == WeightDtype::Awq {
+            let g = inp / AWQ_GROUP;
+            s.push(Spec { name: format!("{name}.qweight"), shape: vec![inp, out / 8], kind: Kind::AwqQ });
+            s.push(Spec { name: format!("{name}.qzeros"), shape: vec![g, out / 8], kind: Kind::AwqZ });
+            s.push(Spec { name: format!("{name}.scales"), shape: vec![g, out], kind: Kind::AwqS(inp) });
+        } else if quant && dtype == WeightDtype::Fp8 {
             s.push(Spec { name: format!("{name}.weight"), shape: vec![out, inp], kind: Kind::Fp8 });
             s.push(Spec {
                 name: format!("{name}.weight_scale_inv"),
@@ -199,6 +222,8 @@ fn dtype_and_size(k: Kind) -> (&'static str, usize) {
         Kind::Linear | Kind::Ones => ("BF16", 2),
         Kind::Fp8 => ("F8_E4M3", 1),
         Kind::Scale(_) | Kind::Zeros => ("F32", 4),
+        Kind::AwqQ | Kind::AwqZ => ("I32", 4),
+        Kind::AwqS(_) => ("F16", 2),
     }
 }
 
@@ -236,6 +261,22 @@ fn fill(buf: &mut [u8], kind: Kind, fan_in: usize, seed: u64, first: usize) {
             let s = (3.0 / fan.max(1) as f64).sqrt() as f32 / 240.0;
             buf.chunks_exact_mut(4).for_each(|v| v.copy_from_slice(&s.to_le_bytes()));
         }
+        Kind::AwqQ => buf.par_chunks_mut(1 << 16).enumerate().for_each(|(c, ch)| {
+            let base = first + c * (1 << 14);
+            for (i, v) in ch.chunks_exact_mut(4).enumerate() {
+                v.copy_from_slice(&(splitmix(seed ^ (base + i) as u64) as u32).to_le_bytes());
+            }
+        }),
+        Kind::AwqZ => buf.chunks_exact_mut(4).enumerate().for_each(|(i, v)| {
+            let r = splitmix(seed ^ (first + i) as u64);
+            let w = (0..8).fold(0u32, |acc, j| acc | ((5 + ((r >> (8 * j)) % 6) as u32) << (4 * j)));
+            v.copy_from_slice(&w.to_le_bytes());
+        }),
+        // (q - z) spans about +-10 around 0 with q uniform in 0..16: aim at +-a.
+        Kind::AwqS(fan) => {
+            let s = half::f16::from_f32((3.0 / fan.max(1) as f64).sqrt() as f32 / 8.0);
+            buf.chunks_exact_mut(2).for_each(|v| v.copy_from_slice(&s.to_bits().to_le_bytes()));
+        }
         Kind::Ones => buf.chunks_exact_mut(2).for_each(|v| v.copy_from_slice(&0x3f80u16.to_le_bytes())),
         Kind::Zeros => buf.fill(0),
     }
@@ -243,10 +284,10 @@ fn fill(buf: &mut [u8], kind: Kind, fan_in: usize, seed: u64, first: usize) {
 
 /// Writes `config.json` and `model.safetensors` into `dir`; returns the bytes of weights written.
 pub fn write(dir: &Path, shape: Shape, layers: Option<usize>, dtype: WeightDtype, seed: u64) -> anyhow::Result<u64> {
-    let cfg = config(shape, layers, dtype == WeightDtype::Fp8);
+    let cfg = config(shape, layers, dtype);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
-    let specs = specs(&cfg, dtype == WeightDtype::Fp8);
+    let specs = specs(&cfg, dtype);
     let mut header = serde_json::Map::new();
     let mut off = 0usize;
     for s in &specs {
@@ -311,12 +352,13 @@ mod tests {
 
     #[test]
     fn tiny_checkpoints_load_in_both_formats() {
-        for dtype in [WeightDtype::Bf16, WeightDtype::Fp8] {
+        for dtype in [WeightDtype::Bf16, WeightDtype::Fp8, WeightDtype::Awq] {
             let dir = std::env::temp_dir().join(format!("cleave-gen-{dtype:?}-{}", std::process::id()));
             write(&dir, Shape::Tiny, Some(2), dtype, 7).unwrap();
             let cfg = ModelConfig::from_dir(&dir).unwrap();
             assert_eq!(cfg.num_hidden_layers, 2);
             assert_eq!(cfg.fp8_block().is_some(), dtype == WeightDtype::Fp8);
+            assert_eq!(cfg.awq().is_some(), dtype == WeightDtype::Awq);
             Model::load(&CpuBackend, &dir, Some(64)).unwrap();
             std::fs::remove_dir_all(&dir).unwrap();
         }
@@ -325,7 +367,7 @@ mod tests {
     #[test]
     fn real_shapes_parse() {
         for (shape, layers) in [(Shape::V2Lite, 27), (Shape::V3Layers, 4)] {
-            let c = config(shape, if shape == Shape::V3Layers { Some(4) } else { None }, false);
+            let c = config(shape, if shape == Shape::V3Layers { Some(4) } else { None }, WeightDtype::Awq);
             let cfg = ModelConfig::from_json_str(&c.to_string(), Path::new("config.json")).unwrap();
             assert_eq!(cfg.num_hidden_layers, layers);
             assert_eq!(cfg.kv_lora_rank, 512);

@@ -9,6 +9,7 @@ mod moe_tune;
 mod nccl;
 mod ops;
 mod prefill;
+mod quant;
 mod sample;
 
 use std::path::PathBuf;
@@ -29,7 +30,7 @@ pub struct Args {
     /// Skip the per-op checks.
     #[arg(long)]
     no_ops: bool,
-    /// Run only these per-op stages (elementwise, linear, attention, router, experts, prefill, sample;
+    /// Run only these per-op stages (elementwise, linear, quant, attention, router, experts, prefill, sample;
     /// moe_tune, the persistent grouped-GEMM shape sweep, runs only when named).
     #[arg(long, value_delimiter = ',')]
     stages: Vec<String>,
@@ -238,12 +239,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             precise: false,
             tag: "",
         };
-        let stages = ["elementwise", "linear", "attention", "prefill", "router", "experts", "sample", "moe_tune"];
+        let stages =
+            ["elementwise", "linear", "quant", "attention", "prefill", "router", "experts", "sample", "moe_tune"];
         let wanted = |s: &&str| if a.stages.is_empty() { *s != "moe_tune" } else { a.stages.iter().any(|x| x == s) };
         for name in stages.into_iter().filter(wanted) {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
                 "linear" => ctx.linear(),
+                "quant" => ctx.quant(),
                 "attention" => ctx.attention(),
                 "prefill" => ctx.prefill(),
                 "router" => ctx.router(),

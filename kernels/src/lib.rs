@@ -9,6 +9,7 @@ pub mod blas;
 pub mod compile;
 pub mod nccl;
 pub mod ops;
+pub mod quant;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -53,6 +54,23 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ),
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash"]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
+    (
+        "quant",
+        include_str!("cu/quant.cu"),
+        &[
+            "qg16_awq_f32",
+            "qg16_awq_silu",
+            "qg64_awq_f32",
+            "qg64_awq_silu",
+            "qg16_fp8_f32",
+            "qg16_fp8_silu",
+            "qg64_fp8_f32",
+            "qg64_fp8_silu",
+            "qgemm_reduce",
+            "qdequant_awq",
+            "qdequant_fp8",
+        ],
+    ),
     (
         "moe",
         include_str!("cu/moe.cu"),

@@ -10,17 +10,32 @@ use std::time::Instant;
 use anyhow::Context;
 use cleave_engine::backend::cuda::{CudaBackend, PersistentGemm, Variants, DEFAULT_PERSISTENT};
 use cleave_engine::backend::{AttnSeq, Backend, KvLayout, SampleRow};
-use cleave_engine::model::{Model, ModelConfig, StepInput};
+use cleave_engine::model::{Model, ModelConfig, Quantization, StepInput};
 
 use super::{XRng, HBM_BYTES_PER_S, TC_FLOPS};
 
-/// Parameters of the per-token dense path of one layer, its routed-expert size, and the rest.
+/// Parameters of the per-token dense path of one layer, its routed-expert size, and the rest,
+/// with the bytes per parameter the GPU reads for each.
 struct Counts {
     /// Per layer: attention projections (kv_b included) and dense MLP or router + shared experts.
     layer_dense: Vec<f64>,
-    /// One routed expert's parameters (gate, up, down).
+    /// Per layer: the bytes of `layer_dense` as kept on the GPU.
+    layer_bytes: Vec<f64>,
+    /// One routed expert's parameters (gate, up, down) and their bytes.
     expert: f64,
+    expert_bytes: f64,
     lm_head: f64,
+}
+
+/// Bytes per linear-layer parameter as the GPU keeps a checkpoint's quantized layers: bf16, FP8
+/// with an f32 scale per column and group of input channels, AWQ int4 with an f16 scale and a
+/// 4-bit zero point per group.
+fn bytes_per_param(c: &ModelConfig) -> f64 {
+    match &c.quantization {
+        None => 2.0,
+        Some(Quantization::Fp8 { block }) => 1.0 + 4.0 / block[1] as f64,
+        Some(Quantization::Awq(a)) => 0.5 + 2.5 / a.group_size as f64,
+    }
 }
 
 fn counts(c: &ModelConfig) -> Counts {
@@ -31,18 +46,28 @@ fn counts(c: &ModelConfig) -> Counts {
         Some(r) => h * r as f64 + r as f64 * heads * (nope + rope),
         None => h * heads * (nope + rope),
     };
-    let attn = q + h * (l + rope) + l * heads * (nope + v) + heads * v * h;
+    let bpp = bytes_per_param(c);
+    // kv_b_proj is expanded to bf16 at load; the router gate is f32.
+    let kv_b = l * heads * (nope + v);
+    let attn = q + h * (l + rope) + heads * v * h;
     let mi = c.moe_intermediate_size as f64;
-    let layer_dense = (0..c.num_hidden_layers)
-        .map(|i| {
-            attn + if c.is_moe_layer(i) {
-                h * c.n_routed_experts as f64 + 3.0 * h * mi * c.n_shared_experts as f64
-            } else {
-                3.0 * h * c.intermediate_size as f64
-            }
-        })
-        .collect();
-    Counts { layer_dense, expert: 3.0 * h * mi, lm_head: c.vocab_size as f64 * h }
+    let (mut layer_dense, mut layer_bytes) = (Vec::new(), Vec::new());
+    for i in 0..c.num_hidden_layers {
+        let (mlp, gate) = if c.is_moe_layer(i) {
+            (3.0 * h * mi * c.n_shared_experts as f64, h * c.n_routed_experts as f64)
+        } else {
+            (3.0 * h * c.intermediate_size as f64, 0.0)
+        };
+        layer_dense.push(attn + kv_b + mlp + gate);
+        layer_bytes.push((attn + mlp) * bpp + kv_b * 2.0 + gate * 4.0);
+    }
+    Counts {
+        layer_dense,
+        layer_bytes,
+        expert: 3.0 * h * mi,
+        expert_bytes: 3.0 * h * mi * bpp,
+        lm_head: c.vocab_size as f64 * h,
+    }
 }
 
 /// One step with every kernel timed by events: where the time goes.
@@ -182,10 +207,10 @@ pub fn run(
         if b == 64 || b == 1 {
             profile(cu, &format!("decode batch {b}"), || step(&input, &mut cache))?;
         }
-        let weights: f64 = k.layer_dense.iter().sum::<f64>() + k.expert * used_total as f64;
+        let weights: f64 = k.layer_bytes.iter().sum::<f64>() + k.expert_bytes * used_total as f64;
         let kv = (b * ctx * width * 2 * c.num_hidden_layers) as f64;
-        let bytes_full = (weights + k.lm_head) * 2.0 + kv;
-        let bytes_bare = weights * 2.0 + kv;
+        let bytes_full = weights + k.lm_head * 2.0 + kv;
+        let bytes_bare = weights + kv;
         let moe_layers = used.len().max(1);
         println!(
             "{b:>6} {:>10.3} {:>10.0} {:>11.1} {:>9.2} {:>10.0} {:>9.1}% {:>9.3}ms {:>9.1}% {:>9.3}ms",

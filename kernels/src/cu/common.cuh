@@ -87,3 +87,15 @@ __device__ __forceinline__ void ldsm_x2(u32& r0, u32& r1, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(smem_u32(p)));
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// The grouped GEMM epilogues for output columns col, col + 1 (col even) of sorted row p.
+template <int EPI>
+__device__ __forceinline__ void gg_store(void* Y, u64 p, int col, int N, float c0, float c1) {
+    if (EPI == 0) {
+        float* y = reinterpret_cast<float*>(Y) + p * N;
+        if (col < N) y[col] = c0;
+        if (col + 1 < N) y[col + 1] = c1;
+    } else {
+        bf16_t* y = reinterpret_cast<bf16_t*>(Y) + p * (N / 2);
+        if (col + 1 < N) y[col / 2] = f2bf(c0 / (1.0f + expf(-c0)) * c1);
+    }
+}

@@ -202,19 +202,6 @@ __device__ __forceinline__ void mma_k16(float (&acc)[MT][NT][4], const bf16_t* a
             mma_bf16(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bfr[nt][0], bfr[nt][1]);
 }
 
-// The grouped GEMM epilogues for output columns col, col + 1 (col even) of sorted row p.
-template <int EPI>
-__device__ __forceinline__ void gg_store(void* Y, u64 p, int col, int N, float c0, float c1) {
-    if (EPI == 0) {
-        float* y = reinterpret_cast<float*>(Y) + p * N;
-        if (col < N) y[col] = c0;
-        if (col + 1 < N) y[col + 1] = c1;
-    } else {
-        bf16_t* y = reinterpret_cast<bf16_t*>(Y) + p * (N / 2);
-        if (col + 1 < N) y[col / 2] = f2bf(c0 / (1.0f + expf(-c0)) * c1);
-    }
-}
-
 // Grouped GEMM: for each tile (expert e, sorted rows rs..rs+rc) and column block n0..n0+128,
 // Y[rs + r, n] = sum_k X[row(rs + r), k] * W[e, n, k], with row(p) = rowidx[p] (or p when null).
 // EPI 0 stores f32 [*, N]; EPI 1 takes interleaved gate/up columns (2j gate, 2j+1 up) and stores

@@ -8,6 +8,8 @@ mod elementwise;
 mod kv;
 mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm};
+mod quant;
+pub use quant::{QGemm, QWeights};
 mod sample;
 pub use sample::{SampleLaunch, SAMPLE_PARAM_WORDS};
 

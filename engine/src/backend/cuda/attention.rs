@@ -79,7 +79,10 @@ pub(super) fn mla_attention(
         return Ok(out);
     }
     let var = be.variants();
-    let precise = cache.f32.is_some() || kv_b.f32.is_some();
+    if kv_b.quant().is_some() {
+        return Err(EngineError::Backend("mla_attention: kv_b_proj must be loaded expanded (bf16 or f32)".into()));
+    }
+    let precise = cache.f32.is_some() || kv_b.f32_ptr().is_some();
     let flash = Gpu::mla_prefill_supported(d.nope, d.rope, d.v, l).is_ok();
     let expand = |s: &AttnSeq| !precise && flash && var.expanded_prefill && s.q_len >= EXPAND_MIN_ROWS;
     // Per-row metadata, packed: [visible keys per row | block-table offset per row | tables].
@@ -121,8 +124,8 @@ pub(super) fn mla_attention(
         scale: d.scale,
         max_ctx,
     };
-    if let (Some(c32), Some(w32)) = (&cache.f32, &kv_b.f32) {
-        gpu.mla_ref_f32(&p, d.v, q.ptr(), ptr(c32), row_len, row_tab, tables, ptr(w32), out.ptr()).map_err(kerr)?;
+    if let (Some(c32), Some(w32)) = (&cache.f32, kv_b.f32_ptr()) {
+        gpu.mla_ref_f32(&p, d.v, q.ptr(), ptr(c32), row_len, row_tab, tables, w32, out.ptr()).map_err(kerr)?;
         return Ok(out);
     }
     if precise {

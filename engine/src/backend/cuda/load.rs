@@ -1,11 +1,13 @@
-//! Weights to the device, converted to bf16 by a kernel (fp8 dequantized with its block scales):
-//! the host only copies the stored bytes.
+//! Weights to the device: AWQ and FP8 checkpoints kept compressed where the kernels take their
+//! grouping (`quant`), everything else converted to bf16 by a kernel (fp8 dequantized with its
+//! block scales; the host only copies the stored bytes), or to f32 at reference precision.
 
 use cleave_kernels::ops::SrcDtype;
 use cleave_kernels::ptr;
 use safetensors::tensor::Dtype;
 
-use super::{kerr, CudaBackend, CudaExperts, CudaWeight, Precision};
+use super::quant::{self, Stacking};
+use super::{kerr, CudaBackend, CudaExperts, CudaWeight, ExpertData, Precision, WeightData};
 use crate::backend::ExpertSource;
 use crate::error::{EngineError, Result};
 use crate::weights::{LinearSource, RawTensor};
@@ -78,6 +80,12 @@ pub(super) fn is_router_gate(parts: &[LinearSource<'_>]) -> bool {
     parts.len() == 1 && parts[0].main().name.ends_with(".mlp.gate.weight")
 }
 
+/// MLA's `kv_b_proj`: the attention kernels read it as bf16 (absorbed into the query and output
+/// projections), so a compressed checkpoint's copy is expanded at load.
+fn is_kv_b(parts: &[LinearSource<'_>]) -> bool {
+    parts.iter().any(|p| p.main().name.contains(".self_attn.kv_b_proj."))
+}
+
 pub(super) fn linear(be: &CudaBackend, parts: &[LinearSource<'_>]) -> Result<CudaWeight> {
     let inp = parts.first().map(|p| p.dims().1).unwrap_or(0);
     let out: usize = parts.iter().map(|p| p.dims().0).sum();
@@ -88,7 +96,12 @@ pub(super) fn linear(be: &CudaBackend, parts: &[LinearSource<'_>]) -> Result<Cud
         }
         let w32 = be.gpu().alloc::<f32>(host.len()).map_err(kerr)?;
         be.gpu().htod(&host, ptr(&w32)).map_err(kerr)?;
-        return Ok(CudaWeight { buf: be.gpu().alloc::<u16>(1).map_err(kerr)?, f32: Some(w32), out, inp });
+        return Ok(CudaWeight { data: WeightData::F32(w32), out, inp });
+    }
+    if !is_kv_b(parts) {
+        if let Some(q) = quant::upload(be, &[parts.to_vec()], Stacking::Sequential)? {
+            return Ok(CudaWeight { data: WeightData::Quant(q), out, inp });
+        }
     }
     let buf = be.gpu().alloc::<u16>(out * inp).map_err(kerr)?;
     let mut row = 0;
@@ -96,7 +109,7 @@ pub(super) fn linear(be: &CudaBackend, parts: &[LinearSource<'_>]) -> Result<Cud
         convert_into(be, p, ptr(&buf), inp, row, 1, 0)?;
         row += p.dims().0;
     }
-    Ok(CudaWeight { buf, f32: None, out, inp })
+    Ok(CudaWeight { data: WeightData::Bf16(buf), out, inp })
 }
 
 pub(super) fn experts(be: &CudaBackend, sources: &[ExpertSource<'_>]) -> Result<CudaExperts> {
@@ -105,6 +118,12 @@ pub(super) fn experts(be: &CudaBackend, sources: &[ExpertSource<'_>]) -> Result<
     };
     let (inter, hidden) = first.gate.dims();
     let e = sources.len();
+    for (i, s) in sources.iter().enumerate() {
+        if s.gate.dims() != (inter, hidden) || s.up.dims() != (inter, hidden) || s.down.dims() != (hidden, inter) {
+            return Err(EngineError::Backend(format!("expert {i}: projection shapes differ from expert 0")));
+        }
+    }
+    let done = |data| Ok(CudaExperts { data, experts: e, hidden, inter });
     if be.precision() == Precision::F32 {
         let (mut gu, mut dn) = (Vec::with_capacity(e * 2 * inter * hidden), Vec::with_capacity(e * hidden * inter));
         for s in sources {
@@ -119,18 +138,21 @@ pub(super) fn experts(be: &CudaBackend, sources: &[ExpertSource<'_>]) -> Result<
         let (a, b) = (g.alloc::<f32>(gu.len()).map_err(kerr)?, g.alloc::<f32>(dn.len()).map_err(kerr)?);
         g.htod(&gu, ptr(&a)).map_err(kerr)?;
         g.htod(&dn, ptr(&b)).map_err(kerr)?;
-        let dummy = || g.alloc::<u16>(1).map_err(kerr);
-        return Ok(CudaExperts { gate_up: dummy()?, down: dummy()?, f32: Some((a, b)), experts: e, hidden, inter });
+        return done(ExpertData::F32 { gate_up: a, down: b });
+    }
+    let gate_ups: Vec<Vec<LinearSource<'_>>> = sources.iter().map(|s| vec![s.gate, s.up]).collect();
+    let downs: Vec<Vec<LinearSource<'_>>> = sources.iter().map(|s| vec![s.down]).collect();
+    if let Some(gate_up) = quant::upload(be, &gate_ups, Stacking::Interleaved)? {
+        if let Some(down) = quant::upload(be, &downs, Stacking::Sequential)? {
+            return done(ExpertData::Quant { gate_up, down });
+        }
     }
     let gate_up = be.gpu().alloc::<u16>(e * 2 * inter * hidden).map_err(kerr)?;
     let down = be.gpu().alloc::<u16>(e * hidden * inter).map_err(kerr)?;
     for (i, s) in sources.iter().enumerate() {
-        if s.gate.dims() != (inter, hidden) || s.up.dims() != (inter, hidden) || s.down.dims() != (hidden, inter) {
-            return Err(EngineError::Backend(format!("expert {i}: projection shapes differ from expert 0")));
-        }
         convert_into(be, &s.gate, ptr(&gate_up), hidden, i * 2 * inter, 2, 0)?;
         convert_into(be, &s.up, ptr(&gate_up), hidden, i * 2 * inter, 2, 1)?;
         convert_into(be, &s.down, ptr(&down), inter, i * hidden, 1, 0)?;
     }
-    Ok(CudaExperts { gate_up, down, f32: None, experts: e, hidden, inter })
+    done(ExpertData::Bf16 { gate_up, down })
 }

@@ -2,10 +2,10 @@
 //! the expert row tiles that received tokens (gate/up with SiLU-mul fused, then down) and a
 //! weighted combine. No host synchronization: tile counts stay on the device.
 
-use cleave_kernels::ops::{GemmKernel, GroupedGemm};
+use cleave_kernels::ops::{GemmKernel, GroupedGemm, QGemm};
 use cleave_kernels::{ptr, Gpu};
 
-use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor};
+use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData};
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
 
@@ -60,14 +60,14 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let inv = be.buf::<i32>(a)?;
     let tiles = be.buf::<i32>(3 * max_tiles)?;
     let meta = be.buf::<i32>(1)?;
-    if let Some((gu, dn)) = &ex.f32 {
+    if let ExpertData::F32 { gate_up, down } = &ex.data {
         let row_expert = be.buf::<i32>(a)?;
         gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), ptr(&row_expert))
             .map_err(kerr)?;
         let act = be.alloc_f32(a * i)?;
         let y = be.alloc_f32(a * h)?;
-        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(&row_expert), ptr(gu), ptr(dn), ptr(&act), ptr(&y), a, h, i)
-            .map_err(kerr)?;
+        let (gu, dn) = (ptr(gate_up), ptr(down));
+        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(&row_expert), gu, dn, ptr(&act), ptr(&y), a, h, i).map_err(kerr)?;
         gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
         return Ok(out);
     }
@@ -76,28 +76,49 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let xb = be.bf16_in(x)?;
     let act = be.alloc_u16(a * i)?;
     let y = be.alloc_f32(a * h)?;
-    let v = be.variants();
-    let kernel = match v.moe_persistent {
-        Some(cfg) if bm == 16 => GemmKernel::Persistent(cfg),
-        _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },
-    };
     let (tiles, meta) = (ptr(&tiles), ptr(&meta));
-    let gate_up = GroupedGemm {
-        silu: true,
-        x: xb.ptr(),
-        rowidx: ptr(&sorted_tok),
-        w: ptr(&ex.gate_up),
-        y: ptr(&act),
-        tiles,
-        meta,
-        max_tiles,
-        n: 2 * i,
-        k: h,
-    };
-    gpu.grouped_gemm(kernel, &gate_up).map_err(kerr)?;
-    let down =
-        GroupedGemm { silu: false, x: ptr(&act), rowidx: 0, w: ptr(&ex.down), y: ptr(&y), n: h, k: i, ..gate_up };
-    gpu.grouped_gemm(kernel, &down).map_err(kerr)?;
+    match &ex.data {
+        ExpertData::Bf16 { gate_up, down } => {
+            let v = be.variants();
+            let kernel = match v.moe_persistent {
+                Some(cfg) if bm == 16 => GemmKernel::Persistent(cfg),
+                _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },
+            };
+            let gate_up = GroupedGemm {
+                silu: true,
+                x: xb.ptr(),
+                rowidx: ptr(&sorted_tok),
+                w: ptr(gate_up),
+                y: ptr(&act),
+                tiles,
+                meta,
+                max_tiles,
+                n: 2 * i,
+                k: h,
+            };
+            gpu.grouped_gemm(kernel, &gate_up).map_err(kerr)?;
+            let down =
+                GroupedGemm { silu: false, x: ptr(&act), rowidx: 0, w: ptr(down), y: ptr(&y), n: h, k: i, ..gate_up };
+            gpu.grouped_gemm(kernel, &down).map_err(kerr)?;
+        }
+        ExpertData::Quant { gate_up, down } => {
+            let g = QGemm {
+                silu: true,
+                x: xb.ptr(),
+                rowidx: ptr(&sorted_tok),
+                y: ptr(&act),
+                tiles,
+                meta,
+                max_tiles,
+                rows: a,
+                bm,
+                splits: 1,
+            };
+            gpu.qgemm(&gate_up.view(), &g).map_err(kerr)?;
+            gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g }).map_err(kerr)?;
+        }
+        ExpertData::F32 { .. } => unreachable!("reference precision returned above"),
+    }
     gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
     if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
         let (ids, _) = be.routing_to_host(r)?;

@@ -1,0 +1,174 @@
+//! Checkpoint weights kept compressed on the GPU (AWQ int4, FP8 e4m3 with block scales): which
+//! sources qualify, and their packing into the layout of `cleave_kernels::quant`.
+
+use cleave_kernels::cudarc::driver::CudaSlice;
+use cleave_kernels::ops::QWeights;
+use cleave_kernels::ptr;
+use cleave_kernels::quant::{pack, QFormat, QPacked, QShape};
+use rayon::prelude::*;
+use safetensors::tensor::Dtype;
+
+use super::{kerr, CudaBackend};
+use crate::error::Result;
+use crate::weights::LinearSource;
+
+/// A stack of compressed matrices on the device.
+pub struct QuantWeight {
+    words: CudaSlice<u32>,
+    scales: CudaSlice<u8>,
+    zeros: CudaSlice<u32>,
+    pub shape: QShape,
+}
+
+impl QuantWeight {
+    pub fn view(&self) -> QWeights {
+        QWeights { shape: self.shape, words: ptr(&self.words), scales: ptr(&self.scales), zeros: ptr(&self.zeros) }
+    }
+}
+
+/// How a matrix is stacked from its parts: one after another along the output dimension, or
+/// row-interleaved (row `2j + p` is row `j` of part `p`: the experts' gate/up layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stacking {
+    Sequential,
+    Interleaved,
+}
+
+/// The compressed format and group size `src` keeps on the GPU, if the kernels take it.
+fn plan(src: &LinearSource<'_>) -> Option<(QFormat, usize)> {
+    let (_, k) = src.dims();
+    match src {
+        LinearSource::Awq(a) if QShape::supported(k, a.group) => Some((QFormat::AwqInt4, a.group)),
+        LinearSource::Dense { weight, scale_inv: Some((_, [_, b1])) }
+            if weight.dtype == Dtype::F8_E4M3 && QShape::supported(k, *b1) =>
+        {
+            Some((QFormat::Fp8E4m3, *b1))
+        }
+        _ => None,
+    }
+}
+
+/// One source as `[n, k]` values (AWQ nibbles or e4m3 bytes) with per-(group, column) scales and
+/// zero points.
+struct Host {
+    n: usize,
+    k: usize,
+    group: usize,
+    values: Vec<u8>,
+    scales: Vec<f32>,
+    zeros: Vec<u8>,
+}
+
+fn host(src: &LinearSource<'_>, group: usize) -> Result<Host> {
+    let (n, k) = src.dims();
+    let groups = k.div_ceil(group);
+    Ok(match src {
+        LinearSource::Awq(a) => {
+            let (q, zeros) = a.unpack();
+            let mut values = vec![0u8; n * k];
+            for kk in 0..k {
+                for c in 0..n {
+                    values[c * k + kk] = q[kk * n + c];
+                }
+            }
+            Host { n, k, group, values, scales: a.scales.to_f32()?, zeros }
+        }
+        LinearSource::Dense { weight, scale_inv } => {
+            let (s, [b0, b1]) = scale_inv.as_ref().expect("planned as fp8");
+            let s = s.to_f32()?;
+            let sc = k.div_ceil(*b1);
+            let mut scales = vec![0f32; groups * n];
+            for g in 0..groups {
+                for c in 0..n {
+                    scales[g * n + c] = s[(c / b0) * sc + g];
+                }
+            }
+            Host { n, k, group, values: weight.bytes.to_vec(), scales, zeros: Vec::new() }
+        }
+    })
+}
+
+/// Packs one matrix stacked from `parts`.
+fn pack_matrix(format: QFormat, parts: &[Host], stacking: Stacking) -> Option<(QShape, QPacked)> {
+    let (k, group) = (parts[0].k, parts[0].group);
+    let n: usize = parts.iter().map(|p| p.n).sum();
+    let shape = QShape { format, experts: 1, n, k, group };
+    let np = parts.len();
+    let at = |row: usize| -> (&Host, usize) {
+        match stacking {
+            Stacking::Interleaved => (&parts[row % np], row / np),
+            Stacking::Sequential => {
+                let mut r = row;
+                for p in parts {
+                    if r < p.n {
+                        return (p, r);
+                    }
+                    r -= p.n;
+                }
+                unreachable!("row within the stack")
+            }
+        }
+    };
+    let packed = pack(
+        &shape,
+        |c, kk| {
+            let (p, r) = at(c);
+            p.values[r * k + kk]
+        },
+        |g, c| {
+            let (p, r) = at(c);
+            p.scales[g * p.n + r]
+        },
+        |g, c| {
+            let (p, r) = at(c);
+            p.zeros.get(g * p.n + r).copied().unwrap_or(0)
+        },
+    )?;
+    Some((shape, packed))
+}
+
+/// Uploads `matrices` (each stacked from its parts) as one compressed stack, or `None` when any
+/// part is in a format, grouping or scale precision the kernels do not take (the caller then
+/// expands the weights to bf16).
+pub(super) fn upload(
+    be: &CudaBackend,
+    matrices: &[Vec<LinearSource<'_>>],
+    stacking: Stacking,
+) -> Result<Option<QuantWeight>> {
+    let Some(first) = matrices.first().and_then(|m| m.first()) else { return Ok(None) };
+    let Some((format, group)) = plan(first) else { return Ok(None) };
+    let k = first.dims().1;
+    let uniform = matrices.iter().flatten().all(|s| plan(s) == Some((format, group)) && s.dims().1 == k);
+    let rows = |m: &Vec<LinearSource<'_>>| m.iter().map(|s| s.dims().0).sum::<usize>();
+    let n = rows(&matrices[0]);
+    if !uniform || matrices.iter().any(|m| rows(m) != n || (stacking == Stacking::Interleaved && m.len() != 2)) {
+        return Ok(None);
+    }
+    let shape = QShape { format, experts: matrices.len(), n, k, group };
+    let gpu = be.gpu();
+    let words = gpu.alloc::<u32>(shape.experts * shape.words_per_matrix()).map_err(kerr)?;
+    let scales = gpu.alloc::<u8>(shape.experts * shape.scales_per_matrix() * format.scale_bytes()).map_err(kerr)?;
+    let zeros = gpu.alloc::<u32>((shape.experts * shape.zero_words_per_matrix()).max(1)).map_err(kerr)?;
+    // Packed on the host a few matrices at a time, in parallel; uploaded in order.
+    for (c, chunk) in matrices.chunks(16).enumerate() {
+        let packed: Vec<Option<(QShape, QPacked)>> = chunk
+            .par_iter()
+            .map(|parts| {
+                let hosts = parts.iter().map(|s| host(s, group)).collect::<Result<Vec<_>>>()?;
+                Ok(pack_matrix(format, &hosts, stacking))
+            })
+            .collect::<Result<_>>()?;
+        for (i, p) in packed.into_iter().enumerate() {
+            let Some((_, p)) = p else { return Ok(None) };
+            let e = c * 16 + i;
+            gpu.htod(&p.words, ptr(&words) + (e * shape.words_per_matrix() * 4) as u64).map_err(kerr)?;
+            gpu.htod(&p.scales, ptr(&scales) + (e * p.scales.len()) as u64).map_err(kerr)?;
+            if !p.zeros.is_empty() {
+                gpu.htod(&p.zeros, ptr(&zeros) + (e * shape.zero_words_per_matrix() * 4) as u64).map_err(kerr)?;
+            }
+        }
+        // The host buffers above must outlive their asynchronous copies.
+        gpu.sync().map_err(kerr)?;
+    }
+    Ok(Some(QuantWeight { words, scales, zeros, shape }))
+}

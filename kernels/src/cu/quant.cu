@@ -1,0 +1,254 @@
+// Quantized weights kept compressed on the GPU: AWQ int4 (FMT 0) and FP8 e4m3 (FMT 1), in one
+// "fragment order" layout packed at load by kernels/src/quant.rs. For expert e, column block nb
+// (8 output columns) and k unit ku (32 input channels) there are 32 lanes x WPL u32 (WPL 1 for
+// int4, 2 for fp8); lane l = 4 g + t holds column 8 nb + g at the k offsets that lane's m16n8k16
+// B fragments need:
+//   int4 nibble j (bits 4j..4j+3): k = 32 ku + 2t + 8 (j & 3) + (j >> 2)
+//   fp8 byte b (of the lane's 8):  k = 32 ku + 2t + 8 (b >> 1) + (b & 1)
+// so ((w >> 4p) & 0x000F000F) is B register p (k pair 2t + 8p, +1) of the unit's two k16 steps.
+// Scales per (group of G input channels, column): AWQ f16, FP8 f32 (its block scale repeated per
+// column); AWQ zero points as nibbles [group][Np / 8], nibble j = column 8 w + j.
+//
+// The weights become bf16 exactly ((q - z) for AWQ, the e4m3 value itself for FP8); each group's
+// scale multiplies the f32 partial sums when the group ends. The activations' bf16 rounding is the
+// only rounding, so the result equals an f32 GEMM on the dequantized weights up to summation order.
+
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// Two e4m3 values (low byte first) to a bf16 pair (exact: e4m3 fits in bf16).
+__device__ __forceinline__ u32 e4m3x2_bf16x2(u32 v) {
+    u32 h;
+    const unsigned short s = (unsigned short)v;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(h) : "h"(s));
+    return pack_bf16(h2f((unsigned short)(h & 0xffff)), h2f((unsigned short)(h >> 16)));
+}
+__device__ __forceinline__ float e4m3_f32(u32 byte) {
+    u32 h;
+    const unsigned short s = (unsigned short)(byte & 0xff);
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(h) : "h"(s));
+    return h2f((unsigned short)(h & 0xffff));
+}
+
+// Y[rs + r, n] = sum_k X[row(rs + r), k] W[e, n, k] for each tile (expert e, rows rs..rs+rc) of
+// `tiles`/`meta` (from moe_align), or, when `tiles` is null, for row tiles of BM over M rows of one
+// matrix. 128 output columns per block, ST-stage cp.async pipeline of BK input channels. Split-K
+// over gridDim.z: split z stores f32 partials at Y + z * ystride * N (qgemm_reduce adds them; EPI 0
+// only). EPI 0 stores f32, EPI 1 takes interleaved gate/up columns and stores bf16 silu(gate) * up.
+template <int FMT, int BM, int WM, int WN, int BK, int ST, int EPI>
+__device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
+                                      const u32* __restrict__ Wq, const void* __restrict__ S,
+                                      const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
+                                      const int* __restrict__ meta, int M, int N, int K, int Np, int Kp, int G,
+                                      int ystride) {
+    constexpr int BN = 128, NTH = 32 * WM * WN, SA = BK + 8, KU = BK / 32;
+    constexpr int MT = BM / WM / 16, NT = BN / WN / 8, WPL = FMT == 0 ? 1 : 2;
+    static_assert(MT >= 1 && NT >= 1 && MT * WM * 16 == BM && NT * WN * 8 == BN && KU * 32 == BK, "shape");
+    __shared__ __align__(16) bf16_t sA[ST][BM * SA];
+    __shared__ __align__(16) u32 sB[ST][16 * KU * 32 * WPL];
+    int e, rs, rc;
+    if (tiles) {
+        const int tile = blockIdx.y;
+        if (tile >= meta[0]) return;
+        e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
+    } else {
+        e = 0, rs = blockIdx.y * BM, rc = min(BM, M - rs);
+        if (rc <= 0) return;
+    }
+    const int n0 = blockIdx.x * BN, nb0 = n0 / 8, KUT = Kp / 32, KT = Kp / BK, KG = (K + G - 1) / G;
+    const int per = (KT + gridDim.z - 1) / gridDim.z;
+    const int kt0 = blockIdx.z * per, nk = min(KT, kt0 + per) - kt0;
+    const u32* We = Wq + (u64)e * (Np / 8) * KUT * 32 * WPL;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int wm = warp / WN, wn = warp % WN;
+    auto load = [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        for (int i = tid; i < BM * (BK / 8); i += NTH) {
+            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
+            const bool ok = r < rc && k0 + c < K;
+            const bf16_t* src = X;
+            if (ok) {
+                const int p = rs + r;
+                src = X + (u64)(rowidx ? rowidx[p] : p) * K + k0 + c;
+            }
+            cp_async16(&sA[stage][r * SA + c], src, ok ? 16 : 0);
+        }
+        constexpr int CH = KU * 32 * WPL / 4;  // 16-byte chunks per column block and stage
+        for (int i = tid; i < 16 * CH; i += NTH) {
+            const int nb = i / CH, c = i % CH;
+            const bool ok = (nb0 + nb) * 8 < Np;
+            const u32* src = ok ? We + ((u64)(nb0 + nb) * KUT + (u64)kt * KU) * 32 * WPL + c * 4 : Wq;
+            cp_async16(&sB[stage][nb * KU * 32 * WPL + c * 4], src, ok ? 16 : 0);
+        }
+    };
+    float acc[MT][NT][4], part[MT][NT][4];
+#pragma unroll
+    for (int a = 0; a < MT; a++)
+#pragma unroll
+        for (int b = 0; b < NT; b++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[a][b][q] = part[a][b][q] = 0.f;
+    u32 zz[NT];  // AWQ: -(128 + z) as a bf16 pair, for this lane's column of each n-tile
+    int cur = -1;
+    const int cw = wn * (BN / WN);  // first column of this warp within the block
+    auto fold = [&]() {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int col = n0 + cw + nt * 8 + 2 * t4;
+            float s0 = 0.f, s1 = 0.f;
+            if (col < Np) {  // Np is a multiple of 8: col + 1 < Np too
+                if (FMT == 0) {
+                    const unsigned short* sp = reinterpret_cast<const unsigned short*>(S) + ((u64)e * KG + cur) * Np + col;
+                    s0 = h2f(sp[0]), s1 = h2f(sp[1]);
+                } else {
+                    const float* sp = reinterpret_cast<const float*>(S) + ((u64)e * KG + cur) * Np + col;
+                    s0 = sp[0], s1 = sp[1];
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                acc[mt][nt][0] += s0 * part[mt][nt][0], acc[mt][nt][1] += s1 * part[mt][nt][1];
+                acc[mt][nt][2] += s0 * part[mt][nt][2], acc[mt][nt][3] += s1 * part[mt][nt][3];
+                part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
+            }
+        }
+    };
+    auto set_group = [&](int grp) {
+        cur = grp;
+        if (FMT == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int n = n0 + cw + nt * 8 + g;
+                const u32 z = n < Np ? (Z[((u64)e * KG + grp) * (Np / 8) + n / 8] >> (4 * g)) & 0xfu : 0u;
+                zz[nt] = (0xC300u | z) * 0x10001u;
+            }
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nk) load(s, kt0 + s);
+        cp_async_commit();
+    }
+    for (int i = 0; i < nk; i++) {
+        cp_async_wait<ST - 2>();
+        __syncthreads();
+        if (i + ST - 1 < nk) load((i + ST - 1) % ST, kt0 + i + ST - 1);
+        cp_async_commit();
+        const bf16_t* a = sA[i % ST];
+        const u32* b = sB[i % ST];
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int grp = min(((kt0 + i) * BK + 32 * u) / G, KG - 1);
+            if (grp != cur) {  // block-uniform
+                if (cur >= 0) fold();
+                set_group(grp);
+            }
+            u32 bf[2][NT][2];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const u32* wp = b + ((cw / 8 + nt) * KU + u) * 32 * WPL + lane * WPL;
+                if (FMT == 0) {
+                    const u32 w = wp[0];
+#pragma unroll
+                    for (int p = 0; p < 4; p++)
+                        bf[p >> 1][nt][p & 1] = fma_bf16x2(((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u, 0x3F803F80u, zz[nt]);
+                } else {
+                    const u32 w0 = wp[0], w1 = wp[1];
+                    bf[0][nt][0] = e4m3x2_bf16x2(w0), bf[0][nt][1] = e4m3x2_bf16x2(w0 >> 16);
+                    bf[1][nt][0] = e4m3x2_bf16x2(w1), bf[1][nt][1] = e4m3x2_bf16x2(w1 >> 16);
+                }
+            }
+#pragma unroll
+            for (int step = 0; step < 2; step++) {
+                const int kk = u * 32 + step * 16;
+                u32 af[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const int r = wm * (BM / WM) + mt * 16 + (lane & 15);
+                    ldsm_x4(af[mt][0], af[mt][1], af[mt][2], af[mt][3], a + r * SA + kk + (lane >> 4) * 8);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+                        mma_bf16(part[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bf[step][nt][0], bf[step][nt][1]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    if (cur >= 0) fold();
+    float* yz = reinterpret_cast<float*>(Y) + (u64)blockIdx.z * ystride * N;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int col = n0 + cw + nt * 8 + 2 * t4;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = wm * (BM / WM) + mt * 16 + g + hh * 8;
+                if (r >= rc) continue;
+                if (gridDim.z > 1)
+                    gg_store<0>(yz, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                else
+                    gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+            }
+        }
+    }
+}
+
+#define QG_ARGS                                                                                                    \
+    const bf16_t *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,    \
+        const int *meta, int M, int N, int K, int Np, int Kp, int G, int ystride
+#define QG_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, ystride
+// Decode: 16-row tiles, 4 warps over the columns, 64 input channels a stage. Prefill: 64-row
+// tiles, 8 warps (2 x 4), 32 input channels a stage (static shared memory stays under 48 KB).
+extern "C" __global__ void __launch_bounds__(128) qg16_awq_f32(QG_ARGS) { qgemm<0, 16, 1, 4, 64, 4, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qg16_awq_silu(QG_ARGS) { qgemm<0, 16, 1, 4, 64, 4, 1>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256) qg64_awq_f32(QG_ARGS) { qgemm<0, 64, 2, 4, 32, 4, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256) qg64_awq_silu(QG_ARGS) { qgemm<0, 64, 2, 4, 32, 4, 1>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qg16_fp8_f32(QG_ARGS) { qgemm<1, 16, 1, 4, 64, 4, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qg16_fp8_silu(QG_ARGS) { qgemm<1, 16, 1, 4, 64, 4, 1>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256) qg64_fp8_f32(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256) qg64_fp8_silu(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 1>(QG_PASS); }
+
+// y[i] = sum over splits s of part[s * n + i] (split-K partials of qgemm).
+extern "C" __global__ void qgemm_reduce(const float* __restrict__ part, float* __restrict__ y, int splits, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int z = 0; z < splits; z++) s += part[(u64)z * n + i];
+        y[i] = s;
+    }
+}
+
+// The plain reference, and the expansion for cuBLAS prefill GEMMs and for MLA's kv_b_proj:
+// out[e * N + n, k] = bf16(W[e, n, k]) (AWQ (q - z) * s, FP8 q * s, in f32 then rounded once).
+template <int FMT>
+__device__ __forceinline__ void qdequant(const u32* __restrict__ Wq, const void* __restrict__ S,
+                                         const u32* __restrict__ Z, bf16_t* __restrict__ out, int E, int N, int K,
+                                         int Np, int Kp, int G) {
+    constexpr int WPL = FMT == 0 ? 1 : 2;
+    const int KUT = Kp / 32, KG = (K + G - 1) / G;
+    const u64 total = (u64)E * N * K;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int k = (int)(i % K), n = (int)((i / K) % N), e = (int)(i / ((u64)N * K));
+        const int kk = k & 31, t = (kk & 7) >> 1, lane = (n & 7) * 4 + t, grp = k / G;
+        const u64 base = ((((u64)e * (Np / 8) + (n >> 3)) * KUT + (k >> 5)) * 32 + lane) * WPL;
+        const u64 sg = ((u64)e * KG + grp) * Np + n;
+        float v;
+        if (FMT == 0) {
+            const int j = (kk >> 3) + 4 * (kk & 1);
+            const u32 q = (Wq[base] >> (4 * j)) & 0xfu;
+            const u32 z = (Z[((u64)e * KG + grp) * (Np / 8) + (n >> 3)] >> (4 * (n & 7))) & 0xfu;
+            v = ((float)q - (float)z) * h2f(reinterpret_cast<const unsigned short*>(S)[sg]);
+        } else {
+            const int b = 2 * (kk >> 3) + (kk & 1);
+            v = e4m3_f32(Wq[base + (b >> 2)] >> (8 * (b & 3))) * reinterpret_cast<const float*>(S)[sg];
+        }
+        out[((u64)e * N + n) * K + k] = f2bf(v);
+    }
+}
+#define QD_ARGS const u32 *Wq, const void *S, const u32 *Z, bf16_t *out, int E, int N, int K, int Np, int Kp, int G
+extern "C" __global__ void qdequant_awq(QD_ARGS) { qdequant<0>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
+extern "C" __global__ void qdequant_fp8(QD_ARGS) { qdequant<1>(Wq, S, Z, out, E, N, K, Np, Kp, G); }

@@ -1,0 +1,126 @@
+//! Launchers of the quantized-weight kernels (`cu/quant.cu`): the grouped / dense GEMM over
+//! compressed weights, its split-K reduction and the expansion to bf16.
+
+use super::GG_BN;
+use crate::quant::{QFormat, QShape};
+use crate::{Arg, Gpu, KernelError, Result};
+
+use Arg::{Ptr, I32, U64};
+
+/// A stack of quantized matrices on the device, laid out as [`crate::quant`] packs them.
+#[derive(Debug, Clone, Copy)]
+pub struct QWeights {
+    pub shape: QShape,
+    pub words: u64,
+    pub scales: u64,
+    /// AWQ zero points (0 for FP8).
+    pub zeros: u64,
+}
+
+/// The operands of a GEMM over [`QWeights`]: `Y[p, :n] = X[row(p), :k] W[e]^T` for the rows `p`
+/// of each expert tile of `tiles`/`meta` (from `moe_align`, with row tiles of `bm`), or, when
+/// `tiles` is 0, for rows `0..rows` of matrix 0. `rowidx` maps `p` to an input row (0: identity).
+/// `silu` takes interleaved gate/up columns and stores bf16 `[*, n/2]`, else f32 `[*, n]`.
+/// `splits > 1` splits the input channels: split `z` stores f32 partials at `y + z * rows * n`,
+/// which [`Gpu::qgemm_reduce`] sums (not with `silu`).
+#[derive(Debug, Clone, Copy)]
+pub struct QGemm {
+    pub silu: bool,
+    pub x: u64,
+    pub rowidx: u64,
+    pub y: u64,
+    pub tiles: u64,
+    pub meta: u64,
+    pub max_tiles: usize,
+    /// Rows of `y` (the dense rows, or the sorted expert rows).
+    pub rows: usize,
+    pub bm: usize,
+    pub splits: usize,
+}
+
+impl Gpu {
+    /// Runs [`QGemm`] over `w`.
+    pub fn qgemm(&self, w: &QWeights, g: &QGemm) -> Result<()> {
+        let s = w.shape;
+        if s.k % 8 != 0 || (g.silu && (s.n % 2 != 0 || g.splits > 1)) || g.splits == 0 || s.group % 32 != 0 {
+            return Err(KernelError::Invalid(format!(
+                "qgemm needs K % 8 == 0, groups of whole 32-channel units, one split and an even N with SiLU \
+                 (got N {}, K {}, group {}, splits {})",
+                s.n, s.k, s.group, g.splits
+            )));
+        }
+        let name = match (g.bm, s.format, g.silu) {
+            (16, QFormat::AwqInt4, false) => "qg16_awq_f32",
+            (16, QFormat::AwqInt4, true) => "qg16_awq_silu",
+            (64, QFormat::AwqInt4, false) => "qg64_awq_f32",
+            (64, QFormat::AwqInt4, true) => "qg64_awq_silu",
+            (16, QFormat::Fp8E4m3, false) => "qg16_fp8_f32",
+            (16, QFormat::Fp8E4m3, true) => "qg16_fp8_silu",
+            (64, QFormat::Fp8E4m3, false) => "qg64_fp8_f32",
+            (64, QFormat::Fp8E4m3, true) => "qg64_fp8_silu",
+            (bm, ..) => return Err(KernelError::Invalid(format!("qgemm row tile {bm} (16 or 64)"))),
+        };
+        let row_blocks = if g.tiles == 0 { g.rows.div_ceil(g.bm) } else { g.max_tiles };
+        let threads = if g.bm == 16 { 128 } else { 256 };
+        let args = [
+            Ptr(g.x),
+            Ptr(g.rowidx),
+            Ptr(w.words),
+            Ptr(w.scales),
+            Ptr(w.zeros),
+            Ptr(g.y),
+            Ptr(g.tiles),
+            Ptr(g.meta),
+            I32(g.rows as i32),
+            I32(s.n as i32),
+            I32(s.k as i32),
+            I32(s.np() as i32),
+            I32(s.kp() as i32),
+            I32(s.group as i32),
+            I32(g.rows as i32),
+        ];
+        self.launch(name, (s.n.div_ceil(GG_BN) as u32, row_blocks as u32, g.splits as u32), threads, 0, &args)
+    }
+
+    /// Split-K count for a dense [`QGemm`] of `rows` over `w`: enough blocks for two waves, each
+    /// split at least two pipeline stages of input channels.
+    pub fn qgemm_splits(&self, w: &QWeights, rows: usize, bm: usize) -> usize {
+        let blocks = w.shape.n.div_ceil(GG_BN) * rows.div_ceil(bm);
+        let stages = w.shape.kp() / if bm == 16 { 64 } else { 32 };
+        (2 * self.sm_count).div_ceil(blocks.max(1)).clamp(1, (stages / 2).clamp(1, 16))
+    }
+
+    /// `y[i] = sum_z part[z * n + i]`.
+    pub fn qgemm_reduce(&self, part: u64, y: u64, splits: usize, n: usize) -> Result<()> {
+        self.launch(
+            "qgemm_reduce",
+            (self.grid1(n as u64), 1, 1),
+            256,
+            0,
+            &[Ptr(part), Ptr(y), I32(splits as i32), U64(n as u64)],
+        )
+    }
+
+    /// Expands `w` to bf16 `[experts * n, k]` at `out`.
+    pub fn qdequant(&self, w: &QWeights, out: u64) -> Result<()> {
+        let s = w.shape;
+        let name = match s.format {
+            QFormat::AwqInt4 => "qdequant_awq",
+            QFormat::Fp8E4m3 => "qdequant_fp8",
+        };
+        let total = (s.experts * s.n * s.k) as u64;
+        let args = [
+            Ptr(w.words),
+            Ptr(w.scales),
+            Ptr(w.zeros),
+            Ptr(out),
+            I32(s.experts as i32),
+            I32(s.n as i32),
+            I32(s.k as i32),
+            I32(s.np() as i32),
+            I32(s.kp() as i32),
+            I32(s.group as i32),
+        ];
+        self.launch(name, (self.grid1(total), 1, 1), 256, 0, &args)
+    }
+}

@@ -1,0 +1,216 @@
+//! The compressed-weight kernels (AWQ int4, FP8 e4m3 with 128x128 block scales) against the CPU
+//! backend, which dequantizes the same checkpoint tensors exactly: dense linears at decode sizes
+//! (the compressed GEMM, split over input channels), prefill sizes (expansion + cuBLAS) and the
+//! grouped expert GEMMs. Weights are random with realistic AWQ scale and zero-point ranges.
+
+use std::path::Path;
+
+use anyhow::Result;
+use cleave_engine::backend::cpu::CpuRouting;
+use cleave_engine::backend::{Backend, ExpertSource};
+use cleave_engine::weights::{pack_int4, AwqSource, LinearSource, RawTensor};
+use safetensors::tensor::Dtype;
+
+use super::ops::Ctx;
+use super::{rel_err, Ceiling, XRng};
+
+/// One random quantized linear layer's checkpoint tensors.
+pub struct RandomQuant {
+    awq: bool,
+    shapes: [[usize; 2]; 3],
+    bytes: [Vec<u8>; 3],
+    group: usize,
+}
+
+impl RandomQuant {
+    /// AWQ int4 `[n, k]` with groups of `group`: 4-bit values and zero points spread over their
+    /// range, f16 scales around sqrt(3 / k) / 7.5 (AutoAWQ on unit-variance weights).
+    pub fn awq(rng: &mut XRng, n: usize, k: usize, group: usize) -> Self {
+        let q: Vec<u8> = (0..k * n).map(|_| rng.below(16) as u8).collect();
+        let z: Vec<u8> = (0..(k / group) * n).map(|_| (5 + rng.below(6)) as u8).collect();
+        let base = (3.0 / k as f32).sqrt() / 7.5;
+        let s: Vec<u8> = (0..(k / group) * n)
+            .flat_map(|_| half::f16::from_f32(base * (0.5 + rng.unit())).to_bits().to_le_bytes())
+            .collect();
+        let words = |v: &[u8]| pack_int4(v).iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        RandomQuant {
+            awq: true,
+            shapes: [[k, n / 8], [k / group, n / 8], [k / group, n]],
+            bytes: [words(&q), words(&z), s],
+            group,
+        }
+    }
+
+    /// FP8 e4m3 `[n, k]` (any byte but NaN) with f32 scales per 128 x 128 block.
+    pub fn fp8(rng: &mut XRng, n: usize, k: usize) -> Self {
+        let w: Vec<u8> = (0..n * k)
+            .map(|_| {
+                let b = rng.below(256) as u8;
+                if b & 0x7f == 0x7f {
+                    b & 0xfe
+                } else {
+                    b
+                }
+            })
+            .collect();
+        let sc = (3.0 / k as f32).sqrt() / 240.0;
+        let s: Vec<u8> =
+            (0..n.div_ceil(128) * k.div_ceil(128)).flat_map(|_| (sc * (0.5 + rng.unit())).to_le_bytes()).collect();
+        RandomQuant {
+            awq: false,
+            shapes: [[n, k], [n.div_ceil(128), k.div_ceil(128)], [0, 0]],
+            bytes: [w, s, Vec::new()],
+            group: 128,
+        }
+    }
+
+    pub fn source(&self) -> LinearSource<'_> {
+        let t = |i: usize, dtype: Dtype| RawTensor {
+            name: "random",
+            path: Path::new("random"),
+            dtype,
+            shape: &self.shapes[i],
+            bytes: &self.bytes[i],
+        };
+        if self.awq {
+            let [k, n8] = self.shapes[0];
+            LinearSource::Awq(AwqSource {
+                qweight: t(0, Dtype::I32),
+                qzeros: t(1, Dtype::I32),
+                scales: t(2, Dtype::F16),
+                group: self.group,
+                out: n8 * 8,
+                inp: k,
+            })
+        } else {
+            LinearSource::Dense { weight: t(0, Dtype::F8_E4M3), scale_inv: Some((t(1, Dtype::F32), [128, 128])) }
+        }
+    }
+
+    /// Checkpoint bytes per weight value (what the GPU reads, scales included, within 1%).
+    fn bytes_per_value(&self) -> f64 {
+        let values =
+            if self.awq { self.shapes[0][0] * self.shapes[0][1] * 8 } else { self.shapes[0][0] * self.shapes[0][1] };
+        self.bytes.iter().map(Vec::len).sum::<usize>() as f64 / values as f64
+    }
+}
+
+/// The formats checked: name and a maker of `[n, k]` layers.
+type Maker = fn(&mut XRng, usize, usize) -> RandomQuant;
+const FORMATS: [(&str, Maker); 3] = [
+    ("awq g128", |r, n, k| RandomQuant::awq(r, n, k, 128)),
+    ("awq g64", |r, n, k| RandomQuant::awq(r, n, k, 64)),
+    ("fp8 b128", RandomQuant::fp8),
+];
+
+impl Ctx<'_> {
+    pub fn quant(&mut self) -> Result<()> {
+        self.quant_linear()?;
+        self.quant_experts()
+    }
+
+    fn quant_linear(&mut self) -> Result<()> {
+        // (rows, out, in): V2-Lite q_proj / o_proj and V3 q_b_proj / kv_a at decode sizes, plus a
+        // split-K-free 100-row case and prefill-sized expansions.
+        let shapes: &[(usize, usize, usize)] = if self.quick {
+            &[(1, 256, 256), (40, 136, 384), (300, 256, 256)]
+        } else {
+            &[
+                (1, 3072, 2048),
+                (16, 2048, 2048),
+                (64, 24576, 1536),
+                (64, 576, 7168),
+                (100, 7168, 2048),
+                (256, 2048, 2048),
+                (4096, 24576, 1536),
+            ]
+        };
+        for (fmt, make) in FORMATS {
+            for &(rows, n, k) in shapes {
+                let w = make(&mut self.rng, n, k);
+                let wc = self.cpu.load_linear(&[w.source()])?;
+                let wg = self.cu.load_linear(&[w.source()])?;
+                let x = self.rng.vec(rows * k, 1.0);
+                let xg = self.cu.upload(&x, rows, k)?;
+                let got = self.cu.download(&self.cu.linear(&xg, &wg)?)?;
+                let check = rows.min(64);
+                let xc = self.cpu.upload(&x[..check * k], check, k)?;
+                let want = self.cpu.linear(&xc, &wc)?;
+                let err = rel_err(&got[..check * n], &want.data);
+                let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
+                let kept = if wg.quant().is_some() { "compressed" } else { "EXPANDED" };
+                let bytes = (n * k) as f64 * w.bytes_per_value() + (rows * k * 2 + rows * n * 4) as f64;
+                let flops = 2.0 * (rows * n * k) as f64;
+                let ceil = if rows > cleave_engine::backend::cuda::QGEMM_MAX_ROWS { Ceiling::Tc } else { Ceiling::Mem };
+                let note = if check < rows { format!(", {check} rows checked") } else { String::new() };
+                self.push(
+                    &format!("linear {fmt}"),
+                    format!("{rows} x {k} -> {n} ({kept}{note})"),
+                    err,
+                    1e-2,
+                    us,
+                    bytes,
+                    flops,
+                    ceil,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn quant_experts(&mut self) -> Result<()> {
+        let (e, h, i, top) = if self.quick { (8, 256, 128, 3) } else { (64, 2048, 1408, 6) };
+        let sizes: &[usize] = if self.quick { &[1, 5, 100] } else { &[1, 16, 64, 256, 4096] };
+        for (fmt, make) in FORMATS {
+            let layers: Vec<[RandomQuant; 3]> = (0..e)
+                .map(|_| [make(&mut self.rng, i, h), make(&mut self.rng, i, h), make(&mut self.rng, h, i)])
+                .collect();
+            let sources: Vec<ExpertSource<'_>> = layers
+                .iter()
+                .map(|[g, u, d]| ExpertSource { gate: g.source(), up: u.source(), down: d.source() })
+                .collect();
+            let ec = self.cpu.load_experts(&sources)?;
+            let eg = self.cu.load_experts(&sources)?;
+            let kept = if eg.quant().is_some() { "compressed" } else { "EXPANDED" };
+            let per_value = layers[0][0].bytes_per_value();
+            for &n in sizes {
+                let mut ids = Vec::with_capacity(n * top);
+                for _ in 0..n {
+                    let mut pick: Vec<u32> = (0..e as u32).collect();
+                    self.rng.shuffle(&mut pick);
+                    ids.extend_from_slice(&pick[..top]);
+                }
+                let w: Vec<f32> = (0..n * top).map(|_| 0.1 + self.rng.unit()).collect();
+                let x = self.rng.vec(n * h, 1.0);
+                let xg = self.cu.upload(&x, n, h)?;
+                let rg = self.cu.routing_from_host(&ids, &w, top)?;
+                let got = self.cu.download(&self.cu.moe_experts(&xg, &rg, &eg)?)?;
+                let check = n.min(64);
+                let xc = self.cpu.upload(&x[..check * h], check, h)?;
+                let rc =
+                    CpuRouting { top_k: top, ids: ids[..check * top].to_vec(), weights: w[..check * top].to_vec() };
+                let want = self.cpu.moe_experts(&xc, &rc, &ec)?;
+                let err = rel_err(&got[..check * h], &want.data);
+                let us = self.time(|| self.cu.moe_experts(&xg, &rg, &eg).map(drop))?;
+                let mut used = vec![false; e];
+                ids.iter().for_each(|&x| used[x as usize] = true);
+                let experts_used = used.iter().filter(|&&u| u).count();
+                let bytes = experts_used as f64 * (3 * h * i) as f64 * per_value + (n * top * (h * 4 + i * 2)) as f64;
+                let flops = 2.0 * (n * top * 3 * h * i) as f64;
+                let ceil = if n * top >= 32 * e { Ceiling::Tc } else { Ceiling::Mem };
+                let note = if check < n { format!(", {check} rows checked") } else { String::new() };
+                self.push(
+                    &format!("moe_experts {fmt}"),
+                    format!("{n} tokens, {e}x(3 x {h}x{i}), top {top}, {experts_used} used ({kept}{note})"),
+                    err,
+                    1e-2,
+                    us,
+                    bytes,
+                    flops,
+                    ceil,
+                );
+            }
+        }
+        Ok(())
+    }
+}
