@@ -218,7 +218,8 @@ impl Gpu {
             modules.push(m);
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
-        for f in ["mla_decode", "mla_decode2", "mla_decode2_dsv"] {
+        let opt_in = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].into_iter().chain(ops::QG_KERNELS);
+        for f in opt_in {
             let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
             // All of the unified L1/shared memory as shared, so that two blocks fit per SM.

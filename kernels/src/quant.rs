@@ -52,17 +52,18 @@ pub struct QShape {
 }
 
 impl QShape {
-    /// Whether the kernels take this grouping: groups of whole 32-channel units, `k % 8 == 0`.
+    /// Whether the kernels take this grouping: groups of a power of two of at least 32 input
+    /// channels (whole 32-channel units, found by a shift), `k % 8 == 0`.
     pub fn supported(k: usize, group: usize) -> bool {
-        group > 0 && group % 32 == 0 && k % 8 == 0
+        group >= 32 && group.is_power_of_two() && k % 8 == 0
     }
     /// Columns padded to a multiple of 8.
     pub fn np(&self) -> usize {
         self.n.next_multiple_of(8)
     }
-    /// Input channels padded to a multiple of 64 (the widest pipeline stage).
+    /// Input channels padded to a multiple of 128 (the widest pipeline stage).
     pub fn kp(&self) -> usize {
-        self.k.next_multiple_of(64)
+        self.k.next_multiple_of(128)
     }
     pub fn groups(&self) -> usize {
         self.k.div_ceil(self.group)
@@ -241,6 +242,7 @@ mod tests {
         let shape = QShape { format: QFormat::AwqInt4, experts: 1, n: 8, k: 32, group: 32 };
         assert!(pack(&shape, |_, _| 1, |_, _| 0.1f32, |_, _| 0).is_none());
         assert!(QShape::supported(128, 64) && !QShape::supported(96, 48) && !QShape::supported(100, 32));
+        assert!(!QShape::supported(192, 96) && !QShape::supported(64, 16));
     }
 
     #[test]

@@ -20,8 +20,9 @@ sys.path.insert(0, HERE)
 import data  # noqa: E402
 
 
-def generate(cleave, model, user):
-    cmd = [cleave, "generate", "--model", model, "--chat", "--prompt", user, "--max-tokens", "400", "--output", "json"]
+def generate(cleave, model, user, device):
+    cmd = [cleave, "generate", "--model", model, "--device", device, "--chat", "--prompt", user, "--max-tokens", "400",
+           "--output", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip()[-300:]}
@@ -33,6 +34,7 @@ def main():
     ap.add_argument("--report", default=os.path.join(HERE, "eval_report.json"))
     ap.add_argument("--cleave", default=os.path.join(HERE, "../../target/release/cleave"))
     ap.add_argument("--model", default=HERE)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--out", default=None, help="write per-problem results here")
@@ -40,7 +42,7 @@ def main():
     hf = json.load(open(a.report))["results"][: a.limit]
     t0 = time.time()
     with ThreadPoolExecutor(a.jobs) as ex:
-        outs = list(ex.map(lambda r: generate(a.cleave, a.model, r["user"]), hf))
+        outs = list(ex.map(lambda r: generate(a.cleave, a.model, r["user"], a.device), hf))
     correct = same = errors = 0
     rows = []
     for r, o in zip(hf, outs):

@@ -6,7 +6,7 @@
 //   int4 nibble j (bits 4j..4j+3): k = 32 ku + 2t + 8 (j & 3) + (j >> 2)
 //   fp8 byte b (of the lane's 8):  k = 32 ku + 2t + 8 (b >> 1) + (b & 1)
 // so ((w >> 4p) & 0x000F000F) is B register p (k pair 2t + 8p, +1) of the unit's two k16 steps.
-// Scales per (group of G input channels, column): AWQ f16, FP8 f32 (its block scale repeated per
+// Scales per (group of G input channels, G a power of two >= 32, column): AWQ f16, FP8 f32 (its block scale repeated per
 // column); AWQ zero points as nibbles [group][Np / 8], nibble j = column 8 w + j.
 //
 // The weights become bf16 exactly ((q - z) for AWQ, the e4m3 value itself for FP8); each group's
@@ -46,8 +46,12 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
     constexpr int BN = 128, NTH = 32 * WM * WN, SA = BK + 8, KU = BK / 32;
     constexpr int MT = BM / WM / 16, NT = BN / WN / 8, WPL = FMT == 0 ? 1 : 2;
     static_assert(MT >= 1 && NT >= 1 && MT * WM * 16 == BM && NT * WN * 8 == BN && KU * 32 == BK, "shape");
-    __shared__ __align__(16) bf16_t sA[ST][BM * SA];
-    __shared__ __align__(16) u32 sB[ST][16 * KU * 32 * WPL];
+    constexpr int SAS = BM * SA, SBS = 16 * KU * 32 * WPL;  // elements per stage
+    // Dynamic shared memory: ST stages of A (bf16) then ST stages of B (u32); the launcher passes
+    // ST * (SAS * 2 + SBS * 4) bytes.
+    extern __shared__ __align__(16) unsigned char qsmem[];
+    bf16_t* sA = reinterpret_cast<bf16_t*>(qsmem);
+    u32* sB = reinterpret_cast<u32*>(qsmem + ST * SAS * 2);
     int e, rs, rc;
     if (tiles) {
         const int tile = blockIdx.y;
@@ -58,29 +62,48 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
         if (rc <= 0) return;
     }
     const int n0 = blockIdx.x * BN, nb0 = n0 / 8, KUT = Kp / 32, KT = Kp / BK, KG = (K + G - 1) / G;
+    const int ushift = __ffs(G) - 6;  // G = 32 << ushift: the group of k unit u is u >> ushift
     const int per = (KT + gridDim.z - 1) / gridDim.z;
     const int kt0 = blockIdx.z * per, nk = min(KT, kt0 + per) - kt0;
     const u32* We = Wq + (u64)e * (Np / 8) * KUT * 32 * WPL;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int wm = warp / WN, wn = warp % WN;
+    // Each thread's cp.async chunks, resolved once per block (the row indirection, the column
+    // block's run in the packed weights); a stage then only adds its k offset.
+    constexpr int AC = BM * (BK / 8), CA = (AC + NTH - 1) / NTH;
+    constexpr int CH = KU * 32 * WPL / 4, BC = 16 * CH, CB = (BC + NTH - 1) / NTH;  // CH: chunks per column block
+    const bf16_t* a_src[CA];
+    int a_dst[CA], a_col[CA];
+    bool a_ok[CA];
+#pragma unroll
+    for (int j = 0; j < CA; j++) {
+        const int i = tid + j * NTH, r = i / (BK / 8), c = (i % (BK / 8)) * 8;
+        a_ok[j] = i < AC && r < rc;
+        const int row = a_ok[j] ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
+        a_src[j] = X + (u64)row * K + c, a_col[j] = c, a_dst[j] = r * SA + c;
+    }
+    const u32* b_src[CB];
+    int b_dst[CB];
+    bool b_ok[CB];
+#pragma unroll
+    for (int j = 0; j < CB; j++) {
+        const int i = tid + j * NTH, nb = i / CH, c = i % CH;
+        b_ok[j] = i < BC && (nb0 + nb) * 8 < Np;
+        b_src[j] = b_ok[j] ? We + (u64)(nb0 + nb) * KUT * 32 * WPL + c * 4 : Wq;
+        b_dst[j] = nb * KU * 32 * WPL + c * 4;
+    }
     auto load = [&](int stage, int kt) {
         const int k0 = kt * BK;
-        for (int i = tid; i < BM * (BK / 8); i += NTH) {
-            const int r = i / (BK / 8), c = (i % (BK / 8)) * 8;
-            const bool ok = r < rc && k0 + c < K;
-            const bf16_t* src = X;
-            if (ok) {
-                const int p = rs + r;
-                src = X + (u64)(rowidx ? rowidx[p] : p) * K + k0 + c;
-            }
-            cp_async16(&sA[stage][r * SA + c], src, ok ? 16 : 0);
+#pragma unroll
+        for (int j = 0; j < CA; j++) {
+            if (CA * NTH > AC && tid + j * NTH >= AC) break;
+            const bool ok = a_ok[j] && k0 + a_col[j] < K;
+            cp_async16(&sA[stage * SAS + a_dst[j]], ok ? a_src[j] + k0 : X, ok ? 16 : 0);
         }
-        constexpr int CH = KU * 32 * WPL / 4;  // 16-byte chunks per column block and stage
-        for (int i = tid; i < 16 * CH; i += NTH) {
-            const int nb = i / CH, c = i % CH;
-            const bool ok = (nb0 + nb) * 8 < Np;
-            const u32* src = ok ? We + ((u64)(nb0 + nb) * KUT + (u64)kt * KU) * 32 * WPL + c * 4 : Wq;
-            cp_async16(&sB[stage][nb * KU * 32 * WPL + c * 4], src, ok ? 16 : 0);
+#pragma unroll
+        for (int j = 0; j < CB; j++) {
+            if (CB * NTH > BC && tid + j * NTH >= BC) break;
+            cp_async16(&sB[stage * SBS + b_dst[j]], b_ok[j] ? b_src[j] + (u64)kt * KU * 32 * WPL : Wq, b_ok[j] ? 16 : 0);
         }
     };
     float acc[MT][NT][4], part[MT][NT][4];
@@ -90,42 +113,56 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
         for (int b = 0; b < NT; b++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[a][b][q] = part[a][b][q] = 0.f;
-    u32 zz[NT];  // AWQ: -(128 + z) as a bf16 pair, for this lane's column of each n-tile
-    int cur = -1;
+    // Per group, for this thread's columns: AWQ -(128 + z) as a bf16 pair (the B column g of each
+    // n-tile) and the scales of its accumulator columns (2 t4, 2 t4 + 1). The next group's are
+    // loaded one group ahead, so no group boundary waits on a global load.
+    u32 zz[NT], zn[NT];
+    float sc[NT][2], sn[NT][2];
     const int cw = wn * (BN / WN);  // first column of this warp within the block
-    auto fold = [&]() {
+    auto fetch = [&](int grp, u32(&z)[NT], float(&sv)[NT][2]) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int col = n0 + cw + nt * 8 + 2 * t4;
-            float s0 = 0.f, s1 = 0.f;
+            sv[nt][0] = sv[nt][1] = 0.f;
             if (col < Np) {  // Np is a multiple of 8: col + 1 < Np too
                 if (FMT == 0) {
-                    const unsigned short* sp = reinterpret_cast<const unsigned short*>(S) + ((u64)e * KG + cur) * Np + col;
-                    s0 = h2f(sp[0]), s1 = h2f(sp[1]);
+                    const unsigned short* sp = reinterpret_cast<const unsigned short*>(S) + ((u64)e * KG + grp) * Np + col;
+                    sv[nt][0] = h2f(sp[0]), sv[nt][1] = h2f(sp[1]);
                 } else {
-                    const float* sp = reinterpret_cast<const float*>(S) + ((u64)e * KG + cur) * Np + col;
-                    s0 = sp[0], s1 = sp[1];
+                    const float* sp = reinterpret_cast<const float*>(S) + ((u64)e * KG + grp) * Np + col;
+                    sv[nt][0] = sp[0], sv[nt][1] = sp[1];
                 }
             }
+            if (FMT == 0) {
+                const int n = n0 + cw + nt * 8 + g;
+                const u32 zv = n < Np ? (Z[((u64)e * KG + grp) * (Np / 8) + n / 8] >> (4 * g)) & 0xfu : 0u;
+                z[nt] = (0xC300u | zv) * 0x10001u;
+            }
+        }
+    };
+    int cur = -1, nxt = -1;
+    auto fold = [&]() {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                acc[mt][nt][0] += s0 * part[mt][nt][0], acc[mt][nt][1] += s1 * part[mt][nt][1];
-                acc[mt][nt][2] += s0 * part[mt][nt][2], acc[mt][nt][3] += s1 * part[mt][nt][3];
+                acc[mt][nt][0] += sc[nt][0] * part[mt][nt][0], acc[mt][nt][1] += sc[nt][1] * part[mt][nt][1];
+                acc[mt][nt][2] += sc[nt][0] * part[mt][nt][2], acc[mt][nt][3] += sc[nt][1] * part[mt][nt][3];
                 part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
             }
-        }
     };
     auto set_group = [&](int grp) {
-        cur = grp;
-        if (FMT == 0) {
+        if (grp == nxt) {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int n = n0 + cw + nt * 8 + g;
-                const u32 z = n < Np ? (Z[((u64)e * KG + grp) * (Np / 8) + n / 8] >> (4 * g)) & 0xfu : 0u;
-                zz[nt] = (0xC300u | z) * 0x10001u;
-            }
+            for (int nt = 0; nt < NT; nt++) zz[nt] = zn[nt], sc[nt][0] = sn[nt][0], sc[nt][1] = sn[nt][1];
+        } else {
+            fetch(grp, zz, sc);
         }
+        cur = grp;
+        nxt = grp + 1 < KG ? grp + 1 : -1;
+        if (nxt >= 0) fetch(nxt, zn, sn);
     };
+    if (nk > 0) set_group(min((kt0 * KU) >> ushift, KG - 1));  // overlaps the pipeline's first loads
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
         if (s < nk) load(s, kt0 + s);
@@ -136,11 +173,11 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
         __syncthreads();
         if (i + ST - 1 < nk) load((i + ST - 1) % ST, kt0 + i + ST - 1);
         cp_async_commit();
-        const bf16_t* a = sA[i % ST];
-        const u32* b = sB[i % ST];
+        const bf16_t* a = sA + (i % ST) * SAS;
+        const u32* b = sB + (i % ST) * SBS;
 #pragma unroll
         for (int u = 0; u < KU; u++) {
-            const int grp = min(((kt0 + i) * BK + 32 * u) / G, KG - 1);
+            const int grp = min(((kt0 + i) * KU + u) >> ushift, KG - 1);
             if (grp != cur) {  // block-uniform
                 if (cur >= 0) fold();
                 set_group(grp);
@@ -202,16 +239,18 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
     const bf16_t *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,    \
         const int *meta, int M, int N, int K, int Np, int Kp, int G, int ystride
 #define QG_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, ystride
-// Decode: 16-row tiles, 4 warps over the columns, 64 input channels a stage. Prefill: 64-row
-// tiles, 8 warps (2 x 4), 32 input channels a stage (static shared memory stays under 48 KB).
-extern "C" __global__ void __launch_bounds__(128) qg16_awq_f32(QG_ARGS) { qgemm<0, 16, 1, 4, 64, 4, 0>(QG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qg16_awq_silu(QG_ARGS) { qgemm<0, 16, 1, 4, 64, 4, 1>(QG_PASS); }
-extern "C" __global__ void __launch_bounds__(256) qg64_awq_f32(QG_ARGS) { qgemm<0, 64, 2, 4, 32, 4, 0>(QG_PASS); }
-extern "C" __global__ void __launch_bounds__(256) qg64_awq_silu(QG_ARGS) { qgemm<0, 64, 2, 4, 32, 4, 1>(QG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qg16_fp8_f32(QG_ARGS) { qgemm<1, 16, 1, 4, 64, 4, 0>(QG_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qg16_fp8_silu(QG_ARGS) { qgemm<1, 16, 1, 4, 64, 4, 1>(QG_PASS); }
-extern "C" __global__ void __launch_bounds__(256) qg64_fp8_f32(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 0>(QG_PASS); }
-extern "C" __global__ void __launch_bounds__(256) qg64_fp8_silu(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 1>(QG_PASS); }
+// Decode: 16-row tiles, 8 warps over the columns (16 each: few registers per thread, so two blocks
+// of 8 warps fit an SM), deep pipelines so that each block keeps 40-56 KB of weights in flight:
+// int4 6 stages of 128 input channels, fp8 8 stages of 64. Prefill: 64-row tiles, 8 warps (2 x 4),
+// 4 stages of 32 channels. Kp is a multiple of 128. ops/quant.rs (QG_SHAPES) mirrors these.
+extern "C" __global__ void __launch_bounds__(256, 2) qg16_awq_f32(QG_ARGS) { qgemm<0, 16, 1, 8, 128, 6, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qg16_awq_silu(QG_ARGS) { qgemm<0, 16, 1, 8, 128, 6, 1>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qg64_awq_f32(QG_ARGS) { qgemm<0, 64, 2, 4, 32, 4, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qg64_awq_silu(QG_ARGS) { qgemm<0, 64, 2, 4, 32, 4, 1>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qg16_fp8_f32(QG_ARGS) { qgemm<1, 16, 1, 8, 64, 8, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qg16_fp8_silu(QG_ARGS) { qgemm<1, 16, 1, 8, 64, 8, 1>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qg64_fp8_f32(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 0>(QG_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) qg64_fp8_silu(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 1>(QG_PASS); }
 
 // y[i] = sum over splits s of part[s * n + i] (split-K partials of qgemm).
 extern "C" __global__ void qgemm_reduce(const float* __restrict__ part, float* __restrict__ y, int splits, u64 n) {

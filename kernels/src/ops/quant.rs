@@ -38,30 +38,55 @@ pub struct QGemm {
     pub splits: usize,
 }
 
+/// (row tile, format) -> (kernel stem, input channels per stage, stages), as compiled in quant.cu.
+const QG_SHAPES: [(usize, QFormat, &str, usize, usize); 4] = [
+    (16, QFormat::AwqInt4, "qg16_awq", 128, 6),
+    (64, QFormat::AwqInt4, "qg64_awq", 32, 4),
+    (16, QFormat::Fp8E4m3, "qg16_fp8", 64, 8),
+    (64, QFormat::Fp8E4m3, "qg64_fp8", 32, 4),
+];
+
+/// The compiled qgemm kernels (every one gets the opt-in dynamic shared memory at start-up).
+pub const QG_KERNELS: [&str; 8] = [
+    "qg16_awq_f32",
+    "qg16_awq_silu",
+    "qg64_awq_f32",
+    "qg64_awq_silu",
+    "qg16_fp8_f32",
+    "qg16_fp8_silu",
+    "qg64_fp8_f32",
+    "qg64_fp8_silu",
+];
+
+/// Kernel name, input channels per stage and dynamic shared memory of a qgemm launch.
+fn qg_shape(bm: usize, format: QFormat, silu: bool) -> Result<(&'static str, usize, usize)> {
+    let &(_, _, stem, bk, stages) = QG_SHAPES
+        .iter()
+        .find(|s| s.0 == bm && s.1 == format)
+        .ok_or_else(|| KernelError::Invalid(format!("qgemm row tile {bm} (16 or 64)")))?;
+    let name = QG_KERNELS
+        .iter()
+        .find(|k| k.starts_with(stem) && k.ends_with(if silu { "_silu" } else { "_f32" }))
+        .expect("every shape has both epilogues");
+    // Per stage: A tile bm x (bk + 8) bf16, B 16 column blocks x bk/32 units x 32 lanes x words.
+    let stage = bm * (bk + 8) * 2 + 16 * (bk / 32) * 32 * format.words_per_lane() * 4;
+    Ok((name, bk, stages * stage))
+}
+
 impl Gpu {
     /// Runs [`QGemm`] over `w`.
     pub fn qgemm(&self, w: &QWeights, g: &QGemm) -> Result<()> {
         let s = w.shape;
-        if s.k % 8 != 0 || (g.silu && (s.n % 2 != 0 || g.splits > 1)) || g.splits == 0 || s.group % 32 != 0 {
+        if !QShape::supported(s.k, s.group) || (g.silu && (s.n % 2 != 0 || g.splits > 1)) || g.splits == 0 {
             return Err(KernelError::Invalid(format!(
-                "qgemm needs K % 8 == 0, groups of whole 32-channel units, one split and an even N with SiLU \
+                "qgemm needs K % 8 == 0, groups of a power of two >= 32 channels, one split and an even N with SiLU \
                  (got N {}, K {}, group {}, splits {})",
                 s.n, s.k, s.group, g.splits
             )));
         }
-        let name = match (g.bm, s.format, g.silu) {
-            (16, QFormat::AwqInt4, false) => "qg16_awq_f32",
-            (16, QFormat::AwqInt4, true) => "qg16_awq_silu",
-            (64, QFormat::AwqInt4, false) => "qg64_awq_f32",
-            (64, QFormat::AwqInt4, true) => "qg64_awq_silu",
-            (16, QFormat::Fp8E4m3, false) => "qg16_fp8_f32",
-            (16, QFormat::Fp8E4m3, true) => "qg16_fp8_silu",
-            (64, QFormat::Fp8E4m3, false) => "qg64_fp8_f32",
-            (64, QFormat::Fp8E4m3, true) => "qg64_fp8_silu",
-            (bm, ..) => return Err(KernelError::Invalid(format!("qgemm row tile {bm} (16 or 64)"))),
-        };
+        let (name, _, smem) = qg_shape(g.bm, s.format, g.silu)?;
         let row_blocks = if g.tiles == 0 { g.rows.div_ceil(g.bm) } else { g.max_tiles };
-        let threads = if g.bm == 16 { 128 } else { 256 };
+        let threads = 256;
         let args = [
             Ptr(g.x),
             Ptr(g.rowidx),
@@ -79,14 +104,15 @@ impl Gpu {
             I32(s.group as i32),
             I32(g.rows as i32),
         ];
-        self.launch(name, (s.n.div_ceil(GG_BN) as u32, row_blocks as u32, g.splits as u32), threads, 0, &args)
+        self.launch(name, (s.n.div_ceil(GG_BN) as u32, row_blocks as u32, g.splits as u32), threads, smem as u32, &args)
     }
 
     /// Split-K count for a dense [`QGemm`] of `rows` over `w`: enough blocks for two waves, each
     /// split at least two pipeline stages of input channels.
     pub fn qgemm_splits(&self, w: &QWeights, rows: usize, bm: usize) -> usize {
         let blocks = w.shape.n.div_ceil(GG_BN) * rows.div_ceil(bm);
-        let stages = w.shape.kp() / if bm == 16 { 64 } else { 32 };
+        let stage_k = qg_shape(bm, w.shape.format, false).map_or(32, |s| s.1);
+        let stages = w.shape.kp() / stage_k;
         (2 * self.sm_count).div_ceil(blocks.max(1)).clamp(1, (stages / 2).clamp(1, 16))
     }
 
@@ -122,5 +148,23 @@ impl Gpu {
             I32(s.group as i32),
         ];
         self.launch(name, (self.grid1(total), 1, 1), 256, 0, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_qgemm_shape_names_compiled_kernels_within_the_shared_memory_opt_in() {
+        let module = crate::MODULES.iter().find(|m| m.0 == "quant").expect("quant module");
+        for &(bm, format, ..) in &QG_SHAPES {
+            for silu in [false, true] {
+                let (name, bk, smem) = qg_shape(bm, format, silu).unwrap();
+                assert!(module.2.contains(&name) && QG_KERNELS.contains(&name), "{name}");
+                assert!(128 % bk == 0 && smem <= 110 * 1024, "{name}: two blocks must fit an SM ({smem} bytes)");
+            }
+        }
+        assert!(qg_shape(32, QFormat::AwqInt4, false).is_err());
     }
 }
