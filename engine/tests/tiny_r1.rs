@@ -9,12 +9,26 @@ use cleave_engine::tokenizer::ChatMessage;
 use cleave_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams};
 use serde_json::Value;
 
-#[test]
-fn greedy_answers_equal_hf_on_the_fixed_problems() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/tiny-r1");
-    let expected: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected_answers.json")).unwrap()).unwrap();
+fn model_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models").join(name)
+}
+
+/// The 20 fixed problems with HF's recorded prompt ids, output ids and text.
+fn fixed_problems() -> Vec<Value> {
+    let path = model_dir("tiny-r1").join("expected_answers.json");
+    let expected: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(expected.len(), 20);
+    expected
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// Greedy outputs (ids, text) of `model` for the fixed problems, each ended by EOS; the
+/// chat-rendered prompts are checked against HF's on the way.
+fn answer_fixed_problems(model: &str) -> Vec<(Vec<u32>, String)> {
+    let expected = fixed_problems();
     let cfg = EngineConfig {
         max_num_seqs: 20,
         max_num_batched_tokens: 2048,
@@ -22,9 +36,8 @@ fn greedy_answers_equal_hf_on_the_fixed_problems() {
         num_blocks: 20 * 32,
         max_model_len: None,
     };
-    let mut engine = Engine::load(CpuBackend, &dir, cfg).expect("models/tiny-r1 loads");
-    let tok = engine.tokenizer().expect("tiny-r1 has a tokenizer").clone();
-    let ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    let mut engine = Engine::load(CpuBackend, &model_dir(model), cfg).expect("the model loads");
+    let tok = engine.tokenizer().expect("the model has a tokenizer").clone();
     let mut requests = Vec::new();
     for (i, e) in expected.iter().enumerate() {
         let user = e["user"].as_str().unwrap();
@@ -39,16 +52,35 @@ fn greedy_answers_equal_hf_on_the_fixed_problems() {
         requests.push(Request { id: i as u64, prompt, params: SamplingParams::greedy(400), prefill_only: false });
     }
     let mut out = engine.generate(requests).unwrap();
-    for (i, e) in expected.iter().enumerate() {
-        let got = out.remove(&(i as u64)).unwrap();
-        let got_ids: Vec<u32> = got.iter().map(|t| t.token).collect();
-        let text: String = got.iter().map(|t| t.text.as_str()).collect();
-        assert_eq!(got_ids, ids(&e["output_ids"]), "{:?}: cleave wrote {text:?}", e["user"]);
-        assert_eq!(got.last().unwrap().finish, Some(FinishReason::Stop), "ends with EOS");
-        let hf_text = e["text"].as_str().unwrap().trim_end_matches("<｜end▁of▁sentence｜>");
-        assert_eq!(text, hf_text, "text of {:?}", e["user"]);
-    }
     assert_eq!(engine.scheduler().num_used_blocks(), 0);
+    (0..expected.len())
+        .map(|i| {
+            let got = out.remove(&(i as u64)).unwrap();
+            assert_eq!(got.last().unwrap().finish, Some(FinishReason::Stop), "ends with EOS");
+            (got.iter().map(|t| t.token).collect(), got.iter().map(|t| t.text.as_str()).collect())
+        })
+        .collect()
+}
+
+fn hf_text(e: &Value) -> &str {
+    e["text"].as_str().unwrap().trim_end_matches("<｜end▁of▁sentence｜>")
+}
+
+#[test]
+fn greedy_answers_equal_hf_on_the_fixed_problems() {
+    for (e, (got_ids, text)) in fixed_problems().iter().zip(answer_fixed_problems("tiny-r1")) {
+        assert_eq!(got_ids, ids(&e["output_ids"]), "{:?}: cleave wrote {text:?}", e["user"]);
+        assert_eq!(text, hf_text(e), "text of {:?}", e["user"]);
+    }
+}
+
+/// models/tiny-r1-awq (AutoAWQ int4, group 32) keeps every answer of the bf16 model.
+#[test]
+fn the_awq_quantized_default_answers_the_fixed_problems_right() {
+    let answer = |t: &str| t.rsplit("</think>").next().unwrap_or("").trim().to_string();
+    for (e, (_, text)) in fixed_problems().iter().zip(answer_fixed_problems("tiny-r1-awq")) {
+        assert_eq!(answer(&text), answer(hf_text(e)), "{:?}: tiny-r1-awq wrote {text:?}", e["user"]);
+    }
 }
 
 /// Text held back because it might start a stop string comes out when the sequence ends on EOS or

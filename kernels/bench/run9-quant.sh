@@ -27,3 +27,12 @@ for d in ${DTYPES:-bf16 fp8 awq}; do
   grep -E "loaded in|^ +[0-9]+ +[0-9.]+ |allocations|prefill|profile decode batch 64" $OUT/bench-$d.txt | cut -c1-200
   rm -rf /dev/shm/v2lite-$d
 done
+# Four layers of the V3 shape (256 experts) compressed, context 2048 (V3=0 skips).
+[ -n "$NOV3" ] && exit 0
+for d in ${V3DTYPES:-awq fp8}; do
+  $C gen-checkpoint --shape v3-layers --dtype $d --out /dev/shm/v3l4-$d > /dev/null 2>&1
+  S=$(date +%s)
+  timeout 150 $C kernels-check --no-ops --bench-model /dev/shm/v3l4-$d --ctx 2048 --batches 1,64,256 > $OUT/bench-v3l4-$d.txt 2>&1; echo "bench v3l4 $d rc=$? $(( $(date +%s) - S )) s"
+  grep -E "loaded in|^ +[0-9]+ +[0-9.]+ |prefill|profile decode batch 64" $OUT/bench-v3l4-$d.txt | cut -c1-200
+  rm -rf /dev/shm/v3l4-$d
+done

@@ -54,23 +54,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ),
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash"]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
-    (
-        "quant",
-        include_str!("cu/quant.cu"),
-        &[
-            "qg16_awq_f32",
-            "qg16_awq_silu",
-            "qg64_awq_f32",
-            "qg64_awq_silu",
-            "qg16_fp8_f32",
-            "qg16_fp8_silu",
-            "qg64_fp8_f32",
-            "qg64_fp8_silu",
-            "qgemm_reduce",
-            "qdequant_awq",
-            "qdequant_fp8",
-        ],
-    ),
+    ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
     (
         "moe",
         include_str!("cu/moe.cu"),
@@ -218,7 +202,8 @@ impl Gpu {
             modules.push(m);
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
-        let opt_in = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].into_iter().chain(ops::QG_KERNELS);
+        let qgemm = ops::QUANT_KERNELS.iter().copied().filter(|k| k.starts_with("qg"));
+        let opt_in = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].into_iter().chain(qgemm);
         for f in opt_in {
             let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;

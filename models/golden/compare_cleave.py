@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check `cleave generate` against the HF reference of golden case directories.
 
-    python3 compare_cleave.py --cleave target/release/cleave DIR [DIR ...]
+    python3 compare_cleave.py --cleave target/release/cleave [--device cuda --dtype float32] DIR [DIR ...]
 
 For every prompt of DIR/expected.json it runs `cleave generate --prompt-ids ... --output json`
 and compares greedy ids (exact, except after an HF near-tie) and logprobs (within --tol).
@@ -15,13 +15,13 @@ import sys
 NEAR_TIE = 1e-3
 
 
-def check_case(cleave, case_dir, tol):
+def check_case(cleave, case_dir, tol, extra=()):
     exp = json.load(open(f"{case_dir}/expected.json"))
     worst, status = 0.0, "ok"
     for i, p in enumerate(exp["prompts"]):
         want = p["token_ids"]
         cmd = [cleave, "generate", "--model", case_dir, "--prompt-ids", ",".join(map(str, p["prompt_ids"])),
-               "--max-tokens", str(len(want)), "--ignore-eos", "--output", "json"]
+               "--max-tokens", str(len(want)), "--ignore-eos", "--output", "json", *extra]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             return f"FAIL prompt {i}: cleave exited {out.returncode}: {out.stderr.strip()[-300:]}", worst
@@ -45,12 +45,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cleave", default="target/release/cleave")
     ap.add_argument("--tol", type=float, default=1e-3)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
+    ap.add_argument("--dtype", default=None, help="on cuda: float32 (checked to --tol) or bfloat16")
     ap.add_argument("cases", nargs="+")
     a = ap.parse_args()
+    extra = ["--device", a.device] + (["--dtype", a.dtype] if a.dtype else [])
     failed = 0
     print(f"{'case':<40} {'max |dlogprob|':>15}  result")
     for c in a.cases:
-        status, worst = check_case(a.cleave, c, a.tol)
+        status, worst = check_case(a.cleave, c, a.tol, extra)
         failed += status.startswith("FAIL")
         print(f"{c:<40} {worst:>15.2e}  {status}")
     sys.exit(1 if failed else 0)

@@ -6,12 +6,11 @@
 use std::path::Path;
 
 use anyhow::Result;
-use cleave_engine::backend::cpu::CpuRouting;
 use cleave_engine::backend::{Backend, ExpertSource};
 use cleave_engine::weights::{pack_int4, AwqSource, LinearSource, RawTensor};
 use safetensors::tensor::Dtype;
 
-use super::ops::Ctx;
+use super::ops::{Ctx, ExpertShape};
 use super::{rel_err, Ceiling, XRng};
 
 /// One random quantized linear layer's checkpoint tensors.
@@ -171,44 +170,10 @@ impl Ctx<'_> {
                 .collect();
             let ec = self.cpu.load_experts(&sources)?;
             let eg = self.cu.load_experts(&sources)?;
-            let kept = if eg.quant().is_some() { "compressed" } else { "EXPANDED" };
-            let per_value = layers[0][0].bytes_per_value();
+            let kept = if eg.quant().is_some() { " (compressed)" } else { " (EXPANDED)" };
+            let shape = ExpertShape { e, h, i, top, bytes_per_param: layers[0][0].bytes_per_value() };
             for &n in sizes {
-                let mut ids = Vec::with_capacity(n * top);
-                for _ in 0..n {
-                    let mut pick: Vec<u32> = (0..e as u32).collect();
-                    self.rng.shuffle(&mut pick);
-                    ids.extend_from_slice(&pick[..top]);
-                }
-                let w: Vec<f32> = (0..n * top).map(|_| 0.1 + self.rng.unit()).collect();
-                let x = self.rng.vec(n * h, 1.0);
-                let xg = self.cu.upload(&x, n, h)?;
-                let rg = self.cu.routing_from_host(&ids, &w, top)?;
-                let got = self.cu.download(&self.cu.moe_experts(&xg, &rg, &eg)?)?;
-                let check = n.min(64);
-                let xc = self.cpu.upload(&x[..check * h], check, h)?;
-                let rc =
-                    CpuRouting { top_k: top, ids: ids[..check * top].to_vec(), weights: w[..check * top].to_vec() };
-                let want = self.cpu.moe_experts(&xc, &rc, &ec)?;
-                let err = rel_err(&got[..check * h], &want.data);
-                let us = self.time(|| self.cu.moe_experts(&xg, &rg, &eg).map(drop))?;
-                let mut used = vec![false; e];
-                ids.iter().for_each(|&x| used[x as usize] = true);
-                let experts_used = used.iter().filter(|&&u| u).count();
-                let bytes = experts_used as f64 * (3 * h * i) as f64 * per_value + (n * top * (h * 4 + i * 2)) as f64;
-                let flops = 2.0 * (n * top * 3 * h * i) as f64;
-                let ceil = if n * top >= 32 * e { Ceiling::Tc } else { Ceiling::Mem };
-                let note = if check < n { format!(", {check} rows checked") } else { String::new() };
-                self.push(
-                    &format!("moe_experts {fmt}"),
-                    format!("{n} tokens, {e}x(3 x {h}x{i}), top {top}, {experts_used} used ({kept}{note})"),
-                    err,
-                    1e-2,
-                    us,
-                    bytes,
-                    flops,
-                    ceil,
-                );
+                self.check_experts(&format!("moe_experts {fmt}"), kept, &ec, &eg, shape, n)?;
             }
         }
         Ok(())

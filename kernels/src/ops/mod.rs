@@ -9,7 +9,7 @@ mod kv;
 mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm};
 mod quant;
-pub use quant::{QGemm, QWeights, QG_KERNELS};
+pub use quant::{QGemm, QWeights, QUANT_KERNELS};
 mod sample;
 pub use sample::{SampleLaunch, SAMPLE_PARAM_WORDS};
 

@@ -443,9 +443,9 @@ impl CudaBackend {
             self.gpu.qdequant(q, ptr(&wb)).map_err(kerr)?;
             return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
         }
-        // Decode-sized batches stream the weights through the deep 16-row pipeline (re-reading them
-        // from L2 per row tile); larger ones use 64-row tiles.
-        let bm = if rows <= 64 { 16 } else { 64 };
+        // Up to 16 rows one deep-pipelined row tile; more rows 64-row tiles, so that weights larger
+        // than L2 (V3's dense MLP: 132 MB in int4) are not streamed from HBM once per 16 rows.
+        let bm = if rows <= 16 { 16 } else { 64 };
         let splits = self.gpu.qgemm_splits(q, rows, bm);
         let part = if splits > 1 { Some(self.alloc_f32(splits * rows * n)?) } else { None };
         let g = QGemm {
