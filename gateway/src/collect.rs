@@ -7,7 +7,9 @@ use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 
 use crate::choice::{ChoiceState, TokenLogprob};
-use crate::openai::{AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, TokenStrings, Usage};
+use crate::openai::{
+    AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, MessageReasoning, TokenStrings, Usage,
+};
 use crate::reasoning::ReasoningSplitter;
 use crate::sse::ResponseMeta;
 use crate::validate::Endpoint;
@@ -86,7 +88,11 @@ impl Collector {
                         };
                         ChatChoice {
                             index: c.index,
-                            message: AssistantMessage { role: "assistant", content, reasoning_content },
+                            message: AssistantMessage {
+                                role: "assistant",
+                                content,
+                                reasoning: MessageReasoning(reasoning_content),
+                            },
                             logprobs: m.logprobs.then(|| strings.chat(&g.logprobs)),
                             finish_reason: c.finish.map(|f| f.as_str()),
                         }
@@ -167,7 +173,7 @@ mod tests {
         let v = run(&mut c, &toks);
         assert_eq!(
             v["choices"][0]["message"],
-            json!({"role": "assistant", "content": "answer", "reasoning_content": "think"})
+            json!({"role": "assistant", "content": "answer", "reasoning_content": "think", "reasoning": "think"})
         );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
         assert_eq!(v["usage"], json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}));
@@ -176,7 +182,7 @@ mod tests {
         let v = run(&mut c, &toks);
         assert_eq!(
             v["choices"][0]["message"],
-            json!({"role": "assistant", "content": "answer", "reasoning_content": null})
+            json!({"role": "assistant", "content": "answer", "reasoning_content": null, "reasoning": null})
         );
     }
 
@@ -187,6 +193,7 @@ mod tests {
         let v = run(&mut c, &toks);
         assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
         assert_eq!(v["choices"][0]["message"]["reasoning_content"], "still thinking");
+        assert_eq!(v["choices"][0]["message"]["reasoning"], "still thinking");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["choices"][0]["logprobs"]["content"].as_array().unwrap().len(), 2);
         let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(None), true);

@@ -51,8 +51,43 @@ pub struct ChatDelta<'a> {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reasoning_content: Option<&'a str>,
+    #[serde(flatten)]
+    pub reasoning: DeltaReasoning<'a>,
+}
+
+/// R1's reasoning text goes out under both names clients read: `reasoning_content` (DeepSeek's
+/// API and most clients) and `reasoning` (current vLLM).
+fn reasoning_keys<M: serde::ser::SerializeMap>(m: &mut M, text: Option<&str>) -> Result<(), M::Error> {
+    m.serialize_entry("reasoning_content", &text)?;
+    m.serialize_entry("reasoning", &text)
+}
+
+/// The reasoning of a delta: both keys, or neither when there is none.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct DeltaReasoning<'a>(pub Option<&'a str>);
+
+impl Serialize for DeltaReasoning<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        if self.0.is_some() {
+            reasoning_keys(&mut m, self.0)?;
+        }
+        m.end()
+    }
+}
+
+/// The reasoning of a message: both keys, null when there is none.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct MessageReasoning(pub Option<String>);
+
+impl Serialize for MessageReasoning {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(2))?;
+        reasoning_keys(&mut m, self.0.as_deref())?;
+        m.end()
+    }
 }
 
 /// A complete `chat.completion`.
@@ -80,7 +115,8 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: Option<String>,
-    pub reasoning_content: Option<String>,
+    #[serde(flatten)]
+    pub reasoning: MessageReasoning,
 }
 
 /// Chat logprobs.

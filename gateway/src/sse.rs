@@ -14,7 +14,9 @@ use serde::Serialize;
 
 use crate::choice::{ChoiceDelta, ChoiceState};
 use crate::errors::ApiError;
-use crate::openai::{ChatChunk, ChatChunkChoice, ChatDelta, Completion, CompletionChoice, TokenStrings, Usage};
+use crate::openai::{
+    ChatChunk, ChatChunkChoice, ChatDelta, Completion, CompletionChoice, DeltaReasoning, TokenStrings, Usage,
+};
 use crate::reasoning::ReasoningSplitter;
 use crate::validate::Endpoint;
 
@@ -125,7 +127,7 @@ impl StreamFormatter {
     fn chat(&mut self, index: usize, d: ChoiceDelta, out: &mut Vec<u8>) {
         let mut events = 0;
         if d.first {
-            let role = ChatDelta { role: Some("assistant"), content: Some(""), reasoning_content: None };
+            let role = ChatDelta { role: Some("assistant"), content: Some(""), ..Default::default() };
             write_event(out, &self.chat_chunk(index, role, &ChoiceDelta::default(), false, false));
             events += 1;
         }
@@ -134,14 +136,14 @@ impl StreamFormatter {
             // they go out as two chunks, reasoning first.
             let both = !d.reasoning.is_empty() && !d.content.is_empty();
             if both {
-                let r = ChatDelta { reasoning_content: Some(&d.reasoning), ..Default::default() };
+                let r = ChatDelta { reasoning: DeltaReasoning(Some(&d.reasoning)), ..Default::default() };
                 write_event(out, &self.chat_chunk(index, r, &d, true, false));
                 events += 1;
             }
             let delta = ChatDelta {
                 role: None,
                 content: (!d.content.is_empty()).then_some(d.content.as_str()),
-                reasoning_content: (!both && !d.reasoning.is_empty()).then_some(d.reasoning.as_str()),
+                reasoning: DeltaReasoning((!both && !d.reasoning.is_empty()).then_some(d.reasoning.as_str())),
             };
             write_event(out, &self.chat_chunk(index, delta, &d, !both, true));
             events += 1;
@@ -275,7 +277,7 @@ mod tests {
         let j: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
         assert_eq!(j.len(), 5);
         assert_eq!(j[0]["choices"][0]["delta"], serde_json::json!({"role": "assistant", "content": ""}));
-        assert_eq!(j[1]["choices"][0]["delta"], serde_json::json!({"reasoning_content": "hmm"}));
+        assert_eq!(j[1]["choices"][0]["delta"], serde_json::json!({"reasoning_content": "hmm", "reasoning": "hmm"}));
         assert_eq!(j[2]["choices"][0]["delta"], serde_json::json!({"content": "\n\nYes"}));
         assert_eq!(j[3]["choices"][0]["delta"], serde_json::json!({}));
         assert_eq!(j[3]["choices"][0]["finish_reason"], "stop");
