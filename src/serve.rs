@@ -25,6 +25,17 @@ pub struct Args {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_body_bytes: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/* (default: $CLEAVE_API_KEY, else vLLM's
+    /// $VLLM_API_KEY; none: open).
+    #[arg(long)]
+    api_key: Option<String>,
+}
+
+/// The API key: the flag, else `CLEAVE_API_KEY`, else `VLLM_API_KEY`; empty means none.
+fn api_key(flag: Option<String>) -> Option<String> {
+    flag.or_else(|| std::env::var("CLEAVE_API_KEY").ok())
+        .or_else(|| std::env::var("VLLM_API_KEY").ok())
+        .filter(|k| !k.is_empty())
 }
 
 /// `configs/cpu-tiny.yaml`, looked up from the working directory, then beside the executable
@@ -54,7 +65,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .with_context(|| format!("resolving {host_port}"))?
         .next()
         .with_context(|| format!("{host_port} resolves to no address"))?;
-    let gw = GatewayConfig { max_body_bytes: a.max_body_bytes, ..GatewayConfig::from_deploy(&cfg)? };
+    let api_key = api_key(a.api_key);
+    if api_key.is_some() {
+        tracing::info!("an API key is required on /v1/*");
+    }
+    let gw = GatewayConfig { max_body_bytes: a.max_body_bytes, api_key, ..GatewayConfig::from_deploy(&cfg)? };
     let model = cfg.served_model_name();
     let cluster = Cluster::start(cfg).context("starting the cluster")?;
 

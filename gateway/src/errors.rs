@@ -37,6 +37,9 @@ pub enum ApiError {
     /// The request body exceeds the gateway's limit.
     #[error("the request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// A `/v1/*` request without the server's API key.
+    #[error("incorrect or missing API key: send it as `Authorization: Bearer <key>`")]
+    Unauthorized,
     /// No route for this path.
     #[error("no route for {0}")]
     NotFound(String),
@@ -83,6 +86,7 @@ impl ApiError {
             | ApiError::InvalidField { .. }
             | ApiError::InvalidRequest(_)
             | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -110,6 +114,7 @@ impl ApiError {
             ApiError::ContextLength { .. } => "context_length_exceeded",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::Unauthorized => "invalid_api_key",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::TooManyRequests { .. } => "rate_limit_exceeded",

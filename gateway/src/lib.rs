@@ -53,6 +53,9 @@ pub struct GatewayConfig {
     pub defaults: SamplingDefaults,
     /// `root` of the model in `/v1/models` (the model directory).
     pub model_root: String,
+    /// When set, every `/v1/*` request must carry `Authorization: Bearer <key>` (vLLM's
+    /// `--api-key`); `/health`, `/version`, `/metrics` and `/tokenize` stay open, as in vLLM.
+    pub api_key: Option<String>,
 }
 
 impl Default for GatewayConfig {
@@ -63,6 +66,7 @@ impl Default for GatewayConfig {
             retry_after_s: 1,
             defaults: SamplingDefaults::default(),
             model_root: String::new(),
+            api_key: None,
         }
     }
 }

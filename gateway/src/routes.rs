@@ -45,7 +45,9 @@ where
 {
     let known = ROUTES.iter().find(|(p, _)| *p == path);
     let route = known.map_or("other", |(p, _)| *p);
+    let locked = path.starts_with("/v1/") || path == "/v1";
     let result = match known {
+        _ if locked && !authorized(&headers, state.cfg.api_key.as_deref()) => Err(ApiError::Unauthorized),
         None => Err(ApiError::NotFound(path.to_string())),
         Some((_, m)) if *m != method && !(method == Method::HEAD && *m == Method::GET) => {
             Err(ApiError::MethodNotAllowed)
@@ -62,6 +64,26 @@ where
     });
     state.metrics.observe(route, res.status().as_u16());
     res
+}
+
+/// Whether `headers` carry `Authorization: Bearer <key>` (always, when no key is set). The
+/// comparison takes the same time wherever the first difference is.
+fn authorized(headers: &HeaderMap, key: Option<&str>) -> bool {
+    let Some(key) = key else { return true };
+    let Some(value) = headers.get("authorization").map(|v| v.as_bytes()) else { return false };
+    let Some(token) = value.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &value[7..]) else {
+        return false;
+    };
+    constant_time_eq(token, key.as_bytes())
+}
+
+/// `a == b` in time that depends on the lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len().max(b.len());
+    let diff = (0..n).fold(a.len() ^ b.len(), |acc, i| {
+        acc | (a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0)) as usize
+    });
+    diff == 0
 }
 
 /// Reads the body, refusing it (413) once it exceeds `limit` bytes.
@@ -173,4 +195,26 @@ async fn post(state: &Arc<State>, path: &str, body: Bytes) -> Result<Response, A
 /// Answers a rejection warp raised itself (only possible when the body was taken twice).
 pub(crate) async fn recover(_: warp::Rejection) -> Result<Response, Infallible> {
     Ok(ApiError::Internal("unhandled request".into()).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_key_is_authorized() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("authorization", v.parse().unwrap());
+            h
+        };
+        assert!(authorized(&HeaderMap::new(), None));
+        assert!(!authorized(&HeaderMap::new(), Some("k1")));
+        assert!(authorized(&with("Bearer k1"), Some("k1")));
+        assert!(authorized(&with("bearer k1"), Some("k1")));
+        for bad in ["Bearer k2", "Bearer k1x", "Bearer k", "Bearer ", "k1", "Basic k1", "Bearer  k1"] {
+            assert!(!authorized(&with(bad), Some("k1")), "{bad}");
+        }
+        assert!(constant_time_eq(b"", b"") && !constant_time_eq(b"a", b"") && !constant_time_eq(b"ab", b"ac"));
+    }
 }

@@ -157,6 +157,8 @@ async fn scripted_reasoning_split_streaming_and_not() {
     assert_eq!(v["choices"][0]["text"], "Let me add them</think>\n\nThe answer is 4.");
 }
 
+const TINY_KEY: &str = "sk-cleave-test-key";
+
 /// Starts the shipped default deployment (configs/cpu-tiny.yaml, tiny-r1) when the trained
 /// model is present.
 async fn tiny_r1() -> Option<TestServer> {
@@ -168,7 +170,8 @@ async fn tiny_r1() -> Option<TestServer> {
     let text = std::fs::read_to_string(repo().join("configs/cpu-tiny.yaml")).unwrap();
     let text =
         text.replace("model: models/tiny-r1", &format!("model: {}", model.display())).replace("port: 8000", "port: 0");
-    Some(TestServer::from_yaml(&text, |_| {}).await)
+    // Behind an API key, so the official client is checked sending one.
+    Some(TestServer::from_yaml(&text, |g| g.api_key = Some(TINY_KEY.into())).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +207,12 @@ fn run_python_client(url: &str) {
         eprintln!("skipping the openai Python client test: `python3 -c 'import openai'` fails");
         return;
     }
-    let out = std::process::Command::new("python3").arg(&script).env("CLEAVE_URL", url).output().expect("python3 runs");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .env("CLEAVE_URL", url)
+        .env("CLEAVE_API_KEY", TINY_KEY)
+        .output()
+        .expect("python3 runs");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "python client test failed:\n{text}");
     assert!(text.contains("ALL OK"), "{text}");

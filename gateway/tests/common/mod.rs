@@ -71,11 +71,17 @@ impl TestServer {
         let _ = std::fs::remove_file(&path);
         let mut gw = GatewayConfig::from_deploy(&cfg).expect("gateway config");
         edit(&mut gw);
+        // With an API key, the test client sends it on every request (as an OpenAI client does).
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = &gw.api_key {
+            headers.insert("authorization", format!("Bearer {key}").parse().expect("header value"));
+        }
+        let client = reqwest::Client::builder().default_headers(headers).build().expect("client");
         let cluster = tokio::task::spawn_blocking(move || Cluster::start(cfg)).await.unwrap().expect("cluster starts");
         let server =
             Server::start(Arc::new(cluster.clone()), gw, "127.0.0.1:0".parse().unwrap()).await.expect("gateway starts");
         let url = format!("http://{}", server.local_addr());
-        TestServer { url, cluster, server: Some(server), client: reqwest::Client::new() }
+        TestServer { url, cluster, server: Some(server), client }
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {

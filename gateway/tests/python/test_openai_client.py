@@ -42,7 +42,7 @@ def start_server():
 
 
 def check_openai_client(url):
-    client = OpenAI(base_url=url + "/v1", api_key="unused")
+    client = OpenAI(base_url=url + "/v1", api_key=os.environ.get("CLEAVE_API_KEY", "unused"))
     model = client.models.list().data[0]
     assert model.owned_by == "cleave", model
     assert model.model_extra.get("root"), "vllm bench serve reads data[0].root"
@@ -102,6 +102,12 @@ def check_openai_client(url):
           f"{usage.completion_tokens} completion tokens, {chunks} chunks")
 
 
+def auth_headers():
+    """What vllm bench serve sends when OPENAI_API_KEY is set (here: the server's key, if any)."""
+    key = os.environ.get("CLEAVE_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def vllm_bench_style(url):
     """POST a streaming chat and parse it like vllm bench serve's async_request_openai_chat_completions."""
     u = urllib.parse.urlparse(url)
@@ -112,7 +118,8 @@ def vllm_bench_style(url):
     models = json.loads(urllib_get(url + "/v1/models"))
     payload["model"] = models["data"][0]["id"]
     st = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(payload), {"Content-Type": "application/json"})
+    conn.request("POST", "/v1/chat/completions", json.dumps(payload),
+                 {"Content-Type": "application/json", **auth_headers()})
     resp = conn.getresponse()
     assert resp.status == 200, resp.status
     ttft, itl, generated, output_tokens, most_recent, buf = 0.0, [], "", None, st, b""
@@ -147,7 +154,7 @@ def vllm_bench_style(url):
 def urllib_get(url):
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    conn.request("GET", u.path)
+    conn.request("GET", u.path, headers=auth_headers())
     return conn.getresponse().read()
 
 
