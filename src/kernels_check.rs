@@ -4,6 +4,7 @@
 //! (`--nccl`). Without a GPU it says so and succeeds: that is what CI runs.
 
 mod bench;
+mod experts;
 mod golden;
 mod moe_tune;
 mod nccl;

@@ -10,7 +10,8 @@ use cleave_engine::backend::{Backend, ExpertSource};
 use cleave_engine::weights::{pack_int4, AwqSource, LinearSource, RawTensor};
 use safetensors::tensor::Dtype;
 
-use super::ops::{Ctx, ExpertShape};
+use super::experts::ExpertShape;
+use super::ops::Ctx;
 use super::{rel_err, Ceiling, XRng};
 
 /// One random quantized linear layer's checkpoint tensors.

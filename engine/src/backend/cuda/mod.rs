@@ -22,13 +22,12 @@ mod quant;
 mod sample;
 pub mod transfer;
 mod variants;
+mod weights;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use cleave_kernels::cudarc::driver::CudaSlice;
-use cleave_kernels::ops::{QGemm, QWeights};
 pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
@@ -38,8 +37,9 @@ use crate::weights::LinearSource;
 pub use kv::CudaKvCache;
 use pool::{class_bytes, Buf, Elem, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
-use quant::QuantWeight;
 pub use variants::{PersistentGemm, Variants, DEFAULT_PERSISTENT, EXPAND_MIN_ROWS};
+pub use weights::{CudaExperts, CudaWeight};
+use weights::{ExpertData, WeightData};
 
 /// Rows up to which a linear over a compressed weight runs the compressed GEMM; above, the weight
 /// is expanded to bf16 for that call and multiplied by cuBLAS (prefill is compute bound).
@@ -83,69 +83,6 @@ impl CudaTensor {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// A linear weight `[out, in]` as the GPU keeps it: bf16; f32 for the MoE router's gate (as
-/// transformers computes router logits in f32: bf16 rounding there flips near-tied expert
-/// choices) and at `Precision::F32`; or compressed (AWQ int4, FP8) as the checkpoint stores it.
-pub struct CudaWeight {
-    data: WeightData,
-    pub out: usize,
-    pub inp: usize,
-}
-
-enum WeightData {
-    Bf16(CudaSlice<u16>),
-    F32(CudaSlice<f32>),
-    Quant(QuantWeight),
-}
-
-impl CudaWeight {
-    /// Device address of the bf16 values (0 when the weight is kept otherwise).
-    pub fn ptr(&self) -> u64 {
-        match &self.data {
-            WeightData::Bf16(b) => ptr(b),
-            _ => 0,
-        }
-    }
-    fn f32_ptr(&self) -> Option<u64> {
-        match &self.data {
-            WeightData::F32(b) => Some(ptr(b)),
-            _ => None,
-        }
-    }
-    /// The compressed weight, when kept compressed.
-    pub fn quant(&self) -> Option<QWeights> {
-        match &self.data {
-            WeightData::Quant(q) => Some(q.view()),
-            _ => None,
-        }
-    }
-}
-
-/// Routed experts, stacked: `gate_up` `[E, 2I, H]` with gate and up rows interleaved (row 2j is
-/// gate j, row 2j+1 up j) and `down` `[E, H, I]`; bf16, f32 (reference precision) or compressed.
-pub struct CudaExperts {
-    data: ExpertData,
-    pub experts: usize,
-    pub hidden: usize,
-    pub inter: usize,
-}
-
-enum ExpertData {
-    Bf16 { gate_up: CudaSlice<u16>, down: CudaSlice<u16> },
-    F32 { gate_up: CudaSlice<f32>, down: CudaSlice<f32> },
-    Quant { gate_up: QuantWeight, down: QuantWeight },
-}
-
-impl CudaExperts {
-    /// The compressed stacks (gate/up, down), when kept compressed.
-    pub fn quant(&self) -> Option<(QWeights, QWeights)> {
-        match &self.data {
-            ExpertData::Quant { gate_up, down } => Some((gate_up.view(), down.view())),
-            _ => None,
-        }
     }
 }
 
@@ -430,41 +367,6 @@ impl CudaBackend {
         let mut v = vec![0u16; t.len()];
         self.gpu.dtoh(p, &mut v).map_err(kerr)?;
         Ok(Some(v))
-    }
-
-    /// `y = x W^T` over a compressed weight: up to [`QGEMM_MAX_ROWS`] rows straight from the
-    /// compressed bytes (split over the input channels until the GPU is full), more rows (prefill)
-    /// through a transient bf16 expansion and cuBLAS.
-    fn linear_quant(&self, x: &CudaTensor, q: &QWeights, y: &CudaTensor) -> Result<()> {
-        let xb = self.bf16_in(x)?;
-        let (rows, n) = (x.rows, q.shape.n);
-        if rows > QGEMM_MAX_ROWS {
-            let wb = self.buf::<u16>(n * q.shape.k)?;
-            self.gpu.qdequant(q, ptr(&wb)).map_err(kerr)?;
-            return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
-        }
-        // Up to 16 rows one deep-pipelined row tile; more rows 64-row tiles, so that weights larger
-        // than L2 (V3's dense MLP: 132 MB in int4) are not streamed from HBM once per 16 rows.
-        let bm = if rows <= 16 { 16 } else { 64 };
-        let splits = self.gpu.qgemm_splits(q, rows, bm);
-        let part = if splits > 1 { Some(self.alloc_f32(splits * rows * n)?) } else { None };
-        let g = QGemm {
-            silu: false,
-            x: xb.ptr(),
-            rowidx: 0,
-            y: part.as_ref().map_or(y.ptr(), |p| ptr(p)),
-            tiles: 0,
-            meta: 0,
-            max_tiles: 0,
-            rows,
-            bm,
-            splits,
-        };
-        self.gpu.qgemm(q, &g).map_err(kerr)?;
-        if let Some(p) = part {
-            self.gpu.qgemm_reduce(ptr(&p), y.ptr(), splits, rows * n).map_err(kerr)?;
-        }
-        Ok(())
     }
 
     fn check_same(a: &CudaTensor, b: &CudaTensor, op: &str) -> Result<()> {

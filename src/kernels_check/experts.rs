@@ -1,0 +1,102 @@
+//! The routed experts against the CPU backend: random bf16 weights, tokens routed at random, on
+//! every grouped-GEMM variant; the compressed formats' experts use the same check (`quant`).
+
+use anyhow::Result;
+use cleave_engine::backend::cpu::{CpuExperts, CpuRouting};
+use cleave_engine::backend::cuda::{CudaExperts, Variants, DEFAULT_PERSISTENT};
+use cleave_engine::backend::Backend;
+
+use super::ops::{Ctx, RandomExperts};
+use super::{rel_err, Ceiling};
+
+impl Ctx<'_> {
+    /// The experts under the default grouped GEMM, v1, and the persistent decode kernel (on, or
+    /// off when it is the default).
+    pub fn experts(&mut self) -> Result<()> {
+        let def = self.cu.variants();
+        let (tag, other) = match def.moe_persistent {
+            Some(_) => (" no-ggp", None),
+            None => (" ggp", Some(DEFAULT_PERSISTENT)),
+        };
+        let alts = [
+            (" v1", Variants { gemm_v2: false, moe_persistent: None, ..def }),
+            (tag, Variants { moe_persistent: other, ..def }),
+        ];
+        self.each_variant(&alts, Self::experts_all)
+    }
+
+    fn experts_all(&mut self) -> Result<()> {
+        let (e, h, i, k) = if self.quick { (8, 64, 40, 3) } else { (64, 2048, 1408, 6) };
+        let weights = RandomExperts::new(&mut self.rng, e, h, i);
+        let sources = weights.sources();
+        let ec = self.cpu.load_experts(&sources)?;
+        let eg = self.cu.load_experts(&sources)?;
+        let sizes: &[usize] = if self.quick { &[1, 5, 40] } else { &[1, 16, 64, 256, 512, 4096] };
+        let shape = ExpertShape { e, h, i, top: k, bytes_per_param: 2.0 };
+        for &n in sizes {
+            self.check_experts("moe_experts", "", &ec, &eg, shape, n)?;
+        }
+        Ok(())
+    }
+
+    /// `moe_experts` on `n` tokens routed at random, CUDA against the CPU, timed; `note` is added
+    /// to the shape column.
+    pub(super) fn check_experts(
+        &mut self,
+        op: &str,
+        note: &str,
+        ec: &CpuExperts,
+        eg: &CudaExperts,
+        s: ExpertShape,
+        n: usize,
+    ) -> Result<()> {
+        let (e, h, i, k) = (s.e, s.h, s.i, s.top);
+        let mut ids = Vec::with_capacity(n * k);
+        for _ in 0..n {
+            let mut pick: Vec<u32> = (0..e as u32).collect();
+            self.rng.shuffle(&mut pick);
+            ids.extend_from_slice(&pick[..k]);
+        }
+        let w: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
+        let x = self.rng.vec(n * h, 1.0);
+        let xg = self.cu.upload(&x, n, h)?;
+        let rg = self.cu.routing_from_host(&ids, &w, k)?;
+        let got = self.cu.download(&self.cu.moe_experts(&xg, &rg, eg)?)?;
+        let check = n.min(64);
+        let xc = self.cpu.upload(&x[..check * h], check, h)?;
+        let rc = CpuRouting { top_k: k, ids: ids[..check * k].to_vec(), weights: w[..check * k].to_vec() };
+        let want = self.cpu.moe_experts(&xc, &rc, ec)?;
+        let err = rel_err(&got[..check * h], &want.data);
+        let us = self.time(|| self.cu.moe_experts(&xg, &rg, eg).map(drop))?;
+        let mut used = vec![false; e];
+        ids.iter().for_each(|&x| used[x as usize] = true);
+        let experts_used = used.iter().filter(|&&u| u).count();
+        let bytes =
+            experts_used as f64 * (3 * h * i) as f64 * s.bytes_per_param + (n * k * (h * 4 + i * 2) + n * h * 8) as f64;
+        let flops = 2.0 * (n * k * 3 * h * i) as f64;
+        let ceil = if n * k >= 32 * e { Ceiling::Tc } else { Ceiling::Mem };
+        let checked = if check < n { format!(", {check} rows checked") } else { String::new() };
+        self.push(
+            op,
+            format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used{note}{checked}"),
+            err,
+            1e-2,
+            us,
+            bytes,
+            flops,
+            ceil,
+        );
+        Ok(())
+    }
+}
+
+/// Routed experts of a check: count, hidden and intermediate sizes, experts per token, and the
+/// bytes per parameter the GPU reads.
+#[derive(Clone, Copy)]
+pub struct ExpertShape {
+    pub e: usize,
+    pub h: usize,
+    pub i: usize,
+    pub top: usize,
+    pub bytes_per_param: f64,
+}
