@@ -60,9 +60,6 @@ pub struct AwqSource<'a> {
     pub qweight: RawTensor<'a>,
     pub qzeros: RawTensor<'a>,
     pub scales: RawTensor<'a>,
-    pub group: usize,
-    pub out: usize,
-    pub inp: usize,
 }
 
 /// Column offset (within a group of 8) held by nibble `i` of an AWQ packed word.
@@ -218,7 +215,7 @@ impl Checkpoint {
         qzeros.expect_dtype(&[Dtype::I32, Dtype::U32])?;
         let scales = self.raw_shaped(&format!("{prefix}.scales"), &[inp / group, out])?;
         scales.expect_dtype(&[Dtype::F16, Dtype::BF16, Dtype::F32])?;
-        Ok(AwqSource { qweight, qzeros, scales, group, out, inp })
+        Ok(AwqSource { qweight, qzeros, scales })
     }
 }
 
@@ -338,7 +335,7 @@ impl<'a> LinearSource<'a> {
     pub fn dims(&self) -> (usize, usize) {
         match self {
             LinearSource::Dense { weight, .. } => (weight.shape[0], weight.shape[1]),
-            LinearSource::Awq(a) => (a.out, a.inp),
+            LinearSource::Awq(a) => (a.out(), a.inp()),
         }
     }
 
@@ -352,16 +349,31 @@ impl<'a> LinearSource<'a> {
 }
 
 impl AwqSource<'_> {
+    /// Output features (`qweight` is `[in, out/8]`).
+    pub fn out(&self) -> usize {
+        self.qweight.shape[1] * 8
+    }
+
+    /// Input features.
+    pub fn inp(&self) -> usize {
+        self.qweight.shape[0]
+    }
+
+    /// Input channels per scale and zero point (`scales` is `[in/group, out]`).
+    pub fn group(&self) -> usize {
+        self.inp() / self.scales.shape[0].max(1)
+    }
+
     /// The 4-bit values `[in, out]` (0..16) and the zero points `[in/group, out]`, unpacked.
     pub fn unpack(&self) -> (Vec<u8>, Vec<u8>) {
-        (unpack_int4(self.qweight.bytes, self.out), unpack_int4(self.qzeros.bytes, self.out))
+        (unpack_int4(self.qweight.bytes, self.out()), unpack_int4(self.qzeros.bytes, self.out()))
     }
 
     /// `[out, in]` row-major f32: `W[n, k] = (q[k, n] - z[k/g, n]) * s[k/g, n]`.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let (q, z) = self.unpack();
         let s = self.scales.to_f32()?;
-        let (out, inp, g) = (self.out, self.inp, self.group);
+        let (out, inp, g) = (self.out(), self.inp(), self.group());
         let mut w = vec![0f32; out * inp];
         for k in 0..inp {
             let (qr, gr) = (&q[k * out..(k + 1) * out], (k / g) * out);

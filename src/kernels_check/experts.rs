@@ -34,17 +34,15 @@ impl Ctx<'_> {
         let sizes: &[usize] = if self.quick { &[1, 5, 40] } else { &[1, 16, 64, 256, 512, 4096] };
         let shape = ExpertShape { e, h, i, top: k, bytes_per_param: 2.0 };
         for &n in sizes {
-            self.check_experts("moe_experts", "", &ec, &eg, shape, n)?;
+            self.check_experts("moe_experts", &ec, &eg, shape, n)?;
         }
         Ok(())
     }
 
-    /// `moe_experts` on `n` tokens routed at random, CUDA against the CPU, timed; `note` is added
-    /// to the shape column.
+    /// `moe_experts` on `n` tokens routed at random, CUDA against the CPU, timed.
     pub(super) fn check_experts(
         &mut self,
         op: &str,
-        note: &str,
         ec: &CpuExperts,
         eg: &CudaExperts,
         s: ExpertShape,
@@ -78,7 +76,7 @@ impl Ctx<'_> {
         let checked = if check < n { format!(", {check} rows checked") } else { String::new() };
         self.push(
             op,
-            format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used{note}{checked}"),
+            format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used{checked}"),
             err,
             1e-2,
             us,

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use cleave_engine::backend::cpu::{CpuBackend, CpuTensor};
+use cleave_engine::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
 use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
@@ -283,14 +283,7 @@ impl Ctx<'_> {
             let shape = [m, k];
             let wc = self.cpu.load_linear(&[named(name, &wb, &shape)])?;
             let wg = self.cu.load_linear(&[named(name, &wb, &shape)])?;
-            let x = self.rng.vec(n * k, 1.0);
-            let xg = self.cu.upload(&x, n, k)?;
-            let got = self.cu.download(&self.cu.linear(&xg, &wg)?)?;
-            let check = n.min(64);
-            let xc = self.cpu.upload(&x[..check * k], check, k)?;
-            let want = self.cpu.linear(&xc, &wc)?;
-            let err = rel_err(&got[..check * m], &want.data);
-            let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
+            let (err, us, check) = self.compare_linear(&wc, &wg, n, k, m)?;
             let bytes = (m * k * 2 + n * k * 6 + n * m * 4) as f64;
             let flops = 2.0 * (n * m * k) as f64;
             let ceil = if n >= 1024 { Ceiling::Tc } else { Ceiling::Mem };
@@ -299,6 +292,27 @@ impl Ctx<'_> {
             self.push(op, format!("{n} x {k} -> {m}{note}"), err, tol, us, bytes, flops, ceil);
         }
         self.shadows()
+    }
+
+    /// `linear` on `rows` random rows of `k` inputs into `n` outputs, CUDA against the CPU: the
+    /// relative error (over the first 64 rows at most, the rows checked), and the median time.
+    pub(super) fn compare_linear(
+        &mut self,
+        wc: &CpuWeight,
+        wg: &CudaWeight,
+        rows: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(f64, f64, usize)> {
+        let x = self.rng.vec(rows * k, 1.0);
+        let xg = self.cu.upload(&x, rows, k)?;
+        let got = self.cu.download(&self.cu.linear(&xg, wg)?)?;
+        let check = rows.min(64);
+        let xc = self.cpu.upload(&x[..check * k], check, k)?;
+        let want = self.cpu.linear(&xc, wc)?;
+        let err = rel_err(&got[..check * n], &want.data);
+        let us = self.time(|| self.cu.linear(&xg, wg).map(drop))?;
+        Ok((err, us, check))
     }
 
     /// 0 when `t`'s bf16 shadow holds exactly its f32 values rounded to bf16 (at f32 precision:

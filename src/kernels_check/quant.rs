@@ -1,25 +1,25 @@
 //! The compressed-weight kernels (AWQ int4, FP8 e4m3 with 128x128 block scales) against the CPU
 //! backend, which dequantizes the same checkpoint tensors exactly: dense linears at decode sizes
 //! (the compressed GEMM, split over input channels), prefill sizes (expansion + cuBLAS) and the
-//! grouped expert GEMMs. Weights are random with realistic AWQ scale and zero-point ranges.
+//! grouped expert GEMMs. Weights are random with realistic AWQ scale and zero-point ranges. A
+//! weight the loader expands to bf16 instead of keeping compressed fails the stage.
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use cleave_engine::backend::{Backend, ExpertSource};
 use cleave_engine::weights::{pack_int4, AwqSource, LinearSource, RawTensor};
 use safetensors::tensor::Dtype;
 
 use super::experts::ExpertShape;
 use super::ops::Ctx;
-use super::{rel_err, Ceiling, XRng};
+use super::{Ceiling, XRng};
 
 /// One random quantized linear layer's checkpoint tensors.
 pub struct RandomQuant {
     awq: bool,
     shapes: [[usize; 2]; 3],
     bytes: [Vec<u8>; 3],
-    group: usize,
 }
 
 impl RandomQuant {
@@ -37,7 +37,6 @@ impl RandomQuant {
             awq: true,
             shapes: [[k, n / 8], [k / group, n / 8], [k / group, n]],
             bytes: [words(&q), words(&z), s],
-            group,
         }
     }
 
@@ -60,7 +59,6 @@ impl RandomQuant {
             awq: false,
             shapes: [[n, k], [n.div_ceil(128), k.div_ceil(128)], [0, 0]],
             bytes: [w, s, Vec::new()],
-            group: 128,
         }
     }
 
@@ -73,14 +71,10 @@ impl RandomQuant {
             bytes: &self.bytes[i],
         };
         if self.awq {
-            let [k, n8] = self.shapes[0];
             LinearSource::Awq(AwqSource {
                 qweight: t(0, Dtype::I32),
                 qzeros: t(1, Dtype::I32),
                 scales: t(2, Dtype::F16),
-                group: self.group,
-                out: n8 * 8,
-                inp: k,
             })
         } else {
             LinearSource::Dense { weight: t(0, Dtype::F8_E4M3), scale_inv: Some((t(1, Dtype::F32), [128, 128])) }
@@ -130,22 +124,15 @@ impl Ctx<'_> {
                 let w = make(&mut self.rng, n, k);
                 let wc = self.cpu.load_linear(&[w.source()])?;
                 let wg = self.cu.load_linear(&[w.source()])?;
-                let x = self.rng.vec(rows * k, 1.0);
-                let xg = self.cu.upload(&x, rows, k)?;
-                let got = self.cu.download(&self.cu.linear(&xg, &wg)?)?;
-                let check = rows.min(64);
-                let xc = self.cpu.upload(&x[..check * k], check, k)?;
-                let want = self.cpu.linear(&xc, &wc)?;
-                let err = rel_err(&got[..check * n], &want.data);
-                let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
-                let kept = if wg.quant().is_some() { "compressed" } else { "EXPANDED" };
+                ensure!(wg.quant().is_some(), "linear {fmt} {n}x{k}: the loader expanded it to bf16");
+                let (err, us, check) = self.compare_linear(&wc, &wg, rows, k, n)?;
                 let bytes = (n * k) as f64 * w.bytes_per_value() + (rows * k * 2 + rows * n * 4) as f64;
                 let flops = 2.0 * (rows * n * k) as f64;
                 let ceil = if rows > cleave_engine::backend::cuda::QGEMM_MAX_ROWS { Ceiling::Tc } else { Ceiling::Mem };
-                let note = if check < rows { format!(", {check} rows checked") } else { String::new() };
+                let note = if check < rows { format!(" ({check} rows checked)") } else { String::new() };
                 self.push(
                     &format!("linear {fmt}"),
-                    format!("{rows} x {k} -> {n} ({kept}{note})"),
+                    format!("{rows} x {k} -> {n}{note}"),
                     err,
                     1e-2,
                     us,
@@ -171,10 +158,10 @@ impl Ctx<'_> {
                 .collect();
             let ec = self.cpu.load_experts(&sources)?;
             let eg = self.cu.load_experts(&sources)?;
-            let kept = if eg.quant().is_some() { " (compressed)" } else { " (EXPANDED)" };
+            ensure!(eg.quant().is_some(), "moe_experts {fmt}: the loader expanded them to bf16");
             let shape = ExpertShape { e, h, i, top, bytes_per_param: layers[0][0].bytes_per_value() };
             for &n in sizes {
-                self.check_experts(&format!("moe_experts {fmt}"), kept, &ec, &eg, shape, n)?;
+                self.check_experts(&format!("moe_experts {fmt}"), &ec, &eg, shape, n)?;
             }
         }
         Ok(())

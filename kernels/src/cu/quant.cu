@@ -18,31 +18,30 @@ __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-// Two e4m3 values (low byte first) to a bf16 pair (exact: e4m3 fits in bf16).
-__device__ __forceinline__ u32 e4m3x2_bf16x2(u32 v) {
+// Two e4m3 values (the low 16 bits, low byte first) to an f16 pair, exactly.
+__device__ __forceinline__ u32 e4m3x2_f16x2(u32 v) {
     u32 h;
     const unsigned short s = (unsigned short)v;
     asm("{ .reg .b16 t; mov.b16 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(h) : "h"(s));
+    return h;
+}
+// Two e4m3 values to a bf16 pair (exact: e4m3 fits in bf16).
+__device__ __forceinline__ u32 e4m3x2_bf16x2(u32 v) {
+    const u32 h = e4m3x2_f16x2(v);
     return pack_bf16(h2f((unsigned short)(h & 0xffff)), h2f((unsigned short)(h >> 16)));
 }
-__device__ __forceinline__ float e4m3_f32(u32 byte) {
-    u32 h;
-    const unsigned short s = (unsigned short)(byte & 0xff);
-    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.rn.f16x2.e4m3x2 %0, t; }" : "=r"(h) : "h"(s));
-    return h2f((unsigned short)(h & 0xffff));
-}
+__device__ __forceinline__ float e4m3_f32(u32 byte) { return h2f((unsigned short)(e4m3x2_f16x2(byte & 0xff) & 0xffff)); }
 
 // Y[rs + r, n] = sum_k X[row(rs + r), k] W[e, n, k] for each tile (expert e, rows rs..rs+rc) of
 // `tiles`/`meta` (from moe_align), or, when `tiles` is null, for row tiles of BM over M rows of one
-// matrix. 128 output columns per block, ST-stage cp.async pipeline of BK input channels. Split-K
-// over gridDim.z: split z stores f32 partials at Y + z * ystride * N (qgemm_reduce adds them; EPI 0
-// only). EPI 0 stores f32, EPI 1 takes interleaved gate/up columns and stores bf16 silu(gate) * up.
+// matrix; M is the rows of Y either way. 128 output columns per block, ST-stage cp.async pipeline
+// of BK input channels. Split-K over gridDim.z: split z stores f32 partials at Y + z * M * N
+// (qgemm_reduce adds them; EPI 0 only). EPI 0 stores f32, EPI 1 takes interleaved gate/up columns and stores bf16 silu(gate) * up.
 template <int FMT, int BM, int WM, int WN, int BK, int ST, int EPI>
 __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
                                       const u32* __restrict__ Wq, const void* __restrict__ S,
                                       const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
-                                      const int* __restrict__ meta, int M, int N, int K, int Np, int Kp, int G,
-                                      int ystride) {
+                                      const int* __restrict__ meta, int M, int N, int K, int Np, int Kp, int G) {
     constexpr int BN = 128, NTH = 32 * WM * WN, SA = BK + 8, KU = BK / 32;
     constexpr int MT = BM / WM / 16, NT = BN / WN / 8, WPL = FMT == 0 ? 1 : 2;
     static_assert(MT >= 1 && NT >= 1 && MT * WM * 16 == BM && NT * WN * 8 == BN && KU * 32 == BK, "shape");
@@ -216,7 +215,7 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
     }
     cp_async_wait<0>();
     if (cur >= 0) fold();
-    float* yz = reinterpret_cast<float*>(Y) + (u64)blockIdx.z * ystride * N;
+    float* yz = reinterpret_cast<float*>(Y) + (u64)blockIdx.z * M * N;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
@@ -237,8 +236,8 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
 
 #define QG_ARGS                                                                                                    \
     const bf16_t *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,    \
-        const int *meta, int M, int N, int K, int Np, int Kp, int G, int ystride
-#define QG_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, ystride
+        const int *meta, int M, int N, int K, int Np, int Kp, int G
+#define QG_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G
 // Decode: 16-row tiles, 8 warps over the columns (16 each: few registers per thread, so two blocks
 // of 8 warps fit an SM), deep pipelines so that each block keeps 40-56 KB of weights in flight:
 // int4 6 stages of 128 input channels, fp8 8 stages of 64. Prefill: 64-row tiles, 8 warps (2 x 4),

@@ -105,7 +105,6 @@ impl Gpu {
             I32(s.np() as i32),
             I32(s.kp() as i32),
             I32(s.group as i32),
-            I32(g.rows as i32),
         ];
         self.launch(name, (s.n.div_ceil(GG_BN) as u32, row_blocks as u32, g.splits as u32), threads, smem as u32, &args)
     }

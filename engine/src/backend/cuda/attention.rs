@@ -79,9 +79,6 @@ pub(super) fn mla_attention(
         return Ok(out);
     }
     let var = be.variants();
-    if kv_b.quant().is_some() {
-        return Err(EngineError::Backend("mla_attention: kv_b_proj must be loaded expanded (bf16 or f32)".into()));
-    }
     let precise = cache.f32.is_some() || kv_b.f32_ptr().is_some();
     let flash = Gpu::mla_prefill_supported(d.nope, d.rope, d.v, l).is_ok();
     let expand = |s: &AttnSeq| !precise && flash && var.expanded_prefill && s.q_len >= EXPAND_MIN_ROWS;
@@ -131,6 +128,10 @@ pub(super) fn mla_attention(
     if precise {
         return Err(EngineError::Backend("mla_attention: an f32 cache needs f32 weights and vice versa".into()));
     }
+    // The loader expands a compressed kv_b_proj (load.rs): the absorbed and expanded forms read bf16.
+    let kv_b = kv_b
+        .bf16_ptr()
+        .ok_or_else(|| EngineError::Backend("mla_attention: kv_b_proj must be loaded as bf16 or f32".into()))?;
     Gpu::mla_supported(l, d.rope).map_err(kerr)?;
     let q_bf = be.to_bf16(q)?;
     if absorbed_rows > 0 {
@@ -140,7 +141,7 @@ pub(super) fn mla_attention(
             l,
             rows,
             d.nope,
-            kv_b.ptr(),
+            kv_b,
             l,
             a,
             false,
@@ -174,7 +175,7 @@ pub(super) fn mla_attention(
         .map_err(kerr)?;
         let o_lat = be.alloc_u16(rows * heads * l)?;
         gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
-        let kv_v = kv_b.ptr() + (d.nope * l * 2) as u64;
+        let kv_v = kv_b + (d.nope * l * 2) as u64;
         gpu.gemm(&gemm(
             d.v,
             rows,
@@ -208,7 +209,7 @@ fn expanded(
     q_bf: &cleave_kernels::cudarc::driver::CudaSlice<u16>,
     cache: &CudaKvCache,
     layer: usize,
-    kv_b: &CudaWeight,
+    kv_b: u64,
     s: &AttnSeq,
     d: MlaDims,
     tab: u64,
@@ -222,7 +223,7 @@ fn expanded(
     gpu.gather_latent(ptr(&cache.buf), tab, ptr(&lat), ctx, lay.layers, layer, lay.block_size, w).map_err(kerr)?;
     // kv[t, h*(nope+v) + j] = latent[t, :L] . kv_b[h*(nope+v) + j, :]   (bf16 out)
     let kv = be.alloc_u16(ctx * heads * kvw)?;
-    let mut g = gemm(heads * kvw, ctx, l, kv_b.ptr(), l, 0, true, ptr(&lat), w, 0, false, ptr(&kv), heads * kvw, 0, 1);
+    let mut g = gemm(heads * kvw, ctx, l, kv_b, l, 0, true, ptr(&lat), w, 0, false, ptr(&kv), heads * kvw, 0, 1);
     g.c_bf16 = true;
     gpu.gemm(&g).map_err(kerr)?;
     let (q0, o0) = (s.q_start * heads * qk * 2, s.q_start * heads * d.v * 4);

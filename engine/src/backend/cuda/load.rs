@@ -2,6 +2,8 @@
 //! grouping (`quant`), everything else converted to bf16 by a kernel (fp8 dequantized with its
 //! block scales; the host only copies the stored bytes), or to f32 at reference precision.
 
+use std::borrow::Cow;
+
 use cleave_kernels::ops::SrcDtype;
 use cleave_kernels::ptr;
 use safetensors::tensor::Dtype;
@@ -43,25 +45,23 @@ fn convert_into(
         return Err(EngineError::Backend(format!("{}: {c} input columns, expected {cols}", src.main().name)));
     }
     let gpu = be.gpu();
-    let (weight, scale_inv) = match src {
-        LinearSource::Dense { weight, scale_inv } => (weight, scale_inv),
+    // Stored bytes, their dtype and FP8 block scales; AWQ sources the compressed kernels do not
+    // take (see `quant`) arrive here and are dequantized on the host to bf16 first.
+    let (bytes, dtype, scale_inv): (Cow<'_, [u8]>, _, _) = match src {
+        LinearSource::Dense { weight, scale_inv } => {
+            (Cow::Borrowed(weight.bytes), src_dtype(weight)?, scale_inv.as_ref())
+        }
         LinearSource::Awq(_) => {
-            // Formats the compressed kernels do not take (see `quant`) arrive here expanded.
-            let host: Vec<u16> = src.to_f32()?.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
-            let raw = gpu.alloc::<u16>(host.len()).map_err(kerr)?;
-            gpu.htod(&host, ptr(&raw)).map_err(kerr)?;
-            return gpu
-                .convert_weight(ptr(&raw), SrcDtype::Bf16, rows, cols, 0, [1, 1], dst, row_base, row_mul, row_off)
-                .map_err(kerr);
+            let bf16 = src.to_f32()?.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+            (Cow::Owned(bf16), SrcDtype::Bf16, None)
         }
     };
-    let dtype = src_dtype(weight)?;
     if dtype == SrcDtype::Bf16 && row_mul == 1 {
         let at = dst + ((row_base + row_off) * cols * 2) as u64;
-        return gpu.htod(weight.bytes, at).map_err(kerr);
+        return gpu.htod(&bytes, at).map_err(kerr);
     }
-    let raw = gpu.alloc::<u8>(weight.bytes.len()).map_err(kerr)?;
-    gpu.htod(weight.bytes, ptr(&raw)).map_err(kerr)?;
+    let raw = gpu.alloc::<u8>(bytes.len()).map_err(kerr)?;
+    gpu.htod(&bytes, ptr(&raw)).map_err(kerr)?;
     let (scale, block) = match scale_inv {
         Some((s, block)) => {
             let host = s.to_f32()?;

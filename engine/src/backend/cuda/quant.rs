@@ -38,7 +38,7 @@ pub enum Stacking {
 fn plan(src: &LinearSource<'_>) -> Option<(QFormat, usize)> {
     let (_, k) = src.dims();
     match src {
-        LinearSource::Awq(a) if QShape::supported(k, a.group) => Some((QFormat::AwqInt4, a.group)),
+        LinearSource::Awq(a) if QShape::supported(k, a.group()) => Some((QFormat::AwqInt4, a.group())),
         LinearSource::Dense { weight, scale_inv: Some((_, [_, b1])) }
             if weight.dtype == Dtype::F8_E4M3 && QShape::supported(k, *b1) =>
         {
@@ -88,43 +88,21 @@ fn host(src: &LinearSource<'_>, group: usize) -> Result<Host> {
     })
 }
 
-/// Packs one matrix stacked from `parts`.
-fn pack_matrix(format: QFormat, parts: &[Host], stacking: Stacking) -> Option<(QShape, QPacked)> {
+/// Packs one matrix stacked from `parts` (`None`: an AWQ scale that is not an f16).
+fn pack_matrix(format: QFormat, parts: &[Host], stacking: Stacking) -> Option<QPacked> {
     let (k, group) = (parts[0].k, parts[0].group);
     let n: usize = parts.iter().map(|p| p.n).sum();
-    let shape = QShape { format, experts: 1, n, k, group };
-    let np = parts.len();
-    let at = |row: usize| -> (&Host, usize) {
-        match stacking {
-            Stacking::Interleaved => (&parts[row % np], row / np),
-            Stacking::Sequential => {
-                let mut r = row;
-                for p in parts {
-                    if r < p.n {
-                        return (p, r);
-                    }
-                    r -= p.n;
-                }
-                unreachable!("row within the stack")
-            }
-        }
+    // The (part, row) each stacked row comes from, resolved once rather than per element.
+    let at: Vec<(&Host, usize)> = match stacking {
+        Stacking::Interleaved => (0..n).map(|row| (&parts[row % parts.len()], row / parts.len())).collect(),
+        Stacking::Sequential => parts.iter().flat_map(|p| (0..p.n).map(move |r| (p, r))).collect(),
     };
-    let packed = pack(
-        &shape,
-        |c, kk| {
-            let (p, r) = at(c);
-            p.values[r * k + kk]
-        },
-        |g, c| {
-            let (p, r) = at(c);
-            p.scales[g * p.n + r]
-        },
-        |g, c| {
-            let (p, r) = at(c);
-            p.zeros.get(g * p.n + r).copied().unwrap_or(0)
-        },
-    )?;
-    Some((shape, packed))
+    pack(
+        &QShape { format, experts: 1, n, k, group },
+        |c, kk| at[c].0.values[at[c].1 * k + kk],
+        |g, c| at[c].0.scales[g * at[c].0.n + at[c].1],
+        |g, c| at[c].0.zeros.get(g * at[c].0.n + at[c].1).copied().unwrap_or(0),
+    )
 }
 
 /// Uploads `matrices` (each stacked from its parts) as one compressed stack, or `None` when any
@@ -151,7 +129,7 @@ pub(super) fn upload(
     let zeros = gpu.alloc::<u32>((shape.experts * shape.zero_words_per_matrix()).max(1)).map_err(kerr)?;
     // Packed on the host a few matrices at a time, in parallel; uploaded in order.
     for (c, chunk) in matrices.chunks(16).enumerate() {
-        let packed: Vec<Option<(QShape, QPacked)>> = chunk
+        let packed: Vec<Option<QPacked>> = chunk
             .par_iter()
             .map(|parts| {
                 let hosts = parts.iter().map(|s| host(s, group)).collect::<Result<Vec<_>>>()?;
@@ -159,7 +137,7 @@ pub(super) fn upload(
             })
             .collect::<Result<_>>()?;
         for (i, p) in packed.into_iter().enumerate() {
-            let Some((_, p)) = p else { return Ok(None) };
+            let Some(p) = p else { return Ok(None) };
             let e = c * 16 + i;
             gpu.htod(&p.words, ptr(&words) + (e * shape.words_per_matrix() * 4) as u64).map_err(kerr)?;
             gpu.htod(&p.scales, ptr(&scales) + (e * p.scales.len()) as u64).map_err(kerr)?;

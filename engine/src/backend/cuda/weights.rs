@@ -23,11 +23,11 @@ pub(super) enum WeightData {
 }
 
 impl CudaWeight {
-    /// Device address of the bf16 values (0 when the weight is kept otherwise).
-    pub fn ptr(&self) -> u64 {
+    /// Device address of the bf16 values, when the weight is kept in bf16.
+    pub fn bf16_ptr(&self) -> Option<u64> {
         match &self.data {
-            WeightData::Bf16(b) => ptr(b),
-            _ => 0,
+            WeightData::Bf16(b) => Some(ptr(b)),
+            _ => None,
         }
     }
     pub(super) fn f32_ptr(&self) -> Option<u64> {
