@@ -1,4 +1,5 @@
-//! `cleave generate`: one prompt through one CPU rank, printed as text or JSON.
+//! `cleave generate`: one prompt through one model copy (one rank, or a parallel group: CPU ranks
+//! are threads, CUDA ranks GPUs 0..n-1), printed as text or JSON.
 
 use std::path::PathBuf;
 
@@ -7,7 +8,7 @@ use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::backend::Backend;
 use cleave_engine::tokenizer::ChatMessage;
-use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
+use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,6 +60,15 @@ pub struct Args {
     /// Numeric format on `--device cuda`: bfloat16 (fast) or float32 (matches the CPU reference).
     #[arg(long, value_enum, default_value = "auto")]
     dtype: Dtype,
+    /// Ranks splitting attention heads and MLPs (vLLM's flag).
+    #[arg(long, default_value_t = 1)]
+    tensor_parallel_size: usize,
+    /// Ranks each attending their own sequences, exchanging tokens in the MoE layers.
+    #[arg(long, default_value_t = 1)]
+    data_parallel_size: usize,
+    /// Place whole routed experts per rank instead of splitting each expert.
+    #[arg(long)]
+    enable_expert_parallel: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -81,19 +91,6 @@ enum Output {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    match a.device {
-        Device::Cpu if a.dtype == Dtype::Bfloat16 => {
-            bail!("--dtype bfloat16 needs --device cuda (the CPU backend computes in float32)")
-        }
-        Device::Cpu => run_on(CpuBackend, a),
-        Device::Cuda => {
-            let precision = if a.dtype == Dtype::Float32 { Precision::F32 } else { Precision::Bf16 };
-            run_on(CudaBackend::with_precision(a.gpu, precision).context("opening the GPU")?, a)
-        }
-    }
-}
-
-fn run_on<B: Backend>(be: B, a: Args) -> anyhow::Result<()> {
     let dir = a.model.clone().unwrap_or_else(crate::model_dir::default_model);
     let model_cfg = cleave_engine::model::ModelConfig::from_dir(&dir)?;
     let max_len = a.max_model_len.unwrap_or(model_cfg.max_position_embeddings);
@@ -104,7 +101,41 @@ fn run_on<B: Backend>(be: B, a: Args) -> anyhow::Result<()> {
         max_model_len: Some(max_len),
         ..EngineConfig::default()
     };
-    let mut engine = Engine::load(be, &dir, cfg).with_context(|| format!("loading {}", dir.display()))?;
+    let par = ParallelConfig {
+        tensor_parallel_size: a.tensor_parallel_size,
+        data_parallel_size: a.data_parallel_size,
+        enable_expert_parallel: a.enable_expert_parallel,
+    };
+    par.validate(&model_cfg).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let loading = || format!("loading {}", dir.display());
+    match a.device {
+        Device::Cpu if a.dtype == Dtype::Bfloat16 => {
+            bail!("--dtype bfloat16 needs --device cuda (the CPU backend computes in float32)")
+        }
+        Device::Cpu if par.world() == 1 => drive(Engine::load(CpuBackend, &dir, cfg).with_context(loading)?, a),
+        Device::Cpu => drive(Engine::load_parallel(par, &dir, cfg, |_| Ok(CpuBackend)).with_context(loading)?, a),
+        Device::Cuda => {
+            let precision = if a.dtype == Dtype::Float32 { Precision::F32 } else { Precision::Bf16 };
+            let engine = if par.world() == 1 {
+                let be = CudaBackend::with_precision(a.gpu, precision).context("opening the GPU")?;
+                Engine::load(be, &dir, cfg).with_context(loading)?
+            } else {
+                if a.gpu != 0 {
+                    bail!("--gpu picks the GPU of one rank; a parallel group runs on GPUs 0..{}", par.world() - 1);
+                }
+                let gpus = cleave_kernels::probe().map_err(|e| anyhow::anyhow!("no usable GPU: {e}"))?;
+                if gpus < par.world() {
+                    bail!("a group of {} ranks needs {} GPUs; {gpus} visible", par.world(), par.world());
+                }
+                cleave_engine::backend::cuda::collectives::load_nccl_group(par, &dir, cfg, precision)
+                    .with_context(loading)?
+            };
+            drive(engine, a)
+        }
+    }
+}
+
+fn drive<B: Backend>(mut engine: Engine<B>, a: Args) -> anyhow::Result<()> {
     let prompt = match (&a.prompt, &a.prompt_ids) {
         (_, Some(_)) if a.chat => bail!("--chat renders text: give --prompt, not --prompt-ids"),
         (_, Some(ids)) => ids.clone(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use cleave_engine::model::ModelConfig;
 use cleave_engine::tokenizer::Tokenizer;
-use cleave_engine::{EngineConfig, SamplingParams};
+use cleave_engine::{EngineConfig, EngineError, ParallelConfig, SamplingParams};
 
 use crate::config::{ConfigError, DeployConfig, Device};
 use crate::error::ActorError;
@@ -98,6 +98,20 @@ fn load_err(e: impl std::fmt::Display) -> ActorError {
 /// Reads the model's config and tokenizer once for the whole cluster.
 fn model_info(cfg: &DeployConfig) -> Result<(Arc<Tokenizer>, ModelInfo), ActorError> {
     let mc = ModelConfig::from_dir(&cfg.model).map_err(load_err)?;
+    let pools =
+        [("prefill", &cfg.prefill.ranks, cfg.prefill.parallel()), ("decode", &cfg.decode.ranks, cfg.decode.parallel())];
+    for (pool, ranks, par) in pools {
+        if ranks.is_empty() {
+            continue;
+        }
+        if let Err(e) = par.validate(&mc) {
+            let message = match e {
+                EngineError::Config(m) => m,
+                other => other.to_string(),
+            };
+            return Err(ConfigError { file: None, field: Some(pool.into()), line: None, message }.into());
+        }
+    }
     if !cfg.model.join("tokenizer.json").is_file() {
         return Err(ActorError::Load(format!("{}: no tokenizer.json", cfg.model.display())));
     }
@@ -156,8 +170,16 @@ impl Cluster {
     pub fn start_with<F: RankFactory>(cfg: DeployConfig, factory: F) -> Result<Cluster, ActorError> {
         cfg.check()?;
         let (tokenizer, info) = model_info(&cfg)?;
-        let mut ranks: Vec<(usize, Role)> = cfg.prefill.ranks.iter().map(|&r| (r, Role::Prefill)).collect();
-        ranks.extend(cfg.decode.ranks.iter().map(|&r| (r, Role::Decode)));
+        // One slot per group, named by its first rank.
+        let pools = [
+            (Role::Prefill, &cfg.prefill.ranks, cfg.prefill.parallel()),
+            (Role::Decode, &cfg.decode.ranks, cfg.decode.parallel()),
+        ];
+        let mut groups: Vec<(Role, Vec<usize>, ParallelConfig)> = Vec::new();
+        for (role, pool_ranks, par) in pools {
+            groups.extend(pool_ranks.chunks(par.world()).map(|g| (role, g.to_vec(), par)));
+        }
+        let ranks: Vec<(usize, Role)> = groups.iter().map(|(role, g, _)| (g[0], *role)).collect();
         let num_blocks = match cfg.device {
             Device::Cpu => cfg.cpu_num_blocks(),
             Device::Cuda => cfg.kv_cache.num_blocks.unwrap_or(0),
@@ -175,16 +197,18 @@ impl Cluster {
                 max_model_len: Some(info.max_model_len),
             }
         };
-        let infos: Vec<RankInfo> = ranks
+        let infos: Vec<RankInfo> = groups
             .iter()
-            .map(|&(rank, role)| RankInfo {
-                rank,
-                role,
-                num_ranks: ranks.len(),
+            .map(|(role, group, par)| RankInfo {
+                rank: group[0],
+                role: *role,
+                group: group.clone(),
+                parallel: *par,
+                num_ranks: cfg.prefill.ranks.len() + cfg.decode.ranks.len(),
                 device: cfg.device,
                 dtype: cfg.dtype,
                 model_dir: cfg.model.clone(),
-                engine: engine(role),
+                engine: engine(*role),
                 gpu_memory_utilization: cfg.kv_cache.gpu_memory_utilization,
                 tokenizer: tokenizer.clone(),
             })

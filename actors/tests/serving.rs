@@ -25,9 +25,10 @@ async fn run_all(cfg_name: &str) -> (Vec<Outcome>, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn outputs_match_the_engine_in_colocated_1p1d_and_2p2d() {
+async fn outputs_match_the_engine_in_colocated_1p1d_2p2d_and_parallel_groups() {
     let want = reference(&prompts(), MAX_TOKENS);
-    for (cfg, long_routes) in [("cpu-colocated.yaml", 0.0), ("cpu-tiny.yaml", 3.0), ("cpu-2p2d.yaml", 3.0)] {
+    let cfgs = [("cpu-colocated.yaml", 0.0), ("cpu-tiny.yaml", 3.0), ("cpu-2p2d.yaml", 3.0), ("cpu-groups.yaml", 3.0)];
+    for (cfg, long_routes) in cfgs {
         let (got, metrics) = run_all(cfg).await;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.error, None, "{cfg} prompt {i}");

@@ -29,7 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..EngineConfig::default()
         };
         let mut engine = Engine::load(CpuBackend, &dir, cfg)?;
-        let vocab = engine.model().config().vocab_size as u32;
+        let vocab = engine.model_config().vocab_size as u32;
         for i in 0..batch {
             let prompt = (0..prompt_len).map(|t| 2 + ((t as u32 * 31 + i as u32 * 17) % (vocab - 2))).collect();
             let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(new_tokens) };

@@ -5,15 +5,19 @@
 pub mod backend;
 mod engine;
 pub mod error;
+pub mod group;
 pub mod kv_cache;
 pub mod model;
+pub mod parallel;
+pub mod runner;
 pub mod sampler;
 pub mod scheduler;
 mod stop;
 pub mod tokenizer;
 pub mod weights;
 
-pub use engine::{Engine, EngineConfig, FinishReason, Request, TokenOutput};
+pub use engine::{Engine, EngineConfig, EngineStats, FinishReason, Request, TokenOutput};
 pub use error::{EngineError, Result};
+pub use parallel::ParallelConfig;
 pub use sampler::SamplingParams;
 pub use stop::StopMatcher;

@@ -58,8 +58,8 @@ fn run_counting_preemptions(case: &str, cfg: EngineConfig) -> (Vec<Vec<TokenOutp
         })
         .collect();
     let mut out = engine.generate(requests).expect("generate");
-    assert_eq!(engine.scheduler().num_used_blocks(), 0, "blocks leaked");
-    ((0..exp.prompts.len()).map(|i| out.remove(&(i as u64)).unwrap()).collect(), engine.scheduler().preemptions())
+    assert_eq!(engine.stats().used_blocks, 0, "blocks leaked");
+    ((0..exp.prompts.len()).map(|i| out.remove(&(i as u64)).unwrap()).collect(), engine.stats().preemptions)
 }
 
 fn check_against_hf(case: &str, cfg: EngineConfig) {
@@ -164,8 +164,9 @@ fn first_step_logits_match_hf() {
         slots: (0..n as u32).map(|p| 64 + p).collect(), // block 1: not the first block
         attn: AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: n, ctx_len: n, block_table: vec![1] }] },
         sample_rows: vec![n as u32 - 1],
+        dp_rows: Vec::new(),
     };
-    let logits = be.download(&model.forward(&be, &mut cache, &input).unwrap()).unwrap();
+    let logits = be.download(&model.forward(&be, &mut cache, None, &input).unwrap().unwrap()).unwrap();
     let max_diff = logits.iter().zip(&exp.first_logits).map(|(a, b)| (*a as f64 - b).abs()).fold(0.0, f64::max);
     assert!(max_diff < 1e-3, "max |logit - HF| = {max_diff}");
 }

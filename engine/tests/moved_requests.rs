@@ -32,7 +32,7 @@ fn run(e: &mut Engine<CpuBackend>, out: &mut Vec<TokenOutput>) {
     while e.has_work() {
         out.extend(e.step().unwrap());
     }
-    assert_eq!(e.scheduler().num_used_blocks(), 0);
+    assert_eq!(e.stats().used_blocks, 0);
 }
 
 fn text(out: &[TokenOutput]) -> (Vec<u32>, String) {

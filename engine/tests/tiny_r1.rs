@@ -52,7 +52,7 @@ fn answer_fixed_problems(model: &str) -> Vec<(Vec<u32>, String)> {
         requests.push(Request { id: i as u64, prompt, params: SamplingParams::greedy(400), prefill_only: false });
     }
     let mut out = engine.generate(requests).unwrap();
-    assert_eq!(engine.scheduler().num_used_blocks(), 0);
+    assert_eq!(engine.stats().used_blocks, 0);
     (0..expected.len())
         .map(|i| {
             let got = out.remove(&(i as u64)).unwrap();

@@ -188,6 +188,36 @@ impl NcclComm {
         Ok(())
     }
 
+    /// Queues an in-place f32 sum of `count` values at `ptr` over every rank, on `gpu`'s stream.
+    ///
+    /// # Safety
+    /// `ptr` must address at least `count` f32 values in memory of `gpu`'s context that stay
+    /// allocated until the stream passes the operation.
+    pub unsafe fn all_reduce_sum_f32(&self, gpu: &Gpu, ptr: u64, count: usize) -> Result<()> {
+        if self.aborted {
+            return Err(KernelError::Nccl("the communicator was aborted after an earlier failure".into()));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        gpu.ctx.bind_to_thread()?;
+        let stream = gpu.stream.cu_stream() as sys::cudaStream_t;
+        let (f32t, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        // SAFETY: the caller guarantees the buffer; in place is allowed (send == recv).
+        let status =
+            unsafe { nccl::all_reduce(ptr as *const c_void, ptr as *mut c_void, count, f32t, sum, self.comm, stream) }
+                .map_err(|e| err("ncclAllReduce", e))?;
+        if let nccl::NcclStatus::InProgress = status {
+            self.settle(Instant::now() + ENQUEUE_BOUND).map_err(|e| match e {
+                Settle::Late => {
+                    KernelError::Nccl(format!("ncclAllReduce: not enqueued within {} s", ENQUEUE_BOUND.as_secs()))
+                }
+                Settle::Failed(s) => err("ncclAllReduce", s),
+            })?;
+        }
+        Ok(())
+    }
+
     /// Waits for the queued transfer; on a timeout or an asynchronous error the communicator is
     /// aborted (its pending operations are cancelled) and the error returned.
     pub fn wait(&mut self, gpu: &Gpu, timeout: Duration) -> Result<()> {

@@ -146,8 +146,8 @@ pub fn run(
             .collect();
         // What the engine does per step: the forward pass, then sampling where the logits are.
         let step = |inp: &StepInput, cache: &mut _| -> cleave_engine::Result<()> {
-            let logits = model.forward(cu, cache, inp)?;
-            if !inp.sample_rows.is_empty() {
+            let logits = model.forward(cu, cache, None, inp)?;
+            if let (false, Some(logits)) = (inp.sample_rows.is_empty(), logits) {
                 cu.sample(&logits, &greedy)?;
             }
             Ok(())
@@ -186,7 +186,7 @@ pub fn run(
         let mut enq = Vec::new();
         for _ in 0..5 {
             let t = Instant::now();
-            model.forward(cu, &mut cache, &bare_in)?;
+            model.forward(cu, &mut cache, None, &bare_in)?;
             enq.push(t.elapsed().as_secs_f64());
             cu.sync()?;
         }
@@ -255,12 +255,13 @@ pub fn run(
                 seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }],
             },
             sample_rows: vec![p as u32 - 1],
+            dp_rows: Vec::new(),
         };
         let mut run = |n: usize| -> anyhow::Result<f64> {
             let mut ts = Vec::new();
             for i in 0..n + 1 {
                 let t = Instant::now();
-                model.forward(cu, &mut cache, &input)?;
+                model.forward(cu, &mut cache, None, &input)?;
                 cu.sync()?;
                 if i >= 1 {
                     ts.push(t.elapsed().as_secs_f64());
@@ -274,7 +275,7 @@ pub fn run(
         let s1 = run(1)?;
         cu.set_variants(def);
         println!("\nprefill on the first kernel versions (absorbed attention, v1 grouped GEMM): {:.1} ms", s1 * 1e3);
-        profile(cu, "prefill", || model.forward(cu, &mut cache, &input).map(drop))?;
+        profile(cu, "prefill", || model.forward(cu, &mut cache, None, &input).map(drop))?;
         let top_k = c.num_experts_per_tok as f64;
         let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
         let linear =

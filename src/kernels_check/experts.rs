@@ -29,13 +29,17 @@ impl Ctx<'_> {
         let (e, h, i, k) = if self.quick { (8, 64, 40, 3) } else { (64, 2048, 1408, 6) };
         let weights = RandomExperts::new(&mut self.rng, e, h, i);
         let sources = weights.sources();
-        let ec = self.cpu.load_experts(&sources)?;
-        let eg = self.cu.load_experts(&sources)?;
+        let ec = self.cpu.load_experts(&sources, 0)?;
+        let eg = self.cu.load_experts(&sources, 0)?;
         let sizes: &[usize] = if self.quick { &[1, 5, 40] } else { &[1, 16, 64, 256, 512, 4096] };
         let shape = ExpertShape { e, h, i, top: k, bytes_per_param: 2.0 };
         for &n in sizes {
             self.check_experts("moe_experts", &ec, &eg, shape, n)?;
         }
+        // An expert-parallel rank's half: tokens routed to the other half are skipped on both.
+        let half = &sources[e / 2..];
+        let (ec, eg) = (self.cpu.load_experts(half, e / 2)?, self.cu.load_experts(half, e / 2)?);
+        self.check_experts("moe_experts ep-half", &ec, &eg, shape, sizes[sizes.len() / 2])?;
         Ok(())
     }
 

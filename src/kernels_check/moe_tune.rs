@@ -46,7 +46,7 @@ impl Ctx<'_> {
                 let max_tiles = Gpu::moe_max_tiles(a, e, 16);
                 let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
                 let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(1)?);
-                g.moe_align(ptr(&id_buf), a, top_k, e, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
+                g.moe_align(ptr(&id_buf), a, top_k, e, 0, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
                 let mut n_tiles = [0i32];
                 g.dtoh(ptr(&meta), &mut n_tiles)?;
                 let x = g.alloc::<u16>(b * h)?;

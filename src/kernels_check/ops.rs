@@ -397,7 +397,7 @@ impl Ctx<'_> {
         self.push_check("bf16 shadow: silu_mul -> linear", format!("{n} x 2*{i} -> {m}"), err);
         // the routed experts read the shadow of their (normed) input too
         let (e, h, i, k) = (8, 64, 40, 3);
-        let eg = self.cu.load_experts(&RandomExperts::new(&mut self.rng, e, h, i).sources())?;
+        let eg = self.cu.load_experts(&RandomExperts::new(&mut self.rng, e, h, i).sources(), 0)?;
         let ids: Vec<u32> = (0..n * k).map(|j| ((j * 5 + j / k) % e) as u32).collect();
         let wts: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
         let rg = self.cu.routing_from_host(&ids, &wts, k)?;

@@ -156,8 +156,8 @@ impl Ctx<'_> {
                 .iter()
                 .map(|[g, u, d]| ExpertSource { gate: g.source(), up: u.source(), down: d.source() })
                 .collect();
-            let ec = self.cpu.load_experts(&sources)?;
-            let eg = self.cu.load_experts(&sources)?;
+            let ec = self.cpu.load_experts(&sources, 0)?;
+            let eg = self.cu.load_experts(&sources, 0)?;
             ensure!(eg.quant().is_some(), "moe_experts {fmt}: the loader expanded them to bf16");
             let shape = ExpertShape { e, h, i, top, bytes_per_param: layers[0][0].bytes_per_value() };
             for &n in sizes {

@@ -25,6 +25,7 @@ mod validate;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use cleave_engine::ParallelConfig;
 use serde::Deserialize;
 
 /// A configuration error: the file, the field path (`decode.max_num_seqs`), its line (1-based)
@@ -139,35 +140,78 @@ impl Default for ServerConfig {
     }
 }
 
-/// The prefill pool. Defaults: no ranks (colocated), tp 1, 8192 tokens per step, 256 sequences.
+/// The prefill pool. Defaults: no ranks (colocated), groups of one, 8192 tokens per step, 256
+/// sequences. `ranks` form groups of `tensor_parallel_size x data_parallel_size` consecutive
+/// entries; each group holds one copy of the model, several groups are replicas.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefillConfig {
     pub ranks: Vec<usize>,
     pub tensor_parallel_size: usize,
+    pub data_parallel_size: usize,
+    pub enable_expert_parallel: bool,
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
 }
 
 impl Default for PrefillConfig {
     fn default() -> Self {
-        PrefillConfig { ranks: Vec::new(), tensor_parallel_size: 1, max_num_batched_tokens: 8192, max_num_seqs: 256 }
+        PrefillConfig {
+            ranks: Vec::new(),
+            tensor_parallel_size: 1,
+            data_parallel_size: 1,
+            enable_expert_parallel: false,
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+        }
     }
 }
 
-/// The decode pool. Defaults: rank 0, tp 1, 256 sequences, 2048 tokens per step.
+/// The decode pool. Defaults: rank 0, a group of one, 256 sequences, 2048 tokens per step (both
+/// per group).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DecodeConfig {
     pub ranks: Vec<usize>,
     pub tensor_parallel_size: usize,
+    pub data_parallel_size: usize,
+    pub enable_expert_parallel: bool,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
 }
 
 impl Default for DecodeConfig {
     fn default() -> Self {
-        DecodeConfig { ranks: vec![0], tensor_parallel_size: 1, max_num_seqs: 256, max_num_batched_tokens: 2048 }
+        DecodeConfig {
+            ranks: vec![0],
+            tensor_parallel_size: 1,
+            data_parallel_size: 1,
+            enable_expert_parallel: false,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+        }
+    }
+}
+
+impl PrefillConfig {
+    /// How each group spreads the model.
+    pub fn parallel(&self) -> ParallelConfig {
+        ParallelConfig {
+            tensor_parallel_size: self.tensor_parallel_size,
+            data_parallel_size: self.data_parallel_size,
+            enable_expert_parallel: self.enable_expert_parallel,
+        }
+    }
+}
+
+impl DecodeConfig {
+    /// How each group spreads the model.
+    pub fn parallel(&self) -> ParallelConfig {
+        ParallelConfig {
+            tensor_parallel_size: self.tensor_parallel_size,
+            data_parallel_size: self.data_parallel_size,
+            enable_expert_parallel: self.enable_expert_parallel,
+        }
     }
 }
 

@@ -13,12 +13,18 @@ fn positive(field: &str, v: usize) -> Result<(), Invalid> {
     Ok(())
 }
 
-fn tp(field: &str, v: usize) -> Result<(), Invalid> {
-    positive(field, v)?;
-    if v != 1 {
+/// A pool's parallel sizes, and its ranks forming whole groups.
+fn groups(pool: &str, ranks: &[usize], tp: usize, dp: usize) -> Result<(), Invalid> {
+    positive(&format!("{pool}.tensor_parallel_size"), tp)?;
+    positive(&format!("{pool}.data_parallel_size"), dp)?;
+    if ranks.len() % (tp * dp) != 0 {
         return Err((
-            field.into(),
-            format!("tensor parallelism is not supported yet (got {v}); use 1 and list more ranks for data-parallel replicas"),
+            format!("{pool}.ranks"),
+            format!(
+                "{} ranks do not form whole groups of tensor_parallel_size x data_parallel_size = {} ranks",
+                ranks.len(),
+                tp * dp
+            ),
         ));
     }
     Ok(())
@@ -56,7 +62,8 @@ impl DeployConfig {
         }
         positive("server.max_concurrent_requests", self.server.max_concurrent_requests)?;
 
-        tp("prefill.tensor_parallel_size", self.prefill.tensor_parallel_size)?;
+        let p = &self.prefill;
+        groups("prefill", &p.ranks, p.tensor_parallel_size, p.data_parallel_size)?;
         positive("prefill.max_num_batched_tokens", self.prefill.max_num_batched_tokens)?;
         positive("prefill.max_num_seqs", self.prefill.max_num_seqs)?;
         distinct("prefill.ranks", &self.prefill.ranks)?;
@@ -64,7 +71,18 @@ impl DeployConfig {
         if self.decode.ranks.is_empty() {
             return Err(("decode.ranks".into(), "needs at least one rank".into()));
         }
-        tp("decode.tensor_parallel_size", self.decode.tensor_parallel_size)?;
+        let d = &self.decode;
+        groups("decode", &d.ranks, d.tensor_parallel_size, d.data_parallel_size)?;
+        let grouped = p.parallel().world() > 1 || d.parallel().world() > 1;
+        if self.device == Device::Cuda && !p.ranks.is_empty() && grouped {
+            return Err((
+                if p.parallel().world() > 1 { "prefill.tensor_parallel_size" } else { "decode.tensor_parallel_size" }
+                    .into(),
+                "moving KV between GPU pools whose groups span several GPUs is not built yet; on GPUs, parallel \
+                 groups serve colocated (prefill.ranks: []) or both pools use groups of one"
+                    .into(),
+            ));
+        }
         positive("decode.max_num_seqs", self.decode.max_num_seqs)?;
         positive("decode.max_num_batched_tokens", self.decode.max_num_batched_tokens)?;
         distinct("decode.ranks", &self.decode.ranks)?;
@@ -184,8 +202,14 @@ mod tests {
         assert!(e.to_string().contains("line 5: decode.ranks[1]: rank 1 is also a prefill rank"), "{e}");
         let e = err("model: m\ndecode: {ranks: [0], max_num_seqs: 0}\n");
         assert_eq!((e.field.as_deref(), e.line), (Some("decode.max_num_seqs"), Some(2)));
-        let e = err("model: m\nprefill: {ranks: [1], tensor_parallel_size: 2}\n");
-        assert!(e.message.contains("not supported yet"), "{e}");
+        let e = err("model: m\nprefill: {ranks: [1, 2, 3], tensor_parallel_size: 2}\n");
+        assert_eq!(e.field.as_deref(), Some("prefill.ranks"));
+        assert!(e.message.contains("3 ranks do not form whole groups of"), "{e}");
+        let e = err("model: m\ndecode: {ranks: [0, 1], data_parallel_size: 0}\n");
+        assert_eq!(e.field.as_deref(), Some("decode.data_parallel_size"));
+        let e =
+            err("model: m\ndevice: cuda\nprefill: {ranks: [0, 1], tensor_parallel_size: 2}\ndecode: {ranks: [2]}\n");
+        assert!(e.message.contains("not built yet"), "{e}");
         let e = err("model: m\ndecode: {ranks: []}\n");
         assert_eq!(e.field.as_deref(), Some("decode.ranks"));
         let e = err("model: m\nkv_cache: {gpu_memory_utilization: 0.9}\n");

@@ -51,8 +51,15 @@ impl RankFactory for CpuRankFactory {
 
     fn create(&self, info: &RankInfo) -> Result<(Engine<CpuBackend>, Box<dyn Transport<CpuBackend>>), ActorError> {
         let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
-        let model = Model::load(&CpuBackend, &info.model_dir, info.engine.max_model_len).map_err(load)?;
-        let engine = Engine::new(CpuBackend, model, Some(info.tokenizer.clone()), info.engine).map_err(load)?;
+        let tokenizer = Some(info.tokenizer.clone());
+        let engine = if info.parallel.world() == 1 {
+            let model = Model::load(&CpuBackend, &info.model_dir, info.engine.max_model_len).map_err(load)?;
+            Engine::new(CpuBackend, model, tokenizer, info.engine).map_err(load)?
+        } else {
+            // The group's other ranks are threads of their own (on the global rayon pool).
+            let make = Engine::in_process_runners(info.parallel, &info.model_dir, info.engine, |_| Ok(CpuBackend));
+            Engine::start(info.parallel, make, tokenizer, info.engine).map_err(load)?
+        };
         Ok((engine, Box::new(self.hub.endpoint())))
     }
 

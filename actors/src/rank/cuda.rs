@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use cleave_engine::backend::cuda::collectives::nccl_runners;
 use cleave_engine::backend::cuda::transfer::{KvHub, KvLink};
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::kv_cache::blocks_for;
@@ -129,6 +130,9 @@ impl RankFactory for CudaRankFactory {
         let rank = info.rank;
         let t0 = Instant::now();
         let precision = if info.dtype == Dtype::Float32 { Precision::F32 } else { Precision::Bf16 };
+        if info.parallel.world() > 1 {
+            return self.create_group(info, precision);
+        }
         let be = match CudaBackend::with_precision(rank, precision) {
             Ok(be) => {
                 self.set_opened(rank, Ok(()));
@@ -159,6 +163,31 @@ impl RankFactory for CudaRankFactory {
     }
 }
 
+impl CudaRankFactory {
+    /// A group over GPUs `info.group`, one thread per GPU with NCCL collectives. Groups serve
+    /// colocated (the config refuses KV transfers into them), so the link has no pairs.
+    fn create_group(
+        &self,
+        info: &RankInfo,
+        precision: Precision,
+    ) -> Result<(Engine<CudaBackend>, Box<dyn Transport<CudaBackend>>), ActorError> {
+        let t0 = Instant::now();
+        let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
+        let fraction = info.gpu_memory_utilization.unwrap_or(DEFAULT_UTILIZATION);
+        let make = nccl_runners(info.parallel, info.group.clone(), &info.model_dir, info.engine, precision, fraction)
+            .map_err(load)?;
+        let engine = Engine::start(info.parallel, make, Some(info.tokenizer.clone()), info.engine).map_err(load)?;
+        tracing::info!(
+            gpus = ?info.group,
+            pool = info.role.as_str(),
+            num_blocks = engine.config().num_blocks,
+            ms = t0.elapsed().as_millis() as u64,
+            "cuda group loaded"
+        );
+        Ok((engine, Box::new(NcclTransport { link: KvLink::new(self.hub.clone(), info.rank) })))
+    }
+}
+
 /// A rank's endpoint of the NCCL KV transport (the engine's [`KvLink`]).
 struct NcclTransport {
     link: KvLink,
@@ -174,15 +203,14 @@ impl Transport<CudaBackend> for NcclTransport {
         if Instant::now() >= t.deadline {
             return Err(terr(format!("rank {src}: the transfer's deadline passed before the send")));
         }
-        let sched = engine.scheduler();
-        let seq = sched.get(t.req).ok_or_else(|| terr(format!("rank {src} holds no request {}", t.req)))?;
+        let seq = engine.sequence(t.req).ok_or_else(|| terr(format!("rank {src} holds no request {}", t.req)))?;
         if seq.prompt_len != t.prompt_len {
             return Err(terr(format!(
                 "rank {src} holds {} prompt tokens, the ticket says {}",
                 seq.prompt_len, t.prompt_len
             )));
         }
-        let n = blocks_for(seq.prompt_len, sched.config().block_size);
+        let n = blocks_for(seq.prompt_len, engine.config().block_size);
         if n != t.blocks.len() || seq.blocks.len() < n {
             return Err(terr(format!(
                 "rank {src} holds {} blocks for {n}, the receiver reserved {}",
@@ -190,10 +218,11 @@ impl Transport<CudaBackend> for NcclTransport {
                 t.blocks.len()
             )));
         }
+        let runner = engine.local_runner();
         let t0 = Instant::now();
         let bytes = self
             .link
-            .send(engine.backend(), engine.kv_cache(), &seq.blocks[..n], &t.blocks, t.dst_rank, t.req, t.deadline)
+            .send(runner.backend(), runner.kv_cache(), &seq.blocks[..n], &t.blocks, t.dst_rank, t.req, t.deadline)
             .map_err(terr)?;
         tracing::debug!(
             request_id = t.req,
@@ -211,7 +240,7 @@ impl Transport<CudaBackend> for NcclTransport {
         engine: &mut Engine<CudaBackend>,
         t: &TransferTicket,
     ) -> Result<Option<u64>, TransportError> {
-        let (be, cache) = engine.backend_and_kv_cache_mut();
+        let (be, cache) = engine.local_runner_mut().backend_and_kv_cache_mut();
         self.link.poll_recv(be, cache, &t.blocks, t.src_rank, t.req, t.deadline).map_err(terr)
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use actix::Addr;
 use cleave_engine::backend::Backend;
 use cleave_engine::tokenizer::Tokenizer;
-use cleave_engine::{Engine, EngineConfig};
+use cleave_engine::{Engine, EngineConfig, ParallelConfig};
 
 pub use cpu::CpuRankFactory;
 pub use cuda::CudaRankFactory;
@@ -68,9 +68,14 @@ pub enum Fault {
 /// Everything a factory needs to build one rank, computed by the cluster from the config.
 #[derive(Clone)]
 pub struct RankInfo {
-    /// Configured rank id (a thread label on CPU, the device ordinal on CUDA).
+    /// Configured rank id (a thread label on CPU, the device ordinal on CUDA); for a group, its
+    /// first rank.
     pub rank: usize,
     pub role: Role,
+    /// The group's ranks (`[rank]` for a group of one), in group order.
+    pub group: Vec<usize>,
+    /// How the group spreads the model.
+    pub parallel: ParallelConfig,
     /// Ranks in the cluster (to size per-rank thread pools).
     pub num_ranks: usize,
     pub device: Device,

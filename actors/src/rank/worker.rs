@@ -117,13 +117,13 @@ impl<B: Backend> Worker<B> {
 
     /// Publishes the scheduler's state for the router, the stats and the metrics.
     pub fn publish(&self) {
-        let s = self.engine.scheduler();
+        let s = self.engine.stats();
         let sh = &self.shared;
-        sh.running.store(s.num_running(), Ordering::Relaxed);
-        sh.waiting.store(s.num_waiting(), Ordering::Relaxed);
-        sh.held.store(s.num_held(), Ordering::Relaxed);
-        sh.blocks_used.store(s.num_used_blocks(), Ordering::Relaxed);
-        sh.blocks_total.store(s.num_used_blocks() + s.num_free_blocks(), Ordering::Relaxed);
+        sh.running.store(s.running, Ordering::Relaxed);
+        sh.waiting.store(s.waiting, Ordering::Relaxed);
+        sh.held.store(s.held, Ordering::Relaxed);
+        sh.blocks_used.store(s.used_blocks, Ordering::Relaxed);
+        sh.blocks_total.store(s.used_blocks + s.free_blocks, Ordering::Relaxed);
     }
 
     fn check_fault(&mut self) {

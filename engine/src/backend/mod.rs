@@ -98,7 +98,9 @@ pub trait Backend {
 
     /// Loads a linear weight; several sources are stacked along the output dimension.
     fn load_linear(&self, parts: &[LinearSource<'_>]) -> Result<Self::Weight>;
-    fn load_experts(&self, experts: &[ExpertSource<'_>]) -> Result<Self::Experts>;
+    /// Loads routed experts; `experts[0]` is expert `first` of the layer (a rank of an
+    /// expert-parallel group holds a range), and tokens routed to other experts are skipped.
+    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize) -> Result<Self::Experts>;
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache>;
 
     /// Rows of `table` picked by token id.

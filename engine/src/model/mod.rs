@@ -2,6 +2,7 @@
 
 pub mod config;
 mod deepseek;
+mod load;
 pub mod rope;
 
 pub use config::{AwqConfig, ModelConfig, Quantization};

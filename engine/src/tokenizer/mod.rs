@@ -64,6 +64,14 @@ struct TokenizerConfig {
 }
 
 impl Tokenizer {
+    /// The tokenizer in `dir` when it has a `tokenizer.json`.
+    pub fn from_dir_if_present(dir: &Path) -> Result<Option<std::sync::Arc<Self>>> {
+        if !dir.join("tokenizer.json").exists() {
+            return Ok(None);
+        }
+        Ok(Some(std::sync::Arc::new(Self::from_dir(dir)?)))
+    }
+
     /// Loads `<dir>/tokenizer.json` and, when present, `<dir>/tokenizer_config.json`
     /// (chat_template as a string, or a list of {name, template} where "default" wins;
     ///  bos_token/eos_token as a string or an AddedToken object {"content": ...}).

@@ -129,21 +129,27 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
 // One block (1024 threads). Sorts the n*top_k assignments by expert: sorted_tok[p] is the token of
 // sorted position p, inv[i] the sorted position of assignment i; tiles[3t..3t+3] = (expert, first
 // sorted row, rows) for row tiles of at most BM rows; meta[0] = number of tiles; row_expert[p]
-// (when non-null) the expert of sorted row p.
-extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, int BM, int* sorted_tok, int* inv, int* tiles,
-                                     int* meta, int* row_expert) {
+// (when non-null) the expert of sorted row p. This rank holds experts first..first+E-1 (expert
+// parallelism): other assignments get inv -1 and no row, and the unused rows at the end point at
+// token 0 of local expert 0 (computed, never combined).
+extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok, int* inv,
+                                     int* tiles, int* meta, int* row_expert) {
     extern __shared__ int sh[];
     int* cnt = sh;
     int* off = sh + E;
     int* cur = sh + 2 * E;
     int* toff = sh + 3 * E;
+    int* total = sh + 4 * E;
     const int tid = threadIdx.x, bd = blockDim.x;
     for (int e = tid; e < E; e += bd) {
         cnt[e] = 0;
         cur[e] = 0;
     }
     __syncthreads();
-    for (int i = tid; i < A; i += bd) atomicAdd(&cnt[ids[i]], 1);
+    for (int i = tid; i < A; i += bd) {
+        const int e = (int)ids[i] - first;
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
     __syncthreads();
     if (tid == 0) {
         int o = 0, t = 0;
@@ -154,14 +160,23 @@ extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, in
             t += (cnt[e] + BM - 1) / BM;
         }
         meta[0] = t;
+        *total = o;
     }
     __syncthreads();
     for (int i = tid; i < A; i += bd) {
-        const int e = ids[i];
+        const int e = (int)ids[i] - first;
+        if (e < 0 || e >= E) {
+            inv[i] = -1;
+            continue;
+        }
         const int p = off[e] + atomicAdd(&cur[e], 1);
         sorted_tok[p] = i / top_k;
         inv[i] = p;
         if (row_expert) row_expert[p] = e;
+    }
+    for (int p = *total + tid; p < A; p += bd) {
+        sorted_tok[p] = 0;
+        if (row_expert) row_expert[p] = 0;
     }
     for (int e = tid; e < E; e += bd) {
         const int c = cnt[e];
@@ -332,8 +347,10 @@ extern "C" __global__ void moe_combine(const float* __restrict__ Y, const int* _
     const bool vec = (H & 3) == 0;
 #pragma unroll 8
     for (int j = 0; j < top_k; j++) {
+        const int p = inv[(u64)t * top_k + j];
+        if (p < 0) continue;  // an expert of another rank
         const float wj = wts[(u64)t * top_k + j];
-        const float* y = Y + (u64)inv[(u64)t * top_k + j] * H + c;
+        const float* y = Y + (u64)p * H + c;
         if (vec) {
             const float4 v = *reinterpret_cast<const float4*>(y);
             s[0] += wj * v.x, s[1] += wj * v.y, s[2] += wj * v.z, s[3] += wj * v.w;

@@ -127,8 +127,8 @@ impl Backend for CpuBackend {
         load_stacked(parts)
     }
 
-    fn load_experts(&self, experts: &[ExpertSource<'_>]) -> Result<CpuExperts> {
-        CpuExperts::load(experts)
+    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize) -> Result<CpuExperts> {
+        CpuExperts::load(experts, first)
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CpuKvCache> {

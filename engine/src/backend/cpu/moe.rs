@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::{load_stacked, matmul_t, CpuTensor, CpuWeight};
 use crate::backend::{ExpertSource, RouterParams};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 
 /// For each token, `top_k` expert ids and their weights.
 #[derive(Debug, Clone)]
@@ -65,10 +65,12 @@ impl CpuRouting {
 /// Routed experts: stacked gate/up `[2i, h]` and down `[h, i]` per expert.
 pub struct CpuExperts {
     experts: Vec<(CpuWeight, CpuWeight)>,
+    /// The layer's id of `experts[0]`.
+    first: usize,
 }
 
 impl CpuExperts {
-    pub(super) fn load(sources: &[ExpertSource<'_>]) -> Result<Self> {
+    pub(super) fn load(sources: &[ExpertSource<'_>], first: usize) -> Result<Self> {
         let experts = sources
             .iter()
             .map(|e| {
@@ -76,16 +78,16 @@ impl CpuExperts {
                 Ok((gate_up, load_stacked(std::slice::from_ref(&e.down))?))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(CpuExperts { experts })
+        Ok(CpuExperts { experts, first })
     }
 
     pub(super) fn forward(&self, x: &CpuTensor, routing: &CpuRouting) -> Result<CpuTensor> {
         let mut tokens: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.experts.len()];
         for (slot, (&e, &w)) in routing.ids.iter().zip(&routing.weights).enumerate() {
-            let e = e as usize;
-            if e >= self.experts.len() {
-                return Err(EngineError::Backend(format!("router chose expert {e} of {}", self.experts.len())));
-            }
+            // Another rank of an expert-parallel group computes the experts outside this range.
+            let Some(e) = (e as usize).checked_sub(self.first).filter(|&e| e < self.experts.len()) else {
+                continue;
+            };
             tokens[e].push((slot / routing.top_k, w));
         }
         let partial: Vec<(usize, Vec<f32>)> = tokens

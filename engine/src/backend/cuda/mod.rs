@@ -14,6 +14,7 @@
 //! [`CudaTensor::ptr_mut`], which drops the copy, so a stale one is never read.
 
 mod attention;
+pub mod collectives;
 mod kv;
 mod load;
 mod moe;
@@ -429,8 +430,8 @@ impl Backend for CudaBackend {
         load::linear(self, parts)
     }
 
-    fn load_experts(&self, experts: &[ExpertSource<'_>]) -> Result<CudaExperts> {
-        load::experts(self, experts)
+    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize) -> Result<CudaExperts> {
+        load::experts(self, experts, first)
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {

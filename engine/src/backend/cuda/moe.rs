@@ -62,8 +62,20 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let meta = be.buf::<i32>(1)?;
     if let ExpertData::F32 { gate_up, down } = &ex.data {
         let row_expert = be.buf::<i32>(a)?;
-        gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), ptr(&row_expert))
-            .map_err(kerr)?;
+        gpu.moe_align(
+            ptr(&r.ids),
+            a,
+            k,
+            e,
+            ex.first,
+            bm,
+            ptr(&sorted_tok),
+            ptr(&inv),
+            ptr(&tiles),
+            ptr(&meta),
+            ptr(&row_expert),
+        )
+        .map_err(kerr)?;
         let act = be.alloc_f32(a * i)?;
         let y = be.alloc_f32(a * h)?;
         let (gu, dn) = (ptr(gate_up), ptr(down));
@@ -71,7 +83,8 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
         return Ok(out);
     }
-    gpu.moe_align(ptr(&r.ids), a, k, e, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0).map_err(kerr)?;
+    gpu.moe_align(ptr(&r.ids), a, k, e, ex.first, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0)
+        .map_err(kerr)?;
     // The input's bf16 shadow (an RMSNorm output) when it has one.
     let xb = be.bf16_in(x)?;
     let act = be.alloc_u16(a * i)?;

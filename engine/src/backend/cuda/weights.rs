@@ -50,6 +50,8 @@ impl CudaWeight {
 pub struct CudaExperts {
     pub(super) data: ExpertData,
     pub experts: usize,
+    /// The layer's id of the first expert held (expert parallelism).
+    pub first: usize,
     pub hidden: usize,
     pub inter: usize,
 }

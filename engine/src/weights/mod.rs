@@ -14,6 +14,10 @@ use safetensors::SafeTensors;
 use crate::error::{EngineError, Result};
 use crate::model::Quantization;
 
+mod shard;
+
+pub use shard::OwnedLinear;
+
 struct Shard {
     path: PathBuf,
     mmap: Mmap,

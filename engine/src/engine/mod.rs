@@ -1,0 +1,430 @@
+//! The scheduling core of one group (one copy of the model): requests in, tokens out. Each
+//! `step` schedules a batch per DP rank, has the group's runners execute it, samples, detokenizes
+//! and applies the stop conditions. Scheduling lives here, execution in [`crate::runner`].
+
+mod blocks;
+mod step;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::group::{RankGroup, RunnerFactory};
+use crate::model::Model;
+use crate::parallel::{InProcGroup, ParallelConfig};
+use crate::runner::{CacheSize, ModelRunner};
+use crate::sampler::{skip_samples, Rng, SamplingParams};
+use crate::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
+use crate::stop::StopMatcher;
+use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+
+/// Limits of one group; `num_blocks` is per DP rank (each holds its own cache).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    /// Longest prompt + output; `None`: the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            block_size: 64,
+            num_blocks: 512,
+            max_model_len: None,
+        }
+    }
+}
+
+/// A generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub id: SeqId,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Prefill, sample the first token, then hold the KV for a transfer.
+    pub prefill_only: bool,
+}
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// One sampled token of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOutput {
+    pub id: SeqId,
+    pub token: u32,
+    pub logprob: f32,
+    pub top_logprobs: Vec<(u32, f32)>,
+    /// Newly completed text (empty without a tokenizer); never part of a stop string.
+    pub text: String,
+    pub finish: Option<FinishReason>,
+    /// A prefill-only request's prompt KV is complete and held for transfer.
+    pub prefilled: bool,
+}
+
+struct ReqState {
+    params: SamplingParams,
+    rng: Rng,
+    generated: usize,
+    detok: Option<IncrementalDecoder>,
+    stop: StopMatcher,
+    prefill_only: bool,
+}
+
+/// Scheduler totals over a group's DP ranks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub held: usize,
+    pub used_blocks: usize,
+    pub free_blocks: usize,
+    pub preemptions: u64,
+    pub pending_prefill_tokens: usize,
+}
+
+/// One copy of the model over its group's ranks, with a scheduler (and block space) per DP rank.
+pub struct Engine<B: Backend> {
+    group: RankGroup<B>,
+    scheds: Vec<Scheduler>,
+    /// The DP rank of each sequence.
+    placed: HashMap<SeqId, usize>,
+    reqs: HashMap<SeqId, ReqState>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    eos: Vec<u32>,
+    max_len: usize,
+    vocab: usize,
+    cfg: EngineConfig,
+}
+
+fn check_limits(cfg: &EngineConfig, max_len: usize) -> Result<()> {
+    for (name, v) in [
+        ("max_num_seqs", cfg.max_num_seqs),
+        ("max_num_batched_tokens", cfg.max_num_batched_tokens),
+        ("block_size", cfg.block_size),
+        ("num_blocks", cfg.num_blocks),
+    ] {
+        if v == 0 {
+            return Err(EngineError::Config(format!("{name} must be positive")));
+        }
+    }
+    if cfg.num_blocks * cfg.block_size < max_len {
+        return Err(EngineError::CacheCapacity(format!(
+            "{} blocks of {} tokens hold {} tokens, less than max_model_len {max_len}; raise num_blocks or lower max_model_len",
+            cfg.num_blocks,
+            cfg.block_size,
+            cfg.num_blocks * cfg.block_size
+        )));
+    }
+    Ok(())
+}
+
+impl EngineConfig {
+    /// The cache each rank allocates.
+    pub fn cache_size(&self) -> CacheSize {
+        CacheSize { block_size: self.block_size, num_blocks: self.num_blocks }
+    }
+}
+
+impl<B: Backend + 'static> Engine<B> {
+    /// Loads `dir` over a group of `par` ranks that are threads of this process, each with its
+    /// backend from `backend(rank)` (called on that rank's thread) and in-process collectives.
+    pub fn load_parallel(
+        par: ParallelConfig,
+        dir: &Path,
+        cfg: EngineConfig,
+        backend: impl Fn(usize) -> Result<B> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        par.check()?;
+        let tokenizer = Tokenizer::from_dir_if_present(dir)?;
+        Self::start(par, Self::in_process_runners(par, dir, cfg, backend), tokenizer, cfg)
+    }
+
+    /// Runners for ranks that are threads of this process: each loads its part of `dir` onto
+    /// `backend(rank)` (called on its thread) and joins the group's in-process collectives.
+    pub fn in_process_runners(
+        par: ParallelConfig,
+        dir: &Path,
+        cfg: EngineConfig,
+        backend: impl Fn(usize) -> Result<B> + Send + Sync + 'static,
+    ) -> Arc<RunnerFactory<B>> {
+        let comms = InProcGroup::new(par);
+        let path = dir.to_path_buf();
+        Arc::new(move |coord: crate::parallel::RankCoord| {
+            let comm: Box<dyn crate::parallel::Collectives<B>> = Box::new(comms.member(coord.rank()));
+            let be = backend(coord.rank())?;
+            ModelRunner::load(be, &path, cfg.max_model_len, cfg.cache_size(), coord, Some(comm))
+        })
+    }
+
+    /// Starts a group whose runners `make` builds (each on its rank's thread).
+    pub fn start(
+        par: ParallelConfig,
+        make: Arc<RunnerFactory<B>>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        cfg: EngineConfig,
+    ) -> Result<Self> {
+        if cfg.max_model_len == Some(0) {
+            return Err(EngineError::InvalidRequest("max_model_len must be positive".into()));
+        }
+        par.check()?;
+        let group = RankGroup::start(par, make)?;
+        // Ranks that sized their caches from free memory (num_blocks 0) may differ: the group
+        // schedules what every rank holds.
+        let cfg = EngineConfig { num_blocks: group.num_blocks(), ..cfg };
+        Self::from_group(group, tokenizer, cfg)
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    /// Loads the checkpoint in `dir` (and its tokenizer when present) onto `be`: a group of one.
+    pub fn load(be: B, dir: &Path, cfg: EngineConfig) -> Result<Self> {
+        let model = Model::load(&be, dir, cfg.max_model_len)?;
+        let tokenizer = Tokenizer::from_dir_if_present(dir)?;
+        Self::new(be, model, tokenizer, cfg)
+    }
+
+    /// Wraps a loaded model: a group of one.
+    pub fn new(be: B, model: Model<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
+        check_limits(&cfg, model.max_len())?;
+        let runner = ModelRunner::new(be, model, cfg.cache_size(), None)?;
+        Self::from_group(RankGroup::single(runner), tokenizer, cfg)
+    }
+
+    fn from_group(group: RankGroup<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
+        let model = group.local().model();
+        let mc = model.config();
+        let max_len = model.max_len();
+        check_limits(&cfg, max_len)?;
+        let mut eos = mc.eos_token_ids.clone();
+        if let Some(id) = tokenizer.as_ref().and_then(|t| t.eos_token().and_then(|e| t.token_to_id(e))) {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+        let vocab = mc.vocab_size;
+        let sc = SchedulerConfig {
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            block_size: cfg.block_size,
+            num_blocks: cfg.num_blocks,
+        };
+        let scheds = (0..group.parallel().data_parallel_size).map(|_| Scheduler::new(sc)).collect();
+        Ok(Engine { group, scheds, placed: HashMap::new(), reqs: HashMap::new(), tokenizer, eos, max_len, vocab, cfg })
+    }
+
+    /// How the model is spread over this engine's ranks.
+    pub fn parallel(&self) -> ParallelConfig {
+        self.group.parallel()
+    }
+    /// Rank 0's runner: its backend, cache and model part (the whole model in a group of one;
+    /// device transports read and write a group of one's cache through it).
+    pub fn local_runner(&self) -> &ModelRunner<B> {
+        self.group.local()
+    }
+    pub fn local_runner_mut(&mut self) -> &mut ModelRunner<B> {
+        self.group.local_mut()
+    }
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref()
+    }
+    /// The model's configuration.
+    pub fn model_config(&self) -> &crate::model::ModelConfig {
+        self.group.local().model().config()
+    }
+    /// The limits this engine was built with.
+    pub fn config(&self) -> EngineConfig {
+        self.cfg
+    }
+    /// Longest prompt + output this engine serves.
+    pub fn max_model_len(&self) -> usize {
+        self.max_len
+    }
+    /// Token ids that end a sequence unless `ignore_eos`.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+    pub fn has_work(&self) -> bool {
+        self.scheds.iter().any(Scheduler::has_work)
+    }
+    pub fn num_requests(&self) -> usize {
+        self.reqs.len()
+    }
+    /// A sequence's tokens and cache state (block ids local to its DP rank).
+    pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
+        self.scheds[*self.placed.get(&id)?].get(id)
+    }
+    /// Totals over the DP ranks' schedulers.
+    pub fn stats(&self) -> EngineStats {
+        let mut t = EngineStats::default();
+        for s in &self.scheds {
+            t.running += s.num_running();
+            t.waiting += s.num_waiting();
+            t.held += s.num_held();
+            t.used_blocks += s.num_used_blocks();
+            t.free_blocks += s.num_free_blocks();
+            t.preemptions += s.preemptions();
+            t.pending_prefill_tokens += s.pending_prefill_tokens();
+        }
+        t
+    }
+
+    fn validate(&self, r: &Request) -> Result<()> {
+        let vocab = self.vocab;
+        if r.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!("token id {t} is outside the vocabulary of {vocab}")));
+        }
+        if self.reqs.contains_key(&r.id) {
+            return Err(EngineError::InvalidRequest(format!("request id {} is already in use", r.id)));
+        }
+        if r.params.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        if r.prompt.len() + r.params.max_tokens > self.max_len {
+            return Err(EngineError::InvalidRequest(format!(
+                "this model's maximum context length is {} tokens; the prompt has {} and max_tokens is {}",
+                self.max_len,
+                r.prompt.len(),
+                r.params.max_tokens
+            )));
+        }
+        if !r.params.stop.is_empty() && self.tokenizer.is_none() {
+            return Err(EngineError::InvalidRequest("stop strings need a tokenizer".into()));
+        }
+        Ok(())
+    }
+
+    /// Per-request state. `emitted` are tokens another rank already sampled and sent: they are
+    /// replayed through the detokenizer and the stop matcher (their text discarded) so that text
+    /// held back there (an incomplete character, a possible stop string) comes out here exactly
+    /// as it would have without the move, and a seeded random stream continues after their draws.
+    fn state_for(&self, r: &Request, emitted: &[u32]) -> Result<ReqState> {
+        let mut detok =
+            self.tokenizer.as_ref().map(|_| IncrementalDecoder::with_prompt(&r.prompt, r.params.skip_special_tokens));
+        let mut stop = StopMatcher::new(&r.params.stop);
+        if let (Some(tok), Some(detok)) = (&self.tokenizer, detok.as_mut()) {
+            for &t in emitted {
+                let delta = detok.push(tok, t)?;
+                stop.push(&delta);
+            }
+        }
+        let mut rng = r.params.seed.map_or_else(Rng::entropy, Rng::new);
+        skip_samples(&mut rng, &r.params, emitted.len());
+        Ok(ReqState {
+            rng,
+            params: r.params.clone(),
+            generated: emitted.len(),
+            detok,
+            stop,
+            prefill_only: r.prefill_only,
+        })
+    }
+
+    /// The DP rank a new sequence goes to: the fewest sequences, then the most free blocks.
+    fn place(&self) -> usize {
+        (0..self.scheds.len())
+            .min_by_key(|&d| {
+                let s = &self.scheds[d];
+                (s.num_running() + s.num_waiting() + s.num_held(), usize::MAX - s.num_free_blocks())
+            })
+            .unwrap_or(0)
+    }
+
+    fn enqueue(&mut self, id: SeqId, tokens: Vec<u32>, prefill_only: bool, state: ReqState) {
+        let dp = self.place();
+        self.scheds[dp].add(id, tokens, prefill_only);
+        self.placed.insert(id, dp);
+        self.reqs.insert(id, state);
+    }
+
+    /// Queues a request.
+    pub fn add_request(&mut self, r: Request) -> Result<()> {
+        self.validate(&r)?;
+        let state = self.state_for(&r, &[])?;
+        self.enqueue(r.id, r.prompt, r.prefill_only, state);
+        Ok(())
+    }
+
+    /// Queues a request that another rank started and that must continue here: `emitted` tokens
+    /// were already sampled and sent to the client (the first token of a failed KV transfer, or
+    /// the output of a rank that died). The prompt and those tokens are prefilled here, then
+    /// sampling continues with `max_tokens`, `min_tokens` and the text exactly as if the request
+    /// had never moved (a seeded random stream included).
+    pub fn add_resumed(&mut self, r: Request, emitted: &[u32]) -> Result<()> {
+        self.validate(&r)?;
+        if emitted.len() >= r.params.max_tokens {
+            return Err(EngineError::InvalidRequest(format!(
+                "{} of max_tokens {} were already generated",
+                emitted.len(),
+                r.params.max_tokens
+            )));
+        }
+        let state = self.state_for(&r, emitted)?;
+        let mut tokens = r.prompt;
+        tokens.extend_from_slice(emitted);
+        self.enqueue(r.id, tokens, false, state);
+        Ok(())
+    }
+
+    /// Removes a request wherever it is and frees its blocks. Returns whether it existed.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        let known = self.reqs.remove(&id).is_some();
+        let scheduled = match self.placed.remove(&id) {
+            Some(dp) => self.scheds[dp].remove(id),
+            None => false,
+        };
+        scheduled || known
+    }
+
+    /// Aborts every request (after a failed step), returning their ids.
+    pub fn abort_all(&mut self) -> Vec<SeqId> {
+        let ids: Vec<SeqId> = self.reqs.keys().copied().collect();
+        for &id in &ids {
+            self.abort(id);
+        }
+        ids
+    }
+
+    /// Runs `requests` to completion and returns each one's outputs (a convenience for the CLI
+    /// and tests).
+    pub fn generate(&mut self, requests: Vec<Request>) -> Result<HashMap<SeqId, Vec<TokenOutput>>> {
+        let mut out: HashMap<SeqId, Vec<TokenOutput>> = HashMap::new();
+        for r in requests {
+            out.insert(r.id, Vec::new());
+            self.add_request(r)?;
+        }
+        while self.has_work() {
+            for t in self.step()? {
+                out.entry(t.id).or_default().push(t);
+            }
+        }
+        Ok(out)
+    }
+}

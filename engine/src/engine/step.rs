@@ -1,0 +1,166 @@
+//! One step of a group: plan a batch per DP rank, execute it on the runners, then sample and
+//! finish each sampled token (detokenize, stop conditions, limits).
+
+use super::{Engine, FinishReason, ReqState, TokenOutput};
+use crate::backend::{AttnSeq, Backend};
+use crate::error::Result;
+use crate::runner::{RankBatch, RankOutput, StepPlan};
+use crate::sampler::{sample, SampleRow, Sampled};
+use crate::scheduler::{Scheduled, SeqId};
+
+/// Where one sampling sequence's token comes from.
+enum Pick {
+    /// Row `i` of its DP rank's device samples.
+    Device(usize),
+    /// Row `i` of its DP rank's host logits, with the tokens suppressed now.
+    Host(usize, Vec<u32>),
+}
+
+impl<B: Backend> Engine<B> {
+    /// Runs one batch. Returns the tokens sampled in it (none while only prefill chunks ran).
+    pub fn step(&mut self) -> Result<Vec<TokenOutput>> {
+        let work: Vec<Vec<Scheduled>> = self.scheds.iter_mut().map(|s| s.schedule()).collect();
+        if work.iter().all(Vec::is_empty) {
+            return Ok(Vec::new());
+        }
+        let dp_rows: Vec<usize> =
+            if work.len() > 1 { work.iter().map(|w| w.iter().map(|s| s.len).sum()).collect() } else { Vec::new() };
+        let mut plan = StepPlan::default();
+        let mut picks: Vec<Vec<(SeqId, Pick)>> = Vec::with_capacity(work.len());
+        for (dp, w) in work.iter().enumerate() {
+            let (mut batch, p) = self.plan_rank(dp, w);
+            batch.input.dp_rows = dp_rows.clone();
+            plan.ranks.push(batch);
+            picks.push(p);
+        }
+        let outs = self.group.execute(plan)?;
+        for (dp, w) in work.iter().enumerate() {
+            self.scheds[dp].commit(w);
+        }
+        let mut out = Vec::new();
+        for (picks, o) in picks.into_iter().zip(outs) {
+            for (id, pick) in picks {
+                let s = self.sampled(id, pick, &o);
+                out.push(self.on_token(id, s)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// DP rank `dp`'s tokens, cache slots and sampling rows.
+    fn plan_rank(&mut self, dp: usize, work: &[Scheduled]) -> (RankBatch, Vec<(SeqId, Pick)>) {
+        let mut b = RankBatch::default();
+        let mut picks = Vec::new();
+        let bs = self.cfg.block_size;
+        let mut logit_row = 0u32;
+        for w in work {
+            let seq = self.scheds[dp].get(w.id).expect("scheduled sequence exists");
+            let input = &mut b.input;
+            let q_start = input.ids.len();
+            for pos in w.start..w.start + w.len {
+                input.ids.push(seq.tokens[pos]);
+                input.positions.push(pos as u32);
+                input.slots.push(seq.blocks[pos / bs] * bs as u32 + (pos % bs) as u32);
+            }
+            input.attn.seqs.push(AttnSeq {
+                q_start,
+                q_len: w.len,
+                ctx_len: w.start + w.len,
+                block_table: seq.blocks.clone(),
+            });
+            if !w.sample {
+                continue;
+            }
+            input.sample_rows.push((input.ids.len() - 1) as u32);
+            let banned = self.banned(&self.reqs[&w.id]);
+            let st = self.reqs.get_mut(&w.id).expect("scheduled request has state");
+            if SampleRow::fits(&st.params, !banned.is_empty()) {
+                picks.push((w.id, Pick::Device(b.device.len())));
+                b.device.push(SampleRow::new(logit_row, &st.params, &mut st.rng));
+            } else {
+                picks.push((w.id, Pick::Host(b.host.len(), banned)));
+                b.host.push(logit_row);
+            }
+            logit_row += 1;
+        }
+        (b, picks)
+    }
+
+    /// Tokens suppressed for `id` now: EOS and stop ids before `min_tokens`.
+    fn banned(&self, st: &ReqState) -> Vec<u32> {
+        let p = &st.params;
+        let mut banned: Vec<u32> = Vec::new();
+        if st.generated < p.min_tokens {
+            banned.extend(p.stop_token_ids.iter().copied());
+            if !p.ignore_eos {
+                banned.extend(self.eos.iter().copied());
+            }
+        }
+        banned
+    }
+
+    /// The token chosen for `id`: sampled where the logits were, or here from its logits row
+    /// (repetition penalty over its history, top logprobs, suppressed tokens).
+    fn sampled(&mut self, id: SeqId, pick: Pick, o: &RankOutput) -> Sampled {
+        match pick {
+            Pick::Device(i) => {
+                let (token, logprob) = o.device[i];
+                Sampled { token, logprob, top: Vec::new() }
+            }
+            Pick::Host(j, banned) => {
+                let vocab = self.vocab;
+                let dp = self.placed[&id];
+                let seq = self.scheds[dp].get(id).expect("scheduled sequence exists");
+                let st = self.reqs.get_mut(&id).expect("scheduled request has state");
+                let p = &st.params;
+                let history = if p.repetition_penalty != 1.0 { &seq.tokens[..] } else { &[] };
+                sample(&o.host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, &banned)
+            }
+        }
+    }
+
+    fn on_token(&mut self, id: SeqId, s: Sampled) -> Result<TokenOutput> {
+        let dp = self.placed[&id];
+        let st = self.reqs.get_mut(&id).expect("scheduled request has state");
+        let seq = self.scheds[dp].get(id).expect("scheduled sequence exists");
+        let p = &st.params;
+        let total_len = seq.tokens.len() + 1;
+        st.generated += 1;
+        let mut finish = None;
+        if (!p.ignore_eos && self.eos.contains(&s.token)) || p.stop_token_ids.contains(&s.token) {
+            finish = Some(FinishReason::Stop);
+        }
+        let mut text = String::new();
+        let mut hit_stop_string = false;
+        if let (Some(tok), Some(detok)) = (&self.tokenizer, st.detok.as_mut()) {
+            let delta = if finish.is_none() { detok.push(tok, s.token)? } else { String::new() };
+            (text, hit_stop_string) = st.stop.push(&delta);
+        }
+        if hit_stop_string {
+            finish = Some(FinishReason::Stop);
+        } else if finish.is_none() && (st.generated >= p.max_tokens || total_len >= self.max_len) {
+            finish = Some(FinishReason::Length);
+        }
+        if let (true, false, Some(tok), Some(detok)) =
+            (finish.is_some(), hit_stop_string, &self.tokenizer, st.detok.as_mut())
+        {
+            // Ended by EOS, a stop token or a limit: release the text still held back (an
+            // incomplete character, a possible start of a stop string), unless it completes one.
+            let (emit, hit) = st.stop.push(&detok.finish(tok)?);
+            text.push_str(&emit);
+            if !hit {
+                text.push_str(&st.stop.flush());
+            }
+        }
+        let prefill_only = st.prefill_only;
+        self.scheds[dp].push_token(id, s.token);
+        let mut prefilled = false;
+        if finish.is_some() {
+            self.abort(id);
+        } else if prefill_only {
+            self.scheds[dp].hold(id);
+            prefilled = true;
+        }
+        Ok(TokenOutput { id, token: s.token, logprob: s.logprob, top_logprobs: s.top, text, finish, prefilled })
+    }
+}

@@ -1,0 +1,253 @@
+//! A group's ranks: rank 0's runner on the calling thread (a group of one adds nothing to a
+//! step), every other rank's runner on a thread of its own that creates it (device context,
+//! streams, communicators) and never hands it over. The group steps in lockstep: each rank gets
+//! the same plan, and a failure on any rank fails the step and abandons the group's collectives.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
+use crate::parallel::{ParallelConfig, RankCoord};
+use crate::runner::{ModelRunner, RankOutput, StepPlan};
+
+/// Builds rank `coord`'s runner; called on that rank's own thread.
+pub type RunnerFactory<B> = dyn Fn(RankCoord) -> Result<ModelRunner<B>> + Send + Sync;
+
+enum Cmd {
+    Execute(Arc<StepPlan>),
+    Export(Vec<u32>),
+    Import(Vec<u32>, Arc<Vec<f32>>),
+}
+
+enum Reply {
+    /// Loaded, with this many cache blocks.
+    Loaded(usize),
+    Output(Option<RankOutput>),
+    Exported(Vec<f32>),
+    Imported,
+}
+
+struct Peer {
+    coord: RankCoord,
+    tx: Option<Sender<Cmd>>,
+    rx: Receiver<Result<Reply>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Peer {
+    fn reply(&self) -> Result<Reply> {
+        self.rx.recv().map_err(|_| {
+            EngineError::Backend(format!("rank {} of the group exited without answering", self.coord.rank()))
+        })?
+    }
+
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        let gone = || EngineError::Backend(format!("rank {} of the group has exited", self.coord.rank()));
+        self.tx.as_ref().ok_or_else(gone)?.send(cmd).map_err(|_| gone())
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default()
+}
+
+/// Catches a panic as an error naming the rank.
+fn guarded<T>(rank: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(EngineError::Backend(format!("rank {rank} panicked: {}", panic_text(&*p)))))
+}
+
+fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd>, tx: Sender<Result<Reply>>) {
+    let rank = coord.rank();
+    let mut runner = match guarded(rank, || make(coord)) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return;
+        }
+    };
+    if tx.send(Ok(Reply::Loaded(runner.num_blocks()))).is_err() {
+        return;
+    }
+    while let Ok(cmd) = rx.recv() {
+        let r = guarded(rank, || match cmd {
+            Cmd::Execute(plan) => runner.execute(&plan).map(Reply::Output),
+            Cmd::Export(blocks) => runner.export_blocks(&blocks).map(Reply::Exported),
+            Cmd::Import(blocks, data) => runner.import_blocks(&blocks, &data).map(|()| Reply::Imported),
+        });
+        if let Err(e) = &r {
+            runner.abandon(&format!("rank {rank}: {e}"));
+        }
+        if tx.send(r).is_err() {
+            return;
+        }
+    }
+}
+
+/// The runners of one group.
+pub struct RankGroup<B: Backend> {
+    par: ParallelConfig,
+    local: ModelRunner<B>,
+    peers: Vec<Peer>,
+    /// The smallest cache of any rank (ranks sized from their free memory may differ).
+    num_blocks: usize,
+}
+
+impl<B: Backend + 'static> RankGroup<B> {
+    /// Starts ranks 1.. on their own threads and builds rank 0 here, all at once (creating
+    /// communicators is collective); fails if any rank fails to load.
+    pub fn start(par: ParallelConfig, make: Arc<RunnerFactory<B>>) -> Result<Self> {
+        let mut peers = Vec::new();
+        for r in 1..par.world() {
+            let coord = par.coord(r);
+            let (cmd_tx, cmd_rx) = channel();
+            let (rep_tx, rep_rx) = channel();
+            let make = make.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("cleave-rank{r}"))
+                .spawn(move || serve(&*make, coord, cmd_rx, rep_tx))
+                .map_err(|e| EngineError::Backend(format!("starting rank {r}'s thread: {e}")))?;
+            peers.push(Peer { coord, tx: Some(cmd_tx), rx: rep_rx, thread: Some(thread) });
+        }
+        let local = guarded(0, || make(par.coord(0)));
+        let mut failure = local.as_ref().err().map(|e| e.to_string());
+        let mut num_blocks = local.as_ref().map_or(0, ModelRunner::num_blocks);
+        for p in &peers {
+            match p.reply() {
+                Ok(Reply::Loaded(n)) => num_blocks = num_blocks.min(n),
+                Ok(_) => {}
+                Err(e) if failure.is_none() => failure = Some(e.to_string()),
+                Err(_) => {}
+            }
+        }
+        match (local, failure) {
+            (Ok(local), None) => Ok(RankGroup { par, local, peers, num_blocks }),
+            (Err(e), _) => Err(e),
+            (Ok(_), Some(f)) => Err(EngineError::Backend(format!("loading the group failed: {f}"))),
+        }
+    }
+}
+
+impl<B: Backend> RankGroup<B> {
+    /// A group of one around an already built runner.
+    pub fn single(local: ModelRunner<B>) -> Self {
+        let num_blocks = local.num_blocks();
+        RankGroup { par: ParallelConfig::default(), local, peers: Vec::new(), num_blocks }
+    }
+
+    pub fn parallel(&self) -> ParallelConfig {
+        self.par
+    }
+
+    /// Blocks every rank's cache holds.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Rank 0's runner (the whole model in a group of one).
+    pub fn local(&self) -> &ModelRunner<B> {
+        &self.local
+    }
+    pub fn local_mut(&mut self) -> &mut ModelRunner<B> {
+        &mut self.local
+    }
+
+    /// Runs `plan` on every rank; returns each DP rank's samples, in DP order.
+    pub fn execute(&mut self, plan: StepPlan) -> Result<Vec<RankOutput>> {
+        if self.peers.is_empty() {
+            return Ok(self.local.execute(&plan)?.into_iter().collect());
+        }
+        let plan = Arc::new(plan);
+        let mut failure = None;
+        for p in &self.peers {
+            if let Err(e) = p.send(Cmd::Execute(plan.clone())) {
+                failure.get_or_insert(e);
+            }
+        }
+        let mut outs = vec![None; self.par.data_parallel_size];
+        match guarded(0, || self.local.execute(&plan)) {
+            Ok(o) => outs[0] = o,
+            Err(e) => {
+                self.local.abandon(&format!("rank 0: {e}"));
+                failure.get_or_insert(e);
+            }
+        }
+        for p in &self.peers {
+            match p.reply() {
+                Ok(Reply::Output(o)) => {
+                    if o.is_some() {
+                        outs[p.coord.dp] = o;
+                    }
+                }
+                Ok(_) => {
+                    failure.get_or_insert(EngineError::Backend("a rank answered out of turn".into()));
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        outs.into_iter()
+            .enumerate()
+            .map(|(dp, o)| o.ok_or_else(|| EngineError::Backend(format!("DP rank {dp} returned no samples"))))
+            .collect()
+    }
+
+    fn sampler_of(&self, dp: usize) -> Option<&Peer> {
+        self.peers.iter().find(|p| p.coord.dp == dp && p.coord.samples())
+    }
+
+    /// Blocks of DP rank `dp`'s cache (TP ranks hold the same latents, so its sampling rank's).
+    pub fn export_blocks(&self, dp: usize, blocks: &[u32]) -> Result<Vec<f32>> {
+        if dp == 0 {
+            return self.local.export_blocks(blocks);
+        }
+        let p = self.sampler_of(dp).ok_or_else(|| EngineError::Backend(format!("no DP rank {dp}")))?;
+        p.send(Cmd::Export(blocks.to_vec()))?;
+        match p.reply()? {
+            Reply::Exported(v) => Ok(v),
+            _ => Err(EngineError::Backend("a rank answered out of turn".into())),
+        }
+    }
+
+    /// Writes blocks into every TP rank of DP rank `dp`.
+    pub fn import_blocks(&mut self, dp: usize, blocks: &[u32], data: &[f32]) -> Result<()> {
+        let data = Arc::new(data.to_vec());
+        let targets: Vec<&Peer> = self.peers.iter().filter(|p| p.coord.dp == dp).collect();
+        for p in &targets {
+            p.send(Cmd::Import(blocks.to_vec(), data.clone()))?;
+        }
+        let mut result = if dp == 0 { self.local.import_blocks(blocks, &data) } else { Ok(()) };
+        for p in targets {
+            match p.reply() {
+                Ok(Reply::Imported) => {}
+                Ok(_) => result = result.and(Err(EngineError::Backend("a rank answered out of turn".into()))),
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        result
+    }
+}
+
+impl<B: Backend> Drop for RankGroup<B> {
+    fn drop(&mut self) {
+        // A rank still inside a collective must not wait for ranks that are going away.
+        if !self.peers.is_empty() {
+            self.local.abandon("the group is shutting down");
+        }
+        for p in &mut self.peers {
+            p.tx = None;
+        }
+        for p in &mut self.peers {
+            if let Some(t) = p.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}

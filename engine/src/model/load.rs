@@ -1,0 +1,164 @@
+//! Builds one rank's part of the model from a memory-mapped checkpoint: only this rank's heads,
+//! intermediate slices and experts are read (see [`crate::parallel`] for the placement).
+
+use std::ops::Range;
+
+use super::config::ModelConfig;
+use super::deepseek::{Attention, Dense, Layer, Mlp, QProj};
+use crate::backend::{Backend, ExpertSource};
+use crate::error::Result;
+use crate::parallel::{ExpertShard, RankCoord};
+use crate::weights::{Checkpoint, LinearSource, OwnedLinear};
+
+/// A linear weight's stored source and the rows (outputs) and columns (inputs) this rank keeps.
+struct Part<'a> {
+    src: LinearSource<'a>,
+    out: Range<usize>,
+    inp: Range<usize>,
+}
+
+impl<'a> Part<'a> {
+    fn whole(src: LinearSource<'a>) -> Self {
+        let (o, i) = src.dims();
+        Part { src, out: 0..o, inp: 0..i }
+    }
+    fn is_whole(&self) -> bool {
+        (self.out.len(), self.inp.len()) == self.src.dims()
+    }
+    fn owned(&self) -> Result<OwnedLinear> {
+        self.src.shard(self.out.clone(), self.inp.clone())
+    }
+}
+
+pub(super) struct Loader<'a, B: Backend> {
+    pub be: &'a B,
+    pub ck: &'a Checkpoint,
+    pub cfg: &'a ModelConfig,
+    pub coord: RankCoord,
+}
+
+impl<'a, B: Backend> Loader<'a, B> {
+    pub fn vector(&self, name: &str, n: usize) -> Result<B::Tensor> {
+        self.be.upload(&self.ck.f32(name, &[n])?, 1, n)
+    }
+
+    pub fn source(&self, prefix: &str, out: usize, inp: usize) -> Result<LinearSource<'a>> {
+        self.ck.linear(prefix, out, inp, self.cfg.quantization.as_ref())
+    }
+
+    fn part(&self, prefix: &str, out: usize, inp: usize, rows: Range<usize>, cols: Range<usize>) -> Result<Part<'a>> {
+        Ok(Part { src: self.source(prefix, out, inp)?, out: rows, inp: cols })
+    }
+
+    /// Loads parts stacked along the output; sliced parts are copied out one layer at a time.
+    fn load(&self, parts: &[Part<'a>]) -> Result<B::Weight> {
+        if parts.iter().all(Part::is_whole) {
+            let srcs: Vec<LinearSource<'a>> = parts.iter().map(|p| p.src).collect();
+            return self.be.load_linear(&srcs);
+        }
+        let owned = parts.iter().map(Part::owned).collect::<Result<Vec<_>>>()?;
+        let views: Vec<LinearSource<'_>> = owned.iter().map(OwnedLinear::view).collect();
+        self.be.load_linear(&views)
+    }
+
+    pub fn linear(&self, prefix: &str, out: usize, inp: usize) -> Result<B::Weight> {
+        self.load(&[Part::whole(self.source(prefix, out, inp)?)])
+    }
+
+    /// A SiLU-gated MLP of intermediate size `inter`, keeping `slice` of it.
+    fn dense(&self, prefix: &str, inter: usize, slice: Range<usize>) -> Result<Dense<B>> {
+        let h = self.cfg.hidden_size;
+        let gate = self.part(&format!("{prefix}.gate_proj"), inter, h, slice.clone(), 0..h)?;
+        let up = self.part(&format!("{prefix}.up_proj"), inter, h, slice.clone(), 0..h)?;
+        let down = self.part(&format!("{prefix}.down_proj"), h, inter, 0..h, slice)?;
+        Ok(Dense { gate_up: self.load(&[gate, up])?, down: self.load(&[down])? })
+    }
+
+    pub fn attention(&self, p: &str) -> Result<Attention<B>> {
+        let c = self.cfg;
+        let (h, heads, qk) = (c.hidden_size, c.num_attention_heads, c.qk_head_dim());
+        let mine = self.coord.heads(heads);
+        let per = |w: usize| mine.start * w..mine.end * w;
+        let q = match c.q_lora_rank {
+            Some(r) => QProj::Lora {
+                a: self.linear(&format!("{p}.q_a_proj"), r, h)?,
+                norm: self.vector(&format!("{p}.q_a_layernorm.weight"), r)?,
+                b: self.load(&[self.part(&format!("{p}.q_b_proj"), heads * qk, r, per(qk), 0..r)?])?,
+            },
+            None => QProj::Plain(self.load(&[self.part(&format!("{p}.q_proj"), heads * qk, h, per(qk), 0..h)?])?),
+        };
+        let (kv, lora, v) = (c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank, c.v_head_dim);
+        Ok(Attention {
+            q,
+            kv_a: self.linear(&format!("{p}.kv_a_proj_with_mqa"), c.latent_dim(), h)?,
+            kv_a_norm: self.vector(&format!("{p}.kv_a_layernorm.weight"), lora)?,
+            kv_b: self.load(&[self.part(&format!("{p}.kv_b_proj"), heads * kv, lora, per(kv), 0..lora)?])?,
+            o: self.load(&[self.part(&format!("{p}.o_proj"), h, heads * v, 0..h, per(v))?])?,
+        })
+    }
+
+    pub fn mlp(&self, layer: usize) -> Result<Mlp<B>> {
+        let c = self.cfg;
+        let p = format!("model.layers.{layer}.mlp");
+        if !c.is_moe_layer(layer) {
+            let inter = c.intermediate_size;
+            return Ok(Mlp::Dense(self.dense(&p, inter, self.coord.tp_slice(inter))?));
+        }
+        let (h, e, i) = (c.hidden_size, c.n_routed_experts, c.moe_intermediate_size);
+        let (ids, inter) = match self.coord.experts(e, i) {
+            ExpertShard::Experts(ids) => (ids, 0..i),
+            ExpertShard::Inter(inter) => (0..e, inter),
+        };
+        let first = ids.start;
+        let mut owned = Vec::with_capacity(ids.len());
+        for x in ids {
+            let ep = format!("{p}.experts.{x}");
+            let parts = [
+                self.part(&format!("{ep}.gate_proj"), i, h, inter.clone(), 0..h)?,
+                self.part(&format!("{ep}.up_proj"), i, h, inter.clone(), 0..h)?,
+                self.part(&format!("{ep}.down_proj"), h, i, 0..h, inter.clone())?,
+            ];
+            owned.push(if parts.iter().all(Part::is_whole) {
+                Err(parts.map(|p| p.src))
+            } else {
+                Ok([parts[0].owned()?, parts[1].owned()?, parts[2].owned()?])
+            });
+        }
+        let sources: Vec<ExpertSource<'_>> = owned
+            .iter()
+            .map(|o| {
+                let [gate, up, down] = match o {
+                    Err(srcs) => *srcs,
+                    Ok(parts) => [parts[0].view(), parts[1].view(), parts[2].view()],
+                };
+                ExpertSource { gate, up, down }
+            })
+            .collect();
+        let gate = self.linear(&format!("{p}.gate"), e, h)?;
+        let bias_name = format!("{p}.gate.e_score_correction_bias");
+        let bias = if self.ck.contains(&bias_name) { self.ck.f32(&bias_name, &[e])? } else { vec![0.0; e] };
+        let shared_inter = i * c.n_shared_experts;
+        Ok(Mlp::Moe {
+            gate,
+            bias: self.be.upload(&bias, 1, e)?,
+            experts: self.be.load_experts(&sources, first)?,
+            shared: if c.n_shared_experts > 0 {
+                let slice = self.coord.world_slice(shared_inter);
+                Some(self.dense(&format!("{p}.shared_experts"), shared_inter, slice)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    pub fn layer(&self, i: usize) -> Result<Layer<B>> {
+        let h = self.cfg.hidden_size;
+        let p = format!("model.layers.{i}");
+        Ok(Layer {
+            input_norm: self.vector(&format!("{p}.input_layernorm.weight"), h)?,
+            attn: self.attention(&format!("{p}.self_attn"))?,
+            post_norm: self.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            mlp: self.mlp(i)?,
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! A model runner: one rank's weight shard, KV cache, backend and communicators, on the thread
+//! that created them. It executes the step its group's core planned and, on the ranks that sample,
+//! returns the sampled tokens and the logits rows the core samples on the host.
+
+use std::path::Path;
+
+use crate::backend::{Backend, KvLayout, SampleRow};
+use crate::error::{EngineError, Result};
+use crate::model::{Model, StepInput};
+use crate::parallel::{Collectives, RankCoord};
+
+/// One DP rank's share of a step.
+#[derive(Debug, Clone, Default)]
+pub struct RankBatch {
+    pub input: StepInput,
+    /// Rows sampled where the logits are.
+    pub device: Vec<SampleRow>,
+    /// Rows whose logits go to the host (repetition penalty, top logprobs, suppressed tokens).
+    pub host: Vec<u32>,
+}
+
+/// A step of a whole group: one batch per DP rank (a DP rank without work has an empty one).
+#[derive(Debug, Clone, Default)]
+pub struct StepPlan {
+    pub ranks: Vec<RankBatch>,
+}
+
+/// What a sampling rank returns for its DP rank.
+#[derive(Debug, Clone, Default)]
+pub struct RankOutput {
+    /// Token and logprob of each `RankBatch::device` row, in order.
+    pub device: Vec<(u32, f32)>,
+    /// The `RankBatch::host` rows' logits, `[rows, vocab]`.
+    pub host: Vec<f32>,
+}
+
+/// The paged latent cache's size on each rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSize {
+    pub block_size: usize,
+    pub num_blocks: usize,
+}
+
+/// One rank's model, cache and communicators.
+pub struct ModelRunner<B: Backend> {
+    be: B,
+    model: Model<B>,
+    cache: B::KvCache,
+    num_blocks: usize,
+    comm: Option<Box<dyn Collectives<B>>>,
+}
+
+impl<B: Backend> ModelRunner<B> {
+    /// Allocates the cache for a loaded model part.
+    pub fn new(be: B, model: Model<B>, size: CacheSize, comm: Option<Box<dyn Collectives<B>>>) -> Result<Self> {
+        if model.coord().par.world() > 1 && comm.is_none() {
+            return Err(EngineError::Config("a rank of a parallel group needs its communicators".into()));
+        }
+        let mc = model.config();
+        let layout = KvLayout {
+            layers: mc.num_hidden_layers,
+            num_blocks: size.num_blocks,
+            block_size: size.block_size,
+            width: mc.latent_dim(),
+        };
+        let cache = be.alloc_kv_cache(layout)?;
+        Ok(ModelRunner { be, model, cache, num_blocks: size.num_blocks, comm })
+    }
+
+    /// Loads rank `coord`'s part of the checkpoint in `dir` and allocates its cache.
+    pub fn load(
+        be: B,
+        dir: &Path,
+        max_len: Option<usize>,
+        size: CacheSize,
+        coord: RankCoord,
+        comm: Option<Box<dyn Collectives<B>>>,
+    ) -> Result<Self> {
+        let model = Model::load_shard(&be, dir, max_len, coord)?;
+        Self::new(be, model, size, comm)
+    }
+
+    /// Blocks of this rank's cache.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+    pub fn coord(&self) -> RankCoord {
+        self.model.coord()
+    }
+    pub fn model(&self) -> &Model<B> {
+        &self.model
+    }
+    pub fn backend(&self) -> &B {
+        &self.be
+    }
+    pub fn kv_cache(&self) -> &B::KvCache {
+        &self.cache
+    }
+    /// The backend and the cache, writable (device transports receive straight into it).
+    pub fn backend_and_kv_cache_mut(&mut self) -> (&B, &mut B::KvCache) {
+        (&self.be, &mut self.cache)
+    }
+
+    /// Runs this rank's part of `plan`; the sampling ranks return their DP rank's samples.
+    pub fn execute(&mut self, plan: &StepPlan) -> Result<Option<RankOutput>> {
+        let b = plan
+            .ranks
+            .get(self.coord().dp)
+            .ok_or_else(|| EngineError::Backend(format!("a step plan without DP rank {}", self.coord().dp)))?;
+        let comm = self.comm.as_deref();
+        let logits = self.model.forward(&self.be, &mut self.cache, comm, &b.input)?;
+        if let Some(c) = comm {
+            c.settle(&self.be)?;
+        }
+        let Some(logits) = logits else {
+            // A sampling rank whose DP rank had no tokens this step.
+            return Ok(self.coord().samples().then(RankOutput::default));
+        };
+        let device = self.be.sample(&logits, &b.device)?;
+        let host =
+            if b.host.is_empty() { Vec::new() } else { self.be.download(&self.be.gather_rows(&logits, &b.host)?)? };
+        Ok(Some(RankOutput { device, host }))
+    }
+
+    /// Copies whole blocks (all layers) out of the cache.
+    pub fn export_blocks(&self, blocks: &[u32]) -> Result<Vec<f32>> {
+        self.be.export_blocks(&self.cache, blocks)
+    }
+
+    /// Writes exported blocks into `blocks`.
+    pub fn import_blocks(&mut self, blocks: &[u32], data: &[f32]) -> Result<()> {
+        self.be.import_blocks(&mut self.cache, blocks, data)
+    }
+
+    /// Makes the group's pending and future collectives fail at once (this rank failed).
+    pub fn abandon(&self, why: &str) {
+        if let Some(c) = &self.comm {
+            c.abandon(why);
+        }
+    }
+}
