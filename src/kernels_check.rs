@@ -9,6 +9,7 @@ mod golden;
 mod moe_tune;
 mod nccl;
 mod ops;
+mod parallel;
 mod prefill;
 mod quant;
 mod sample;
@@ -41,6 +42,9 @@ pub struct Args {
     /// Other checkpoints (e.g. models/tiny-r1) to generate from on CPU and CUDA and compare.
     #[arg(long)]
     compare_model: Vec<PathBuf>,
+    /// Checkpoint to run in parallel layouts on this GPU against one rank (e.g. a golden one).
+    #[arg(long)]
+    parallel_model: Option<PathBuf>,
     /// Checkpoint to benchmark (decode steps and one long prefill), e.g. from gen-checkpoint.
     #[arg(long)]
     bench_model: Option<PathBuf>,
@@ -287,6 +291,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     if a.golden.is_some() || !a.compare_model.is_empty() {
         failed += golden::run(&cu, a.device, a.golden.as_deref(), &a.compare_model)?;
+    }
+    if let Some(dir) = &a.parallel_model {
+        failed += parallel::run(dir, a.device)?;
     }
     if let Some(dir) = &a.bench_model {
         bench::run(&cu, dir, &a.batches, a.ctx, a.prefill, a.seed)?;

@@ -27,7 +27,15 @@ fn every_shipped_config_is_valid_and_has_its_shape() {
     let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
-        ["cpu-2p2d.yaml", "cpu-colocated.yaml", "cpu-tiny.yaml", "h200-1gpu.yaml", "h200-1p1d.yaml", "h200-4p4d.yaml"]
+        [
+            "cpu-2p2d.yaml",
+            "cpu-colocated.yaml",
+            "cpu-groups.yaml",
+            "cpu-tiny.yaml",
+            "h200-1gpu.yaml",
+            "h200-1p1d.yaml",
+            "h200-4p4d.yaml"
+        ]
     );
     let get = |n: &str| all.iter().find(|(name, _)| name == n).unwrap().1.clone();
     for (name, cfg) in &all {
@@ -43,6 +51,10 @@ fn every_shipped_config_is_valid_and_has_its_shape() {
     let p2d2 = get("cpu-2p2d.yaml");
     assert_eq!((p2d2.prefill.ranks.len(), p2d2.decode.ranks.len(), p2d2.router.prefill_threshold), (2, 2, 256));
     assert!(!get("cpu-colocated.yaml").is_disaggregated());
+    let groups = get("cpu-groups.yaml");
+    assert_eq!((groups.prefill.parallel().tensor_parallel_size, groups.prefill.parallel().world()), (2, 2));
+    let d = groups.decode.parallel();
+    assert_eq!((d.data_parallel_size, d.enable_expert_parallel, d.world()), (2, true, 2));
     assert!(!get("h200-1gpu.yaml").is_disaggregated());
     let p1d1 = get("h200-1p1d.yaml");
     assert_eq!((p1d1.device, p1d1.prefill.ranks.clone(), p1d1.decode.ranks.clone()), (Device::Cuda, vec![0], vec![1]));

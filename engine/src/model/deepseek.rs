@@ -99,10 +99,15 @@ impl<B: Backend> Model<B> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let embed = be.upload(&ck.f32("model.embed_tokens.weight", &[v, h])?, v, h)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        let t0 = std::time::Instant::now();
+        let mut last = t0;
         for i in 0..cfg.num_hidden_layers {
             layers.push(l.layer(i)?);
-            if cfg.num_hidden_layers >= 8 {
-                tracing::debug!(rank = coord.rank(), layer = i, of = cfg.num_hidden_layers, "layer loaded");
+            // A progress line per rank every 10 s of a long load (R1 is 163 files).
+            if last.elapsed().as_secs() >= 10 {
+                last = std::time::Instant::now();
+                let (layer, of, s) = (i + 1, cfg.num_hidden_layers, t0.elapsed().as_secs());
+                tracing::info!(rank = coord.rank(), layer, of, s, "loading");
             }
         }
         let lm_name = if ck.contains("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };

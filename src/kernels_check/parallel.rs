@@ -1,0 +1,91 @@
+//! Parallel groups on one GPU. NCCL refuses two ranks of one communicator on one device, so the
+//! layouts run as rank threads that each open GPU 0 with in-process collectives (staged through
+//! the host): sharded loading, head and expert slices, the MoE exchange and empty DP ranks on the
+//! CUDA kernels, against one rank at float32. Then a one-rank NCCL communicator's all-reduce and
+//! row exchange, the calls a GPU group makes.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use cleave_engine::backend::cuda::{CudaBackend, Precision};
+use cleave_engine::backend::Backend;
+use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
+use cleave_kernels::nccl::{NcclComm, P2p};
+
+type Outputs = Vec<Vec<(u32, f32)>>;
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 96,
+        block_size: 16,
+        num_blocks: 128,
+        max_model_len: Some(512),
+    }
+}
+
+fn generate<B: Backend>(mut e: Engine<B>, prompts: &[Vec<u32>]) -> Result<Outputs> {
+    let reqs = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Request {
+            id: i as u64,
+            prompt: p.clone(),
+            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) },
+            prefill_only: false,
+        })
+        .collect();
+    let mut out = e.generate(reqs)?;
+    ensure!(e.stats().used_blocks == 0, "blocks leaked");
+    Ok((0..prompts.len())
+        .map(|i| out.remove(&(i as u64)).unwrap().iter().map(|t| (t.token, t.logprob)).collect())
+        .collect())
+}
+
+/// Returns the number of failed checks.
+pub fn run(dir: &Path, device: usize) -> Result<usize> {
+    println!("\nparallel groups on GPU {device} (rank threads, in-process collectives), {}", dir.display());
+    let prompts: Vec<Vec<u32>> =
+        (0..5).map(|s| (0..(7 + 23 * s)).map(|i| ((i * 31 + s * 7) % 300 + 5) as u32).collect()).collect();
+    let open = move |_| CudaBackend::with_precision(device, Precision::F32);
+    let one = generate(Engine::load(open(0)?, dir, cfg())?, &prompts)?;
+    let mut failed = 0;
+    let layouts = [(2, 1, false), (2, 1, true), (1, 2, true), (2, 2, true), (1, 2, false)];
+    for (tp, dp, ep) in layouts {
+        let par = ParallelConfig { tensor_parallel_size: tp, data_parallel_size: dp, enable_expert_parallel: ep };
+        let got = generate(Engine::load_parallel(par, dir, cfg(), open)?, &prompts)?;
+        let same_ids = one.iter().zip(&got).all(|(a, b)| a.iter().map(|t| t.0).eq(b.iter().map(|t| t.0)));
+        let diff = one
+            .iter()
+            .zip(&got)
+            .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x.1 - y.1).abs()))
+            .fold(0f32, f32::max);
+        let ok = same_ids && diff < 1e-4;
+        println!(
+            "  tp {tp} dp {dp} ep {ep:5}: ids {} one rank's, max |logprob diff| {diff:.2e} {}",
+            if same_ids { "equal" } else { "DIFFER from" },
+            if ok { "ok" } else { "FAIL" }
+        );
+        failed += usize::from(!ok);
+    }
+    failed += usize::from(!nccl_world_of_one(device)?);
+    Ok(failed)
+}
+
+/// A one-rank NCCL communicator: all-reduce leaves the values, the row exchange moves nothing.
+fn nccl_world_of_one(device: usize) -> Result<bool> {
+    let be = CudaBackend::with_precision(device, Precision::F32)?;
+    let id = NcclComm::unique_id().context("NCCL")?;
+    let comm = NcclComm::init(be.gpu(), id, 0, 1, Instant::now() + Duration::from_secs(30))?;
+    let x: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+    let mut t = be.upload(&x, 10, 100)?;
+    let p = t.ptr_mut();
+    // SAFETY: `t` holds 1000 f32 values on this GPU and outlives the synchronization below.
+    unsafe { comm.all_reduce_sum_f32(be.gpu(), p, 1000)? };
+    comm.transfer(be.gpu(), &[P2p { ptr: p, bytes: 0, peer: 0 }], &[])?;
+    be.sync()?;
+    let ok = be.download(&t)? == x;
+    println!("  NCCL world of one: all-reduce {}", if ok { "ok" } else { "FAIL (values changed)" });
+    Ok(ok)
+}
