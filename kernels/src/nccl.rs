@@ -177,12 +177,15 @@ impl NcclComm {
         res?;
         // A non-blocking communicator may still be enqueueing the group: the operations are on
         // the stream (and an event recorded after them means something) only once it settled.
-        if let nccl::NcclStatus::InProgress = end? {
+        self.enqueued(end?, "ncclGroupEnd")
+    }
+
+    /// Waits, when NCCL returned "in progress", until the operation `what` is on the stream.
+    fn enqueued(&self, status: nccl::NcclStatus, what: &str) -> Result<()> {
+        if let nccl::NcclStatus::InProgress = status {
             self.settle(Instant::now() + ENQUEUE_BOUND).map_err(|e| match e {
-                Settle::Late => {
-                    KernelError::Nccl(format!("ncclGroupEnd: not enqueued within {} s", ENQUEUE_BOUND.as_secs()))
-                }
-                Settle::Failed(s) => err("ncclGroupEnd", s),
+                Settle::Late => KernelError::Nccl(format!("{what}: not enqueued within {} s", ENQUEUE_BOUND.as_secs())),
+                Settle::Failed(s) => err(what, s),
             })?;
         }
         Ok(())
@@ -207,15 +210,7 @@ impl NcclComm {
         let status =
             unsafe { nccl::all_reduce(ptr as *const c_void, ptr as *mut c_void, count, f32t, sum, self.comm, stream) }
                 .map_err(|e| err("ncclAllReduce", e))?;
-        if let nccl::NcclStatus::InProgress = status {
-            self.settle(Instant::now() + ENQUEUE_BOUND).map_err(|e| match e {
-                Settle::Late => {
-                    KernelError::Nccl(format!("ncclAllReduce: not enqueued within {} s", ENQUEUE_BOUND.as_secs()))
-                }
-                Settle::Failed(s) => err("ncclAllReduce", s),
-            })?;
-        }
-        Ok(())
+        self.enqueued(status, "ncclAllReduce")
     }
 
     /// Waits for the queued transfer; on a timeout or an asynchronous error the communicator is
