@@ -168,6 +168,10 @@ impl<B: Backend> RankGroup<B> {
             }
         }
         let mut outs = vec![None; self.par.data_parallel_size];
+        if let Some(e) = &failure {
+            // A rank is gone: the others must not wait for it in the collectives.
+            self.local.abandon(&e.to_string());
+        }
         match guarded(0, || self.local.execute(&plan)) {
             Ok(o) => outs[0] = o,
             Err(e) => {
