@@ -89,7 +89,6 @@ fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd
 
 /// The runners of one group.
 pub struct RankGroup<B: Backend> {
-    par: ParallelConfig,
     local: ModelRunner<B>,
     peers: Vec<Peer>,
     /// The smallest cache of any rank (ranks sized from their free memory may differ).
@@ -124,7 +123,7 @@ impl<B: Backend + 'static> RankGroup<B> {
             }
         }
         match (local, failure) {
-            (Ok(local), None) => Ok(RankGroup { par, local, peers, num_blocks }),
+            (Ok(local), None) => Ok(RankGroup { local, peers, num_blocks }),
             (Err(e), _) => Err(e),
             (Ok(_), Some(f)) => Err(EngineError::Backend(format!("loading the group failed: {f}"))),
         }
@@ -135,11 +134,11 @@ impl<B: Backend> RankGroup<B> {
     /// A group of one around an already built runner.
     pub fn single(local: ModelRunner<B>) -> Self {
         let num_blocks = local.num_blocks();
-        RankGroup { par: ParallelConfig::default(), local, peers: Vec::new(), num_blocks }
+        RankGroup { local, peers: Vec::new(), num_blocks }
     }
 
     pub fn parallel(&self) -> ParallelConfig {
-        self.par
+        self.local.coord().par
     }
 
     /// Blocks every rank's cache holds.
@@ -167,7 +166,7 @@ impl<B: Backend> RankGroup<B> {
                 failure.get_or_insert(e);
             }
         }
-        let mut outs = vec![None; self.par.data_parallel_size];
+        let mut outs = vec![None; self.parallel().data_parallel_size];
         if let Some(e) = &failure {
             // A rank is gone: the others must not wait for it in the collectives.
             self.local.abandon(&e.to_string());

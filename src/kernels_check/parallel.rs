@@ -1,8 +1,7 @@
 //! Parallel groups on one GPU. NCCL refuses two ranks of one communicator on one device, so the
 //! layouts run as rank threads that each open GPU 0 with in-process collectives (staged through
 //! the host): sharded loading, head and expert slices, the MoE exchange and empty DP ranks on the
-//! CUDA kernels, against one rank at float32. Then a one-rank NCCL communicator's all-reduce and
-//! row exchange, the calls a GPU group makes.
+//! CUDA kernels, against one rank at float32. Then a one-rank NCCL communicator's all-reduce.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use anyhow::{ensure, Context, Result};
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::backend::Backend;
 use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
-use cleave_kernels::nccl::{NcclComm, P2p};
+use cleave_kernels::nccl::NcclComm;
 
 type Outputs = Vec<Vec<(u32, f32)>>;
 
@@ -73,7 +72,7 @@ pub fn run(dir: &Path, device: usize) -> Result<usize> {
     Ok(failed)
 }
 
-/// A one-rank NCCL communicator: all-reduce leaves the values, the row exchange moves nothing.
+/// A one-rank NCCL communicator: its in-place all-reduce leaves the values.
 fn nccl_world_of_one(device: usize) -> Result<bool> {
     let be = CudaBackend::with_precision(device, Precision::F32)?;
     let id = NcclComm::unique_id().context("NCCL")?;
@@ -83,7 +82,6 @@ fn nccl_world_of_one(device: usize) -> Result<bool> {
     let p = t.ptr_mut();
     // SAFETY: `t` holds 1000 f32 values on this GPU and outlives the synchronization below.
     unsafe { comm.all_reduce_sum_f32(be.gpu(), p, 1000)? };
-    comm.transfer(be.gpu(), &[P2p { ptr: p, bytes: 0, peer: 0 }], &[])?;
     be.sync()?;
     let ok = be.download(&t)? == x;
     println!("  NCCL world of one: all-reduce {}", if ok { "ok" } else { "FAIL (values changed)" });

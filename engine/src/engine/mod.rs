@@ -188,9 +188,6 @@ impl<B: Backend + 'static> Engine<B> {
         tokenizer: Option<Arc<Tokenizer>>,
         cfg: EngineConfig,
     ) -> Result<Self> {
-        if cfg.max_model_len == Some(0) {
-            return Err(EngineError::InvalidRequest("max_model_len must be positive".into()));
-        }
         par.check()?;
         let group = RankGroup::start(par, make)?;
         // Ranks that sized their caches from free memory (num_blocks 0) may differ: the group
@@ -210,7 +207,6 @@ impl<B: Backend> Engine<B> {
 
     /// Wraps a loaded model: a group of one.
     pub fn new(be: B, model: Model<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
-        check_limits(&cfg, model.max_len())?;
         let runner = ModelRunner::new(be, model, cfg.cache_size(), None)?;
         Self::from_group(RankGroup::single(runner), tokenizer, cfg)
     }

@@ -110,30 +110,27 @@ impl<'a, B: Backend> Loader<'a, B> {
             ExpertShard::Inter(inter) => (0..e, inter),
         };
         let first = ids.start;
-        let mut owned = Vec::with_capacity(ids.len());
-        for x in ids {
-            let ep = format!("{p}.experts.{x}");
-            let parts = [
-                self.part(&format!("{ep}.gate_proj"), i, h, inter.clone(), 0..h)?,
-                self.part(&format!("{ep}.up_proj"), i, h, inter.clone(), 0..h)?,
-                self.part(&format!("{ep}.down_proj"), h, i, 0..h, inter.clone())?,
-            ];
-            owned.push(if parts.iter().all(Part::is_whole) {
-                Err(parts.map(|p| p.src))
-            } else {
-                Ok([parts[0].owned()?, parts[1].owned()?, parts[2].owned()?])
-            });
-        }
-        let sources: Vec<ExpertSource<'_>> = owned
-            .iter()
-            .map(|o| {
-                let [gate, up, down] = match o {
-                    Err(srcs) => *srcs,
-                    Ok(parts) => [parts[0].view(), parts[1].view(), parts[2].view()],
-                };
-                ExpertSource { gate, up, down }
+        let parts = ids
+            .map(|x| {
+                let ep = format!("{p}.experts.{x}");
+                Ok([
+                    self.part(&format!("{ep}.gate_proj"), i, h, inter.clone(), 0..h)?,
+                    self.part(&format!("{ep}.up_proj"), i, h, inter.clone(), 0..h)?,
+                    self.part(&format!("{ep}.down_proj"), h, i, 0..h, inter.clone())?,
+                ])
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
+        // Whole experts are read straight from the mapping; slices are copied out (this layer only).
+        let owned = if inter.len() == i {
+            Vec::new()
+        } else {
+            parts.iter().map(|e| Ok([e[0].owned()?, e[1].owned()?, e[2].owned()?])).collect::<Result<Vec<_>>>()?
+        };
+        let sources: Vec<ExpertSource<'_>> = if owned.is_empty() {
+            parts.iter().map(|e| ExpertSource { gate: e[0].src, up: e[1].src, down: e[2].src }).collect()
+        } else {
+            owned.iter().map(|o| ExpertSource { gate: o[0].view(), up: o[1].view(), down: o[2].view() }).collect()
+        };
         let gate = self.linear(&format!("{p}.gate"), e, h)?;
         let bias_name = format!("{p}.gate.e_score_correction_bias");
         let bias = if self.ck.contains(&bias_name) { self.ck.f32(&bias_name, &[e])? } else { vec![0.0; e] };
