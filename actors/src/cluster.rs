@@ -12,10 +12,11 @@ use cleave_engine::model::ModelConfig;
 use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::{EngineConfig, EngineError, ParallelConfig, SamplingParams};
 
+use crate::command::{Fault, RankCmd};
 use crate::config::{ConfigError, DeployConfig, Device};
 use crate::error::ActorError;
 use crate::pool::Pool;
-use crate::rank::{spawner, CpuRankFactory, CudaRankFactory, Fault, RankCmd, RankFactory, RankInfo};
+use crate::rank::{spawner, CpuRankFactory, CudaRankFactory, RankFactory, RankInfo};
 use crate::request::{ReqCtx, TokenStream};
 use crate::router::{RouteRequest, Router};
 use crate::table::{RankStats, RankStatus, RankTable, Role};

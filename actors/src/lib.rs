@@ -23,8 +23,11 @@
 //! ```
 
 mod cluster;
+mod command;
 pub mod config;
 mod error;
+mod events;
+mod ledger;
 pub mod metrics;
 mod pool;
 mod rank;
@@ -36,9 +39,9 @@ pub mod transport;
 
 pub use cleave_engine::{SamplingParams, TokenOutput};
 pub use cluster::{Cluster, ClusterStats, ModelInfo};
-pub use error::ActorError;
 #[doc(hidden)]
-pub use rank::Fault;
+pub use command::Fault;
+pub use error::ActorError;
 pub use rank::{CpuRankFactory, CudaRankFactory, RankFactory, RankInfo};
 pub use request::{ReqId, StreamEvent, TokenStream};
 pub use router::Route;

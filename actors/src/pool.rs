@@ -5,32 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Addr, AsyncContext, Context, Handler, Message};
+use actix::{Actor, Addr, AsyncContext, Context, Handler};
 
 use crate::error::ActorError;
-use crate::rank::{Launch, RankEvents, Spawner};
-use crate::request::OWNER_NONE;
+use crate::events::{RankDown, RankEvents, RankExited, RankReady};
+use crate::rank::{Launch, Spawner};
+use crate::request::{ReqCtx, OWNER_NONE};
 use crate::table::{RankStatus, RankTable, Role};
-use crate::transfer::{KvTransfer, RankDown};
-
-/// A rank loaded its model and runs its loop.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct RankReady {
-    pub slot: usize,
-    pub inc: u64,
-}
-
-/// A rank's thread ended: cleanly (`error: None`), failing to load (`loaded: false`), or failing
-/// while serving.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct RankExited {
-    pub slot: usize,
-    pub inc: u64,
-    pub loaded: bool,
-    pub error: Option<String>,
-}
+use crate::transfer::KvTransfer;
 
 /// Supervisor of one pool's ranks.
 pub(crate) struct Pool {
@@ -57,7 +39,15 @@ impl Pool {
     fn launch(&self, slot: usize, me: Addr<Pool>) {
         let Some((shared, rx)) = self.table.take_launch(slot) else { return };
         let inc = shared.inc;
-        let events = RankEvents { transfer: self.transfer.clone(), pool: me };
+        let t = &self.transfer;
+        let events = RankEvents {
+            ready: me.clone().recipient(),
+            exited: me.recipient(),
+            prefilled: t.clone().recipient(),
+            reserved: t.clone().recipient(),
+            sent: t.clone().recipient(),
+            received: t.clone().recipient(),
+        };
         if let Err(e) = (self.spawner)(Launch { slot, shared, rx, events }) {
             self.table.set_status(slot, inc, RankStatus::Failed(format!("cannot start its thread: {e}")));
             self.recover_orphans(slot, inc, "its thread could not start");
@@ -75,7 +65,7 @@ impl Pool {
         self.recover(orphans, inc, slot, why);
     }
 
-    fn recover(&self, orphans: Vec<Arc<crate::request::ReqCtx>>, inc: u64, slot: usize, why: &str) {
+    fn recover(&self, orphans: Vec<Arc<ReqCtx>>, inc: u64, slot: usize, why: &str) {
         let rank = self.table.slots[slot].rank;
         for ctx in orphans {
             if ctx.claim(inc, OWNER_NONE) {

@@ -7,7 +7,7 @@
 //! once and a rank that was declared dead can never write into a stream again.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -16,8 +16,8 @@ use cleave_engine::{Request, SamplingParams, TokenOutput};
 use futures::Stream;
 
 use crate::error::ActorError;
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
-use crate::table::{Ledger, RankTable};
 
 /// Cluster-wide request id (also the engine's sequence id on every rank).
 pub type ReqId = u64;
@@ -26,6 +26,16 @@ pub type ReqId = u64;
 pub(crate) const OWNER_NONE: u64 = 0;
 /// Owner value: the KV-transfer actor.
 pub(crate) const OWNER_TRANSFER: u64 = u64::MAX;
+
+/// What requests need from the cluster that runs them (the rank table implements it).
+pub(crate) trait Hub: Send + Sync {
+    fn metrics(&self) -> &Metrics;
+    /// Requests alive (counted from submission until the last reference is dropped).
+    fn in_flight(&self) -> &AtomicUsize;
+    /// Drops request `id` wherever it is.
+    fn abort(&self, id: ReqId);
+    fn is_shutting_down(&self) -> bool;
+}
 
 /// One event of a request's stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,22 +78,17 @@ pub(crate) struct ReqCtx {
     tx: flume::Sender<StreamEvent>,
     cancelled: Arc<AtomicBool>,
     arrival: Instant,
-    table: Arc<RankTable>,
+    hub: Arc<dyn Hub>,
     state: Mutex<CtxState>,
 }
 
 impl ReqCtx {
     /// A new request, counted in flight until the last reference to it is dropped.
-    pub fn new(
-        id: ReqId,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-        table: Arc<RankTable>,
-    ) -> (Arc<ReqCtx>, TokenStream) {
+    pub fn new(id: ReqId, prompt: Vec<u32>, params: SamplingParams, hub: Arc<dyn Hub>) -> (Arc<ReqCtx>, TokenStream) {
         let (tx, rx) = flume::unbounded();
         let cancelled = Arc::new(AtomicBool::new(false));
-        table.in_flight.fetch_add(1, Ordering::SeqCst);
-        let stream = TokenStream::new(id, rx, cancelled.clone(), table.clone());
+        hub.in_flight().fetch_add(1, Ordering::SeqCst);
+        let stream = TokenStream::new(id, rx, cancelled.clone(), hub.clone());
         let state = CtxState {
             owner: OWNER_NONE,
             generated: Vec::new(),
@@ -93,8 +98,7 @@ impl ReqCtx {
             decode_ledger: None,
             prefill_ledger: None,
         };
-        let ctx =
-            ReqCtx { id, prompt, params, tx, cancelled, arrival: Instant::now(), table, state: Mutex::new(state) };
+        let ctx = ReqCtx { id, prompt, params, tx, cancelled, arrival: Instant::now(), hub, state: Mutex::new(state) };
         (Arc::new(ctx), stream)
     }
 
@@ -103,7 +107,7 @@ impl ReqCtx {
     }
 
     fn metrics(&self) -> &Metrics {
-        &self.table.metrics
+        self.hub.metrics()
     }
 
     /// Whether the client dropped its stream.
@@ -199,9 +203,9 @@ impl Drop for ReqCtx {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         if !st.done {
             let reason = if self.cancelled.load(Ordering::SeqCst) { "abort" } else { "lost" };
-            self.table.metrics.requests_finished.with_label_values(&[reason]).inc();
+            self.hub.metrics().requests_finished.with_label_values(&[reason]).inc();
         }
-        self.table.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.hub.in_flight().fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -214,13 +218,13 @@ pub struct TokenStream {
     stream: flume::r#async::RecvStream<'static, StreamEvent>,
     ended: bool,
     cancelled: Arc<AtomicBool>,
-    table: Arc<RankTable>,
+    hub: Arc<dyn Hub>,
 }
 
 impl TokenStream {
-    fn new(id: ReqId, rx: flume::Receiver<StreamEvent>, cancelled: Arc<AtomicBool>, table: Arc<RankTable>) -> Self {
+    fn new(id: ReqId, rx: flume::Receiver<StreamEvent>, cancelled: Arc<AtomicBool>, hub: Arc<dyn Hub>) -> Self {
         let stream = rx.clone().into_stream();
-        TokenStream { id, rx, stream, ended: false, cancelled, table }
+        TokenStream { id, rx, stream, ended: false, cancelled, hub }
     }
 
     /// The request id (as in logs).
@@ -235,7 +239,7 @@ impl TokenStream {
         let ev = match r {
             Ok(ev) => ev,
             // Every holder of the request is gone without a final event: never hang.
-            Err(_) if self.table.is_shutting_down() => StreamEvent::Error(ActorError::ShuttingDown),
+            Err(_) if self.hub.is_shutting_down() => StreamEvent::Error(ActorError::ShuttingDown),
             Err(_) => StreamEvent::Error(ActorError::Internal("the request was lost".into())),
         };
         if matches!(&ev, StreamEvent::Error(_) | StreamEvent::Token(TokenOutput { finish: Some(_), .. })) {
@@ -293,7 +297,7 @@ impl Drop for TokenStream {
         if !self.ended {
             self.cancelled.store(true, Ordering::SeqCst);
             tracing::debug!(request_id = self.id, "stream dropped: aborting");
-            self.table.broadcast_abort(self.id);
+            self.hub.abort(self.id);
         }
     }
 }

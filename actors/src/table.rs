@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use cleave_engine::kv_cache::blocks_for;
 
+use crate::command::{Fault, RankCmd};
 use crate::config::FailurePolicy;
 use crate::error::ActorError;
+use crate::ledger::{Ledger, Promised};
 use crate::metrics::Metrics;
-use crate::rank::{Fault, RankCmd};
-use crate::request::{ReqCtx, ReqId, OWNER_NONE};
+use crate::request::{Hub, ReqCtx, ReqId, OWNER_NONE};
 
 /// Recoveries of one request before it is failed instead.
 pub(crate) const MAX_RECOVERIES: u32 = 3;
@@ -61,10 +62,7 @@ pub(crate) struct RankShared {
     last_beat_ms: AtomicU64,
     /// Set when the pool gave up on this incarnation; its thread exits when it sees it.
     pub retired: AtomicBool,
-    pending_seqs: AtomicUsize,
-    pending_blocks: AtomicUsize,
-    queued_reqs: AtomicUsize,
-    queued_tokens: AtomicUsize,
+    promised: Arc<Promised>,
     pub tracked: Mutex<HashMap<ReqId, Arc<ReqCtx>>>,
     pub fault: Mutex<Option<Fault>>,
 }
@@ -82,10 +80,7 @@ impl RankShared {
             blocks_total: z(),
             last_beat_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
             retired: AtomicBool::new(false),
-            pending_seqs: z(),
-            pending_blocks: z(),
-            queued_reqs: z(),
-            queued_tokens: z(),
+            promised: Arc::default(),
             tracked: Mutex::new(HashMap::new()),
             fault: Mutex::new(None),
         }
@@ -112,42 +107,11 @@ impl RankShared {
 
     fn free_blocks(&self) -> i64 {
         let total = self.blocks_total.load(Ordering::Relaxed) as i64;
-        total - self.blocks_used.load(Ordering::Relaxed) as i64 - self.pending_blocks.load(Ordering::Relaxed) as i64
+        total - self.blocks_used.load(Ordering::Relaxed) as i64 - self.promised.blocks() as i64
     }
 
     fn decode_load(&self) -> usize {
-        self.running.load(Ordering::Relaxed)
-            + self.waiting.load(Ordering::Relaxed)
-            + self.pending_seqs.load(Ordering::Relaxed)
-    }
-}
-
-/// Load promised to a rank by a dispatcher, held by the request until it arrives (or is gone).
-pub(crate) struct Ledger {
-    shared: Arc<RankShared>,
-    seqs: usize,
-    blocks: usize,
-    reqs: usize,
-    tokens: usize,
-}
-
-impl Ledger {
-    fn new(shared: &Arc<RankShared>, seqs: usize, blocks: usize, reqs: usize, tokens: usize) -> Self {
-        shared.pending_seqs.fetch_add(seqs, Ordering::Relaxed);
-        shared.pending_blocks.fetch_add(blocks, Ordering::Relaxed);
-        shared.queued_reqs.fetch_add(reqs, Ordering::Relaxed);
-        shared.queued_tokens.fetch_add(tokens, Ordering::Relaxed);
-        Ledger { shared: shared.clone(), seqs, blocks, reqs, tokens }
-    }
-}
-
-impl Drop for Ledger {
-    fn drop(&mut self) {
-        let s = &self.shared;
-        s.pending_seqs.fetch_sub(self.seqs, Ordering::Relaxed);
-        s.pending_blocks.fetch_sub(self.blocks, Ordering::Relaxed);
-        s.queued_reqs.fetch_sub(self.reqs, Ordering::Relaxed);
-        s.queued_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        self.running.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed) + self.promised.seqs()
     }
 }
 
@@ -351,7 +315,7 @@ impl RankTable {
         self.usable(Role::Prefill)
             .filter(|(_, st)| *st == RankStatus::Up)
             .map(|(i, _)| i)
-            .min_by_key(|&i| (self.shared(i).queued_tokens.load(Ordering::Relaxed), i))
+            .min_by_key(|&i| (self.shared(i).promised.tokens(), i))
     }
 
     /// Requests assigned to the prefill pool whose first token is not sampled yet.
@@ -360,7 +324,7 @@ impl RankTable {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.role == Role::Prefill)
-            .map(|(i, _)| self.shared(i).queued_reqs.load(Ordering::Relaxed))
+            .map(|(i, _)| self.shared(i).promised.reqs())
             .sum()
     }
 
@@ -380,7 +344,7 @@ impl RankTable {
     /// Puts the load of `ctx` on decode rank `slot` until it arrives there.
     pub fn promise_decode(&self, slot: usize, ctx: &ReqCtx) {
         let blocks = blocks_for(ctx.prompt.len() + ctx.generated_len() + 1, self.block_size);
-        ctx.set_decode_ledger(Some(Ledger::new(&self.shared(slot), 1, blocks, 0, 0)));
+        ctx.set_decode_ledger(Some(Ledger::decode(&self.shared(slot).promised, blocks)));
     }
 
     /// Queues `ctx` on a decode rank that prefills it locally (resuming after the tokens already
@@ -399,7 +363,7 @@ impl RankTable {
     /// Queues `ctx` on prefill rank `p`; its KV then moves to decode rank `d`.
     pub fn dispatch_prefill(&self, ctx: Arc<ReqCtx>, p: usize, d: usize) -> Result<(), ActorError> {
         self.promise_decode(d, &ctx);
-        ctx.set_prefill_ledger(Some(Ledger::new(&self.shared(p), 0, 0, 1, ctx.prompt.len())));
+        ctx.set_prefill_ledger(Some(Ledger::prefill(&self.shared(p).promised, ctx.prompt.len())));
         tracing::debug!(
             request_id = ctx.id,
             prefill = self.slots[p].rank,
@@ -450,10 +414,28 @@ impl RankTable {
                     held: l(&s.held),
                     blocks_in_use: l(&s.blocks_used),
                     blocks_total: l(&s.blocks_total),
-                    queued: l(&s.queued_reqs) + l(&s.pending_seqs),
+                    queued: s.promised.reqs() + s.promised.seqs(),
                     restarts: l(&self.slots[i].restarts),
                 }
             })
             .collect()
+    }
+}
+
+impl Hub for RankTable {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn in_flight(&self) -> &AtomicUsize {
+        &self.in_flight
+    }
+
+    fn abort(&self, id: ReqId) {
+        self.broadcast_abort(id);
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        RankTable::is_shutting_down(self)
     }
 }

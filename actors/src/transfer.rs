@@ -8,60 +8,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, AsyncContext, Context, Handler, Message};
+use actix::{Actor, AsyncContext, Context, Handler};
 
+use crate::command::RankCmd;
 use crate::error::ActorError;
-use crate::rank::RankCmd;
+use crate::events::{Prefilled, RankDown, RecvDone, Reserved, SendDone};
 use crate::request::{ReqCtx, ReqId, OWNER_NONE, OWNER_TRANSFER};
 use crate::table::{RankStatus, RankTable};
 use crate::transport::TransferTicket;
-
-/// A prefill rank finished a prompt and handed the request (owner: transfer) over.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Prefilled {
-    pub ctx: Arc<ReqCtx>,
-    pub first: u32,
-    pub src: usize,
-    pub src_inc: u64,
-    /// The decode slot chosen up front.
-    pub dst: usize,
-}
-
-/// The decode rank reserved blocks for a transfer.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Reserved {
-    pub id: ReqId,
-    pub dst_inc: u64,
-    pub blocks: Vec<u32>,
-}
-
-/// The prefill rank sent (or failed to send) a transfer's KV and released it.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct SendDone {
-    pub id: ReqId,
-    pub src_inc: u64,
-    pub result: Result<u64, String>,
-}
-
-/// The decode rank received and admitted a transfer (bytes), or gave it up.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct RecvDone {
-    pub id: ReqId,
-    pub dst_inc: u64,
-    pub result: Result<u64, String>,
-}
-
-/// A rank incarnation died; transfers from or to it fail now rather than at their timeout.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct RankDown {
-    pub slot: usize,
-    pub inc: u64,
-}
 
 struct Open {
     ctx: Arc<ReqCtx>,
@@ -188,7 +142,7 @@ impl Handler<SendDone> for KvTransfer {
         }
         o.sent = true;
         if let Err(e) = m.result {
-            self.fail(m.id, "error", format!("send from the prefill rank failed: {e}"));
+            self.fail(m.id, e.label(), format!("send from the prefill rank failed: {e}"));
         }
     }
 }
@@ -213,8 +167,7 @@ impl Handler<RecvDone> for KvTransfer {
                 if !o.sent {
                     let _ = self.table.send_to(o.src, o.src_inc, RankCmd::Release { id: m.id });
                 }
-                let label = if e.contains("timed out") { "timeout" } else { "error" };
-                self.recover(o.ctx, o.dst, label, format!("receive on the decode rank failed: {e}"));
+                self.recover(o.ctx, o.dst, e.label(), format!("receive on the decode rank failed: {e}"));
             }
         }
     }

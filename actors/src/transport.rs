@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cleave_engine::backend::Backend;
-use cleave_engine::Engine;
+use cleave_engine::{Engine, EngineError};
 
 use crate::request::ReqId;
 
@@ -31,10 +31,37 @@ pub struct TransferTicket {
     pub deadline: Instant,
 }
 
-/// A transport failure; the message says which side and why.
+/// Why one side of a KV transfer failed; the message says which side and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TransportError(pub String);
+pub enum TransportError {
+    /// The transfer's deadline passed.
+    #[error("timed out: {0}")]
+    TimedOut(String),
+    /// The transfer was given up: the client left, or the other side abandoned it.
+    #[error("abandoned: {0}")]
+    Abandoned(String),
+    /// The transport, a device or an engine failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl TransportError {
+    /// The `reason` label of `cleave:kv_transfer_failures_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            TransportError::TimedOut(_) => "timeout",
+            TransportError::Abandoned(_) | TransportError::Failed(_) => "error",
+        }
+    }
+
+    /// An engine error raised by `what`; a missed deadline stays a timeout.
+    pub fn from_engine(what: &str, e: EngineError) -> Self {
+        match e {
+            EngineError::Timeout(m) => TransportError::TimedOut(format!("{what}: {m}")),
+            e => TransportError::Failed(format!("{what}: {e}")),
+        }
+    }
+}
 
 /// One rank's endpoint of the KV transport.
 pub trait Transport<B: Backend> {
@@ -92,16 +119,16 @@ impl<B: Backend> Transport<B> for MemcpyTransport {
     fn send(&mut self, engine: &Engine<B>, ticket: &TransferTicket) -> Result<u64, TransportError> {
         if Instant::now() >= ticket.deadline {
             // The receiver gives up at the deadline: a parcel now would never be collected.
-            return Err(TransportError(format!(
+            return Err(TransportError::TimedOut(format!(
                 "rank {}: the transfer's deadline passed before the send",
                 ticket.src_rank
             )));
         }
         let (len, data) = engine
             .export_kv(ticket.req)
-            .map_err(|e| TransportError(format!("export on rank {}: {e}", ticket.src_rank)))?;
+            .map_err(|e| TransportError::from_engine(&format!("export on rank {}", ticket.src_rank), e))?;
         if len != ticket.prompt_len {
-            return Err(TransportError(format!(
+            return Err(TransportError::Failed(format!(
                 "rank {} holds {len} prompt tokens, the ticket says {}",
                 ticket.src_rank, ticket.prompt_len
             )));
@@ -118,11 +145,26 @@ impl<B: Backend> Transport<B> for MemcpyTransport {
         let Some((_, data)) = self.lock().remove(&ticket.req) else { return Ok(None) };
         engine
             .import_kv(&ticket.blocks, &data)
-            .map_err(|e| TransportError(format!("import on rank {}: {e}", ticket.dst_rank)))?;
+            .map_err(|e| TransportError::from_engine(&format!("import on rank {}", ticket.dst_rank), e))?;
         Ok(Some((data.len() * std::mem::size_of::<f32>()) as u64))
     }
 
     fn cancel(&mut self, ticket: &TransferTicket) {
         self.lock().remove(&ticket.req);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missed_deadline_stays_a_timeout_through_the_layers() {
+        let t = TransportError::from_engine("receive on rank 1", EngineError::Timeout("late".into()));
+        assert_eq!(t, TransportError::TimedOut("receive on rank 1: late".into()));
+        assert_eq!(t.label(), "timeout");
+        let f = TransportError::from_engine("send from rank 0", EngineError::Backend("cuda: boom".into()));
+        assert_eq!(f.label(), "error");
+        assert!(f.to_string().contains("cuda: boom"), "{f}");
     }
 }

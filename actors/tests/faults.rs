@@ -114,8 +114,8 @@ async fn failed_and_timed_out_transfers_are_recomputed() {
     assert_no_leaks(&c);
 }
 
-/// Reads `n` tokens from each stream, then runs `fault` and collects the rest.
-async fn disturb_while_decoding(c: &Cluster, fault: Fault) -> Vec<Outcome> {
+/// Reads 3 tokens from each stream, then injects `fault` into `rank` and collects the rest.
+async fn disturb_while_decoding(c: &Cluster, rank: usize, fault: Fault) -> Vec<Outcome> {
     let ps: Vec<Vec<u32>> = (0..4).map(|i| prompt(10 + 30 * i, 40 + i)).collect();
     let mut streams = Vec::new();
     for p in &ps {
@@ -132,7 +132,7 @@ async fn disturb_while_decoding(c: &Cluster, fault: Fault) -> Vec<Outcome> {
         }
         firsts.push(toks);
     }
-    assert!(c.inject_fault(0, fault));
+    assert!(c.inject_fault(rank, fault));
     let rest = join_all(streams.into_iter().map(collect)).await;
     let want = reference(&ps, 40);
     firsts
@@ -153,16 +153,43 @@ async fn disturb_while_decoding(c: &Cluster, fault: Fault) -> Vec<Outcome> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decode_rank_panic_while_decoding_is_recomputed_on_the_restarted_rank() {
     let c = start(config("cpu-colocated.yaml", |_| {}));
-    disturb_while_decoding(&c, Fault::Panic).await;
+    disturb_while_decoding(&c, 0, Fault::Panic).await;
     wait_up(&c, 0).await;
     assert_eq!(restarts(&c, 0), 1);
+    assert_no_leaks(&c);
+}
+
+/// cpu-groups.yaml: a TP2 prefill group (ranks 0, 1) and a DP2+EP decode group (ranks 2, 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_rank_that_is_not_the_leader_takes_its_group_down_and_back_up() {
+    let c = start(config("cpu-groups.yaml", |_| {}));
+    // Rank 3 (the decode group's second rank, on a thread of its own) panics while decoding:
+    // the group's step fails, the group restarts, and its streams are recomputed.
+    disturb_while_decoding(&c, 2, Fault::PanicOnGroupRank(1)).await;
+    wait_up(&c, 2).await;
+    assert_eq!((restarts(&c, 2), restarts(&c, 0)), (1, 0), "only the decode group restarted");
+    assert_no_leaks(&c);
+    // Rank 1 of the prefill group fails in the next prefill: that prompt is recomputed on the
+    // decode group, and the prefill group comes back and serves the prefill route again.
+    let p = prompt(300, 70);
+    let want = reference(std::slice::from_ref(&p), MAX_TOKENS);
+    assert!(c.inject_fault(0, Fault::PanicOnGroupRank(1)));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let got = collect(c.submit(p.clone(), greedy(MAX_TOKENS)).await.unwrap()).await;
+    assert_eq!((got.error, &got.tokens), (None, &want[0].tokens));
+    wait_up(&c, 0).await;
+    assert_eq!(restarts(&c, 0), 1);
+    let before = metric(&c.metrics_text(), "cleave_kv_transfers_total");
+    let again = collect(c.submit(p, greedy(MAX_TOKENS)).await.unwrap()).await;
+    assert_eq!(again.tokens, want[0].tokens);
+    assert_eq!(metric(&c.metrics_text(), "cleave_kv_transfers_total"), before + 1.0);
     assert_no_leaks(&c);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_decode_rank_is_replaced_after_a_missed_heartbeat() {
     let c = start(config("cpu-colocated.yaml", |cfg| cfg.supervisor.heartbeat_timeout_ms = 400));
-    disturb_while_decoding(&c, Fault::Hang(Duration::from_millis(1500))).await;
+    disturb_while_decoding(&c, 0, Fault::Hang(Duration::from_millis(1500))).await;
     wait_up(&c, 0).await;
     assert_eq!(restarts(&c, 0), 1);
     assert_no_leaks(&c);

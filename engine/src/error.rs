@@ -40,6 +40,9 @@ pub enum EngineError {
     /// A failure inside the compute backend.
     #[error("backend: {0}")]
     Backend(String),
+    /// A collective or KV transfer did not complete by its deadline.
+    #[error("timed out: {0}")]
+    Timeout(String),
 }
 
 /// Result alias for the engine.

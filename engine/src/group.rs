@@ -20,6 +20,8 @@ enum Cmd {
     Execute(Arc<StepPlan>),
     Export(Vec<u32>),
     Import(Vec<u32>, Arc<Vec<f32>>),
+    /// Fault injection: panic inside the next step.
+    ArmPanic,
 }
 
 enum Reply {
@@ -28,6 +30,7 @@ enum Reply {
     Output(Option<RankOutput>),
     Exported(Vec<f32>),
     Imported,
+    Armed,
 }
 
 struct Peer {
@@ -72,9 +75,15 @@ fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd
     if tx.send(Ok(Reply::Loaded(runner.num_blocks()))).is_err() {
         return;
     }
+    let mut armed = false;
     while let Ok(cmd) = rx.recv() {
         let r = guarded(rank, || match cmd {
+            Cmd::Execute(_) if std::mem::take(&mut armed) => panic!("injected fault: rank {rank} panics in a step"),
             Cmd::Execute(plan) => runner.execute(&plan).map(Reply::Output),
+            Cmd::ArmPanic => {
+                armed = true;
+                Ok(Reply::Armed)
+            }
             Cmd::Export(blocks) => runner.export_blocks(&blocks).map(Reply::Exported),
             Cmd::Import(blocks, data) => runner.import_blocks(&blocks, &data).map(|()| Reply::Imported),
         });
@@ -204,6 +213,19 @@ impl<B: Backend> RankGroup<B> {
 
     fn sampler_of(&self, dp: usize) -> Option<&Peer> {
         self.peers.iter().find(|p| p.coord.dp == dp && p.coord.samples())
+    }
+
+    /// Fault injection: group rank `rank` (1.., a rank on its own thread) panics inside the next
+    /// step, which fails that step on every rank as a real failure would.
+    pub fn arm_panic(&self, rank: usize) -> Result<()> {
+        let p = self.peers.iter().find(|p| p.coord.rank() == rank).ok_or_else(|| {
+            EngineError::InvalidRequest(format!("the group has no rank {rank} on a thread of its own"))
+        })?;
+        p.send(Cmd::ArmPanic)?;
+        match p.reply()? {
+            Reply::Armed => Ok(()),
+            _ => Err(EngineError::Backend("a rank answered out of turn".into())),
+        }
     }
 
     /// Blocks of DP rank `dp`'s cache (TP ranks hold the same latents, so its sampling rank's).

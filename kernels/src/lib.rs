@@ -108,6 +108,9 @@ pub enum KernelError {
     Blas(String),
     #[error("NCCL: {0}")]
     Nccl(String),
+    /// A collective or transfer did not complete by its deadline (the communicator was aborted).
+    #[error("NCCL: {0}")]
+    Timeout(String),
     #[error("{0}")]
     Invalid(String),
 }

@@ -98,7 +98,7 @@ impl NcclComm {
         if let Err(e) = c.settle(deadline) {
             c.abort();
             return Err(match e {
-                Settle::Late => KernelError::Nccl(format!(
+                Settle::Late => KernelError::Timeout(format!(
                     "ncclCommInitRankConfig: rank {rank} of {world}: the other ranks did not join before the deadline"
                 )),
                 Settle::Failed(s) => err("ncclCommInitRankConfig", s),
@@ -229,7 +229,7 @@ impl NcclComm {
             }
             if t0.elapsed() > timeout {
                 self.abort();
-                return Err(KernelError::Nccl(format!("transfer timed out after {} ms", timeout.as_millis())));
+                return Err(KernelError::Timeout(format!("transfer timed out after {} ms", timeout.as_millis())));
             }
             std::thread::sleep(Duration::from_micros(20));
         }

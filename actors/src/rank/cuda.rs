@@ -193,26 +193,26 @@ struct NcclTransport {
     link: KvLink,
 }
 
-fn terr(e: impl std::fmt::Display) -> TransportError {
-    TransportError(e.to_string())
-}
-
 impl Transport<CudaBackend> for NcclTransport {
     fn send(&mut self, engine: &Engine<CudaBackend>, t: &TransferTicket) -> Result<u64, TransportError> {
         let src = t.src_rank;
         if Instant::now() >= t.deadline {
-            return Err(terr(format!("rank {src}: the transfer's deadline passed before the send")));
+            return Err(TransportError::TimedOut(format!(
+                "rank {src}: the transfer's deadline passed before the send"
+            )));
         }
-        let seq = engine.sequence(t.req).ok_or_else(|| terr(format!("rank {src} holds no request {}", t.req)))?;
+        let seq = engine
+            .sequence(t.req)
+            .ok_or_else(|| TransportError::Failed(format!("rank {src} holds no request {}", t.req)))?;
         if seq.prompt_len != t.prompt_len {
-            return Err(terr(format!(
+            return Err(TransportError::Failed(format!(
                 "rank {src} holds {} prompt tokens, the ticket says {}",
                 seq.prompt_len, t.prompt_len
             )));
         }
         let n = blocks_for(seq.prompt_len, engine.config().block_size);
         if n != t.blocks.len() || seq.blocks.len() < n {
-            return Err(terr(format!(
+            return Err(TransportError::Failed(format!(
                 "rank {src} holds {} blocks for {n}, the receiver reserved {}",
                 seq.blocks.len(),
                 t.blocks.len()
@@ -223,7 +223,7 @@ impl Transport<CudaBackend> for NcclTransport {
         let bytes = self
             .link
             .send(runner.backend(), runner.kv_cache(), &seq.blocks[..n], &t.blocks, t.dst_rank, t.req, t.deadline)
-            .map_err(terr)?;
+            .map_err(|e| TransportError::from_engine(&format!("send from rank {src}"), e))?;
         tracing::debug!(
             request_id = t.req,
             src,
@@ -241,7 +241,9 @@ impl Transport<CudaBackend> for NcclTransport {
         t: &TransferTicket,
     ) -> Result<Option<u64>, TransportError> {
         let (be, cache) = engine.local_runner_mut().backend_and_kv_cache_mut();
-        self.link.poll_recv(be, cache, &t.blocks, t.src_rank, t.req, t.deadline).map_err(terr)
+        self.link
+            .poll_recv(be, cache, &t.blocks, t.src_rank, t.req, t.deadline)
+            .map_err(|e| TransportError::from_engine(&format!("receive on rank {}", t.dst_rank), e))
     }
 
     fn cancel(&mut self, t: &TransferTicket) {

@@ -10,9 +10,7 @@ mod worker;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use actix::Addr;
 use cleave_engine::backend::Backend;
 use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::{Engine, EngineConfig, ParallelConfig};
@@ -20,50 +18,12 @@ use cleave_engine::{Engine, EngineConfig, ParallelConfig};
 pub use cpu::CpuRankFactory;
 pub use cuda::CudaRankFactory;
 
+use crate::command::RankCmd;
 use crate::config::{Device, Dtype};
 use crate::error::ActorError;
-use crate::pool::{Pool, RankExited, RankReady};
-use crate::request::{ReqCtx, ReqId};
+use crate::events::{RankEvents, RankExited, RankReady};
 use crate::table::{RankShared, Role};
-use crate::transfer::KvTransfer;
-use crate::transport::{TransferTicket, Transport};
-
-/// What a rank is asked to do.
-pub(crate) enum RankCmd {
-    /// Prefill rank: prefill the prompt, send the first token, hold the KV for decode slot `dst`.
-    Prefill { ctx: Arc<ReqCtx>, dst: usize },
-    /// Decode rank: prefill locally (the prompt plus any tokens already sent) and decode.
-    Generate { ctx: Arc<ReqCtx> },
-    /// Decode rank: reserve blocks for an incoming transfer, then receive and admit it.
-    Reserve { ctx: Arc<ReqCtx>, first: u32, ticket: TransferTicket },
-    /// Prefill rank: send the held KV of `ticket.req`, then release it.
-    SendKv { ticket: TransferTicket },
-    /// Decode rank: abandon an incoming transfer and return its blocks.
-    CancelRecv { id: ReqId },
-    /// Prefill rank: drop the held KV of a request whose transfer was abandoned.
-    Release { id: ReqId },
-    /// Any rank: the client is gone; drop the request wherever it is here.
-    Abort { id: ReqId },
-    /// Wakes an idle rank (e.g. to notice an injected fault).
-    Wake,
-    /// End every request with an error and exit.
-    Shutdown,
-}
-
-/// Failures a test can inject into a rank (see [`crate::Cluster::inject_fault`]). One-shot: the
-/// restarted rank is healthy.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// Panic at the next loop iteration.
-    Panic,
-    /// Panic when asked to send a KV transfer (after the decode rank reserved its blocks).
-    PanicOnKvSend,
-    /// Report a transport error on the next KV send.
-    FailKvSend,
-    /// Stop answering (no heartbeat, no steps) for this long.
-    Hang(Duration),
-}
+use crate::transport::Transport;
 
 /// Everything a factory needs to build one rank, computed by the cluster from the config.
 #[derive(Clone)]
@@ -104,13 +64,6 @@ pub trait RankFactory: Send + Sync + 'static {
         let _ = info;
         body()
     }
-}
-
-/// Where a rank reports.
-#[derive(Clone)]
-pub(crate) struct RankEvents {
-    pub transfer: Addr<KvTransfer>,
-    pub pool: Addr<Pool>,
 }
 
 /// One incarnation of a rank, ready to run.
@@ -160,7 +113,7 @@ fn run_rank<F: RankFactory>(factory: &F, info: RankInfo, l: Launch) {
                     *loaded = true;
                     let mut w = worker::Worker::new(slot, &info2, engine, transport, shared, events.clone());
                     w.publish();
-                    events.pool.do_send(RankReady { slot, inc });
+                    events.ready.do_send(RankReady { slot, inc });
                     tracing::info!(rank = info2.rank, pool = info2.role.as_str(), "rank up");
                     w.run(&rx)
                 }));
@@ -180,5 +133,5 @@ fn run_rank<F: RankFactory>(factory: &F, info: RankInfo, l: Launch) {
     if let Some(e) = &error {
         tracing::error!(rank = info.rank, pool = info.role.as_str(), error = %e, "rank failed");
     }
-    events.pool.do_send(RankExited { slot, inc, loaded, error });
+    events.exited.do_send(RankExited { slot, inc, loaded, error });
 }

@@ -10,12 +10,13 @@ use cleave_engine::backend::Backend;
 use cleave_engine::{Engine, TokenOutput};
 use flume::RecvTimeoutError;
 
-use super::{Fault, RankCmd, RankEvents, RankInfo};
+use super::RankInfo;
+use crate::command::{Fault, RankCmd};
 use crate::error::ActorError;
+use crate::events::{Prefilled, RankEvents, RecvDone, Reserved, SendDone};
 use crate::request::{Emit, ReqCtx, ReqId, OWNER_TRANSFER};
 use crate::table::{RankShared, Role};
-use crate::transfer::{Prefilled, RecvDone, Reserved, SendDone};
-use crate::transport::{TransferTicket, Transport};
+use crate::transport::{TransferTicket, Transport, TransportError};
 
 /// How long an idle rank blocks on its channel (and so how often it beats).
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -134,6 +135,11 @@ impl<B: Backend> Worker<B> {
                 tracing::warn!(rank = self.rank, ms = d.as_millis() as u64, "injected fault: hanging");
                 std::thread::sleep(d);
             }
+            Some(Fault::PanicOnGroupRank(r)) => {
+                if let Err(e) = self.engine.arm_rank_panic(r) {
+                    tracing::warn!(rank = self.rank, error = %e, "injected fault not armed");
+                }
+            }
             Some(f) => self.armed = Some(f),
             None => {}
         }
@@ -151,7 +157,7 @@ impl<B: Backend> Worker<B> {
                 ctx.set_decode_ledger(None);
                 let id = ctx.id;
                 if ctx.is_cancelled() {
-                    self.report_recv(id, Err("the client went away".into()));
+                    self.report_recv(id, Err(TransportError::Abandoned("the client went away".into())));
                 } else {
                     tracing::debug!(request_id = id, rank = self.rank, "incoming KV transfer");
                     self.incoming.insert(id, Incoming { ctx, first, ticket, reserved: false });
@@ -173,7 +179,7 @@ impl<B: Backend> Worker<B> {
                 self.forget(id);
                 if let Some(i) = self.incoming.remove(&id) {
                     self.drop_incoming(&i);
-                    self.report_recv(id, Err("the client went away".into()));
+                    self.report_recv(id, Err(TransportError::Abandoned("the client went away".into())));
                 }
             }
             RankCmd::Wake => {}
@@ -236,7 +242,7 @@ impl<B: Backend> Worker<B> {
                 self.forget(id);
                 match dst {
                     Some(dst) if ctx.claim(self.inc, OWNER_TRANSFER) => {
-                        self.events.transfer.do_send(Prefilled {
+                        self.events.prefilled.do_send(Prefilled {
                             ctx,
                             first: token,
                             src: self.slot,
@@ -263,18 +269,18 @@ impl<B: Backend> Worker<B> {
             Some(Fault::PanicOnKvSend) => {
                 panic!("injected fault: {} rank {} panics in a KV send", self.role.as_str(), self.rank)
             }
-            Some(Fault::FailKvSend) => Err("injected transport failure".to_string()),
-            _ => self.transport.send(&self.engine, &ticket).map_err(|e| e.0),
+            Some(Fault::FailKvSend) => Err(TransportError::Failed("injected transport failure".into())),
+            _ => self.transport.send(&self.engine, &ticket),
         };
         self.engine.release(id);
         if let Err(e) = &result {
             tracing::warn!(request_id = id, rank = self.rank, error = %e, "KV send failed");
         }
-        self.events.transfer.do_send(SendDone { id, src_inc: self.inc, result });
+        self.events.sent.do_send(SendDone { id, src_inc: self.inc, result });
     }
 
-    fn report_recv(&self, id: ReqId, result: Result<u64, String>) {
-        self.events.transfer.do_send(RecvDone { id, dst_inc: self.inc, result });
+    fn report_recv(&self, id: ReqId, result: Result<u64, TransportError>) {
+        self.events.received.do_send(RecvDone { id, dst_inc: self.inc, result });
     }
 
     fn drop_incoming(&mut self, i: &Incoming) {
@@ -294,14 +300,14 @@ impl<B: Backend> Worker<B> {
         for id in ids {
             let i = self.incoming.get_mut(&id).expect("listed id");
             let failure = if i.ctx.is_cancelled() {
-                Some("the client went away".to_string())
+                TransportError::Abandoned("the client went away".into())
             } else if now >= i.ticket.deadline {
-                Some("timed out waiting on the decode rank".to_string())
+                TransportError::TimedOut("the decode rank did not receive the KV by the deadline".into())
             } else if !i.reserved {
                 if let Some(blocks) = self.engine.reserve_blocks(i.ticket.prompt_len) {
                     i.reserved = true;
                     i.ticket.blocks = blocks.clone();
-                    self.events.transfer.do_send(Reserved { id, dst_inc: self.inc, blocks });
+                    self.events.reserved.do_send(Reserved { id, dst_inc: self.inc, blocks });
                 }
                 continue;
             } else {
@@ -312,12 +318,12 @@ impl<B: Backend> Worker<B> {
                         self.admit(i, bytes);
                         continue;
                     }
-                    Err(e) => Some(e.0),
+                    Err(e) => e,
                 }
             };
             let i = self.incoming.remove(&id).expect("listed id");
             self.drop_incoming(&i);
-            self.report_recv(id, Err(failure.unwrap_or_default()));
+            self.report_recv(id, Err(failure));
         }
     }
 
@@ -329,7 +335,7 @@ impl<B: Backend> Worker<B> {
         if !i.ctx.claim(OWNER_TRANSFER, self.inc) {
             self.shared.untrack(id);
             self.engine.unreserve_blocks(&i.ticket.blocks);
-            self.report_recv(id, Err("the transfer was abandoned".into()));
+            self.report_recv(id, Err(TransportError::Abandoned("the transfer actor gave it up".into())));
             return;
         }
         match self.engine.admit_prefilled(i.ctx.request(false), i.first, i.ticket.blocks.clone()) {
@@ -342,7 +348,7 @@ impl<B: Backend> Worker<B> {
                 self.shared.untrack(id);
                 self.engine.unreserve_blocks(&i.ticket.blocks);
                 i.ctx.fail(ActorError::Internal(format!("admitting a transferred request failed: {e}")));
-                self.report_recv(id, Err(e.to_string()));
+                self.report_recv(id, Err(TransportError::Failed(e.to_string())));
             }
         }
     }

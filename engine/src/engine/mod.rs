@@ -239,6 +239,13 @@ impl<B: Backend> Engine<B> {
     }
     /// Rank 0's runner: its backend, cache and model part (the whole model in a group of one;
     /// device transports read and write a group of one's cache through it).
+    /// Fault injection (operators' drills, tests): group rank `rank` (1..) panics inside the next
+    /// step; the step then fails on every rank.
+    #[doc(hidden)]
+    pub fn arm_rank_panic(&self, rank: usize) -> Result<()> {
+        self.group.arm_panic(rank)
+    }
+
     pub fn local_runner(&self) -> &ModelRunner<B> {
         self.group.local()
     }

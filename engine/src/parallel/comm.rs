@@ -104,8 +104,8 @@ impl Rendezvous {
         }
         let now = Instant::now();
         if now >= end {
-            return Err(EngineError::Backend(format!(
-                "collective timed out after {} s waiting for the other ranks",
+            return Err(EngineError::Timeout(format!(
+                "collective waited {} s for the other ranks",
                 DEADLINE.as_secs()
             )));
         }

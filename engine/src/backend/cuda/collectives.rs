@@ -150,7 +150,7 @@ impl Collectives<CudaBackend> for NcclCollectives {
             }
             if t0.elapsed() > STEP_DEADLINE {
                 self.abandon("a step's collectives timed out");
-                return Err(EngineError::Backend(format!(
+                return Err(EngineError::Timeout(format!(
                     "rank {}: the step's collectives did not complete within {} s",
                     self.coord.rank(),
                     STEP_DEADLINE.as_secs()

@@ -47,7 +47,10 @@ use weights::{ExpertData, WeightData};
 pub const QGEMM_MAX_ROWS: usize = 128;
 
 pub(crate) fn kerr(e: KernelError) -> EngineError {
-    EngineError::Backend(format!("cuda: {e}"))
+    match e {
+        KernelError::Timeout(m) => EngineError::Timeout(format!("cuda: NCCL: {m}")),
+        e => EngineError::Backend(format!("cuda: {e}")),
+    }
 }
 
 /// An f32 matrix on the device, optionally with a bf16 copy of its values (its "shadow").

@@ -74,6 +74,14 @@ fn xerr(msg: String) -> EngineError {
     EngineError::Backend(format!("KV transfer: {msg}"))
 }
 
+/// `e` with `at` (which pair, which request) in front, of the same kind (a timeout stays one).
+fn at_pair(at: &str, e: EngineError) -> EngineError {
+    match e {
+        EngineError::Timeout(m) => EngineError::Timeout(format!("KV transfer: {at}: {m}")),
+        e => xerr(format!("{at}: {e}")),
+    }
+}
+
 /// One rank's endpoint; lives on the rank's thread with its backend.
 pub struct KvLink {
     hub: KvHub,
@@ -201,7 +209,7 @@ impl KvLink {
                     p.id = None;
                 });
                 self.drop_comm(key);
-                Err(xerr(format!("rank {} -> {dst}, request {req}: {e}", self.rank)))
+                Err(at_pair(&format!("rank {} -> {dst}, request {req}", self.rank), e))
             }
         }
     }
@@ -215,15 +223,15 @@ impl KvLink {
         regions: &[P2p],
         req: u64,
         deadline: Instant,
-    ) -> std::result::Result<(), String> {
-        let stream = gpu.xfer_stream().map_err(|e| e.to_string())?;
+    ) -> Result<()> {
+        let stream = gpu.xfer_stream().map_err(kerr)?;
         let comm = &mut self.comms.get_mut(&key).expect("created").1;
-        comm.transfer_on(gpu, &stream, regions, &[]).map_err(|e| e.to_string())?;
-        let ev = stream.record_event(None).map_err(|e| format!("{e:?}"))?;
+        comm.transfer_on(gpu, &stream, regions, &[]).map_err(kerr)?;
+        let ev = stream.record_event(None).map_err(|e| xerr(format!("{e:?}")))?;
         let mut sent = false;
         loop {
             if !sent {
-                sent = comm.poll(&ev).map_err(|e| e.to_string())?;
+                sent = comm.poll(&ev).map_err(kerr)?;
             }
             let (acked, gone) =
                 self.hub.with(key, |p| (p.acked == Some(req), p.epoch != epoch || p.abandoned.contains(&req)));
@@ -231,14 +239,14 @@ impl KvLink {
                 return Ok(());
             }
             if gone {
-                return Err("the receiver gave up on the transfer".into());
+                return Err(xerr("the receiver gave up on the transfer".into()));
             }
             if Instant::now() >= deadline {
-                return Err(if sent {
+                return Err(EngineError::Timeout(if sent {
                     "the receiver did not take the blocks before the deadline".into()
                 } else {
                     "the send did not complete before the deadline".into()
-                });
+                }));
             }
             std::thread::sleep(Duration::from_micros(20));
         }
@@ -270,7 +278,9 @@ impl KvLink {
         }
         if Instant::now() >= deadline {
             self.cancel(src, req);
-            return Err(xerr(format!("request {req} from rank {src} did not arrive in time")));
+            return Err(EngineError::Timeout(format!(
+                "KV transfer: request {req} from rank {src} did not arrive in time"
+            )));
         }
         if let Some(id) = id {
             if self.joined.get(&key) != Some(&epoch) {
