@@ -7,28 +7,171 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use cleave_actors::config::DeployConfig;
+use cleave_actors::config::{DeployConfig, Device, Dtype, ServeFlags};
 use cleave_actors::Cluster;
 use cleave_gateway::{GatewayConfig, Server};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Deployment YAML (default: configs/cpu-tiny.yaml, the tiny-r1 model on the CPU).
+    /// Hugging Face checkpoint directory to serve (as `vllm serve MODEL`); with --config it
+    /// replaces the file's `model`.
+    #[arg(value_name = "MODEL")]
+    model_pos: Option<PathBuf>,
+    /// The same as MODEL (vLLM's older `--model`).
+    #[arg(long, conflicts_with = "model_pos")]
+    model: Option<PathBuf>,
+    /// Deployment YAML; the flags below override it (default without MODEL:
+    /// configs/cpu-tiny.yaml, the tiny-r1 model on the CPU).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Address to listen on (default: the config's server.host).
+    /// Print the resolved deployment as YAML and exit without loading anything.
+    #[arg(long)]
+    print_config: bool,
+    /// Address to listen on.
     #[arg(long)]
     host: Option<String>,
-    /// Port (default: the config's server.port; 0 picks a free port).
+    /// Port (0 picks a free port).
     #[arg(long)]
     port: Option<u16>,
-    /// Largest request body in bytes.
-    #[arg(long, default_value_t = 32 << 20)]
-    max_body_bytes: usize,
     /// Require `Authorization: Bearer KEY` on /v1/* (default: $CLEAVE_API_KEY, else vLLM's
     /// $VLLM_API_KEY; none: open).
     #[arg(long)]
     api_key: Option<String>,
+    /// Name clients use in `model` (default: the model directory's name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Where the ranks run.
+    #[arg(long, value_enum)]
+    device: Option<DeviceArg>,
+    /// auto (bfloat16 on CUDA, float32 on the CPU), bfloat16, or float32 (`float` as in vLLM).
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
+    /// Longest prompt + output (default: the model's).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// Sequences a group runs at once (both pools).
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Tokens a group computes per step (both pools).
+    #[arg(long)]
+    max_num_batched_tokens: Option<usize>,
+    /// Fraction of each GPU for weights plus KV cache.
+    #[arg(long)]
+    gpu_memory_utilization: Option<f64>,
+    /// KV cache blocks per rank, instead of sizing from GPU memory.
+    #[arg(long)]
+    num_gpu_blocks_override: Option<usize>,
+    /// Tokens per KV cache block.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Ranks splitting attention heads and MLPs in each group.
+    #[arg(long, visible_alias = "tp")]
+    tensor_parallel_size: Option<usize>,
+    /// Ranks each attending their own sequences in each group, exchanging tokens in MoE layers.
+    #[arg(long, visible_alias = "dp")]
+    data_parallel_size: Option<usize>,
+    /// Whole routed experts per rank instead of a slice of every expert.
+    #[arg(long)]
+    enable_expert_parallel: bool,
+    /// Disaggregated serving: the prefill pool's ranks (GPU ordinals on CUDA), e.g. 0,1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    prefill_ranks: Option<Vec<usize>>,
+    /// The decode pool's ranks (default: one group right after the prefill ranks).
+    #[arg(long, value_delimiter = ',')]
+    decode_ranks: Option<Vec<usize>>,
+    /// The prefill pool's group shape when it differs from --tensor-parallel-size.
+    #[arg(long)]
+    prefill_tensor_parallel_size: Option<usize>,
+    /// The prefill pool's group shape when it differs from --data-parallel-size.
+    #[arg(long)]
+    prefill_data_parallel_size: Option<usize>,
+    /// Prompts with at least this many tokens are prefilled on the prefill pool.
+    #[arg(long)]
+    prefill_threshold: Option<usize>,
+    /// How R1's reasoning is split from the answer (`reasoning_content` and `reasoning`).
+    #[arg(long, value_enum)]
+    reasoning_parser: Option<ReasoningParser>,
+    /// cleave runs every step eagerly today (it captures no CUDA graphs yet), which is what
+    /// this flag asks for; accepted so vLLM command lines run unchanged.
+    #[arg(long)]
+    enforce_eager: bool,
+    /// cleave never runs code from a checkpoint; accepted so vLLM command lines run unchanged.
+    #[arg(long)]
+    trust_remote_code: bool,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    max_body_bytes: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DtypeArg {
+    Auto,
+    Bfloat16,
+    #[value(alias = "float")]
+    Float32,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ReasoningParser {
+    /// `<think>...</think>` as DeepSeek-R1 writes it (cleave's default for models whose chat
+    /// template opens a think block).
+    #[value(name = "deepseek_r1")]
+    DeepseekR1,
+}
+
+impl Args {
+    fn flags(&self) -> ServeFlags {
+        ServeFlags {
+            model: self.model_pos.clone().or_else(|| self.model.clone()),
+            served_model_name: self.served_model_name.clone(),
+            device: self.device.map(|d| match d {
+                DeviceArg::Cpu => Device::Cpu,
+                DeviceArg::Cuda => Device::Cuda,
+            }),
+            dtype: self.dtype.map(|d| match d {
+                DtypeArg::Auto => Dtype::Auto,
+                DtypeArg::Bfloat16 => Dtype::Bfloat16,
+                DtypeArg::Float32 => Dtype::Float32,
+            }),
+            max_model_len: self.max_model_len,
+            host: self.host.clone(),
+            port: self.port,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            num_gpu_blocks_override: self.num_gpu_blocks_override,
+            block_size: self.block_size,
+            tensor_parallel_size: self.tensor_parallel_size,
+            data_parallel_size: self.data_parallel_size,
+            enable_expert_parallel: self.enable_expert_parallel.then_some(true),
+            prefill_ranks: self.prefill_ranks.clone(),
+            decode_ranks: self.decode_ranks.clone(),
+            prefill_tensor_parallel_size: self.prefill_tensor_parallel_size,
+            prefill_data_parallel_size: self.prefill_data_parallel_size,
+            prefill_threshold: self.prefill_threshold,
+        }
+    }
+
+    /// The deployment these arguments describe.
+    fn deployment(&self) -> anyhow::Result<DeployConfig> {
+        let flags = self.flags();
+        let file = match (&self.config, &flags.model) {
+            (Some(p), _) => Some(p.clone()),
+            (None, None) => Some(default_config()),
+            (None, Some(_)) => None,
+        };
+        let base = match &file {
+            Some(p) => Some(DeployConfig::from_yaml_file(p).with_context(|| format!("loading {}", p.display()))?),
+            None => None,
+        };
+        Ok(flags.apply(base)?)
+    }
 }
 
 /// The API key: the flag, else `CLEAVE_API_KEY`, else `VLLM_API_KEY`; empty means none.
@@ -51,13 +194,10 @@ fn default_config() -> PathBuf {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let path = a.config.clone().unwrap_or_else(default_config);
-    let mut cfg = DeployConfig::from_yaml_file(&path).with_context(|| format!("loading {}", path.display()))?;
-    if let Some(h) = a.host {
-        cfg.server.host = h;
-    }
-    if let Some(p) = a.port {
-        cfg.server.port = p;
+    let cfg = a.deployment()?;
+    if a.print_config {
+        print!("{}", cfg.to_yaml());
+        return Ok(());
     }
     let host_port = format!("{}:{}", cfg.server.host, cfg.server.port);
     let addr: SocketAddr = host_port
@@ -105,4 +245,68 @@ async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: Args,
+    }
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Cli::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).map(|c| c.serve)
+    }
+
+    #[test]
+    fn a_vllm_serve_command_line_resolves_to_a_deployment() {
+        let model = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-r1");
+        let a = parse(&[
+            model,
+            "--tensor-parallel-size",
+            "2",
+            "--max-num-seqs",
+            "128",
+            "--max-model-len",
+            "8000",
+            "--served-model-name",
+            "X",
+            "--api-key",
+            "K",
+            "--port",
+            "8000",
+            "--dtype",
+            "float",
+            "--enforce-eager",
+            "--reasoning-parser",
+            "deepseek_r1",
+            "--trust-remote-code",
+        ])
+        .unwrap();
+        let c = a.deployment().unwrap();
+        assert_eq!((c.decode.ranks.clone(), c.decode.tensor_parallel_size), (vec![0, 1], 2));
+        assert_eq!((c.decode.max_num_seqs, c.max_model_len, c.dtype), (128, Some(8000), Dtype::Float32));
+        assert_eq!(c.served_model_name(), "X");
+        // --config still works, and flags override it.
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/cpu-2p2d.yaml");
+        let c = parse(&["--config", file, "--max-num-batched-tokens", "333"]).unwrap().deployment().unwrap();
+        assert_eq!((c.prefill.max_num_batched_tokens, c.decode.max_num_batched_tokens), (333, 333));
+        assert!(c.is_disaggregated());
+    }
+
+    #[test]
+    fn an_unknown_flag_names_the_closest_and_bad_values_name_the_flag() {
+        let e = parse(&["m", "--max-num-seq", "5"]).err().unwrap().to_string();
+        assert!(e.contains("--max-num-seqs"), "{e}");
+        let e = parse(&["m", "--reasoning-parser", "qwen3"]).err().unwrap().to_string();
+        assert!(e.contains("deepseek_r1"), "{e}");
+        let model = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-r1");
+        let e = parse(&[model, "--tensor-parallel-size", "0"]).unwrap().deployment().unwrap_err().to_string();
+        assert!(e.contains("--tensor-parallel-size"), "{e}");
+    }
 }

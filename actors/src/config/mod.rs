@@ -20,13 +20,16 @@
 //! A relative `model` path is looked up relative to the current directory first, then relative
 //! to the parent of the config file's directory (the repository root for `configs/*.yaml`).
 
+mod flags;
 mod validate;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use cleave_engine::ParallelConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+
+pub use flags::ServeFlags;
 
 /// A configuration error: the file, the field path (`decode.max_num_seqs`), its line (1-based)
 /// when known, and what is wrong.
@@ -57,7 +60,7 @@ impl fmt::Display for ConfigError {
 }
 
 /// Compute device of every rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     /// Reference f32 backend; ranks are threads.
@@ -68,7 +71,7 @@ pub enum Device {
 }
 
 /// Numeric format of weights, activations and the KV cache (vLLM's `--dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// bfloat16 on CUDA, float32 on the CPU.
@@ -81,7 +84,7 @@ pub enum Dtype {
 }
 
 /// What happens to a request whose KV transfer or rank fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FailurePolicy {
     /// A healthy decode rank prefills the prompt (plus the tokens already sent) itself; the
@@ -93,7 +96,7 @@ pub enum FailurePolicy {
 }
 
 /// The whole deployment.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeployConfig {
     /// Hugging Face checkpoint directory.
@@ -125,7 +128,7 @@ pub struct DeployConfig {
 }
 
 /// HTTP front end (read by the gateway). Defaults: 127.0.0.1:8000, 256 concurrent requests.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub host: String,
@@ -143,7 +146,7 @@ impl Default for ServerConfig {
 /// The prefill pool. Defaults: no ranks (colocated), groups of one, 8192 tokens per step, 256
 /// sequences. `ranks` form groups of `tensor_parallel_size x data_parallel_size` consecutive
 /// entries; each group holds one copy of the model, several groups are replicas.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefillConfig {
     pub ranks: Vec<usize>,
@@ -169,7 +172,7 @@ impl Default for PrefillConfig {
 
 /// The decode pool. Defaults: rank 0, a group of one, 256 sequences, 2048 tokens per step (both
 /// per group).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DecodeConfig {
     pub ranks: Vec<usize>,
@@ -216,7 +219,7 @@ impl DecodeConfig {
 }
 
 /// Conditional disaggregation. Defaults: 512 tokens, 64 queued prefills.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouterConfig {
     /// Prompts with at least this many uncached tokens go to the prefill pool.
@@ -234,7 +237,7 @@ impl Default for RouterConfig {
 
 /// Paged KV cache of each rank. Set one of `gpu_memory_utilization` (cuda) and `num_blocks`;
 /// with neither, cpu uses 1024 blocks and cuda 0.90 of the GPU.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvCacheConfig {
     /// Tokens per block (default 64).
@@ -253,7 +256,7 @@ impl Default for KvCacheConfig {
 pub const DEFAULT_CPU_BLOCKS: usize = 1024;
 
 /// Prefill -> decode KV moves. Defaults: 30 s, recompute.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvTransferConfig {
     /// A transfer not finished this long after the first token was sampled has failed.
@@ -268,7 +271,7 @@ impl Default for KvTransferConfig {
 }
 
 /// Rank supervision. Default: a rank silent for 30 s is declared dead and restarted.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisorConfig {
     pub heartbeat_timeout_ms: u64,
@@ -281,6 +284,29 @@ impl Default for SupervisorConfig {
 }
 
 impl DeployConfig {
+    /// `model` with every other field at its default: colocated serving on rank 0.
+    pub fn for_model(model: impl Into<PathBuf>) -> Self {
+        DeployConfig {
+            model: model.into(),
+            served_model_name: None,
+            device: Device::default(),
+            dtype: Dtype::default(),
+            max_model_len: None,
+            server: ServerConfig::default(),
+            prefill: PrefillConfig::default(),
+            decode: DecodeConfig::default(),
+            router: RouterConfig::default(),
+            kv_cache: KvCacheConfig::default(),
+            kv_transfer: KvTransferConfig::default(),
+            supervisor: SupervisorConfig::default(),
+        }
+    }
+
+    /// The deployment as YAML (what `cleave serve --print-config` shows).
+    pub fn to_yaml(&self) -> String {
+        serde_yaml_ng::to_string(self).unwrap_or_else(|e| format!("# cannot print the deployment: {e}\n"))
+    }
+
     /// Parses and validates a YAML document (syntax, types, values); does not touch the file
     /// system, so `model` is not checked (see [`DeployConfig::resolve_model`]).
     pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
