@@ -282,11 +282,13 @@ fn fill(buf: &mut [u8], kind: Kind, fan_in: usize, seed: u64, first: usize) {
     }
 }
 
-/// Writes `config.json` and `model.safetensors` into `dir`; returns the bytes of weights written.
+/// Writes `config.json`, a tokenizer of the model's vocabulary and `model.safetensors` into `dir`; returns the bytes of weights written.
 pub fn write(dir: &Path, shape: Shape, layers: Option<usize>, dtype: WeightDtype, seed: u64) -> anyhow::Result<u64> {
     let cfg = config(shape, layers, dtype);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
+    let dim = |k: &str| cfg[k].as_u64().unwrap_or(0) as usize;
+    crate::gen_tokenizer::write(dir, dim("vocab_size"), dim("max_position_embeddings"))?;
     let specs = specs(&cfg, dtype);
     let mut header = serde_json::Map::new();
     let mut off = 0usize;

@@ -1,6 +1,7 @@
 //! `cleave`: serve DeepSeek-V3/R1-class models with disaggregated prefill and decode.
 
 mod gen_checkpoint;
+mod gen_tokenizer;
 mod generate;
 mod kernels_check;
 mod model_dir;

@@ -172,7 +172,9 @@ impl ServeFlags {
             "--prefill-tensor-parallel-size" => {
                 self.prefill_tensor_parallel_size.is_some() || self.tensor_parallel_size.is_some()
             }
-            "--prefill-data-parallel-size" => self.prefill_data_parallel_size.is_some() || self.data_parallel_size.is_some(),
+            "--prefill-data-parallel-size" => {
+                self.prefill_data_parallel_size.is_some() || self.data_parallel_size.is_some()
+            }
             "--prefill-ranks" => self.prefill_ranks.is_some(),
             "--decode-ranks" => self.decode_ranks.is_some(),
             "--prefill-threshold" => self.prefill_threshold.is_some(),
