@@ -108,8 +108,8 @@ pub async fn run(target: &Target, items: &[BatchItem], args: &BatchArgs) -> Resu
 pub async fn main(args: BatchArgs) -> Result<()> {
     let items = load_items(&args.input)?;
     let mut server = args.server.clone();
-    if Endpoint::from_path(&server.endpoint) != Endpoint::Chat {
-        server.endpoint = "/v1/chat/completions".into();
+    if Endpoint::from_path(&server.endpoint()) != Endpoint::Chat {
+        server.endpoint = Some("/v1/chat/completions".into());
     }
     let (target, _) = bench::resolve_target(&server).await?;
     let start = Instant::now();

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::cli::{BenchArgs, DatasetKind, ServerArgs, WorkloadArgs};
 use crate::client::{ApiClient, Endpoint, RequestInput, RequestOutput};
-use crate::dataset::{self, RandomSpec, SampleRequest, ServerTokenizer};
+use crate::dataset::{self, LocalTokenizer, RandomSpec, SampleRequest, ServerTokenizer, Tokenizer};
 use crate::metrics::{self, Goodput, Metrics};
 use crate::report::{self, RunMeta};
 use crate::runner::{self, LoadSpec, RunOutcome, Target};
@@ -16,8 +16,9 @@ use crate::runner::{self, LoadSpec, RunOutcome, Target};
 /// Connects to the server and settles the model: `--model`, or the first of `/v1/models`.
 /// Also returns the server's `max_model_len` when it says.
 pub async fn resolve_target(server: &ServerArgs) -> Result<(Target, Option<usize>)> {
-    let client = ApiClient::new(&server.base_url)?;
-    let endpoint = Endpoint::from_path(&server.endpoint);
+    let base_url = server.base_url();
+    let client = ApiClient::with_headers(&base_url, &server.headers()?)?;
+    let endpoint = Endpoint::from_path(&server.endpoint());
     let listed = client.models().await;
     let (model, max_len) = match (&server.model, listed) {
         (Some(m), Ok(list)) => {
@@ -26,16 +27,14 @@ pub async fn resolve_target(server: &ServerArgs) -> Result<(Target, Option<usize
         }
         (Some(m), Err(_)) => (m.clone(), None),
         (None, Ok(list)) => {
-            let first = list
-                .into_iter()
-                .next()
-                .with_context(|| format!("no models found on the server at {}", server.base_url))?;
+            let first =
+                list.into_iter().next().with_context(|| format!("no models found on the server at {base_url}"))?;
             println!("Model not specified, using the first model of the server: {}", first.id);
             (first.id, first.max_model_len)
         }
         (None, Err(e)) => return Err(e.context("fetching the first model from /v1/models (or pass --model)")),
     };
-    let api_url = client.url(&server.endpoint);
+    let api_url = client.url(&server.endpoint());
     Ok((Target { client, endpoint, api_url, model }, max_len))
 }
 
@@ -47,14 +46,31 @@ pub async fn load_requests(
     seed: u64,
     max_model_len: Option<usize>,
 ) -> Result<Vec<SampleRequest>> {
-    let tok = ServerTokenizer { client: &target.client, model: target.model.clone() };
+    match &w.tokenizer {
+        Some(path) => build_requests(&LocalTokenizer::load(path)?, target, w, num_prompts, seed, max_model_len).await,
+        None => {
+            let tok = ServerTokenizer { client: &target.client, model: target.model.clone() };
+            build_requests(&tok, target, w, num_prompts, seed, max_model_len).await
+        }
+    }
+}
+
+async fn build_requests<T: Tokenizer>(
+    tok: &T,
+    target: &Target,
+    w: &WorkloadArgs,
+    num_prompts: usize,
+    seed: u64,
+    max_model_len: Option<usize>,
+) -> Result<Vec<SampleRequest>> {
     match w.dataset {
         DatasetKind::Random => {
             if w.prompt_token_ids && target.endpoint == Endpoint::Chat {
                 bail!("--prompt-token-ids needs --endpoint /v1/completions");
             }
             if let Some(max) = max_model_len {
-                let need = (w.random_input_len as f64 * (1.0 + w.random_range_ratio)).ceil() as usize
+                let need = w.random_prefix_len
+                    + (w.random_input_len as f64 * (1.0 + w.random_range_ratio)).ceil() as usize
                     + (w.random_output_len as f64 * (1.0 + w.random_range_ratio)).ceil() as usize;
                 if need > max {
                     eprintln!("WARNING: prompts of up to {need} tokens with output may exceed the server's max_model_len {max}");
@@ -62,6 +78,7 @@ pub async fn load_requests(
             }
             let spec = RandomSpec {
                 input_len: w.random_input_len,
+                prefix_len: w.random_prefix_len,
                 output_len: w.random_output_len,
                 range_ratio: w.random_range_ratio,
                 num_prompts,
@@ -69,16 +86,14 @@ pub async fn load_requests(
                 as_token_ids: w.prompt_token_ids,
                 seed,
             };
-            dataset::random_requests(&tok, &spec)
-                .await
-                .context("building the random dataset with the server's tokenizer")
+            dataset::random_requests(tok, &spec).await.context("building the random dataset")
         }
         DatasetKind::Jsonl => {
             let path = w.dataset_path.as_deref().context("--dataset jsonl needs --dataset-path")?;
             let all = dataset::load_jsonl(path, w.random_output_len)?;
             // A file shorter than --num-prompts wraps around, as vLLM oversamples.
             let mut reqs: Vec<SampleRequest> = all.iter().cycle().take(num_prompts).cloned().collect();
-            dataset::count_prompt_tokens(&tok, &mut reqs).await;
+            dataset::count_prompt_tokens(tok, &mut reqs).await;
             Ok(reqs)
         }
     }
@@ -197,9 +212,36 @@ pub async fn main(args: BenchArgs) -> Result<()> {
     };
     let run = run_point(&target, &args.workload, &extra, &reqs, &load, args.label.clone()).await?;
     print!("{}", run.report);
-    if let Some(path) = &args.save_result {
-        write_json(path, &run.result)?;
+    if let Some(path) = result_path(&args, &run.meta) {
+        let mut result = run.result.clone();
+        if !args.save_detailed {
+            if let Value::Object(o) = &mut result {
+                for k in DETAILED {
+                    o.remove(*k);
+                }
+            }
+        }
+        write_json(&path, &result)?;
         println!("Result saved to {}", path.display());
     }
     Ok(())
+}
+
+/// The per-request arrays of a result, kept only with `--save-detailed` (as vLLM).
+const DETAILED: &[&str] = &["input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"];
+
+/// Where `--save-result` writes: its PATH, else RESULT_DIR/RESULT_FILENAME with vLLM's default
+/// name `BACKEND-RATEqps[-concurrencyN]-MODEL-DATE.json`.
+fn result_path(args: &BenchArgs, meta: &RunMeta) -> Option<std::path::PathBuf> {
+    let explicit = args.save_result.as_ref()?;
+    if let Some(p) = explicit {
+        return Some(p.clone());
+    }
+    let name = args.result_filename.clone().unwrap_or_else(|| {
+        let rate = if meta.request_rate.is_finite() { format!("{:?}", meta.request_rate) } else { "inf".into() };
+        let conc = meta.max_concurrency.map_or(String::new(), |c| format!("-concurrency{c}"));
+        let model = meta.model.rsplit('/').next().unwrap_or(&meta.model);
+        format!("{}-{rate}qps{conc}-{model}-{}.json", args.server.backend_name(), report::now_stamp())
+    });
+    Some(args.result_dir.clone().unwrap_or_default().join(name))
 }

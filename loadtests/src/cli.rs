@@ -36,18 +36,42 @@ pub enum Command {
     Batch(BatchArgs),
 }
 
+/// vLLM's `--backend` names: which API the requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The completions API (vLLM's default).
+    Vllm,
+    /// The completions API.
+    Openai,
+    /// The chat completions API.
+    OpenaiChat,
+}
+
 /// Where to send requests.
 #[derive(Debug, Clone, Args)]
 pub struct ServerArgs {
-    /// Server base URL (scheme, host, port).
-    #[arg(long, default_value = "http://127.0.0.1:8000")]
-    pub base_url: String,
-    /// API path: /v1/completions or /v1/chat/completions.
-    #[arg(long, default_value = "/v1/completions")]
-    pub endpoint: String,
+    /// Server base URL (scheme, host, port); default: http://HOST:PORT.
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// Server host when no --base-url is given.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Server port when no --base-url is given.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The API: vllm or openai (/v1/completions), openai-chat (/v1/chat/completions).
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub backend: Backend,
+    /// API path (default: the backend's).
+    #[arg(long)]
+    pub endpoint: Option<String>,
     /// Model name to send (default: the first model of GET /v1/models).
     #[arg(long)]
     pub model: Option<String>,
+    /// An HTTP header `KEY=VALUE` sent with every request (repeatable). Without an
+    /// `Authorization` header, `$OPENAI_API_KEY` is sent as a bearer token when set, as vLLM does.
+    #[arg(long = "header", value_name = "KEY=VALUE")]
+    pub headers: Vec<String>,
     /// Sampling temperature (default: the server's).
     #[arg(long)]
     pub temperature: Option<f64>,
@@ -57,6 +81,48 @@ pub struct ServerArgs {
 }
 
 impl ServerArgs {
+    /// `--base-url`, else `http://HOST:PORT`.
+    pub fn base_url(&self) -> String {
+        self.base_url.clone().unwrap_or_else(|| format!("http://{}:{}", self.host, self.port))
+    }
+
+    /// The `--backend` as vLLM names it.
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Vllm => "vllm",
+            Backend::Openai => "openai",
+            Backend::OpenaiChat => "openai-chat",
+        }
+    }
+
+    /// `--endpoint`, else the backend's path.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone().unwrap_or_else(|| {
+            match self.backend {
+                Backend::Vllm | Backend::Openai => "/v1/completions",
+                Backend::OpenaiChat => "/v1/chat/completions",
+            }
+            .into()
+        })
+    }
+
+    /// The `--header` pairs, plus `Authorization: Bearer $OPENAI_API_KEY` unless one is given.
+    pub fn headers(&self) -> Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for h in &self.headers {
+            let (k, v) = h.split_once('=').with_context(|| format!("--header {h:?}: expected KEY=VALUE"))?;
+            if k.trim().is_empty() {
+                bail!("--header {h:?}: the name is empty");
+            }
+            out.push((k.trim().to_string(), v.to_string()));
+        }
+        if !out.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) {
+            if let Some(key) = std::env::var("OPENAI_API_KEY").ok().filter(|k| !k.is_empty()) {
+                out.push(("Authorization".into(), format!("Bearer {key}")));
+            }
+        }
+        Ok(out)
+    }
     /// `--temperature` and `--extra-body` as one object.
     pub fn extra_body(&self) -> Result<Option<Map<String, Value>>> {
         let mut body = match &self.extra_body {
@@ -100,6 +166,13 @@ pub struct WorkloadArgs {
     /// Lengths are uniform in [len*(1-r), len*(1+r)].
     #[arg(long, default_value_t = 0.0)]
     pub random_range_ratio: f64,
+    /// A tokenizer (a `tokenizer.json`, or a directory holding one) to build prompts with here;
+    /// default: the server's /tokenize and /detokenize.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Tokens of one random prefix shared by every prompt, before its own --random-input-len.
+    #[arg(long, default_value_t = 0)]
+    pub random_prefix_len: usize,
     /// Draw random token ids from LO:HI (exclusive) instead of the ids of a built-in corpus.
     #[arg(long, value_parser = parse_range)]
     pub token_id_range: Option<(u32, u32)>,
@@ -187,9 +260,20 @@ pub struct BenchArgs {
     /// Most requests in flight at once.
     #[arg(long)]
     pub max_concurrency: Option<usize>,
-    /// Write the result JSON here.
+    /// Save the result JSON: `--save-result` alone writes RESULT_DIR/RESULT_FILENAME (vLLM's
+    /// flag), `--save-result PATH` writes PATH.
+    #[arg(long, num_args = 0..=1, value_name = "PATH")]
+    pub save_result: Option<Option<PathBuf>>,
+    /// Directory of the saved result (default: the current one).
     #[arg(long)]
-    pub save_result: Option<PathBuf>,
+    pub result_dir: Option<PathBuf>,
+    /// File name of the saved result (default as vLLM's:
+    /// BACKEND-RATEqps[-concurrencyN]-MODEL-DATE.json).
+    #[arg(long)]
+    pub result_filename: Option<String>,
+    /// Keep the per-request arrays (lengths, TTFTs, ITLs, texts, errors) in the saved result.
+    #[arg(long)]
+    pub save_detailed: bool,
     /// A label stored in the result.
     #[arg(long)]
     pub label: Option<String>,
@@ -374,14 +458,52 @@ mod tests {
             .workload
             .selected_metrics()
             .is_err());
-        let s = ServerArgs {
-            base_url: String::new(),
-            endpoint: String::new(),
-            model: None,
-            temperature: Some(0.0),
-            extra_body: Some("{\"top_p\":0.9}".into()),
-        };
+        let s = Cli::try_parse_from(["cleave-bench", "--temperature", "0", "--extra-body", "{\"top_p\":0.9}"])
+            .unwrap()
+            .bench
+            .server;
         let b = s.extra_body().unwrap().unwrap();
         assert_eq!((b["temperature"].as_f64(), b["top_p"].as_f64()), (Some(0.0), Some(0.9)));
+        assert_eq!((s.base_url(), s.endpoint()), ("http://127.0.0.1:8000".into(), "/v1/completions".into()));
+    }
+
+    #[test]
+    fn vllm_bench_serve_flags_parse_with_their_meaning() {
+        let cli = Cli::try_parse_from([
+            "cleave-bench",
+            "--backend",
+            "openai-chat",
+            "--host",
+            "10.0.0.2",
+            "--port",
+            "9000",
+            "--tokenizer",
+            "models/tiny-r1",
+            "--header",
+            "Authorization=Bearer k",
+            "--header",
+            "x-trace=1",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            "out",
+            "--result-filename",
+            "r.json",
+            "--random-prefix-len",
+            "100",
+        ])
+        .unwrap();
+        let b = &cli.bench;
+        assert_eq!(b.server.base_url(), "http://10.0.0.2:9000");
+        assert_eq!(b.server.endpoint(), "/v1/chat/completions");
+        let h = b.server.headers().unwrap();
+        assert_eq!(h, vec![("Authorization".into(), "Bearer k".into()), ("x-trace".into(), "1".into())]);
+        assert_eq!(b.save_result, Some(None));
+        assert!(b.save_detailed && b.workload.random_prefix_len == 100);
+        let cli = Cli::try_parse_from(["cleave-bench", "--save-result", "x.json", "--num-prompts", "3"]).unwrap();
+        assert_eq!(cli.bench.save_result, Some(Some(PathBuf::from("x.json"))));
+        assert_eq!(cli.bench.workload.num_prompts, 3);
+        let bad = Cli::try_parse_from(["cleave-bench", "--header", "nokey"]).unwrap();
+        assert!(bad.bench.server.headers().is_err());
     }
 }

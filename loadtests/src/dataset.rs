@@ -56,6 +56,30 @@ impl Tokenizer for ServerTokenizer<'_> {
     }
 }
 
+/// A local Hugging Face `tokenizer.json` (`--tokenizer`), decoding as transformers does by
+/// default (special tokens kept).
+pub struct LocalTokenizer(tokenizers::Tokenizer);
+
+impl LocalTokenizer {
+    /// Loads `path`, a `tokenizer.json` or a directory that holds one.
+    pub fn load(path: &Path) -> Result<Self> {
+        let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
+        let t = tokenizers::Tokenizer::from_file(&file)
+            .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", file.display()))?;
+        Ok(LocalTokenizer(t))
+    }
+}
+
+impl Tokenizer for LocalTokenizer {
+    async fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self.0.encode(text, add_special_tokens).map_err(|e| anyhow::anyhow!("tokenizing: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+    async fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        self.0.decode(ids, false).map_err(|e| anyhow::anyhow!("detokenizing: {e}"))
+    }
+}
+
 /// Inclusive sampling bounds for a length: `[floor(len*(1-r)), ceil(len*(1+r))]`, the low end
 /// at least `min`. `r` must be in `[0, 1)`.
 pub fn length_bounds(len: usize, ratio: f64, min: usize) -> Result<(usize, usize)> {
@@ -70,8 +94,10 @@ pub fn length_bounds(len: usize, ratio: f64, min: usize) -> Result<(usize, usize
 /// Settings of the random dataset.
 #[derive(Debug, Clone)]
 pub struct RandomSpec {
-    /// Mean prompt length in tokens, special tokens included.
+    /// Mean prompt length in tokens, special tokens included (after the prefix).
     pub input_len: usize,
+    /// Tokens of a random prefix every prompt starts with (vLLM's `--random-prefix-len`).
+    pub prefix_len: usize,
     /// Mean output length in tokens.
     pub output_len: usize,
     /// Spread of both lengths.
@@ -171,17 +197,19 @@ pub async fn random_requests<T: Tokenizer>(tok: &T, spec: &RandomSpec) -> Result
     }
     let pool = token_pool(tok, spec.token_id_range, spec.seed).await?;
     let mut rng = StdRng::seed_from_u64(spec.seed);
+    let prefix: Vec<u32> = (0..spec.prefix_len).map(|_| pool[rng.random_range(0..pool.len())]).collect();
     let plans: Vec<(usize, usize, u64)> = (0..spec.num_prompts)
         .map(|_| (rng.random_range(in_lo..=in_hi), rng.random_range(out_lo..=out_hi), rng.random::<u64>()))
         .collect();
-    let pool = &pool;
-    let special = &special;
+    let (pool, special, prefix) = (&pool, &special, &prefix);
     let results: Vec<Result<(SampleRequest, i64)>> = futures::stream::iter(plans)
         .map(|(input_len, output_len, seed)| async move {
             let mut rng = StdRng::seed_from_u64(seed);
-            let ids: Vec<u32> = (0..input_len).map(|_| pool[rng.random_range(0..pool.len())]).collect();
-            let (text, ids) = fit_to_length(tok, ids, input_len, pool, &mut rng, 10).await?;
-            let mismatch = ids.len() as i64 - input_len as i64;
+            let own = (0..input_len).map(|_| pool[rng.random_range(0..pool.len())]);
+            let ids: Vec<u32> = prefix.iter().copied().chain(own).collect();
+            let target = prefix.len() + input_len;
+            let (text, ids) = fit_to_length(tok, ids, target, pool, &mut rng, 10).await?;
+            let mismatch = ids.len() as i64 - target as i64;
             let prompt_len = ids.len() + special.len();
             let prompt = if spec.as_token_ids {
                 Prompt::Tokens(special.iter().copied().chain(ids).collect())
@@ -308,6 +336,7 @@ mod tests {
         block_on(async {
             let spec = RandomSpec {
                 input_len: 41,
+                prefix_len: 0,
                 output_len: 20,
                 range_ratio: 0.5,
                 num_prompts: 50,
@@ -334,6 +363,18 @@ mod tests {
                 let Prompt::Tokens(t) = &r.prompt else { panic!() };
                 assert_eq!((t.len(), t[0], r.prompt_len), (41, 0, 41), "BOS first, exact length");
             }
+            // A shared prefix: every prompt starts with the same 12 tokens, then its own 40.
+            let spec = RandomSpec { as_token_ids: true, range_ratio: 0.0, prefix_len: 12, ..spec };
+            let reqs = random_requests(&WordTokenizer, &spec).await.unwrap();
+            let toks: Vec<&Vec<u32>> = reqs
+                .iter()
+                .map(|r| match &r.prompt {
+                    Prompt::Tokens(t) => t,
+                    _ => panic!("token prompts expected"),
+                })
+                .collect();
+            assert!(toks.iter().all(|t| t.len() == 53 && t[..13] == toks[0][..13]), "BOS + prefix + 40");
+            assert!(toks.iter().any(|t| t[13..] != toks[0][13..]), "own parts differ");
         });
     }
 

@@ -84,6 +84,7 @@ pub async fn main(args: MixedArgs) -> Result<()> {
     let tok = ServerTokenizer { client: &target.client, model: target.model.clone() };
     let spec = |input_len, output_len, num_prompts, seed| RandomSpec {
         input_len,
+        prefix_len: 0,
         output_len,
         range_ratio: 0.0,
         num_prompts,
@@ -206,7 +207,7 @@ pub async fn main(args: MixedArgs) -> Result<()> {
         "date": report::now_stamp(),
         "label": args.label,
         "model_id": target.model,
-        "endpoint": args.server.endpoint,
+        "endpoint": args.server.endpoint(),
         "background_concurrency": args.background_concurrency,
         "background_input_len": args.background_input_len,
         "background_output_len": args.background_output_len,

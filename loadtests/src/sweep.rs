@@ -179,7 +179,7 @@ pub async fn main(args: SweepArgs) -> Result<()> {
         label: args.label.clone(),
         variable,
         model: target.model.clone(),
-        endpoint: args.server.endpoint.clone(),
+        endpoint: args.server.endpoint(),
         input_len: args.workload.random_input_len,
         output_len: args.workload.random_output_len,
         points: vec![],

@@ -75,8 +75,15 @@ impl Drop for Serve {
 }
 
 fn start_serve(bin: &Path, config: &Path) -> Result<Serve, String> {
+    start_with(bin, &["--config", config.to_str().unwrap()])
+}
+
+/// `cleave serve ARGS --port 0`.
+fn start_with(bin: &Path, args: &[&str]) -> Result<Serve, String> {
     let mut child = Command::new(bin)
-        .args(["serve", "--config", config.to_str().unwrap(), "--port", "0"])
+        .arg("serve")
+        .args(args)
+        .args(["--port", "0"])
         .current_dir(root())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -109,7 +116,7 @@ fn start_serve(bin: &Path, config: &Path) -> Result<Serve, String> {
             let _ = child.kill();
             let _ = child.wait();
             let err = erx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
-            Err(format!("cleave serve --config {} did not get ready: {err}", config.display()))
+            Err(format!("cleave serve {} did not get ready: {err}", args.join(" ")))
         }
     }
 }
@@ -146,7 +153,16 @@ fn start_any(bin: &Path, dir: &Path) -> Result<Serve, String> {
 }
 
 fn bench(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_cleave-bench")).args(args).output().expect("running cleave-bench");
+    bench_env(args, &[])
+}
+
+fn bench_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cleave-bench"));
+    cmd.args(args).env_remove("OPENAI_API_KEY");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("running cleave-bench");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "cleave-bench {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}");
     stdout.to_string()
@@ -184,6 +200,7 @@ fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
         "--disable-tqdm",
         "--save-result",
         result.to_str().unwrap(),
+        "--save-detailed",
     ]);
     println!("{stdout}");
     assert!(stdout.contains("============ Serving Benchmark Result ============"));
@@ -290,4 +307,64 @@ fn benchmark_sweep_batch_and_mixed_against_cleave_serve() {
     assert_eq!(m["long"]["input_lens"], serde_json::json!([300, 300]));
     assert!(m["background"]["completed"].as_u64().unwrap() >= 2);
     assert_eq!(m["background"]["failed"], 0);
+}
+
+/// `vllm serve`'s and `vllm bench serve`'s command lines: a MODEL and flags with an API key on
+/// the server; the key from OPENAI_API_KEY, --backend, --host/--port, a local --tokenizer, a
+/// shared --random-prefix-len and --save-result into --result-dir on the client.
+#[test]
+fn vllm_command_lines_with_an_api_key() {
+    let bin = match cleave_binary() {
+        Ok(b) => b,
+        Err(why) => return skip(&why),
+    };
+    let model = root().join("models/tiny-r1");
+    let serve = match start_with(
+        &bin,
+        &[model.to_str().unwrap(), "--served-model-name", "r1", "--max-num-seqs", "8", "--api-key", "sk-e2e"],
+    ) {
+        Ok(s) => s,
+        Err(why) => return skip(&why),
+    };
+    let port = serve.url.rsplit(':').next().unwrap().to_string();
+    let dir = temp_dir("vllm-flags");
+    let common = [
+        "--backend",
+        "openai-chat",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        port.as_str(),
+        "--tokenizer",
+        model.to_str().unwrap(),
+        "--num-prompts",
+        "6",
+        "--random-input-len",
+        "24",
+        "--random-prefix-len",
+        "16",
+        "--random-output-len",
+        "4",
+        "--max-concurrency",
+        "3",
+        "--disable-tqdm",
+    ];
+    let mut args = common.to_vec();
+    args.extend(["--save-result", "--result-dir", dir.to_str().unwrap()]);
+    let stdout = bench_env(&args, &[("OPENAI_API_KEY", "sk-e2e")]);
+    assert!(stdout.contains("Successful requests:                     6"), "{stdout}");
+    let saved: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    let name = saved[0].file_name().unwrap().to_string_lossy().to_string();
+    assert!(name.starts_with("openai-chat-infqps-concurrency3-r1-") && name.ends_with(".json"), "{name}");
+    let j = read_json(&saved[0]);
+    assert_eq!((j["completed"].as_u64(), j["total_output_tokens"].as_u64()), (Some(6), Some(24)));
+    assert!(j.get("ttfts").is_none(), "per-request arrays only with --save-detailed");
+    // Without the key the server refuses every request.
+    let out = Command::new(env!("CARGO_BIN_EXE_cleave-bench"))
+        .args(common)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .expect("running cleave-bench");
+    assert!(!out.status.success(), "requests without the key must fail");
 }

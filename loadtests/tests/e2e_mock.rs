@@ -43,6 +43,7 @@ async fn bench_20_prompts_report_and_result_json() {
         "tpot:1000",
         "--save-result",
         out.to_str().unwrap(),
+        "--save-detailed",
     ]))
     .await;
     assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
@@ -116,6 +117,7 @@ async fn chat_endpoint_with_poisson_rate() {
         "--disable-tqdm",
         "--save-result",
         out.to_str().unwrap(),
+        "--save-detailed",
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -161,6 +163,7 @@ async fn failed_requests_are_counted_and_shown() {
         "--disable-tqdm",
         "--save-result",
         out.to_str().unwrap(),
+        "--save-detailed",
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -499,6 +502,7 @@ async fn token_id_prompts_with_range_ratio() {
         "--disable-tqdm",
         "--save-result",
         out.to_str().unwrap(),
+        "--save-detailed",
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");

@@ -38,7 +38,20 @@ impl ApiClient {
     /// Builds a pool with no proxy (benchmarks talk to the server directly), no total timeout
     /// beyond vLLM's six hours, and unlimited idle connections.
     pub fn new(base_url: &str) -> Result<Self> {
+        Self::with_headers(base_url, &[])
+    }
+
+    /// [`ApiClient::new`] sending `headers` with every request.
+    pub fn with_headers(base_url: &str, headers: &[(String, String)]) -> Result<Self> {
+        let mut map = reqwest::header::HeaderMap::new();
+        for (k, v) in headers {
+            let name =
+                reqwest::header::HeaderName::from_bytes(k.as_bytes()).with_context(|| format!("header name {k:?}"))?;
+            let value = reqwest::header::HeaderValue::from_str(v).with_context(|| format!("header {k}: value"))?;
+            map.append(name, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(map)
             .no_proxy()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(usize::MAX)
