@@ -1,7 +1,9 @@
 //! Parallel groups on one GPU. NCCL refuses two ranks of one communicator on one device, so the
 //! layouts run as rank threads that each open GPU 0 with in-process collectives (staged through
 //! the host): sharded loading, head and expert slices, the MoE exchange and empty DP ranks on the
-//! CUDA kernels, against one rank at float32. Then a one-rank NCCL communicator's all-reduce.
+//! CUDA kernels, against one rank at float32; a prompt's KV handed from a TP group to a DP group
+//! through the host (the path of transfers between GPU groups). Then a one-rank NCCL
+//! communicator's all-reduce.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -57,8 +59,48 @@ pub fn run(dir: &Path, device: usize) -> Result<usize> {
         let got = generate(Engine::load_parallel(par, dir, cfg(), open)?, &prompts)?;
         failed += usize::from(!verdict(&format!("tp {tp} dp {dp} ep {ep:5} against one rank"), &one, &got));
     }
+    let tp2 = ParallelConfig { tensor_parallel_size: 2, data_parallel_size: 1, enable_expert_parallel: false };
+    let dp2 = ParallelConfig { tensor_parallel_size: 1, data_parallel_size: 2, enable_expert_parallel: true };
+    let got = handoff(
+        Engine::load_parallel(tp2, dir, cfg(), open)?,
+        Engine::load_parallel(dp2, dir, cfg(), open)?,
+        &prompts,
+    )?;
+    failed += usize::from(!verdict("prefill on tp 2, KV through the host into dp 2 + ep, decode there", &one, &got));
     failed += usize::from(!nccl_world_of_one(device)?);
     Ok(failed)
+}
+
+/// Disaggregation between groups as host-staged transfers do it: each prompt prefilled by
+/// `prefill` (its first token sampled there), its latent KV exported to the host and imported
+/// into the DP rank of `decode` that reserved blocks (every TP rank of it), decoded there.
+fn handoff<B: Backend>(mut prefill: Engine<B>, mut decode: Engine<B>, prompts: &[Vec<u32>]) -> Result<Outputs> {
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
+    let mut out: Outputs = vec![Vec::new(); prompts.len()];
+    for (i, p) in prompts.iter().enumerate() {
+        let req = |prefill_only| Request { id: i as u64, prompt: p.clone(), params: params.clone(), prefill_only };
+        prefill.add_request(req(true))?;
+    }
+    while prefill.has_work() {
+        for o in prefill.step()? {
+            ensure!(o.prefilled, "a prefill-only request produced a token after its first");
+            let id = o.id;
+            let (len, data) = prefill.export_kv(id)?;
+            let blocks = decode.reserve_blocks(len).context("the decode group has no room")?;
+            decode.import_kv(&blocks, &data)?;
+            let r = Request { id, prompt: prompts[id as usize].clone(), params: params.clone(), prefill_only: false };
+            decode.admit_prefilled(r, o.token, blocks)?;
+            prefill.release(id);
+            out[id as usize].push((o.token, o.logprob));
+        }
+    }
+    while decode.has_work() {
+        for o in decode.step()? {
+            out[o.id as usize].push((o.token, o.logprob));
+        }
+    }
+    ensure!(prefill.stats().used_blocks == 0 && decode.stats().used_blocks == 0, "blocks leaked");
+    Ok(out)
 }
 
 /// Two tokens whose logprobs differ by less than this are a tie: which one greedy picks depends
@@ -115,4 +157,27 @@ fn nccl_world_of_one(device: usize) -> Result<bool> {
     let ok = be.download(&t)? == x;
     println!("  NCCL world of one: all-reduce {}", if ok { "ok" } else { "FAIL (values changed)" });
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use cleave_engine::backend::cpu::CpuBackend;
+
+    use super::*;
+
+    #[test]
+    fn the_handoff_between_groups_matches_one_rank_on_the_cpu() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/golden/bf16-qlora");
+        let prompts: Vec<Vec<u32>> =
+            (0..3).map(|s| (0..(9 + 40 * s)).map(|i| (i * 7 + s) as u32 % 300 + 5).collect()).collect();
+        let one = generate(Engine::load(CpuBackend, &dir, cfg()).unwrap(), &prompts).unwrap();
+        let open = |_| Ok(CpuBackend);
+        let tp2 = ParallelConfig { tensor_parallel_size: 2, data_parallel_size: 1, enable_expert_parallel: false };
+        let dp2 = ParallelConfig { tensor_parallel_size: 1, data_parallel_size: 2, enable_expert_parallel: true };
+        let p = Engine::load_parallel(tp2, &dir, cfg(), open).unwrap();
+        let d = Engine::load_parallel(dp2, &dir, cfg(), open).unwrap();
+        let got = handoff(p, d, &prompts).unwrap();
+        assert!(got.iter().all(|o| o.len() == 24));
+        assert!(verdict("cpu handoff", &one, &got));
+    }
 }

@@ -73,16 +73,6 @@ impl DeployConfig {
         }
         let d = &self.decode;
         groups("decode", &d.ranks, d.tensor_parallel_size, d.data_parallel_size)?;
-        let grouped = p.parallel().world() > 1 || d.parallel().world() > 1;
-        if self.device == Device::Cuda && !p.ranks.is_empty() && grouped {
-            return Err((
-                if p.parallel().world() > 1 { "prefill.tensor_parallel_size" } else { "decode.tensor_parallel_size" }
-                    .into(),
-                "moving KV between GPU pools whose groups span several GPUs is not built yet; on GPUs, parallel \
-                 groups serve colocated (prefill.ranks: []) or both pools use groups of one"
-                    .into(),
-            ));
-        }
         positive("decode.max_num_seqs", self.decode.max_num_seqs)?;
         positive("decode.max_num_batched_tokens", self.decode.max_num_batched_tokens)?;
         distinct("decode.ranks", &self.decode.ranks)?;
@@ -207,9 +197,9 @@ mod tests {
         assert!(e.message.contains("3 ranks do not form whole groups of"), "{e}");
         let e = err("model: m\ndecode: {ranks: [0, 1], data_parallel_size: 0}\n");
         assert_eq!(e.field.as_deref(), Some("decode.data_parallel_size"));
-        let e =
-            err("model: m\ndevice: cuda\nprefill: {ranks: [0, 1], tensor_parallel_size: 2}\ndecode: {ranks: [2]}\n");
-        assert!(e.message.contains("not built yet"), "{e}");
+        // GPU pools with multi-GPU groups disaggregate (their KV moves through the host).
+        let ok = "model: m\ndevice: cuda\nprefill: {ranks: [0, 1], tensor_parallel_size: 2}\ndecode: {ranks: [2]}\n";
+        assert!(DeployConfig::from_yaml_str(ok).is_ok());
         let e = err("model: m\ndecode: {ranks: []}\n");
         assert_eq!(e.field.as_deref(), Some("decode.ranks"));
         let e = err("model: m\nkv_cache: {gpu_memory_utilization: 0.9}\n");

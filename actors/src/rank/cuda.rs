@@ -3,6 +3,10 @@
 //! belongs to, loads the model, sizes its KV cache from `kv_cache.gpu_memory_utilization`, and
 //! moves KV over NCCL with the engine's [`KvLink`] protocol. Nothing device-bound leaves the
 //! thread: the factory holds only the pairs' NCCL ids (plain bytes) and the in-process hub.
+//!
+//! When either pool's groups span several GPUs, KV moves through the host instead (the group's
+//! export reads the DP rank's sampling GPU, its import writes every TP rank of the DP rank that
+//! reserved the blocks; one process holds every rank): docs/architecture.md says why.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex};
@@ -19,7 +23,7 @@ use cleave_kernels::nccl::{NcclComm, NcclId};
 use super::{RankFactory, RankInfo};
 use crate::config::{ConfigError, DeployConfig, Dtype};
 use crate::error::ActorError;
-use crate::transport::{TransferTicket, Transport, TransportError};
+use crate::transport::{MemcpyHub, TransferTicket, Transport, TransportError};
 
 /// Fraction of GPU memory for weights plus KV cache when the config sets neither
 /// `gpu_memory_utilization` nor `num_blocks`.
@@ -43,6 +47,8 @@ pub struct CudaRankFactory {
     opened_cv: Condvar,
     /// Ranks that joined their start-up communicators (a second `create` is a restart).
     started: Mutex<HashSet<usize>>,
+    /// Host-staged transfers, for deployments with multi-GPU groups (no NCCL pairs then).
+    staged: Option<MemcpyHub>,
 }
 
 impl CudaRankFactory {
@@ -59,8 +65,10 @@ impl CudaRankFactory {
                 if gpus == 1 { " is" } else { "s are" }
             )));
         }
+        let grouped = cfg.prefill.parallel().world() > 1 || cfg.decode.parallel().world() > 1;
+        let staged = (grouped && cfg.is_disaggregated()).then(MemcpyHub::new);
         let mut pairs = Vec::new();
-        for &p in &cfg.prefill.ranks {
+        for &p in cfg.prefill.ranks.iter().filter(|_| staged.is_none()) {
             for &d in &cfg.decode.ranks {
                 let id = NcclComm::unique_id()
                     .map_err(|e| device_err(format!("the KV transfer between GPUs needs NCCL: {e}")))?;
@@ -68,13 +76,19 @@ impl CudaRankFactory {
             }
         }
         pairs.sort_by_key(|(k, _)| *k);
-        tracing::info!(gpus, pairs = pairs.len(), "cuda ranks: GPUs found, NCCL ids made");
+        tracing::info!(
+            gpus,
+            pairs = pairs.len(),
+            host_staged = staged.is_some(),
+            "cuda ranks: GPUs found, NCCL ids made"
+        );
         Ok(CudaRankFactory {
             hub: KvHub::default(),
             pairs,
             opened: Mutex::new(HashMap::new()),
             opened_cv: Condvar::new(),
             started: Mutex::new(HashSet::new()),
+            staged,
         })
     }
 
@@ -145,7 +159,10 @@ impl RankFactory for CudaRankFactory {
             }
         };
         tracing::info!(rank, gpu = %be.gpu().name, ms = t0.elapsed().as_millis() as u64, "GPU open");
-        let link = self.link(&be, rank)?;
+        let transport: Box<dyn Transport<CudaBackend>> = match &self.staged {
+            Some(hub) => Box::new(hub.endpoint()),
+            None => Box::new(NcclTransport { link: self.link(&be, rank)? }),
+        };
         let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
         let model = Model::load(&be, &info.model_dir, info.engine.max_model_len).map_err(load)?;
         let mut cfg = info.engine;
@@ -159,13 +176,13 @@ impl RankFactory for CudaRankFactory {
         }
         let engine = Engine::new(be, model, Some(info.tokenizer.clone()), cfg).map_err(load)?;
         tracing::info!(rank, pool = info.role.as_str(), ms = t0.elapsed().as_millis() as u64, "cuda rank loaded");
-        Ok((engine, Box::new(NcclTransport { link })))
+        Ok((engine, transport))
     }
 }
 
 impl CudaRankFactory {
-    /// A group over GPUs `info.group`, one thread per GPU with NCCL collectives. Groups serve
-    /// colocated (the config refuses KV transfers into them), so the link has no pairs.
+    /// A group over GPUs `info.group`, one thread per GPU with NCCL collectives; its KV moves
+    /// through the host (or nowhere, serving colocated).
     fn create_group(
         &self,
         info: &RankInfo,
@@ -184,7 +201,11 @@ impl CudaRankFactory {
             ms = t0.elapsed().as_millis() as u64,
             "cuda group loaded"
         );
-        Ok((engine, Box::new(NcclTransport { link: KvLink::new(self.hub.clone(), info.rank) })))
+        let transport: Box<dyn Transport<CudaBackend>> = match &self.staged {
+            Some(hub) => Box::new(hub.endpoint()),
+            None => Box::new(NcclTransport { link: KvLink::new(self.hub.clone(), info.rank) }),
+        };
+        Ok((engine, transport))
     }
 }
 
