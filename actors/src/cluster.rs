@@ -214,7 +214,7 @@ impl Cluster {
                 tokenizer: tokenizer.clone(),
             })
             .collect();
-        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let metrics = Arc::new(crate::metrics::Metrics::new(&cfg.served_model_name()));
         let table = Arc::new(RankTable::new(&ranks, metrics, cfg.kv_transfer.failure_policy, cfg.kv_cache.block_size));
         let spawn = spawner(factory, infos);
 
@@ -352,13 +352,16 @@ impl Cluster {
         let t = &self.inner.table;
         let m = &t.metrics;
         let mut queued = [0i64; 2];
-        for r in t.stats() {
+        for (slot, r) in t.stats().into_iter().enumerate() {
             let (rank, pool) = (r.rank.to_string(), r.role.as_str());
             let labels = [rank.as_str(), pool];
+            m.preemptions.with_label_values(&labels).inc_by(t.shared(slot).new_preemptions());
             m.running.with_label_values(&labels).set(r.running as i64);
             m.waiting.with_label_values(&labels).set(r.waiting as i64);
             m.kv_blocks_in_use.with_label_values(&labels).set(r.blocks_in_use as i64);
             m.kv_blocks_total.with_label_values(&labels).set(r.blocks_total as i64);
+            let usage = if r.blocks_total == 0 { 0.0 } else { r.blocks_in_use as f64 / r.blocks_total as f64 };
+            m.kv_usage.with_label_values(&labels).set(usage);
             match r.role {
                 Role::Prefill => queued[0] += r.queued as i64,
                 Role::Decode => queued[1] += (r.waiting + r.queued) as i64,

@@ -1,8 +1,12 @@
 //! The cluster's Prometheus registry. Counters and histograms are updated where things happen;
 //! per-rank gauges are refreshed from the ranks' published state when the text is rendered.
+//! Every series carries a `model_name` label (the served model name), as vLLM's do.
+
+use std::collections::HashMap;
 
 use prometheus::{
-    Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Counter, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Every metric of the control plane, prefixed `cleave_`.
@@ -22,11 +26,19 @@ pub struct Metrics {
     pub kv_blocks_in_use: IntGaugeVec,
     /// `rank`, `pool`: KV blocks of the rank.
     pub kv_blocks_total: IntGaugeVec,
+    /// `rank`, `pool`: fraction of the rank's KV blocks in use (vLLM's `kv_cache_usage_perc`).
+    pub kv_usage: GaugeVec,
+    /// `rank`, `pool`: running sequences preempted (their KV freed, recomputed later).
+    pub preemptions: IntCounterVec,
     /// Requests admitted and not yet gone from every rank.
     pub in_flight: IntGauge,
     pub kv_transfers: IntCounter,
     pub kv_transfer_bytes: IntCounter,
     pub kv_transfer_seconds: Counter,
+    /// Time from the first token to the decode rank admitting the sequence, per transfer.
+    pub kv_transfer_latency: Histogram,
+    /// Bytes of KV per transfer.
+    pub kv_transfer_size: Histogram,
     /// `reason` = `timeout` | `error` | `rank_failed`.
     pub kv_transfer_failures: IntCounterVec,
     /// `pool`: rank restarts after a panic, an error or a missed heartbeat.
@@ -38,6 +50,12 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    /// Submission to the request's first computed chunk.
+    pub queue_time: Histogram,
+    /// First computed chunk to the first token.
+    pub prefill_time: Histogram,
+    /// First token to the last.
+    pub decode_time: Histogram,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
@@ -46,9 +64,11 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> 
 }
 
 impl Metrics {
-    /// A fresh registry (one per cluster, so that tests do not share counters).
-    pub fn new() -> Self {
-        let r = Registry::new();
+    /// A fresh registry (one per cluster, so that tests do not share counters) whose series
+    /// carry `model_name`.
+    pub fn new(model_name: &str) -> Self {
+        let labels = HashMap::from([("model_name".to_string(), model_name.to_string())]);
+        let r = Registry::new_custom(None, Some(labels)).expect("a valid constant label");
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
             reg(&r, IntCounterVec::new(Opts::new(name, help), labels).unwrap())
         };
@@ -70,6 +90,19 @@ impl Metrics {
                 &["rank", "pool"],
             ),
             kv_blocks_total: gauge_vec("cleave_kv_blocks_total", "KV cache blocks of a rank", &["rank", "pool"]),
+            kv_usage: reg(
+                &r,
+                GaugeVec::new(
+                    Opts::new("cleave_kv_cache_usage_perc", "Fraction of a rank's KV cache blocks in use (0-1)"),
+                    &["rank", "pool"],
+                )
+                .unwrap(),
+            ),
+            preemptions: counter_vec(
+                "cleave_num_preemptions_total",
+                "Running sequences preempted for lack of KV blocks",
+                &["rank", "pool"],
+            ),
             in_flight: reg(
                 &r,
                 IntGauge::new("cleave_num_requests_in_flight", "Requests admitted and not yet finished").unwrap(),
@@ -86,6 +119,16 @@ impl Metrics {
                     "Time from first token to the decode rank admitting the sequence",
                 )
                 .unwrap(),
+            ),
+            kv_transfer_latency: hist(
+                "cleave_kv_transfer_latency_seconds",
+                "Time from the first token to the decode rank admitting the sequence",
+                &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+            ),
+            kv_transfer_size: hist(
+                "cleave_kv_transfer_size_bytes",
+                "Bytes of latent KV moved per transfer",
+                &[1e4, 1e5, 1e6, 4e6, 1.6e7, 6.4e7, 2.56e8, 1e9, 4e9],
             ),
             kv_transfer_failures: counter_vec(
                 "cleave_kv_transfer_failures_total",
@@ -117,6 +160,21 @@ impl Metrics {
                 "Time from submission to the last token",
                 &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0],
             ),
+            queue_time: hist(
+                "cleave_request_queue_time_seconds",
+                "Time from submission to the request's first computed chunk",
+                PHASE_BUCKETS,
+            ),
+            prefill_time: hist(
+                "cleave_request_prefill_time_seconds",
+                "Time from the first computed chunk to the first token",
+                PHASE_BUCKETS,
+            ),
+            decode_time: hist(
+                "cleave_request_decode_time_seconds",
+                "Time from the first token to the last",
+                PHASE_BUCKETS,
+            ),
             registry: r,
         }
     }
@@ -129,8 +187,6 @@ impl Metrics {
     }
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// Buckets of the request phases (vLLM's request_*_time_seconds).
+const PHASE_BUCKETS: &[f64] =
+    &[0.003, 0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0, 1200.0];

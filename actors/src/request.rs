@@ -50,6 +50,9 @@ struct CtxState {
     owner: u64,
     generated: Vec<u32>,
     last_token_at: Option<Instant>,
+    /// When a rank first computed part of the request, and when its first token was sent.
+    scheduled_at: Option<Instant>,
+    first_token_at: Option<Instant>,
     /// A final token or an error was sent.
     done: bool,
     /// Times the request was recovered after a failure.
@@ -93,6 +96,8 @@ impl ReqCtx {
             owner: OWNER_NONE,
             generated: Vec::new(),
             last_token_at: None,
+            scheduled_at: None,
+            first_token_at: None,
             done: false,
             recoveries: 0,
             decode_ledger: None,
@@ -140,7 +145,12 @@ impl ReqCtx {
         let m = self.metrics();
         m.generation_tokens.inc();
         match st.last_token_at {
-            None => m.ttft.observe((now - self.arrival).as_secs_f64()),
+            None => {
+                m.ttft.observe((now - self.arrival).as_secs_f64());
+                let began = st.scheduled_at.unwrap_or(self.arrival);
+                m.prefill_time.observe((now - began).as_secs_f64());
+                st.first_token_at = Some(now);
+            }
             Some(t) => m.itl.observe((now - t).as_secs_f64()),
         }
         st.last_token_at = Some(now);
@@ -148,9 +158,21 @@ impl ReqCtx {
         if let Some(f) = finish {
             st.done = true;
             m.e2e.observe((now - self.arrival).as_secs_f64());
+            m.decode_time.observe((now - st.first_token_at.unwrap_or(now)).as_secs_f64());
             m.requests_finished.with_label_values(&[f.as_str()]).inc();
         }
         Emit::Sent
+    }
+
+    /// Records that a rank computed the request's first chunk (its queue time ends); only the
+    /// first time counts (not a recompute after a failure).
+    pub fn mark_scheduled(&self) {
+        let mut st = self.lock();
+        if st.scheduled_at.is_none() {
+            let now = Instant::now();
+            st.scheduled_at = Some(now);
+            self.metrics().queue_time.observe((now - self.arrival).as_secs_f64());
+        }
     }
 
     /// Ends the stream with an error (unless it already ended or the client is gone).

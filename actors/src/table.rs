@@ -59,6 +59,9 @@ pub(crate) struct RankShared {
     pub held: AtomicUsize,
     pub blocks_used: AtomicUsize,
     pub blocks_total: AtomicUsize,
+    /// Preemptions of this incarnation, and how many of them the metrics counted.
+    pub preemptions: AtomicU64,
+    preemptions_counted: AtomicU64,
     last_beat_ms: AtomicU64,
     /// Set when the pool gave up on this incarnation; its thread exits when it sees it.
     pub retired: AtomicBool,
@@ -78,6 +81,8 @@ impl RankShared {
             held: z(),
             blocks_used: z(),
             blocks_total: z(),
+            preemptions: AtomicU64::new(0),
+            preemptions_counted: AtomicU64::new(0),
             last_beat_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
             retired: AtomicBool::new(false),
             promised: Arc::default(),
@@ -89,6 +94,12 @@ impl RankShared {
     /// Records that the rank's loop is alive.
     pub fn beat(&self) {
         self.last_beat_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Preemptions published since the last call (for a counter that never goes back).
+    pub fn new_preemptions(&self) -> u64 {
+        let now = self.preemptions.load(Ordering::Relaxed);
+        now.saturating_sub(self.preemptions_counted.swap(now, Ordering::Relaxed))
     }
 
     /// Time since the last beat.

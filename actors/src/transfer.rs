@@ -161,7 +161,10 @@ impl Handler<RecvDone> for KvTransfer {
                 let metrics = &self.table.metrics;
                 metrics.kv_transfers.inc();
                 metrics.kv_transfer_bytes.inc_by(bytes);
-                metrics.kv_transfer_seconds.inc_by(o.started.elapsed().as_secs_f64());
+                let secs = o.started.elapsed().as_secs_f64();
+                metrics.kv_transfer_seconds.inc_by(secs);
+                metrics.kv_transfer_latency.observe(secs);
+                metrics.kv_transfer_size.observe(bytes as f64);
             }
             Err(e) => {
                 if !o.sent {

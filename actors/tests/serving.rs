@@ -41,6 +41,8 @@ async fn outputs_match_the_engine_in_colocated_1p1d_2p2d_and_parallel_groups() {
         assert_eq!(routed(Route::DecodeLocal), 6.0 - long_routes, "{cfg}: short prompts take the local route");
         let transfers = metric(&metrics, "cleave_kv_transfers_total");
         assert_eq!(transfers, long_routes, "{cfg}");
+        assert_eq!(metric(&metrics, "cleave_kv_transfer_latency_seconds_count"), long_routes, "{cfg}");
+        assert_eq!(metric(&metrics, "cleave_request_decode_time_seconds_count"), 6.0, "{cfg}");
         if long_routes > 0.0 {
             assert!(metric(&metrics, "cleave_kv_transfer_bytes_total") > 0.0, "{cfg}");
             assert!(metric(&metrics, "cleave_kv_transfer_seconds_total") > 0.0, "{cfg}");
@@ -57,7 +59,11 @@ async fn metrics_text_has_the_architecture_names() {
     let s = c.submit(prompt(20, 9), greedy(4)).await.unwrap();
     collect(s).await;
     assert_no_leaks(&c);
-    let text = c.metrics_text();
+    let labelled = c.metrics_text();
+    let model = c.model_info().served_model_name;
+    let series: Vec<&str> = labelled.lines().filter(|l| l.starts_with("cleave_")).collect();
+    assert!(!series.is_empty() && series.iter().all(|l| l.contains(&format!("model_name=\"{model}\""))));
+    let text: String = labelled.lines().map(without_model_name).collect::<Vec<_>>().join("\n");
     for name in [
         "cleave_router_requests_total",
         "cleave_queue_depth{pool=\"prefill\"}",
@@ -72,6 +78,13 @@ async fn metrics_text_has_the_architecture_names() {
         "cleave_e2e_request_latency_seconds_bucket",
         "cleave_generation_tokens_total 4",
         "cleave_num_requests_in_flight 0",
+        "cleave_kv_cache_usage_perc{pool=\"decode\",rank=\"1\"} 0",
+        "cleave_kv_transfer_latency_seconds_count 0",
+        "cleave_kv_transfer_size_bytes_bucket",
+        "cleave_request_queue_time_seconds_count 1",
+        "cleave_request_prefill_time_seconds_count 1",
+        "cleave_request_decode_time_seconds_count 1",
+        "cleave_num_preemptions_total{pool=\"decode\",rank=\"1\"} 0",
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }

@@ -240,7 +240,7 @@ async fn aborted(s: &TestServer) -> u64 {
     let metrics = s.get("/metrics").await.text().await.unwrap();
     metrics
         .lines()
-        .find(|l| l.starts_with("cleave_requests_finished_total{reason=\"abort\"}"))
+        .find(|l| l.starts_with("cleave_requests_finished_total{") && l.contains("reason=\"abort\""))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
 }

@@ -108,6 +108,11 @@ impl<B: Backend> Worker<B> {
                 let outs = self.engine.step().map_err(|e| {
                     ActorError::Internal(format!("{} rank {}: step failed: {e}", self.role.as_str(), self.rank))
                 })?;
+                for id in self.engine.last_started() {
+                    if let Some(l) = self.reqs.get(id) {
+                        l.ctx.mark_scheduled();
+                    }
+                }
                 for o in outs {
                     self.on_output(o);
                 }
@@ -125,6 +130,7 @@ impl<B: Backend> Worker<B> {
         sh.held.store(s.held, Ordering::Relaxed);
         sh.blocks_used.store(s.used_blocks, Ordering::Relaxed);
         sh.blocks_total.store(s.used_blocks + s.free_blocks, Ordering::Relaxed);
+        sh.preemptions.store(s.preemptions, Ordering::Relaxed);
     }
 
     fn check_fault(&mut self) {

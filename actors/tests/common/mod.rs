@@ -106,6 +106,27 @@ pub fn assert_no_leaks(c: &Cluster) -> ClusterStats {
 }
 
 /// The value of a metric line `name{labels} value` in Prometheus text, 0 when absent.
+/// The value of `series` (written without the `model_name` label every series carries).
 pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse::<f64>().ok())).unwrap_or(0.0)
+    text.lines()
+        .map(without_model_name)
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse::<f64>().ok()))
+        .unwrap_or(0.0)
+}
+
+/// `l` without its `model_name="..."` label.
+pub fn without_model_name(l: &str) -> String {
+    let Some(at) = l.find("model_name=\"") else { return l.to_string() };
+    let end = l[at + 12..].find('"').map_or(l.len(), |e| at + 12 + e + 1);
+    let (mut head, mut tail) = (l[..at].to_string(), l[end..].to_string());
+    if tail.starts_with(',') {
+        tail.remove(0);
+    } else if head.ends_with(',') {
+        head.pop();
+    }
+    if head.ends_with('{') && tail.starts_with('}') {
+        head.pop();
+        tail.remove(0);
+    }
+    head + &tail
 }

@@ -119,6 +119,8 @@ pub struct Engine<B: Backend> {
     max_len: usize,
     vocab: usize,
     cfg: EngineConfig,
+    /// Sequences whose first chunk ran in the last step.
+    started: Vec<SeqId>,
 }
 
 fn check_limits(cfg: &EngineConfig, max_len: usize) -> Result<()> {
@@ -230,7 +232,18 @@ impl<B: Backend> Engine<B> {
             num_blocks: cfg.num_blocks,
         };
         let scheds = (0..group.parallel().data_parallel_size).map(|_| Scheduler::new(sc)).collect();
-        Ok(Engine { group, scheds, placed: HashMap::new(), reqs: HashMap::new(), tokenizer, eos, max_len, vocab, cfg })
+        Ok(Engine {
+            group,
+            scheds,
+            placed: HashMap::new(),
+            reqs: HashMap::new(),
+            tokenizer,
+            eos,
+            max_len,
+            vocab,
+            cfg,
+            started: Vec::new(),
+        })
     }
 
     /// How the model is spread over this engine's ranks.
@@ -278,6 +291,12 @@ impl<B: Backend> Engine<B> {
         self.reqs.len()
     }
     /// A sequence's tokens and cache state (block ids local to its DP rank).
+    /// Sequences whose first chunk (position 0) was computed in the last step: their wait in the
+    /// queue ended there (a preempted sequence starts again from 0).
+    pub fn last_started(&self) -> &[SeqId] {
+        &self.started
+    }
+
     pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
         self.scheds[*self.placed.get(&id)?].get(id)
     }

@@ -20,9 +20,11 @@ impl<B: Backend> Engine<B> {
     /// Runs one batch. Returns the tokens sampled in it (none while only prefill chunks ran).
     pub fn step(&mut self) -> Result<Vec<TokenOutput>> {
         let work: Vec<Vec<Scheduled>> = self.scheds.iter_mut().map(|s| s.schedule()).collect();
+        self.started.clear();
         if work.iter().all(Vec::is_empty) {
             return Ok(Vec::new());
         }
+        self.started.extend(work.iter().flatten().filter(|w| w.start == 0).map(|w| w.id));
         let dp_rows: Vec<usize> =
             if work.len() > 1 { work.iter().map(|w| w.iter().map(|s| s.len).sum()).collect() } else { Vec::new() };
         let mut plan = StepPlan::default();
