@@ -4,6 +4,7 @@ mod gen_checkpoint;
 mod gen_tokenizer;
 mod generate;
 mod kernels_check;
+mod logging;
 mod model_dir;
 mod serve;
 
@@ -12,6 +13,9 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "cleave", version, about = "Disaggregated prefill/decode serving for DeepSeek-V3/R1-class models")]
 struct Cli {
+    /// Log lines as text or as one JSON object per line (on stderr; RUST_LOG sets the level).
+    #[arg(long, value_enum, global = true, default_value = "text")]
+    log_format: logging::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,13 +34,9 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: redirected logs stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
+    match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::KernelsCheck(args) => kernels_check::run(args),
         Command::GenCheckpoint(args) => gen_checkpoint::run(args),

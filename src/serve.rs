@@ -88,6 +88,9 @@ pub struct Args {
     /// Prompts with at least this many tokens are prefilled on the prefill pool.
     #[arg(long)]
     prefill_threshold: Option<usize>,
+    /// No periodic stats line per pool in the log.
+    #[arg(long)]
+    disable_log_stats: bool,
     /// How R1's reasoning is split from the answer (`reasoning_content` and `reasoning`).
     #[arg(long, value_enum)]
     reasoning_parser: Option<ReasoningParser>,
@@ -155,6 +158,7 @@ impl Args {
             prefill_tensor_parallel_size: self.prefill_tensor_parallel_size,
             prefill_data_parallel_size: self.prefill_data_parallel_size,
             prefill_threshold: self.prefill_threshold,
+            disable_log_stats: self.disable_log_stats,
         }
     }
 

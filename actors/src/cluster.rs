@@ -221,7 +221,7 @@ impl Cluster {
         let (tx, rx) = std::sync::mpsc::channel();
         let (t, router_cfg) = (table.clone(), cfg.router.clone());
         let timeout = Duration::from_millis(cfg.kv_transfer.timeout_ms);
-        let heartbeat = Duration::from_millis(cfg.supervisor.heartbeat_timeout_ms);
+        let sup = cfg.supervisor.clone();
         let has_prefill = !cfg.prefill.ranks.is_empty();
         std::thread::Builder::new()
             .name("cleave-actors".into())
@@ -230,9 +230,9 @@ impl Cluster {
                 let addrs = sys.block_on(async move {
                     let transfer = KvTransfer::new(t.clone(), timeout).start();
                     if has_prefill {
-                        Pool::new(Role::Prefill, t.clone(), spawn.clone(), transfer.clone(), heartbeat).start();
+                        Pool::new(Role::Prefill, t.clone(), spawn.clone(), transfer.clone(), &sup).start();
                     }
-                    Pool::new(Role::Decode, t.clone(), spawn, transfer, heartbeat).start();
+                    Pool::new(Role::Decode, t.clone(), spawn, transfer, &sup).start();
                     (Router::new(t, router_cfg).start(), actix::System::current())
                 });
                 let _ = tx.send(addrs);

@@ -33,6 +33,7 @@ mod pool;
 mod rank;
 mod request;
 mod router;
+mod stats_line;
 mod table;
 mod transfer;
 pub mod transport;

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use actix::{Actor, Addr, AsyncContext, Context, Handler};
 
+use crate::config::SupervisorConfig;
 use crate::error::ActorError;
 use crate::events::{RankDown, RankEvents, RankExited, RankReady};
 use crate::rank::{Launch, Spawner};
 use crate::request::{ReqCtx, OWNER_NONE};
+use crate::stats_line::StatsLine;
 use crate::table::{RankStatus, RankTable, Role};
 use crate::transfer::KvTransfer;
 
@@ -22,6 +24,9 @@ pub(crate) struct Pool {
     spawner: Spawner,
     transfer: Addr<KvTransfer>,
     heartbeat: Duration,
+    /// The stats line's period (none: no line).
+    stats_every: Option<Duration>,
+    stats: StatsLine,
 }
 
 impl Pool {
@@ -30,10 +35,12 @@ impl Pool {
         table: Arc<RankTable>,
         spawner: Spawner,
         transfer: Addr<KvTransfer>,
-        heartbeat: Duration,
+        sup: &SupervisorConfig,
     ) -> Self {
         let slots = (0..table.slots.len()).filter(|&i| table.slots[i].role == role).collect();
-        Pool { role, slots, table, spawner, transfer, heartbeat }
+        let heartbeat = Duration::from_millis(sup.heartbeat_timeout_ms);
+        let stats_every = (sup.log_stats_interval_ms > 0).then(|| Duration::from_millis(sup.log_stats_interval_ms));
+        Pool { role, slots, table, spawner, transfer, heartbeat, stats_every, stats: StatsLine::new() }
     }
 
     fn launch(&self, slot: usize, me: Addr<Pool>) {
@@ -114,6 +121,13 @@ impl Actor for Pool {
                 act.check_heartbeats(cx.address());
             }
         });
+        if let Some(every) = self.stats_every {
+            cx.run_interval(every, |act, _| {
+                if let Some(s) = act.stats.sample(&act.table, &act.slots) {
+                    s.log(act.role);
+                }
+            });
+        }
     }
 }
 

@@ -59,6 +59,9 @@ pub(crate) struct RankShared {
     pub held: AtomicUsize,
     pub blocks_used: AtomicUsize,
     pub blocks_total: AtomicUsize,
+    /// Prompt tokens computed and tokens sent by this incarnation (the pools' stats lines).
+    pub prompt_tokens: AtomicU64,
+    pub generated: AtomicU64,
     /// Preemptions of this incarnation, and how many of them the metrics counted.
     pub preemptions: AtomicU64,
     preemptions_counted: AtomicU64,
@@ -81,6 +84,8 @@ impl RankShared {
             held: z(),
             blocks_used: z(),
             blocks_total: z(),
+            prompt_tokens: AtomicU64::new(0),
+            generated: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
             preemptions_counted: AtomicU64::new(0),
             last_beat_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),

@@ -38,6 +38,8 @@ pub struct ServeFlags {
     pub prefill_data_parallel_size: Option<usize>,
     /// Prompts with at least this many tokens go to the prefill pool.
     pub prefill_threshold: Option<usize>,
+    /// No periodic stats lines in the log (vLLM's `--disable-log-stats`).
+    pub disable_log_stats: bool,
 }
 
 /// Which flag set which config field (for error messages).
@@ -125,6 +127,9 @@ impl ServeFlags {
         }
         set(&mut kv.block_size, &self.block_size);
         set(&mut cfg.router.prefill_threshold, &self.prefill_threshold);
+        if self.disable_log_stats {
+            cfg.supervisor.log_stats_interval_ms = 0;
+        }
 
         let d = &mut cfg.decode;
         set(&mut d.tensor_parallel_size, &self.tensor_parallel_size);

@@ -11,7 +11,7 @@
 //! router:  {prefill_threshold: 512, max_prefill_queue: 64}
 //! kv_cache: {block_size: 64, num_blocks: 1024}    # or gpu_memory_utilization: 0.90 (cuda)
 //! kv_transfer: {timeout_ms: 30000, failure_policy: recompute}   # recompute | fail
-//! supervisor: {heartbeat_timeout_ms: 30000}
+//! supervisor: {heartbeat_timeout_ms: 30000, log_stats_interval_ms: 10000}
 //! ```
 //! Only `model` is required; every other field has the default shown in its type's docs.
 //! An empty `prefill.ranks` means colocated serving on the decode ranks. Unknown keys, wrong
@@ -270,16 +270,18 @@ impl Default for KvTransferConfig {
     }
 }
 
-/// Rank supervision. Default: a rank silent for 30 s is declared dead and restarted.
+/// Rank supervision. Defaults: a rank silent for 30 s is declared dead and restarted; each pool
+/// logs a stats line every 10 s while it has work (0 turns the lines off).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisorConfig {
     pub heartbeat_timeout_ms: u64,
+    pub log_stats_interval_ms: u64,
 }
 
 impl Default for SupervisorConfig {
     fn default() -> Self {
-        SupervisorConfig { heartbeat_timeout_ms: 30_000 }
+        SupervisorConfig { heartbeat_timeout_ms: 30_000, log_stats_interval_ms: 10_000 }
     }
 }
 

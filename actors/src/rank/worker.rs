@@ -28,6 +28,8 @@ struct Local {
     ctx: Arc<ReqCtx>,
     /// Prefill ranks: the decode slot the KV goes to.
     dst: Option<usize>,
+    /// Prompt tokens this rank computes for it, counted at its first output.
+    prompt: usize,
 }
 
 /// A transfer into this (decode) rank.
@@ -217,7 +219,8 @@ impl<B: Backend> Worker<B> {
         };
         match added {
             Ok(()) => {
-                self.reqs.insert(id, Local { ctx, dst });
+                let prompt = ctx.prompt.len() + sent.len();
+                self.reqs.insert(id, Local { ctx, dst, prompt });
             }
             Err(e) => {
                 self.shared.untrack(id);
@@ -236,13 +239,19 @@ impl<B: Backend> Worker<B> {
 
     fn on_output(&mut self, o: TokenOutput) {
         let id = o.id;
-        let Some(local) = self.reqs.get(&id) else {
+        let Some(local) = self.reqs.get_mut(&id) else {
             self.engine.abort(id);
             return;
         };
+        let computed = std::mem::take(&mut local.prompt) as u64;
+        self.shared.prompt_tokens.fetch_add(computed, Ordering::Relaxed);
         let (ctx, dst) = (local.ctx.clone(), local.dst);
         let (finish, prefilled, token) = (o.finish, o.prefilled, o.token);
-        match ctx.emit(self.inc, o) {
+        let emitted = ctx.emit(self.inc, o);
+        if emitted == Emit::Sent {
+            self.shared.generated.fetch_add(1, Ordering::Relaxed);
+        }
+        match emitted {
             Emit::Sent if finish.is_some() => self.forget(id),
             Emit::Sent if prefilled => {
                 self.forget(id);
@@ -347,7 +356,7 @@ impl<B: Backend> Worker<B> {
         match self.engine.admit_prefilled(i.ctx.request(false), i.first, i.ticket.blocks.clone()) {
             Ok(()) => {
                 tracing::debug!(request_id = id, rank = self.rank, bytes, "KV received; decoding");
-                self.reqs.insert(id, Local { ctx: i.ctx, dst: None });
+                self.reqs.insert(id, Local { ctx: i.ctx, dst: None, prompt: 0 });
                 self.report_recv(id, Ok(bytes));
             }
             Err(e) => {
