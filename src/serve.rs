@@ -253,7 +253,10 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use clap::Parser;
+    use serde::Deserialize;
 
     use super::*;
 
@@ -312,5 +315,110 @@ mod tests {
         let model = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-r1");
         let e = parse(&[model, "--tensor-parallel-size", "0"]).unwrap().deployment().unwrap_err().to_string();
         assert!(e.contains("--tensor-parallel-size"), "{e}");
+    }
+
+    /// Every `cleave serve` command line in deploy/, with shell and compose variables at their
+    /// defaults (a site's weights path, /models/..., stands for the repository's tiny-r1).
+    fn deploy_command_lines() -> Vec<(String, Vec<String>)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read = |f: &str| std::fs::read_to_string(root.join("deploy").join(f)).unwrap();
+        let mut out = Vec::new();
+        // Dockerfile: ENTRYPOINT + CMD.
+        let docker = read("Dockerfile");
+        let json_args = |key: &str| -> Vec<String> {
+            let line = docker.lines().find(|l| l.starts_with(key)).unwrap();
+            serde_json::from_str(line[key.len()..].trim()).unwrap()
+        };
+        let mut args = json_args("ENTRYPOINT");
+        args.extend(json_args("CMD"));
+        out.push(("Dockerfile".into(), args));
+        // docker-compose.yaml: the shell command, compose variables at their defaults.
+        let compose: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read("docker-compose.yaml")).unwrap();
+        let cmd = compose["services"]["cleave"]["command"][0].as_str().unwrap().to_string();
+        out.push(("docker-compose.yaml".into(), words(&expand(&cmd, &HashMap::new()))));
+        // Slurm: the srun line and its continuations, the script's variables at their defaults.
+        for f in ["slurm/one-node-4p4d.sbatch", "slurm/two-nodes.sbatch"] {
+            let text = read(f);
+            let mut vars = HashMap::new();
+            for l in text.lines() {
+                if let Some((k, v)) = l.split_once('=').filter(|(k, _)| !k.contains(' ') && !k.starts_with('#')) {
+                    let v = expand(v.trim_matches('"'), &vars);
+                    vars.insert(k.trim_start_matches("export ").to_string(), v);
+                }
+            }
+            let joined = text.replace("\\\n", " ");
+            let line = joined.lines().find(|l| l.contains("cleave serve")).unwrap();
+            out.push((f.into(), words(&expand(line, &vars))));
+        }
+        // Kubernetes: the container's command and args.
+        let k8s = read("k8s/cleave.yaml");
+        for doc in serde_yaml_ng::Deserializer::from_str(&k8s) {
+            let v = serde_yaml_ng::Value::deserialize(doc).unwrap();
+            if v["kind"] == "StatefulSet" {
+                let c = &v["spec"]["template"]["spec"]["containers"][0];
+                let s = |x: &serde_yaml_ng::Value| -> Vec<String> {
+                    x.as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect()
+                };
+                out.push(("k8s/cleave.yaml".into(), [s(&c["command"]), s(&c["args"])].concat()));
+            }
+        }
+        // Everything after `serve`, the weights path standing for tiny-r1.
+        let tiny = root.join("models/tiny-r1").display().to_string();
+        out.into_iter()
+            .map(|(f, a)| {
+                let at =
+                    a.iter().position(|w| w == "serve").unwrap_or_else(|| panic!("{f}: no `cleave serve` in {a:?}"));
+                let rest = a[at + 1..].iter().map(|w| if w.starts_with("/models/") { tiny.clone() } else { w.clone() });
+                (f, rest.collect())
+            })
+            .collect()
+    }
+
+    /// `${X:-default}`, `${X-default}`, `${X}` and `$X` from `vars`, else their defaults (empty).
+    fn expand(s: &str, vars: &HashMap<String, String>) -> String {
+        let mut out = String::new();
+        let mut rest = s;
+        while let Some(at) = rest.find('$') {
+            out.push_str(&rest[..at]);
+            let tail = &rest[at + 1..];
+            let (name, default, len) = if let Some(body) = tail.strip_prefix('{') {
+                let end = body.find('}').unwrap();
+                let inner = &body[..end];
+                let (n, d) = match inner.find([':', '-']) {
+                    Some(i) => {
+                        let d = &inner[i..];
+                        (&inner[..i], d.strip_prefix(":-").or_else(|| d.strip_prefix('-')).unwrap_or(d))
+                    }
+                    None => (inner, ""),
+                };
+                (n, d, end + 2)
+            } else {
+                let n = tail.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(tail.len());
+                (&tail[..n], "", n)
+            };
+            out.push_str(vars.get(name).map_or(default, String::as_str));
+            rest = &tail[len..];
+        }
+        out + rest
+    }
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(|w| w.trim_matches('"').to_string()).collect()
+    }
+
+    #[test]
+    fn every_command_line_in_deploy_resolves_to_a_deployment() {
+        let lines = deploy_command_lines();
+        assert_eq!(lines.len(), 5, "{lines:?}");
+        for (file, args) in lines {
+            let words: Vec<&str> = args.iter().map(String::as_str).collect();
+            let a = parse(&words).unwrap_or_else(|e| panic!("{file}: {args:?}: {e}"));
+            let c = a.deployment().unwrap_or_else(|e| panic!("{file}: {args:?}: {e:#}"));
+            assert_eq!((c.server.host.as_str(), c.server.port), ("0.0.0.0", 8000), "{file}");
+            if file != "Dockerfile" {
+                assert_eq!(c.device, Device::Cuda, "{file}");
+                assert_eq!((c.prefill.ranks.len(), c.decode.ranks.len()), (4, 4), "{file}: 4 + 4 GPUs");
+            }
+        }
     }
 }

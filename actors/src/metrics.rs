@@ -78,7 +78,7 @@ impl Metrics {
         let hist = |name: &str, help: &str, buckets: &[f64]| {
             reg(&r, Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).unwrap())
         };
-        Metrics {
+        let m = Metrics {
             router_requests: counter_vec("cleave_router_requests_total", "Requests routed, by route", &["route"]),
             requests_finished: counter_vec("cleave_requests_finished_total", "Requests ended, by reason", &["reason"]),
             queue_depth: gauge_vec("cleave_queue_depth", "Requests queued on a pool and not yet scheduled", &["pool"]),
@@ -176,7 +176,19 @@ impl Metrics {
                 PHASE_BUCKETS,
             ),
             registry: r,
+        };
+        // Every series of a known label value exists from the start (at 0), so dashboards and
+        // rate() see it before the first event.
+        for route in ["prefill_pool", "decode_local"] {
+            m.router_requests.with_label_values(&[route]);
         }
+        for reason in ["timeout", "error", "rank_failed"] {
+            m.kv_transfer_failures.with_label_values(&[reason]);
+        }
+        for pool in ["prefill", "decode"] {
+            m.rank_restarts.with_label_values(&[pool]);
+        }
+        m
     }
 
     /// Prometheus text exposition of every metric.

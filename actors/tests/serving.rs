@@ -88,6 +88,16 @@ async fn metrics_text_has_the_architecture_names() {
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
+    // Every series the Grafana dashboard in deploy/ queries exists.
+    let dash = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/cleave-dashboard.json"))
+        .expect("the dashboard");
+    let mut queried: Vec<&str> =
+        dash.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("cleave_")).collect();
+    queried.dedup();
+    assert!(queried.len() >= 10, "{queried:?}");
+    for q in queried {
+        assert!(text.lines().any(|l| l.starts_with(q)), "the dashboard queries {q}, which is not exported");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
