@@ -1,6 +1,9 @@
-//! Charts with plotters, each written as PNG and SVG: the four sweep panels (token throughput,
-//! median / P99 ITL, mean TTFT, mean TTLT against the swept variable), several result sets
-//! overlaid; and grouped bars comparing mixed-scenario results.
+//! Charts with plotters, each written as PNG and SVG: the six sweep panels against the swept
+//! variable (token throughput; request rate, the server's completed against the client's
+//! offered; median / P99 ITL and TPOT on log axes; TTFT; TTLT), several result sets overlaid;
+//! and grouped bars comparing mixed-scenario results. Dashed lines (with triangles) are the
+//! second metric of a panel, and the legend shows them so; each panel leaves room above its
+//! lines for the legend, so it never hides one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -34,7 +37,7 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
 ];
-const SIZE: (u32, u32) = (1600, 1150);
+const SIZE: (u32, u32) = (1800, 1650);
 
 /// Registers the bundled font for bitmap text (once).
 fn register_font() {
@@ -57,7 +60,7 @@ struct Line {
     points: Vec<(f64, f64)>,
 }
 
-/// Draws the four sweep panels to `<base>.png` and `<base>.svg`.
+/// Draws the six sweep panels to `<base>.png` and `<base>.svg`.
 pub fn draw_sweep(series: &[Series], var: SweepVar, title: &str, base: &Path) -> Result<(PathBuf, PathBuf)> {
     if series.iter().all(|s| s.points.is_empty()) {
         bail!("nothing to chart: no points");
@@ -99,42 +102,91 @@ fn draw_sweep_on<DB: DrawingBackend>(
 ) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let root = root.titled(title, ("sans-serif", 30)).map_err(err)?;
-    let panels = root.split_evenly((2, 2));
     let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.x)).collect();
     let (xmin, xmax) =
         (xs.iter().copied().fold(f64::INFINITY, f64::min), xs.iter().copied().fold(f64::NEG_INFINITY, f64::max));
     let log = xmin > 0.0 && xmax / xmin >= 8.0;
-    let specs: [(&str, Vec<Line>); 4] = [
+    let offered: MetricSpec = ("client (offered)", true, |p| p.x);
+    let rate: &[MetricSpec] = match var {
+        SweepVar::RequestRate => &[("server (completed)", false, |p| p.request_throughput), offered],
+        SweepVar::MaxConcurrency => &[("server (completed)", false, |p| p.request_throughput)],
+    };
+    let specs: [(&str, Vec<Line>, bool); 6] = [
         (
             "Token throughput (tok/s)",
             lines_of(
                 series,
                 &[("output", false, |p| p.output_throughput), ("total", true, |p| p.total_token_throughput)],
             ),
+            false,
+        ),
+        ("Request rate (req/s): server vs client", lines_of(series, rate), false),
+        (
+            "Inter-token latency (ms, log)",
+            lines_of(series, &[("median ITL", false, |p| p.median_itl_ms), ("P99 ITL", true, |p| p.p99_itl_ms)]),
+            true,
         ),
         (
-            "Inter-token latency (ms)",
-            lines_of(series, &[("median ITL", false, |p| p.median_itl_ms), ("P99 ITL", true, |p| p.p99_itl_ms)]),
+            "Time per output token (ms, log)",
+            lines_of(series, &[("median TPOT", false, |p| p.median_tpot_ms), ("P99 TPOT", true, |p| p.p99_tpot_ms)]),
+            true,
         ),
-        ("Mean time to first token (ms)", lines_of(series, &[("", false, |p| p.mean_ttft_ms)])),
-        ("Mean time to last token (ms)", lines_of(series, &[("", false, |p| p.mean_e2el_ms)])),
+        (
+            "Time to first token (ms)",
+            lines_of(series, &[("mean TTFT", false, |p| p.mean_ttft_ms), ("P99 TTFT", true, |p| p.p99_ttft_ms)]),
+            false,
+        ),
+        ("Mean time to last token (ms)", lines_of(series, &[("", false, |p| p.mean_e2el_ms)]), false),
     ];
-    for (area, (caption, lines)) in panels.iter().zip(specs) {
-        let ymax = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).fold(0.0, f64::max).max(1e-9) * 1.12;
-        if log {
-            panel(area, (xmin / 1.25..xmax * 1.25).log_scale(), 0.0..ymax, caption, var.axis_label(), &lines)?;
-        } else {
-            let pad = ((xmax - xmin) * 0.05).max(0.5);
-            panel(area, (xmin - pad).max(0.0)..xmax + pad, 0.0..ymax, caption, var.axis_label(), &lines)?;
-        }
+    for (area, (caption, lines, log_y)) in root.split_evenly((3, 2)).iter().zip(specs) {
+        let ys: Vec<f64> = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1)).collect();
+        let top = ys.iter().copied().fold(0.0, f64::max).max(1e-9);
+        // Room above the lines for the legend: one row per entry.
+        let rows = lines.len() as f64;
+        let x = |a: &DrawingArea<DB, Shift>| -> Result<()> {
+            let label = var.axis_label();
+            match (log, log_y) {
+                (false, false) => panel(a, xrange(xmin, xmax), 0.0..top * (1.15 + 0.1 * rows), caption, label, &lines),
+                (true, false) => panel(
+                    a,
+                    (xmin / 1.25..xmax * 1.25).log_scale(),
+                    0.0..top * (1.15 + 0.1 * rows),
+                    caption,
+                    label,
+                    &lines,
+                ),
+                (lx, true) => {
+                    let low = ys.iter().copied().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min).min(top) / 1.5;
+                    let high = top * 10f64.powf(0.15 + 0.12 * rows) * (top / low).powf(0.1 * rows);
+                    if lx {
+                        panel(
+                            a,
+                            (xmin / 1.25..xmax * 1.25).log_scale(),
+                            (low..high).log_scale(),
+                            caption,
+                            label,
+                            &lines,
+                        )
+                    } else {
+                        panel(a, xrange(xmin, xmax), (low..high).log_scale(), caption, label, &lines)
+                    }
+                }
+            }
+        };
+        x(area)?;
     }
     root.present().map_err(err)
 }
 
-fn panel<DB, XS>(
+fn xrange(xmin: f64, xmax: f64) -> std::ops::Range<f64> {
+    let pad = ((xmax - xmin) * 0.05).max(0.5);
+    (xmin - pad).max(0.0)..xmax + pad
+}
+
+fn panel<DB, XS, YS>(
     area: &DrawingArea<DB, Shift>,
     xs: XS,
-    ys: std::ops::Range<f64>,
+    ys: YS,
     caption: &str,
     xlabel: &str,
     lines: &[Line],
@@ -143,6 +195,8 @@ where
     DB: DrawingBackend,
     XS: AsRangedCoord<Value = f64>,
     XS::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    YS: AsRangedCoord<Value = f64>,
+    YS::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 24))
@@ -168,10 +222,23 @@ where
             chart.draw_series(LineSeries::new(l.points.clone(), style)).map_err(err)?
         };
         let (color, dashed) = (l.color, l.dashed);
-        anno.label(l.label.clone()).legend(move |(x, y)| {
-            let w = if dashed { 1 } else { 3 };
-            PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(w))
-        });
+        // The legend entry looks like the line: dashed or solid, with its marker.
+        let s = color.stroke_width(3);
+        let anno = anno.label(l.label.clone());
+        if dashed {
+            anno.legend(move |(x, y)| {
+                EmptyElement::at((x, y))
+                    + PathElement::new(vec![(0, 0), (9, 0)], s)
+                    + PathElement::new(vec![(15, 0), (24, 0)], s)
+                    + TriangleMarker::new((12, 0), 6, color.filled())
+            });
+        } else {
+            anno.legend(move |(x, y)| {
+                EmptyElement::at((x, y))
+                    + PathElement::new(vec![(0, 0), (24, 0)], s)
+                    + Circle::new((12, 0), 5, color.filled())
+            });
+        }
         let marker = |(x, y): (f64, f64)| -> DynElement<'static, DB, (f64, f64)> {
             if dashed {
                 TriangleMarker::new((x, y), 7, l.color.filled()).into_dyn()
@@ -181,7 +248,7 @@ where
         };
         chart.draw_series(l.points.iter().map(|&p| marker(p))).map_err(err)?;
     }
-    // The legend goes in the upper corner whose side has the lower values.
+    // The range leaves the top free for the legend, on the side where the lines end lower.
     let ends = |last: bool| {
         lines
             .iter()
@@ -322,7 +389,11 @@ pub fn main(args: ChartArgs) -> Result<()> {
     let mut series = vec![];
     let mut var = None;
     for (i, input) in args.input.iter().enumerate() {
-        let s = sweep::load_summary(input)?;
+        let s = sweep::load_summary(input).or_else(|sweep_err| {
+            sweep::load_results(input).map_err(|e| {
+                anyhow!("{}: neither a sweep ({sweep_err:#}) nor benchmark results ({e:#})", input.display())
+            })
+        })?;
         if var.is_some_and(|v| v != s.variable) {
             bail!("{} sweeps a different variable than the inputs before it", input.display());
         }
@@ -341,6 +412,40 @@ pub fn main(args: ChartArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two runs as `vllm bench serve --save-result` writes them (keys of vLLM 0.11).
+    fn vllm_result(conc: u32, out_tps: f64) -> String {
+        format!(
+            r#"{{"date": "20251120-101010", "backend": "vllm", "model_id": "deepseek-ai/DeepSeek-R1",
+            "tokenizer_id": "deepseek-ai/DeepSeek-R1", "num_prompts": 100, "request_rate": "inf",
+            "burstiness": 1.0, "max_concurrency": {conc}, "duration": 50.0, "completed": 100,
+            "total_input_tokens": 102400, "total_output_tokens": 12800, "request_throughput": 2.0,
+            "request_goodput": null, "output_throughput": {out_tps}, "total_token_throughput": 2300.0,
+            "max_output_tokens_per_s": 300.0, "max_concurrent_requests": {conc}, "mean_ttft_ms": 120.0,
+            "median_ttft_ms": 110.0, "std_ttft_ms": 5.0, "p99_ttft_ms": 300.0, "mean_tpot_ms": 30.0,
+            "median_tpot_ms": 29.0, "std_tpot_ms": 1.0, "p99_tpot_ms": 45.0, "mean_itl_ms": 30.0,
+            "median_itl_ms": 28.0, "std_itl_ms": 2.0, "p99_itl_ms": 140.0}}"#
+        )
+    }
+
+    #[test]
+    fn vllm_result_files_chart_as_a_concurrency_sweep() {
+        let dir = std::env::temp_dir().join(format!("cleave-chart-vllm-{}", std::process::id()));
+        let runs = dir.join("vllm-r1");
+        std::fs::create_dir_all(&runs).unwrap();
+        std::fs::write(runs.join("c8.json"), vllm_result(8, 250.0)).unwrap();
+        std::fs::write(runs.join("c32.json"), vllm_result(32, 800.0)).unwrap();
+        let s = sweep::load_results(&runs).unwrap();
+        assert_eq!(s.variable, SweepVar::MaxConcurrency);
+        let mut xs: Vec<f64> = s.points.iter().map(|p| p.x).collect();
+        xs.sort_by(f64::total_cmp);
+        assert_eq!(xs, vec![8.0, 32.0]);
+        assert_eq!((s.points[0].p99_itl_ms, s.label.as_str()), (140.0, "vllm-r1"));
+        let out = dir.join("chart");
+        main(ChartArgs { input: vec![runs], label: vec![], title: None, output: out.clone() }).unwrap();
+        assert!(std::fs::metadata(out.with_extension("png")).unwrap().len() > 10_000);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn tick_labels_are_short() {

@@ -308,7 +308,8 @@ pub struct SweepArgs {
 /// Overlay of sweep results.
 #[derive(Debug, Clone, Args)]
 pub struct ChartArgs {
-    /// A sweep directory (holding sweep.json); repeat for several sets.
+    /// A sweep directory (holding sweep.json), or benchmark result JSON (vLLM's or cleave-bench's
+    /// --save-result: a file, or a directory of them, one point each); repeat for several sets.
     #[arg(long, required = true)]
     pub input: Vec<PathBuf>,
     /// Legend label for each --input, in order (default: the label stored in each set).

@@ -155,6 +155,88 @@ pub fn load_summary(path: &Path) -> Result<SweepSummary> {
     serde_json::from_str(&text).with_context(|| format!("{} is not a sweep summary", file.display()))
 }
 
+/// Single-run result files as a sweep: vLLM's `vllm bench serve --save-result` JSON (or
+/// cleave-bench's, which has the same keys), one file or every `*.json` of a directory, one point
+/// each. The swept variable is `max_concurrency` when the runs differ in it, else `request_rate`.
+pub fn load_results(path: &Path) -> Result<SweepSummary> {
+    let files: Vec<std::path::PathBuf> = if path.is_dir() {
+        let mut f: Vec<_> = std::fs::read_dir(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        f.sort();
+        f
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut runs = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not JSON", f.display()))?;
+        if v.get("output_throughput").is_some() && v.get("mean_ttft_ms").is_some() {
+            runs.push(v);
+        }
+    }
+    if runs.is_empty() {
+        bail!("{}: no benchmark result JSON (output_throughput, mean_ttft_ms, ...)", path.display());
+    }
+    let num = |v: &serde_json::Value, k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    let conc: Vec<Option<f64>> = runs.iter().map(|r| num(r, "max_concurrency")).collect();
+    let rate: Vec<Option<f64>> = runs.iter().map(|r| num(r, "request_rate")).collect();
+    let differ = |xs: &[Option<f64>]| xs.iter().any(|x| *x != xs[0]);
+    let (variable, xs) = if conc.iter().all(Option::is_some) && (differ(&conc) || rate.iter().any(Option::is_none)) {
+        (SweepVar::MaxConcurrency, conc)
+    } else if rate.iter().all(Option::is_some) {
+        (SweepVar::RequestRate, rate)
+    } else {
+        bail!("{}: the runs differ in neither max_concurrency nor a finite request_rate", path.display());
+    };
+    let points = runs
+        .iter()
+        .zip(xs)
+        .map(|(r, x)| {
+            let f = |k: &str| num(r, k).unwrap_or(0.0);
+            let n = |k: &str| r.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
+            SweepPoint {
+                x: x.unwrap_or(0.0),
+                num_prompts: n("num_prompts"),
+                completed: n("completed"),
+                failed: n("failed"),
+                duration: f("duration"),
+                request_throughput: f("request_throughput"),
+                output_throughput: f("output_throughput"),
+                total_token_throughput: f("total_token_throughput"),
+                mean_ttft_ms: f("mean_ttft_ms"),
+                median_ttft_ms: f("median_ttft_ms"),
+                p99_ttft_ms: f("p99_ttft_ms"),
+                mean_tpot_ms: f("mean_tpot_ms"),
+                median_tpot_ms: f("median_tpot_ms"),
+                p99_tpot_ms: f("p99_tpot_ms"),
+                mean_itl_ms: f("mean_itl_ms"),
+                median_itl_ms: f("median_itl_ms"),
+                p99_itl_ms: f("p99_itl_ms"),
+                mean_e2el_ms: f("mean_e2el_ms"),
+                median_e2el_ms: f("median_e2el_ms"),
+                p99_e2el_ms: f("p99_e2el_ms"),
+            }
+        })
+        .collect();
+    let first = &runs[0];
+    let text = |k: &str| first.get(k).and_then(serde_json::Value::as_str).unwrap_or_default().to_string();
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(SweepSummary {
+        label: if stem.is_empty() { text("model_id") } else { stem },
+        variable,
+        model: text("model_id"),
+        endpoint: text("endpoint_type"),
+        input_len: 0,
+        output_len: 0,
+        points,
+    })
+}
+
 /// Number formatting for file names: `4`, `2.5`.
 fn num(x: f64) -> String {
     if x.fract() == 0.0 {

@@ -291,8 +291,11 @@ async fn sweep_three_points_with_charts_and_overlay() {
     let svg = std::fs::read_to_string(dir.join("sweep.svg")).unwrap();
     for text in [
         "Token throughput",
-        "Inter-token latency",
-        "Mean time to first token",
+        "Request rate (req/s): server vs client",
+        "Inter-token latency (ms, log)",
+        "Time per output token",
+        "Time to first token",
+        "P99 TTFT",
         "Mean time to last token",
         "max concurrency",
     ] {
