@@ -42,26 +42,31 @@ pub struct ServeFlags {
     pub disable_log_stats: bool,
 }
 
-/// Which flag set which config field (for error messages).
-const FLAG_OF: &[(&str, &str)] = &[
-    ("served_model_name", "--served-model-name"),
-    ("max_model_len", "--max-model-len"),
-    ("dtype", "--dtype"),
-    ("server.host", "--host"),
-    ("decode.max_num_seqs", "--max-num-seqs"),
-    ("prefill.max_num_seqs", "--max-num-seqs"),
-    ("decode.max_num_batched_tokens", "--max-num-batched-tokens"),
-    ("prefill.max_num_batched_tokens", "--max-num-batched-tokens"),
-    ("kv_cache.gpu_memory_utilization", "--gpu-memory-utilization"),
-    ("kv_cache.num_blocks", "--num-gpu-blocks-override"),
-    ("kv_cache.block_size", "--block-size"),
-    ("decode.tensor_parallel_size", "--tensor-parallel-size"),
-    ("decode.data_parallel_size", "--data-parallel-size"),
-    ("prefill.tensor_parallel_size", "--prefill-tensor-parallel-size"),
-    ("prefill.data_parallel_size", "--prefill-data-parallel-size"),
-    ("prefill.ranks", "--prefill-ranks"),
-    ("decode.ranks", "--decode-ranks"),
-    ("router.prefill_threshold", "--prefill-threshold"),
+/// Which flag sets which config field, and whether it was given (for error messages).
+type Given = fn(&ServeFlags) -> bool;
+const FLAG_OF: &[(&str, &str, Given)] = &[
+    ("served_model_name", "--served-model-name", |f| f.served_model_name.is_some()),
+    ("max_model_len", "--max-model-len", |f| f.max_model_len.is_some()),
+    ("dtype", "--dtype", |f| f.dtype.is_some()),
+    ("server.host", "--host", |f| f.host.is_some()),
+    ("decode.max_num_seqs", "--max-num-seqs", |f| f.max_num_seqs.is_some()),
+    ("prefill.max_num_seqs", "--max-num-seqs", |f| f.max_num_seqs.is_some()),
+    ("decode.max_num_batched_tokens", "--max-num-batched-tokens", |f| f.max_num_batched_tokens.is_some()),
+    ("prefill.max_num_batched_tokens", "--max-num-batched-tokens", |f| f.max_num_batched_tokens.is_some()),
+    ("kv_cache.gpu_memory_utilization", "--gpu-memory-utilization", |f| f.gpu_memory_utilization.is_some()),
+    ("kv_cache.num_blocks", "--num-gpu-blocks-override", |f| f.num_gpu_blocks_override.is_some()),
+    ("kv_cache.block_size", "--block-size", |f| f.block_size.is_some()),
+    ("decode.tensor_parallel_size", "--tensor-parallel-size", |f| f.tensor_parallel_size.is_some()),
+    ("decode.data_parallel_size", "--data-parallel-size", |f| f.data_parallel_size.is_some()),
+    ("prefill.tensor_parallel_size", "--prefill-tensor-parallel-size", |f| {
+        f.prefill_tensor_parallel_size.is_some() || f.tensor_parallel_size.is_some()
+    }),
+    ("prefill.data_parallel_size", "--prefill-data-parallel-size", |f| {
+        f.prefill_data_parallel_size.is_some() || f.data_parallel_size.is_some()
+    }),
+    ("prefill.ranks", "--prefill-ranks", |f| f.prefill_ranks.is_some()),
+    ("decode.ranks", "--decode-ranks", |f| f.decode_ranks.is_some()),
+    ("router.prefill_threshold", "--prefill-threshold", |f| f.prefill_threshold.is_some()),
 ];
 
 /// `dst = v` when the flag was given.
@@ -162,32 +167,9 @@ impl ServeFlags {
 
     /// Names the flag behind a field the validation refused, when a flag set it.
     fn blame_flag(&self, mut e: ConfigError) -> ConfigError {
-        let given = |flag: &str| match flag {
-            "--served-model-name" => self.served_model_name.is_some(),
-            "--max-model-len" => self.max_model_len.is_some(),
-            "--dtype" => self.dtype.is_some(),
-            "--host" => self.host.is_some(),
-            "--max-num-seqs" => self.max_num_seqs.is_some(),
-            "--max-num-batched-tokens" => self.max_num_batched_tokens.is_some(),
-            "--gpu-memory-utilization" => self.gpu_memory_utilization.is_some(),
-            "--num-gpu-blocks-override" => self.num_gpu_blocks_override.is_some(),
-            "--block-size" => self.block_size.is_some(),
-            "--tensor-parallel-size" => self.tensor_parallel_size.is_some(),
-            "--data-parallel-size" => self.data_parallel_size.is_some(),
-            "--prefill-tensor-parallel-size" => {
-                self.prefill_tensor_parallel_size.is_some() || self.tensor_parallel_size.is_some()
-            }
-            "--prefill-data-parallel-size" => {
-                self.prefill_data_parallel_size.is_some() || self.data_parallel_size.is_some()
-            }
-            "--prefill-ranks" => self.prefill_ranks.is_some(),
-            "--decode-ranks" => self.decode_ranks.is_some(),
-            "--prefill-threshold" => self.prefill_threshold.is_some(),
-            _ => false,
-        };
         if let Some(field) = &e.field {
             let base = field.split('[').next().unwrap_or(field);
-            if let Some((_, flag)) = FLAG_OF.iter().find(|(f, flag)| *f == base && given(flag)) {
+            if let Some((_, flag, _)) = FLAG_OF.iter().find(|(f, _, given)| *f == base && given(self)) {
                 e.field = Some(flag.to_string());
             }
         }
