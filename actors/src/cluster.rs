@@ -10,7 +10,7 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use cleave_engine::model::ModelConfig;
 use cleave_engine::tokenizer::Tokenizer;
-use cleave_engine::{EngineConfig, EngineError, ParallelConfig, SamplingParams};
+use cleave_engine::{EngineConfig, EngineError, ParallelConfig, RequestLimits, SamplingParams};
 
 use crate::command::{Fault, RankCmd};
 use crate::config::{ConfigError, DeployConfig, Device};
@@ -279,40 +279,12 @@ impl Cluster {
         self.inner.info.clone()
     }
 
-    /// Checks a request against the model before it is queued.
+    /// Checks a request against the model before it is queued (the rules of
+    /// [`cleave_engine::RequestLimits`], which the gateway reports per field).
     pub fn validate(&self, prompt: &[u32], params: &SamplingParams) -> Result<(), ActorError> {
         let info = &self.inner.info;
-        let bad = |m: String| Err(ActorError::Invalid(m));
-        if prompt.is_empty() {
-            return bad("the prompt is empty".into());
-        }
-        if let Some(t) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
-            return bad(format!("token id {t} is outside the vocabulary of {}", info.vocab_size));
-        }
-        if params.max_tokens == 0 {
-            return bad("max_tokens must be at least 1".into());
-        }
-        if prompt.len() + params.max_tokens > info.max_model_len {
-            return bad(format!(
-                "this model's maximum context length is {} tokens; the prompt has {} and max_tokens is {}",
-                info.max_model_len,
-                prompt.len(),
-                params.max_tokens
-            ));
-        }
-        if !(params.temperature >= 0.0 && params.temperature.is_finite()) {
-            return bad(format!("temperature must be a finite number >= 0, got {}", params.temperature));
-        }
-        if !(params.top_p > 0.0 && params.top_p <= 1.0) {
-            return bad(format!("top_p must be in (0, 1], got {}", params.top_p));
-        }
-        if !(0.0..=1.0).contains(&params.min_p) {
-            return bad(format!("min_p must be in [0, 1], got {}", params.min_p));
-        }
-        if !(params.repetition_penalty > 0.0 && params.repetition_penalty.is_finite()) {
-            return bad(format!("repetition_penalty must be > 0, got {}", params.repetition_penalty));
-        }
-        Ok(())
+        let limits = RequestLimits { vocab_size: info.vocab_size, max_model_len: info.max_model_len };
+        limits.check(prompt, params, "prompt").map_err(|e| ActorError::Invalid(e.to_string()))
     }
 
     /// Submits a tokenized request; its tokens arrive on the returned stream. Dropping the

@@ -5,7 +5,7 @@
 //! this server does not know are ignored, as OpenAI-compatible servers do.
 
 use cleave_engine::tokenizer::{ChatMessage, Tokenizer};
-use cleave_engine::SamplingParams;
+use cleave_engine::{RequestError, RequestLimits, SamplingParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -230,10 +230,6 @@ impl Validator<'_> {
                 ))
             }
         };
-        if prompt.is_empty() {
-            return Err(ApiError::field("prompt", "the prompt has no tokens"));
-        }
-        self.check_ids(&prompt, "prompt")?;
         Ok(prompt)
     }
 
@@ -241,20 +237,9 @@ impl Validator<'_> {
     fn common(&self, f: &Fields, endpoint: Endpoint) -> Result<GenerateRequest, ApiError> {
         let d = self.defaults;
         let mut p = SamplingParams { top_logprobs: 0, ..SamplingParams::default() };
-        p.temperature = match f.num("temperature")? {
-            Some(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(ApiError::field("temperature", format!("`temperature` must be >= 0, got {t}")))
-            }
-            Some(t) => t as f32,
-            None => d.temperature,
-        };
-        p.top_p = match f.num("top_p")? {
-            Some(t) if !(t > 0.0 && t <= 1.0) => {
-                return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], got {t}")))
-            }
-            Some(t) => t as f32,
-            None => d.top_p,
-        };
+        // Ranges are the shared check's (`finish`); a value beyond f32 becomes infinite there.
+        p.temperature = f.num("temperature")?.map_or(d.temperature, |t| t as f32);
+        p.top_p = f.num("top_p")?.map_or(d.top_p, |t| t as f32);
         p.top_k = match f.int("top_k")? {
             Some(k) if k < -1 => {
                 return Err(ApiError::field("top_k", format!("`top_k` must be -1 (disabled) or >= 0, got {k}")))
@@ -262,20 +247,8 @@ impl Validator<'_> {
             Some(k) => k.max(0) as usize,
             None => d.top_k,
         };
-        p.min_p = match f.num("min_p")? {
-            Some(m) if !(0.0..=1.0).contains(&m) => {
-                return Err(ApiError::field("min_p", format!("`min_p` must be in [0, 1], got {m}")))
-            }
-            Some(m) => m as f32,
-            None => d.min_p,
-        };
-        p.repetition_penalty = match f.num("repetition_penalty")? {
-            Some(r) if !(r > 0.0 && r.is_finite()) => {
-                return Err(ApiError::field("repetition_penalty", format!("`repetition_penalty` must be > 0, got {r}")))
-            }
-            Some(r) => r as f32,
-            None => d.repetition_penalty,
-        };
+        p.min_p = f.num("min_p")?.map_or(d.min_p, |m| m as f32);
+        p.repetition_penalty = f.num("repetition_penalty")?.map_or(d.repetition_penalty, |r| r as f32);
         for key in ["presence_penalty", "frequency_penalty"] {
             if f.num(key)?.is_some_and(|v| v != 0.0) {
                 return Err(ApiError::field(key, format!("`{key}` is not supported; use repetition_penalty")));
@@ -390,23 +363,21 @@ impl Validator<'_> {
             Some(m) => m,
             None => room,
         };
-        if max_tokens == 0 || prompt_len + max_tokens > max_len {
-            return Err(ApiError::ContextLength {
-                param: prompt_param,
-                max_model_len: max_len,
-                prompt_tokens: prompt_len,
-                max_tokens: max_tokens.max(1),
-                requested: prompt_len + max_tokens.max(1),
-            });
-        }
-        if req.params.min_tokens > max_tokens {
-            return Err(ApiError::field(
-                "min_tokens",
-                format!("`min_tokens` ({}) must not exceed max_tokens ({max_tokens})", req.params.min_tokens),
-            ));
-        }
         req.params.max_tokens = max_tokens;
-        Ok(req)
+        let limits = RequestLimits { vocab_size: self.info.vocab_size, max_model_len: max_len };
+        match limits.check(&req.prompt, &req.params, prompt_param) {
+            Ok(()) => Ok(req),
+            Err(RequestError::Param { param, message }) => Err(ApiError::field(param, message)),
+            Err(RequestError::ContextLength { max_model_len, prompt_tokens, max_tokens }) => {
+                Err(ApiError::ContextLength {
+                    param: prompt_param,
+                    max_model_len,
+                    prompt_tokens,
+                    max_tokens,
+                    requested: prompt_tokens + max_tokens,
+                })
+            }
+        }
     }
 }
 

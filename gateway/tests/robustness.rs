@@ -79,6 +79,11 @@ async fn each_invalid_request_gets_its_openai_error() {
     expect_error(&s, chat, with("temperature", json!(-0.5)), 400, Some("temperature"), None).await;
     expect_error(&s, chat, with("top_p", json!(0)), 400, Some("top_p"), None).await;
     expect_error(&s, chat, with("top_p", json!(1.5)), 400, Some("top_p"), None).await;
+    // Values beyond f32, and ids outside the vocabulary, name their field too.
+    expect_error(&s, chat, with("temperature", json!(1e39)), 400, Some("temperature"), None).await;
+    expect_error(&s, chat, with("repetition_penalty", json!(1e300)), 400, Some("repetition_penalty"), None).await;
+    expect_error(&s, chat, with("stop_token_ids", json!([3, 100_000])), 400, Some("stop_token_ids"), None).await;
+    expect_error(&s, chat, with("min_tokens", json!(2000)), 400, Some("min_tokens"), None).await;
     expect_error(&s, chat, with("max_tokens", json!(0)), 400, Some("max_tokens"), None).await;
     expect_error(&s, chat, with("max_tokens", json!(-3)), 400, Some("max_tokens"), None).await;
     expect_error(&s, chat, with("max_completion_tokens", json!(0)), 400, Some("max_completion_tokens"), None).await;

@@ -14,6 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::group::{RankGroup, RunnerFactory};
 use crate::model::Model;
 use crate::parallel::{InProcGroup, ParallelConfig};
+use crate::request_check::RequestLimits;
 use crate::runner::{CacheSize, ModelRunner};
 use crate::sampler::{skip_samples, Rng, SamplingParams};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
@@ -316,26 +317,10 @@ impl<B: Backend> Engine<B> {
     }
 
     fn validate(&self, r: &Request) -> Result<()> {
-        let vocab = self.vocab;
-        if r.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-        }
-        if let Some(t) = r.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::InvalidRequest(format!("token id {t} is outside the vocabulary of {vocab}")));
-        }
+        let limits = RequestLimits { vocab_size: self.vocab, max_model_len: self.max_len };
+        limits.check(&r.prompt, &r.params, "prompt").map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         if self.reqs.contains_key(&r.id) {
             return Err(EngineError::InvalidRequest(format!("request id {} is already in use", r.id)));
-        }
-        if r.params.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
-        }
-        if r.prompt.len() + r.params.max_tokens > self.max_len {
-            return Err(EngineError::InvalidRequest(format!(
-                "this model's maximum context length is {} tokens; the prompt has {} and max_tokens is {}",
-                self.max_len,
-                r.prompt.len(),
-                r.params.max_tokens
-            )));
         }
         if !r.params.stop.is_empty() && self.tokenizer.is_none() {
             return Err(EngineError::InvalidRequest("stop strings need a tokenizer".into()));
