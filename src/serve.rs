@@ -88,6 +88,10 @@ pub struct Args {
     /// Prompts with at least this many tokens are prefilled on the prefill pool.
     #[arg(long)]
     prefill_threshold: Option<usize>,
+    /// Origins browsers may call the API from: a JSON list as vLLM takes it ('["*"]') or
+    /// comma-separated; none by default (no CORS headers).
+    #[arg(long, value_parser = parse_origins)]
+    allowed_origins: Option<Origins>,
     /// No periodic stats line per pool in the log.
     #[arg(long)]
     disable_log_stats: bool,
@@ -104,6 +108,17 @@ pub struct Args {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_body_bytes: usize,
+}
+
+/// `--allowed-origins`, parsed.
+#[derive(Clone, Debug)]
+struct Origins(Vec<String>);
+
+fn parse_origins(s: &str) -> Result<Origins, String> {
+    if s.trim_start().starts_with('[') {
+        return serde_json::from_str(s).map(Origins).map_err(|e| format!("not a JSON list of strings: {e}"));
+    }
+    Ok(Origins(s.split(',').map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()))
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -159,6 +174,7 @@ impl Args {
             prefill_data_parallel_size: self.prefill_data_parallel_size,
             prefill_threshold: self.prefill_threshold,
             disable_log_stats: self.disable_log_stats,
+            allowed_origins: self.allowed_origins.clone().map(|o| o.0),
         }
     }
 

@@ -17,6 +17,11 @@ pub enum RequestError {
     ContextLength { max_model_len: usize, prompt_tokens: usize, max_tokens: usize },
 }
 
+/// Stop strings per request, and bytes per stop string, at most: the matcher looks at each
+/// against the tail of every new token's text, so they bound the cost per token.
+pub const MAX_STOP_STRINGS: usize = 64;
+pub const MAX_STOP_BYTES: usize = 1024;
+
 fn param(param: &'static str, message: String) -> Result<(), RequestError> {
     Err(RequestError::Param { param, message })
 }
@@ -40,6 +45,12 @@ impl SamplingParams {
         }
         if self.max_tokens == 0 {
             return param("max_tokens", "`max_tokens` must be at least 1".into());
+        }
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return param("stop", format!("at most {MAX_STOP_STRINGS} stop strings, got {}", self.stop.len()));
+        }
+        if let Some(s) = self.stop.iter().find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+            return param("stop", format!("each stop string must have 1 to {MAX_STOP_BYTES} bytes, got {}", s.len()));
         }
         if self.min_tokens > self.max_tokens {
             return param(
@@ -113,6 +124,10 @@ mod tests {
         );
         assert_eq!(field(&[1], SamplingParams { max_tokens: 0, ..ok.clone() }), "max_tokens");
         assert_eq!(field(&[1], SamplingParams { min_tokens: 11, ..ok.clone() }), "min_tokens");
+        let many = vec!["x".to_string(); MAX_STOP_STRINGS + 1];
+        assert_eq!(field(&[1], SamplingParams { stop: many, ..ok.clone() }), "stop");
+        assert_eq!(field(&[1], SamplingParams { stop: vec![String::new()], ..ok.clone() }), "stop");
+        assert_eq!(field(&[1], SamplingParams { stop: vec!["y".repeat(MAX_STOP_BYTES + 1)], ..ok.clone() }), "stop");
         assert_eq!(field(&[1], SamplingParams { stop_token_ids: vec![7, 400], ..ok.clone() }), "stop_token_ids");
         let long = vec![1u32; 45];
         assert_eq!(

@@ -74,6 +74,7 @@ impl GatewayConfig {
     pub fn from_deploy(cfg: &DeployConfig) -> Result<GatewayConfig, DefaultsError> {
         Ok(GatewayConfig {
             max_concurrent_requests: cfg.server.max_concurrent_requests,
+            allowed_origins: cfg.server.allowed_origins.clone(),
             defaults: SamplingDefaults::from_model_dir(&cfg.model)?,
             model_root: cfg.model.canonicalize().unwrap_or_else(|_| cfg.model.clone()).display().to_string(),
             ..GatewayConfig::default()

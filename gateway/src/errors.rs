@@ -37,6 +37,10 @@ pub enum ApiError {
     /// The request body exceeds the gateway's limit.
     #[error("the request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// A POST body declared as something other than JSON (a browser's cross-site form or
+    /// `text/plain` request is never executed).
+    #[error("the request body must be JSON (Content-Type: application/json), not {0}")]
+    UnsupportedMediaType(String),
     /// A `/v1/*` request without the server's API key.
     #[error("incorrect or missing API key: send it as `Authorization: Bearer <key>`")]
     Unauthorized,
@@ -90,6 +94,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -114,6 +119,7 @@ impl ApiError {
             ApiError::ContextLength { .. } => "context_length_exceeded",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",

@@ -56,6 +56,9 @@ pub struct GatewayConfig {
     /// When set, every `/v1/*` request must carry `Authorization: Bearer <key>` (vLLM's
     /// `--api-key`); `/health`, `/version`, `/metrics` and `/tokenize` stay open, as in vLLM.
     pub api_key: Option<String>,
+    /// Origins browsers may call the API from (vLLM's `--allowed-origins`; `*` for any). Empty:
+    /// no CORS headers, so cross-site browser requests are refused.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for GatewayConfig {
@@ -67,6 +70,7 @@ impl Default for GatewayConfig {
             defaults: SamplingDefaults::default(),
             model_root: String::new(),
             api_key: None,
+            allowed_origins: Vec::new(),
         }
     }
 }

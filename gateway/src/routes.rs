@@ -46,6 +46,10 @@ where
     let known = ROUTES.iter().find(|(p, _)| *p == path);
     let route = known.map_or("other", |(p, _)| *p);
     let locked = path.starts_with("/v1/") || path == "/v1";
+    let cors = allowed_origin(&headers, &state.cfg.allowed_origins);
+    if method == Method::OPTIONS && known.is_some() && cors.is_some() {
+        return with_cors(preflight(), cors);
+    }
     let result = match known {
         _ if locked && !authorized(&headers, state.cfg.api_key.as_deref()) => Err(ApiError::Unauthorized),
         None => Err(ApiError::NotFound(path.to_string())),
@@ -53,8 +57,11 @@ where
             Err(ApiError::MethodNotAllowed)
         }
         Some((p, m)) if *m == Method::GET => get(&state, p).await,
-        Some((p, _)) => match read_body(&headers, body, state.cfg.max_body_bytes).await {
-            Ok(bytes) => post(&state, p, bytes).await,
+        Some((p, _)) => match json_body(&headers) {
+            Ok(()) => match read_body(&headers, body, state.cfg.max_body_bytes).await {
+                Ok(bytes) => post(&state, p, bytes).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         },
     };
@@ -63,6 +70,45 @@ where
         e.into_response()
     });
     state.metrics.observe(route, res.status().as_u16());
+    with_cors(res, cors)
+}
+
+/// Refuses a body declared as anything but JSON (`application/json`, `*/*+json`); a body
+/// without a Content-Type is read as JSON (curl without `-H`).
+fn json_body(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = headers.get("content-type") else { return Ok(()) };
+    let text = String::from_utf8_lossy(ct.as_bytes()).to_ascii_lowercase();
+    let mime = text.split(';').next().unwrap_or("").trim();
+    if mime == "application/json" || mime.ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(mime.to_string()))
+    }
+}
+
+/// The request's Origin when it is allowed.
+fn allowed_origin(headers: &HeaderMap, allowed: &[String]) -> Option<warp::http::HeaderValue> {
+    let origin = headers.get("origin")?;
+    let o = origin.to_str().ok()?;
+    allowed.iter().any(|a| a == "*" || a == o).then(|| origin.clone())
+}
+
+/// A CORS preflight's answer (only for allowed origins).
+fn preflight() -> Response {
+    let mut res = Response::new(Bytes::new().into());
+    *res.status_mut() = StatusCode::NO_CONTENT;
+    let h = res.headers_mut();
+    h.insert("access-control-allow-methods", warp::http::HeaderValue::from_static("GET, POST, OPTIONS"));
+    h.insert("access-control-allow-headers", warp::http::HeaderValue::from_static("authorization, content-type"));
+    h.insert("access-control-max-age", warp::http::HeaderValue::from_static("600"));
+    res
+}
+
+fn with_cors(mut res: Response, origin: Option<warp::http::HeaderValue>) -> Response {
+    if let Some(o) = origin {
+        res.headers_mut().insert("access-control-allow-origin", o);
+        res.headers_mut().insert("vary", warp::http::HeaderValue::from_static("origin"));
+    }
     res
 }
 

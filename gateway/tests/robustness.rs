@@ -84,6 +84,9 @@ async fn each_invalid_request_gets_its_openai_error() {
     expect_error(&s, chat, with("repetition_penalty", json!(1e300)), 400, Some("repetition_penalty"), None).await;
     expect_error(&s, chat, with("stop_token_ids", json!([3, 100_000])), 400, Some("stop_token_ids"), None).await;
     expect_error(&s, chat, with("min_tokens", json!(2000)), 400, Some("min_tokens"), None).await;
+    let stops: Vec<String> = (0..100).map(|i| format!("s{i}")).collect();
+    expect_error(&s, chat, with("stop", json!(stops)), 400, Some("stop"), None).await;
+    expect_error(&s, chat, with("stop", json!(["x".repeat(5000)])), 400, Some("stop"), None).await;
     expect_error(&s, chat, with("max_tokens", json!(0)), 400, Some("max_tokens"), None).await;
     expect_error(&s, chat, with("max_tokens", json!(-3)), 400, Some("max_tokens"), None).await;
     expect_error(&s, chat, with("max_completion_tokens", json!(0)), 400, Some("max_completion_tokens"), None).await;
@@ -270,4 +273,61 @@ async fn non_streaming_clients_that_give_up_abort_their_requests() {
     assert_eq!((stats.in_flight, stats.blocks_in_use()), (0, 0), "{stats:?}");
     eprintln!("20 abandoned requests cleaned up {:?} after the start", started.elapsed());
     assert_eq!(aborted(&s).await, 20, "every abandoned request was aborted, none ran to the end");
+}
+
+/// A browser's cross-site "simple" request (text/plain or a form, no preflight) is refused
+/// before anything runs; JSON (with a charset) and a body without a Content-Type are read. No
+/// CORS header unless the origin is allowed; an allowed one gets its preflight and headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_json_bodies_run_and_cors_is_off_unless_allowed() {
+    let s = TestServer::golden(8).await;
+    let body = serde_json::to_vec(&chat("hi", 2)).unwrap();
+    let post = |ct: Option<&'static str>, origin: &'static str| {
+        let mut r = s.client.post(format!("{}/v1/chat/completions", s.url)).header("origin", origin).body(body.clone());
+        if let Some(ct) = ct {
+            r = r.header("content-type", ct);
+        }
+        r.send()
+    };
+    for ct in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"] {
+        let r = post(Some(ct), "https://evil.example").await.unwrap();
+        assert_eq!(r.status(), 415, "{ct}");
+        assert!(r.headers().get("access-control-allow-origin").is_none());
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "unsupported_media_type");
+    }
+    assert_eq!(metric_requests(&s).await, 0.0, "nothing was submitted");
+    let r = post(Some("application/json; charset=utf-8"), "https://evil.example").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("access-control-allow-origin").is_none(), "no CORS unless configured");
+    assert_eq!(post(None, "https://evil.example").await.unwrap().status(), 200);
+    let pre = s.client.request(reqwest::Method::OPTIONS, format!("{}/v1/chat/completions", s.url));
+    assert_eq!(pre.header("origin", "https://evil.example").send().await.unwrap().status(), 405);
+    drop(s);
+
+    let yaml = yaml(&golden(), MODEL, 8, false).replace(
+        "max_concurrent_requests: 8}",
+        "max_concurrent_requests: 8, allowed_origins: [\"https://app.example\"]}",
+    );
+    let s = TestServer::from_yaml(&yaml, |_| {}).await;
+    let pre = s.client.request(reqwest::Method::OPTIONS, format!("{}/v1/chat/completions", s.url));
+    let r = pre.header("origin", "https://app.example").send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(r.headers()["access-control-allow-origin"], "https://app.example");
+    assert!(r.headers()["access-control-allow-headers"].to_str().unwrap().contains("authorization"));
+    let get = |origin: &'static str| s.client.get(format!("{}/v1/models", s.url)).header("origin", origin).send();
+    assert_eq!(
+        get("https://app.example").await.unwrap().headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    assert!(get("https://evil.example").await.unwrap().headers().get("access-control-allow-origin").is_none());
+}
+
+/// Requests the cluster admitted, from its metrics.
+async fn metric_requests(s: &TestServer) -> f64 {
+    let m = s.get("/metrics").await.text().await.unwrap();
+    m.lines()
+        .filter(|l| l.starts_with("cleave_router_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

@@ -40,6 +40,8 @@ pub struct ServeFlags {
     pub prefill_threshold: Option<usize>,
     /// No periodic stats lines in the log (vLLM's `--disable-log-stats`).
     pub disable_log_stats: bool,
+    /// Origins browsers may call the API from (vLLM's `--allowed-origins`).
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 /// Which flag sets which config field, and whether it was given (for error messages).
@@ -116,6 +118,7 @@ impl ServeFlags {
         }
         set(&mut cfg.server.host, &self.host);
         set(&mut cfg.server.port, &self.port);
+        set(&mut cfg.server.allowed_origins, &self.allowed_origins);
         for (seqs, tokens) in [
             (&mut cfg.decode.max_num_seqs, &mut cfg.decode.max_num_batched_tokens),
             (&mut cfg.prefill.max_num_seqs, &mut cfg.prefill.max_num_batched_tokens),

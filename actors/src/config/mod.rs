@@ -135,11 +135,13 @@ pub struct ServerConfig {
     pub port: u16,
     /// Requests in flight beyond this are refused with `ActorError::Overloaded`.
     pub max_concurrent_requests: usize,
+    /// Origins browsers may call the API from (`*`: any); none by default (no CORS).
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { host: "127.0.0.1".into(), port: 8000, max_concurrent_requests: 256 }
+        ServerConfig { host: "127.0.0.1".into(), port: 8000, max_concurrent_requests: 256, allowed_origins: Vec::new() }
     }
 }
 
