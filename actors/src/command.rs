@@ -42,6 +42,8 @@ pub enum Fault {
     FailKvSend,
     /// The group's rank at this position (1.., a rank on its own thread) panics in the next step.
     PanicOnGroupRank(usize),
+    /// The next step takes this much longer (a slow step, not a dead rank).
+    SlowStep(Duration),
     /// Stop answering (no heartbeat, no steps) for this long.
     Hang(Duration),
 }

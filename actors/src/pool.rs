@@ -24,6 +24,7 @@ pub(crate) struct Pool {
     spawner: Spawner,
     transfer: Addr<KvTransfer>,
     heartbeat: Duration,
+    max_step: Duration,
     /// The stats line's period (none: no line).
     stats_every: Option<Duration>,
     stats: StatsLine,
@@ -40,7 +41,8 @@ impl Pool {
         let slots = (0..table.slots.len()).filter(|&i| table.slots[i].role == role).collect();
         let heartbeat = Duration::from_millis(sup.heartbeat_timeout_ms);
         let stats_every = (sup.log_stats_interval_ms > 0).then(|| Duration::from_millis(sup.log_stats_interval_ms));
-        Pool { role, slots, table, spawner, transfer, heartbeat, stats_every, stats: StatsLine::new() }
+        let max_step = Duration::from_millis(sup.max_step_ms);
+        Pool { role, slots, table, spawner, transfer, heartbeat, max_step, stats_every, stats: StatsLine::new() }
     }
 
     fn launch(&self, slot: usize, me: Addr<Pool>) {
@@ -100,9 +102,18 @@ impl Pool {
             if self.table.status(slot) != RankStatus::Up {
                 continue;
             }
-            let silence = self.table.shared(slot).silence();
-            if silence > self.heartbeat {
-                self.restart(slot, &format!("no heartbeat for {} ms", silence.as_millis()), me.clone());
+            // A step is supervised by its own limit: it never beats, however long it is.
+            let shared = self.table.shared(slot);
+            match shared.step_time() {
+                Some(t) if t > self.max_step => {
+                    self.restart(slot, &format!("a step has run for {} ms", t.as_millis()), me.clone())
+                }
+                Some(_) => {}
+                None if shared.silence() > self.heartbeat => {
+                    let ms = shared.silence().as_millis();
+                    self.restart(slot, &format!("no heartbeat for {ms} ms"), me.clone())
+                }
+                None => {}
             }
         }
     }

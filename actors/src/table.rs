@@ -66,6 +66,8 @@ pub(crate) struct RankShared {
     pub preemptions: AtomicU64,
     preemptions_counted: AtomicU64,
     last_beat_ms: AtomicU64,
+    /// When the step now running began (ms since the epoch, plus 1); 0 between steps.
+    step_since_ms: AtomicU64,
     /// Set when the pool gave up on this incarnation; its thread exits when it sees it.
     pub retired: AtomicBool,
     promised: Arc<Promised>,
@@ -89,6 +91,7 @@ impl RankShared {
             preemptions: AtomicU64::new(0),
             preemptions_counted: AtomicU64::new(0),
             last_beat_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+            step_since_ms: AtomicU64::new(0),
             retired: AtomicBool::new(false),
             promised: Arc::default(),
             tracked: Mutex::new(HashMap::new()),
@@ -105,6 +108,21 @@ impl RankShared {
     pub fn new_preemptions(&self) -> u64 {
         let now = self.preemptions.load(Ordering::Relaxed);
         now.saturating_sub(self.preemptions_counted.swap(now, Ordering::Relaxed))
+    }
+
+    /// Marks the start (`true`) or the end of a step; the end is a beat.
+    pub fn in_step(&self, running: bool) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        self.step_since_ms.store(if running { now + 1 } else { 0 }, Ordering::Relaxed);
+        if !running {
+            self.beat();
+        }
+    }
+
+    /// How long the step now running has taken, if one is.
+    pub fn step_time(&self) -> Option<Duration> {
+        let since = self.step_since_ms.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(Duration::from_millis((self.epoch.elapsed().as_millis() as u64).saturating_sub(since)))
     }
 
     /// Time since the last beat.

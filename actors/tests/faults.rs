@@ -188,7 +188,7 @@ async fn a_failing_rank_that_is_not_the_leader_takes_its_group_down_and_back_up(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_decode_rank_is_replaced_after_a_missed_heartbeat() {
-    let c = start(config("cpu-colocated.yaml", |cfg| cfg.supervisor.heartbeat_timeout_ms = 400));
+    let c = start(config("cpu-colocated.yaml", |cfg| cfg.supervisor.heartbeat_timeout_ms = 500));
     disturb_while_decoding(&c, 0, Fault::Hang(Duration::from_millis(1500))).await;
     wait_up(&c, 0).await;
     assert_eq!(restarts(&c, 0), 1);
@@ -198,6 +198,22 @@ async fn hung_decode_rank_is_replaced_after_a_missed_heartbeat() {
     assert_no_leaks(&c);
     let again = collect(c.submit(prompt(10, 40), greedy(5)).await.unwrap()).await;
     assert_eq!(again.tokens.len(), 5);
+}
+
+/// A step never beats: one longer than the heartbeat timeout is not a death (a 4k prompt on the
+/// 671B model takes seconds); only one longer than `max_step_ms` is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_step_is_not_a_missed_heartbeat_but_an_endless_one_is_a_hang() {
+    let c = start(config("cpu-colocated.yaml", |cfg| {
+        cfg.supervisor.heartbeat_timeout_ms = 500;
+        cfg.supervisor.max_step_ms = 3000;
+    }));
+    disturb_while_decoding(&c, 0, Fault::SlowStep(Duration::from_millis(1500))).await;
+    assert_eq!(restarts(&c, 0), 0, "a 1.5 s step with a 0.5 s heartbeat timeout is not a death");
+    disturb_while_decoding(&c, 0, Fault::SlowStep(Duration::from_millis(4500))).await;
+    wait_up(&c, 0).await;
+    assert_eq!(restarts(&c, 0), 1, "a step past max_step_ms is a hang");
+    assert_no_leaks(&c);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

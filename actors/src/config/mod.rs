@@ -11,7 +11,7 @@
 //! router:  {prefill_threshold: 512, max_prefill_queue: 64}
 //! kv_cache: {block_size: 64, num_blocks: 1024}    # or gpu_memory_utilization: 0.90 (cuda)
 //! kv_transfer: {timeout_ms: 30000, failure_policy: recompute}   # recompute | fail
-//! supervisor: {heartbeat_timeout_ms: 30000, log_stats_interval_ms: 10000}
+//! supervisor: {heartbeat_timeout_ms: 30000, max_step_ms: 300000, log_stats_interval_ms: 10000}
 //! ```
 //! Only `model` is required; every other field has the default shown in its type's docs.
 //! An empty `prefill.ranks` means colocated serving on the decode ranks. Unknown keys, wrong
@@ -277,13 +277,18 @@ impl Default for KvTransferConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SupervisorConfig {
+    /// A rank whose loop is silent this long between steps is declared dead (the loop beats at
+    /// least every 100 ms when idle).
     pub heartbeat_timeout_ms: u64,
+    /// A single step running longer than this declares the rank hung (a step never beats: a 4k
+    /// prompt on the 671B model takes seconds).
+    pub max_step_ms: u64,
     pub log_stats_interval_ms: u64,
 }
 
 impl Default for SupervisorConfig {
     fn default() -> Self {
-        SupervisorConfig { heartbeat_timeout_ms: 30_000, log_stats_interval_ms: 10_000 }
+        SupervisorConfig { heartbeat_timeout_ms: 30_000, max_step_ms: 300_000, log_stats_interval_ms: 10_000 }
     }
 }
 

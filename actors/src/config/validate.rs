@@ -6,6 +6,9 @@ use super::{DeployConfig, Device, Dtype};
 
 type Invalid = (String, String);
 
+/// The shortest heartbeat timeout: five idle beats.
+const MIN_HEARTBEAT_MS: u64 = 500;
+
 fn positive(field: &str, v: usize) -> Result<(), Invalid> {
     if v == 0 {
         return Err((field.into(), "must be at least 1".into()));
@@ -121,8 +124,20 @@ impl DeployConfig {
         if self.kv_transfer.timeout_ms == 0 {
             return Err(("kv_transfer.timeout_ms".into(), "must be at least 1".into()));
         }
-        if self.supervisor.heartbeat_timeout_ms == 0 {
-            return Err(("supervisor.heartbeat_timeout_ms".into(), "must be at least 1".into()));
+        if self.supervisor.heartbeat_timeout_ms < MIN_HEARTBEAT_MS {
+            return Err((
+                "supervisor.heartbeat_timeout_ms".into(),
+                format!(
+                    "must be at least {MIN_HEARTBEAT_MS} (an idle rank beats every 100 ms), got {}",
+                    self.supervisor.heartbeat_timeout_ms
+                ),
+            ));
+        }
+        if self.supervisor.max_step_ms < MIN_HEARTBEAT_MS {
+            return Err((
+                "supervisor.max_step_ms".into(),
+                format!("must be at least {MIN_HEARTBEAT_MS}, got {}", self.supervisor.max_step_ms),
+            ));
         }
         Ok(())
     }
@@ -200,6 +215,9 @@ mod tests {
         // GPU pools with multi-GPU groups disaggregate (their KV moves through the host).
         let ok = "model: m\ndevice: cuda\nprefill: {ranks: [0, 1], tensor_parallel_size: 2}\ndecode: {ranks: [2]}\n";
         assert!(DeployConfig::from_yaml_str(ok).is_ok());
+        let e = err("model: m\nsupervisor: {heartbeat_timeout_ms: 20}\n");
+        assert_eq!(e.field.as_deref(), Some("supervisor.heartbeat_timeout_ms"), "{e}");
+        assert!(e.message.contains("at least 500"), "{e}");
         let e = err("model: m\ndecode: {ranks: []}\n");
         assert_eq!(e.field.as_deref(), Some("decode.ranks"));
         let e = err("model: m\nkv_cache: {gpu_memory_utilization: 0.9}\n");

@@ -107,9 +107,15 @@ impl<B: Backend> Worker<B> {
             }
             self.poll_incoming();
             if self.engine.has_work() {
+                self.shared.in_step(true);
+                if let Some(Fault::SlowStep(d)) = self.armed {
+                    self.armed = None;
+                    std::thread::sleep(d);
+                }
                 let outs = self.engine.step().map_err(|e| {
                     ActorError::Internal(format!("{} rank {}: step failed: {e}", self.role.as_str(), self.rank))
                 })?;
+                self.shared.in_step(false);
                 for id in self.engine.last_started() {
                     if let Some(l) = self.reqs.get(id) {
                         l.ctx.mark_scheduled();
