@@ -61,6 +61,9 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// The message of every internal error a client sees.
+pub const INTERNAL_PUBLIC: &str = "the server failed while serving this request; its log has the details";
+
 /// The JSON body of an error response (and of an error event inside a stream).
 #[derive(Debug, Serialize)]
 pub struct ErrorBody<'a> {
@@ -148,10 +151,24 @@ impl ApiError {
         }
     }
 
+    /// What the client is told: an internal failure's detail (rank, transfer, device messages)
+    /// stays in the server's log, where the gateway writes it with the request id.
+    pub fn public_message(&self) -> String {
+        match self {
+            ApiError::Internal(_) => INTERNAL_PUBLIC.to_string(),
+            other => other.to_string(),
+        }
+    }
+
     /// The OpenAI error body.
     pub fn body(&self) -> ErrorBody<'_> {
         ErrorBody {
-            error: ErrorDetail { message: self.to_string(), kind: self.kind(), param: self.param(), code: self.code() },
+            error: ErrorDetail {
+                message: self.public_message(),
+                kind: self.kind(),
+                param: self.param(),
+                code: self.code(),
+            },
         }
     }
 

@@ -151,6 +151,7 @@ async fn collect(
         }
     }
     if !c.all_finished() {
+        warn!(request_id = %meta.id, "a token stream ended without a finish reason");
         return Err(ApiError::Internal("a token stream ended without a finish reason".into()));
     }
     let usage = c.usage();
@@ -191,6 +192,7 @@ async fn stream_task(state: Arc<State>, mut merged: Merged, mut fmt: StreamForma
                     done = true;
                 }
                 None => {
+                    warn!(request_id = %id, "a token stream ended without a finish reason");
                     fmt.error(&ApiError::Internal("a token stream ended without a finish reason".into()), &mut buf);
                     done = true;
                 }
