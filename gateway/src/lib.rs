@@ -95,6 +95,8 @@ pub(crate) struct State {
     info: ModelInfo,
     tokenizer: Option<Arc<Tokenizer>>,
     admission: Arc<Semaphore>,
+    /// Bodies being parsed and tokenized at once (on blocking threads, never the runtime's).
+    parsing: Arc<Semaphore>,
     metrics: GatewayMetrics,
     /// Unix seconds at start (`created` of the model in `/v1/models`).
     started: u64,

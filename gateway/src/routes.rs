@@ -203,38 +203,51 @@ async fn get(state: &State, path: &str) -> Result<Response, ApiError> {
     }
 }
 
-async fn post(state: &Arc<State>, path: &str, body: Bytes) -> Result<Response, ApiError> {
-    let v = Validator {
-        info: &state.info,
-        tokenizer: state.tokenizer.as_deref(),
-        defaults: &state.cfg.defaults,
-        max_n: state.max_n(),
+/// A POST body, parsed and tokenized.
+enum Parsed {
+    Generate(crate::validate::GenerateRequest),
+    Tokenized(Vec<u32>),
+    Detokenize(Vec<u32>),
+}
+
+/// Parses and tokenizes `body` on a blocking thread, at most `state.parsing` at once: a large
+/// prompt never stalls the runtime that serves every other connection.
+async fn parse(state: &Arc<State>, path: &'static str, body: Bytes) -> Result<Parsed, ApiError> {
+    let permit = state.parsing.clone().acquire_owned().await.map_err(|_| ApiError::Internal("parser closed".into()))?;
+    let st = state.clone();
+    let work = move || {
+        let _permit = permit;
+        let v = Validator {
+            info: &st.info,
+            tokenizer: st.tokenizer.as_deref(),
+            defaults: &st.cfg.defaults,
+            max_n: st.max_n(),
+        };
+        match path {
+            "/v1/chat/completions" => v.chat(&body).map(Parsed::Generate),
+            "/v1/completions" => v.completion(&body).map(Parsed::Generate),
+            "/tokenize" => v.tokenize(&body).map(Parsed::Tokenized),
+            "/detokenize" => v.detokenize(&body).map(Parsed::Detokenize),
+            _ => Err(ApiError::NotFound(path.to_string())),
+        }
     };
-    match path {
-        "/v1/chat/completions" => {
-            let req = v.chat(&body)?;
-            generate::run(state.clone(), req).await
-        }
-        "/v1/completions" => {
-            let req = v.completion(&body)?;
-            generate::run(state.clone(), req).await
-        }
-        "/tokenize" => {
-            let tokens = v.tokenize(&body)?;
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({"count": tokens.len(), "max_model_len": state.info.max_model_len, "tokens": tokens, "token_strs": null}),
-            ))
-        }
-        "/detokenize" => {
-            let tokens = v.detokenize(&body)?;
+    tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::Internal(format!("request parser: {e}")))?
+}
+
+async fn post(state: &Arc<State>, path: &'static str, body: Bytes) -> Result<Response, ApiError> {
+    match parse(state, path, body).await? {
+        Parsed::Generate(req) => generate::run(state.clone(), req).await,
+        Parsed::Tokenized(tokens) => Ok(json_response(
+            StatusCode::OK,
+            &json!({"count": tokens.len(), "max_model_len": state.info.max_model_len, "tokens": tokens, "token_strs": null}),
+        )),
+        Parsed::Detokenize(tokens) => {
             let tok = state
                 .tokenizer
                 .as_deref()
                 .ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer".into()))?;
             Ok(json_response(StatusCode::OK, &json!({"prompt": tok.decode(&tokens, false)?})))
         }
-        _ => Err(ApiError::NotFound(path.to_string())),
     }
 }
 

@@ -42,6 +42,9 @@ impl Server {
             info: backend.model_info(),
             tokenizer: backend.tokenizer(),
             admission: Arc::new(Semaphore::new(cfg.max_concurrent_requests)),
+            parsing: Arc::new(Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get().div_ceil(2)).max(2),
+            )),
             metrics: metrics.clone(),
             started: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -53,6 +53,13 @@ pub struct Validator<'a> {
     pub max_n: usize,
 }
 
+/// Bytes of text per token that no tokenizer reaches on average: longer text cannot fit.
+const MAX_BYTES_PER_TOKEN: usize = 32;
+
+fn message_bytes(messages: &[ChatMessage]) -> usize {
+    messages.iter().map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len)).sum()
+}
+
 /// Parses a body that must be a JSON object.
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice::<Value>(body) {
@@ -120,6 +127,21 @@ impl Validator<'_> {
             .ok_or_else(|| ApiError::InvalidRequest("this model has no tokenizer: send prompts as token ids".into()))
     }
 
+    /// Refuses, before tokenizing, text too long for the context under any tokenizer.
+    fn fits(&self, bytes: usize, param: &str) -> Result<(), ApiError> {
+        let most = self.info.max_model_len.saturating_mul(MAX_BYTES_PER_TOKEN);
+        if bytes > most {
+            return Err(ApiError::field(
+                param,
+                format!(
+                    "the prompt has {bytes} bytes of text, more than this model's maximum context of {} tokens can hold",
+                    self.info.max_model_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_model(&self, f: &Fields) -> Result<(), ApiError> {
         match f.opt::<String>("model")? {
             Some(m) if m != self.info.served_model_name => Err(ApiError::ModelNotFound(m)),
@@ -144,6 +166,7 @@ impl Validator<'_> {
         self.check_model(&f)?;
         let mut req = self.common(&f, Endpoint::Chat)?;
         let messages = messages(obj.get("messages"))?;
+        self.fits(message_bytes(&messages), "messages")?;
         let kwargs = chat_template_kwargs(&f)?;
         let add_generation_prompt = f.bool("add_generation_prompt", true)?;
         req.prompt = self.tokenizer()?.encode_chat(&messages, add_generation_prompt, kwargs.as_ref())?;
@@ -176,6 +199,7 @@ impl Validator<'_> {
         let tok = self.tokenizer()?;
         if obj.contains_key("messages") {
             let messages = messages(obj.get("messages"))?;
+            self.fits(message_bytes(&messages), "messages")?;
             let kwargs = chat_template_kwargs(&f)?;
             // The rendered template holds its special tokens (BOS) already, so nothing is added.
             return Ok(tok.encode_chat(&messages, f.bool("add_generation_prompt", true)?, kwargs.as_ref())?);
@@ -183,6 +207,7 @@ impl Validator<'_> {
         let prompt = f
             .opt::<String>("prompt")?
             .ok_or_else(|| ApiError::field("prompt", "`prompt` or `messages` is required"))?;
+        self.fits(prompt.len(), "prompt")?;
         Ok(tok.encode(&prompt, f.bool("add_special_tokens", true)?)?)
     }
 
@@ -198,7 +223,10 @@ impl Validator<'_> {
     }
 
     fn completion_prompt(&self, v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
-        let one_text = |s: &str| -> Result<Vec<u32>, ApiError> { Ok(self.tokenizer()?.encode(s, true)?) };
+        let one_text = |s: &str| -> Result<Vec<u32>, ApiError> {
+            self.fits(s.len(), "prompt")?;
+            Ok(self.tokenizer()?.encode(s, true)?)
+        };
         let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
             items
                 .iter()

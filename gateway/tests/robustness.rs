@@ -84,6 +84,10 @@ async fn each_invalid_request_gets_its_openai_error() {
     expect_error(&s, chat, with("repetition_penalty", json!(1e300)), 400, Some("repetition_penalty"), None).await;
     expect_error(&s, chat, with("stop_token_ids", json!([3, 100_000])), 400, Some("stop_token_ids"), None).await;
     expect_error(&s, chat, with("min_tokens", json!(2000)), 400, Some("min_tokens"), None).await;
+    // Text that no tokenizer fits into 1024 tokens is refused before it is tokenized.
+    let huge = json!([{"role": "user", "content": "ab ".repeat(15_000)}]);
+    let v = expect_error(&s, chat, with("messages", huge), 400, Some("messages"), None).await;
+    assert!(v["error"]["message"].as_str().unwrap().contains("bytes of text"), "{v}");
     let stops: Vec<String> = (0..100).map(|i| format!("s{i}")).collect();
     expect_error(&s, chat, with("stop", json!(stops)), 400, Some("stop"), None).await;
     expect_error(&s, chat, with("stop", json!(["x".repeat(5000)])), 400, Some("stop"), None).await;
