@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::cli::{BenchArgs, DatasetKind, ServerArgs, WorkloadArgs};
 use crate::client::{ApiClient, Endpoint, RequestInput, RequestOutput};
-use crate::dataset::{self, LocalTokenizer, RandomSpec, SampleRequest, ServerTokenizer, Tokenizer};
+use crate::dataset::{self, LocalTokenizer, PromptTokenizer, RandomSpec, SampleRequest, ServerTokenizer};
 use crate::metrics::{self, Goodput, Metrics};
 use crate::report::{self, RunMeta};
 use crate::runner::{self, LoadSpec, RunOutcome, Target};
@@ -46,23 +46,10 @@ pub async fn load_requests(
     seed: u64,
     max_model_len: Option<usize>,
 ) -> Result<Vec<SampleRequest>> {
-    match &w.tokenizer {
-        Some(path) => build_requests(&LocalTokenizer::load(path)?, target, w, num_prompts, seed, max_model_len).await,
-        None => {
-            let tok = ServerTokenizer { client: &target.client, model: target.model.clone() };
-            build_requests(&tok, target, w, num_prompts, seed, max_model_len).await
-        }
-    }
-}
-
-async fn build_requests<T: Tokenizer>(
-    tok: &T,
-    target: &Target,
-    w: &WorkloadArgs,
-    num_prompts: usize,
-    seed: u64,
-    max_model_len: Option<usize>,
-) -> Result<Vec<SampleRequest>> {
+    let tok = &match &w.tokenizer {
+        Some(path) => PromptTokenizer::Local(LocalTokenizer::load(path)?),
+        None => PromptTokenizer::Server(ServerTokenizer { client: &target.client, model: target.model.clone() }),
+    };
     match w.dataset {
         DatasetKind::Random => {
             if w.prompt_token_ids && target.endpoint == Endpoint::Chat {

@@ -80,6 +80,29 @@ impl Tokenizer for LocalTokenizer {
     }
 }
 
+/// The tokenizer prompts are built with: the server's, or a local one.
+pub enum PromptTokenizer<'a> {
+    /// `/tokenize` and `/detokenize`.
+    Server(ServerTokenizer<'a>),
+    /// `--tokenizer`.
+    Local(LocalTokenizer),
+}
+
+impl Tokenizer for PromptTokenizer<'_> {
+    async fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        match self {
+            PromptTokenizer::Server(t) => t.tokenize(text, add_special_tokens).await,
+            PromptTokenizer::Local(t) => t.tokenize(text, add_special_tokens).await,
+        }
+    }
+    async fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        match self {
+            PromptTokenizer::Server(t) => t.detokenize(ids).await,
+            PromptTokenizer::Local(t) => t.detokenize(ids).await,
+        }
+    }
+}
+
 /// Inclusive sampling bounds for a length: `[floor(len*(1-r)), ceil(len*(1+r))]`, the low end
 /// at least `min`. `r` must be in `[0, 1)`.
 pub fn length_bounds(len: usize, ratio: f64, min: usize) -> Result<(usize, usize)> {
