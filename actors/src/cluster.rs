@@ -297,7 +297,7 @@ impl Cluster {
         }
         let limit = inner.cfg.server.max_concurrent_requests;
         if inner.table.in_flight.load(Ordering::SeqCst) >= limit {
-            return Err(ActorError::Overloaded(format!("{limit} requests are in flight")));
+            return Err(ActorError::AtCapacity { limit });
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let n = prompt.len() as u64;

@@ -12,9 +12,12 @@ pub enum ActorError {
     /// HTTP 400.
     #[error("invalid request: {0}")]
     Invalid(String),
-    /// Too many requests in flight, or no rank can take work right now. HTTP 429 / 503.
+    /// No rank can take work right now. HTTP 503.
     #[error("overloaded: {0}")]
     Overloaded(String),
+    /// `limit` requests are in flight (alive on some rank): the one admission gate. HTTP 429.
+    #[error("the server is at its limit of {limit} concurrent requests; retry later")]
+    AtCapacity { limit: usize },
     /// The rank serving the request failed and `failure_policy: fail` ends the request.
     /// HTTP 500 (or a final SSE error event).
     #[error("rank failed: {0}")]
@@ -45,7 +48,7 @@ impl ActorError {
 
     /// Whether retrying later may succeed (HTTP 429/503).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ActorError::Overloaded(_) | ActorError::ShuttingDown)
+        matches!(self, ActorError::Overloaded(_) | ActorError::AtCapacity { .. } | ActorError::ShuttingDown)
     }
 
     /// Classifies an engine error raised while serving a request.

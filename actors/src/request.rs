@@ -30,11 +30,29 @@ pub(crate) const OWNER_TRANSFER: u64 = u64::MAX;
 /// What requests need from the cluster that runs them (the rank table implements it).
 pub(crate) trait Hub: Send + Sync {
     fn metrics(&self) -> &Metrics;
-    /// Requests alive (counted from submission until the last reference is dropped).
+    /// Requests alive: from submission until no rank holds the request and its client has
+    /// read the last event or dropped the stream (see [`InFlight`]).
     fn in_flight(&self) -> &AtomicUsize;
     /// Drops request `id` wherever it is.
     fn abort(&self, id: ReqId);
     fn is_shutting_down(&self) -> bool;
+}
+
+/// One request's place in the hub's in-flight count, held by its context (the ranks) and by
+/// its stream (the client); given back when both are gone.
+struct InFlight(Arc<dyn Hub>);
+
+impl InFlight {
+    fn new(hub: Arc<dyn Hub>) -> Arc<Self> {
+        hub.in_flight().fetch_add(1, Ordering::SeqCst);
+        Arc::new(InFlight(hub))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight().fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// One event of a request's stream.
@@ -82,6 +100,7 @@ pub(crate) struct ReqCtx {
     cancelled: Arc<AtomicBool>,
     arrival: Instant,
     hub: Arc<dyn Hub>,
+    _in_flight: Arc<InFlight>,
     state: Mutex<CtxState>,
 }
 
@@ -90,8 +109,8 @@ impl ReqCtx {
     pub fn new(id: ReqId, prompt: Vec<u32>, params: SamplingParams, hub: Arc<dyn Hub>) -> (Arc<ReqCtx>, TokenStream) {
         let (tx, rx) = flume::unbounded();
         let cancelled = Arc::new(AtomicBool::new(false));
-        hub.in_flight().fetch_add(1, Ordering::SeqCst);
-        let stream = TokenStream::new(id, rx, cancelled.clone(), hub.clone());
+        let in_flight = InFlight::new(hub.clone());
+        let stream = TokenStream::new(id, rx, cancelled.clone(), hub.clone(), in_flight.clone());
         let state = CtxState {
             owner: OWNER_NONE,
             generated: Vec::new(),
@@ -103,7 +122,17 @@ impl ReqCtx {
             decode_ledger: None,
             prefill_ledger: None,
         };
-        let ctx = ReqCtx { id, prompt, params, tx, cancelled, arrival: Instant::now(), hub, state: Mutex::new(state) };
+        let ctx = ReqCtx {
+            id,
+            prompt,
+            params,
+            tx,
+            cancelled,
+            arrival: Instant::now(),
+            hub,
+            _in_flight: in_flight,
+            state: Mutex::new(state),
+        };
         (Arc::new(ctx), stream)
     }
 
@@ -227,7 +256,6 @@ impl Drop for ReqCtx {
             let reason = if self.cancelled.load(Ordering::SeqCst) { "abort" } else { "lost" };
             self.hub.metrics().requests_finished.with_label_values(&[reason]).inc();
         }
-        self.hub.in_flight().fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -241,12 +269,20 @@ pub struct TokenStream {
     ended: bool,
     cancelled: Arc<AtomicBool>,
     hub: Arc<dyn Hub>,
+    /// Given back with the last event.
+    in_flight: Option<Arc<InFlight>>,
 }
 
 impl TokenStream {
-    fn new(id: ReqId, rx: flume::Receiver<StreamEvent>, cancelled: Arc<AtomicBool>, hub: Arc<dyn Hub>) -> Self {
+    fn new(
+        id: ReqId,
+        rx: flume::Receiver<StreamEvent>,
+        cancelled: Arc<AtomicBool>,
+        hub: Arc<dyn Hub>,
+        in_flight: Arc<InFlight>,
+    ) -> Self {
         let stream = rx.clone().into_stream();
-        TokenStream { id, rx, stream, ended: false, cancelled, hub }
+        TokenStream { id, rx, stream, ended: false, cancelled, hub, in_flight: Some(in_flight) }
     }
 
     /// The request id (as in logs).
@@ -266,6 +302,7 @@ impl TokenStream {
         };
         if matches!(&ev, StreamEvent::Error(_) | StreamEvent::Token(TokenOutput { finish: Some(_), .. })) {
             self.ended = true;
+            self.in_flight = None;
         }
         Some(ev)
     }
@@ -291,6 +328,7 @@ impl TokenStream {
     /// Marks the stream ended without aborting (the request never got queued).
     pub(crate) fn disarm(&mut self) {
         self.ended = true;
+        self.in_flight = None;
     }
 
     /// Whether the final event was received.

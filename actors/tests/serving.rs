@@ -172,7 +172,7 @@ async fn invalid_and_excess_requests_are_refused_at_submit() {
     let a = c.submit(prompt(10, 1), greedy(500)).await.unwrap();
     let b = c.submit(prompt(10, 2), greedy(500)).await.unwrap();
     let third = c.submit(prompt(10, 3), greedy(5)).await.err();
-    assert!(matches!(&third, Some(e @ ActorError::Overloaded(_)) if e.is_retryable()), "{third:?}");
+    assert!(matches!(&third, Some(e @ ActorError::AtCapacity { limit: 2 }) if e.is_retryable()), "{third:?}");
     drop((a, b));
     assert_no_leaks(&c);
     assert!(c.submit(prompt(10, 3), greedy(2)).await.is_ok());

@@ -44,8 +44,9 @@ pub trait Backend: Send + Sync + 'static {
     fn tokenizer(&self) -> Option<Arc<Tokenizer>>;
     /// The served model.
     fn model_info(&self) -> ModelInfo;
-    /// Starts one generation. Errors are classified already: `InvalidRequest` (400),
-    /// `Overloaded` (503), `Internal` (500).
+    /// Starts one generation, or refuses it at the backend's limit of requests in flight (the
+    /// one admission gate: `TooManyRequests`, 429). Other errors are classified already:
+    /// `InvalidRequest` (400), `Overloaded` (503), `Internal` (500).
     fn submit(&self, prompt: Vec<u32>, params: SamplingParams) -> BoxFuture<'static, Result<TokenEvents, ApiError>>;
     /// The backend's metrics in Prometheus text format.
     fn metrics_text(&self) -> String {

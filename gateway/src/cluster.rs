@@ -20,6 +20,8 @@ pub fn api_error(e: ActorError) -> ApiError {
     match e {
         ActorError::Invalid(m) => ApiError::InvalidRequest(m),
         ActorError::Overloaded(m) => ApiError::Overloaded(m),
+        // The gateway fills in its Retry-After (generate::submit_all).
+        ActorError::AtCapacity { limit } => ApiError::TooManyRequests { limit, retry_after_s: 1 },
         ActorError::ShuttingDown => ApiError::Overloaded("the server is shutting down".into()),
         other => ApiError::Internal(other.to_string()),
     }

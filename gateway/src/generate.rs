@@ -15,7 +15,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::stream::{select_all, BoxStream};
 use futures::{FutureExt, Stream, StreamExt};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backend::TokenEvents;
@@ -33,9 +33,9 @@ const MAX_BATCH: usize = 64;
 
 type Merged = BoxStream<'static, (usize, Result<cleave_engine::TokenOutput, ApiError>)>;
 
-/// An admission slot, released (and the in-flight gauge lowered) on drop.
+/// The requests of one response in the gateway's in-flight gauge, lowered on drop. Admission
+/// itself is the backend's (the cluster counts a request until no rank holds it any more).
 pub(crate) struct Admission {
-    _permit: OwnedSemaphorePermit,
     gauge: prometheus::IntGauge,
     n: i64,
 }
@@ -46,21 +46,9 @@ impl Drop for Admission {
     }
 }
 
-/// Takes `n` slots or answers 429.
-pub(crate) fn admit(state: &State, n: usize) -> Result<Admission, ApiError> {
-    match state.admission.clone().try_acquire_many_owned(n as u32) {
-        Ok(permit) => {
-            state.metrics.in_flight.add(n as i64);
-            Ok(Admission { _permit: permit, gauge: state.metrics.in_flight.clone(), n: n as i64 })
-        }
-        Err(_) => {
-            state.metrics.rejected.inc();
-            Err(ApiError::TooManyRequests {
-                limit: state.cfg.max_concurrent_requests,
-                retry_after_s: state.cfg.retry_after_s,
-            })
-        }
-    }
+fn count_in_flight(state: &State, n: usize) -> Admission {
+    state.metrics.in_flight.add(n as i64);
+    Admission { gauge: state.metrics.in_flight.clone(), n: n as i64 }
 }
 
 fn unix_now() -> u64 {
@@ -87,19 +75,32 @@ pub(crate) fn new_id(prefix: &str) -> String {
 /// Submits one backend request per choice (choice `i` with seed `seed + i`) and merges their
 /// streams, each item tagged with its choice index.
 async fn submit_all(state: &State, req: &GenerateRequest) -> Result<Merged, ApiError> {
+    let at_limit = |limit| {
+        state.metrics.rejected.inc();
+        ApiError::TooManyRequests { limit, retry_after_s: state.cfg.retry_after_s }
+    };
+    // All choices fit, or none is submitted (a partial submit would hold slots while it aborts).
+    let limit = state.cfg.max_concurrent_requests;
+    if state.backend.load().running + req.n > limit {
+        return Err(at_limit(limit));
+    }
     let mut streams: Vec<TokenEvents> = Vec::with_capacity(req.n);
     for i in 0..req.n {
         let mut params = req.params.clone();
         params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
         // On an error the streams submitted so far are dropped here, which aborts them.
-        streams.push(state.backend.submit(req.prompt.clone(), params).await?);
+        match state.backend.submit(req.prompt.clone(), params).await {
+            Ok(s) => streams.push(s),
+            Err(ApiError::TooManyRequests { limit, .. }) => return Err(at_limit(limit)),
+            Err(e) => return Err(e),
+        }
     }
     Ok(select_all(streams.into_iter().enumerate().map(|(i, s)| s.map(move |e| (i, e)))).boxed())
 }
 
 /// Serves a validated generation request.
 pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp::reply::Response, ApiError> {
-    let admission = admit(&state, req.n)?;
+    let admission = count_in_flight(&state, req.n);
     let prefix = if req.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     let meta = ResponseMeta {
         id: new_id(prefix),

@@ -4,9 +4,8 @@
 //! `GET /v1/models`, `GET /health`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`.
 //!
-//! A request is validated in one place ([`validate`]), admitted against
-//! `max_concurrent_requests` (429 with `Retry-After` beyond it), sent to the [`Backend`] as one
-//! request per choice, and answered as SSE ([`sse`]) or one JSON body ([`collect`]). Chat output
+//! A request is validated in one place ([`validate`]), sent to the [`Backend`] as one request
+//! per choice (the backend is the one admission gate: 429 with `Retry-After` at its limit), and answered as SSE ([`sse`]) or one JSON body ([`collect`]). Chat output
 //! of a reasoning model is split into `reasoning_content` and `content` on the `</think>` token
 //! id ([`reasoning`]). Errors are one enum ([`ApiError`]) mapped to HTTP at the edge.
 
@@ -43,7 +42,7 @@ pub const MAX_N: usize = 128;
 /// Gateway settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatewayConfig {
-    /// Generation requests (choices) in flight at most; more get 429.
+    /// The backend's limit of requests (choices) in flight, which it enforces; here it bounds `n`.
     pub max_concurrent_requests: usize,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
@@ -94,7 +93,6 @@ pub(crate) struct State {
     cfg: GatewayConfig,
     info: ModelInfo,
     tokenizer: Option<Arc<Tokenizer>>,
-    admission: Arc<Semaphore>,
     /// Bodies being parsed and tokenized at once (on blocking threads, never the runtime's).
     parsing: Arc<Semaphore>,
     metrics: GatewayMetrics,

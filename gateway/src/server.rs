@@ -41,7 +41,6 @@ impl Server {
         let state = Arc::new(State {
             info: backend.model_info(),
             tokenizer: backend.tokenizer(),
-            admission: Arc::new(Semaphore::new(cfg.max_concurrent_requests)),
             parsing: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get().div_ceil(2)).max(2),
             )),

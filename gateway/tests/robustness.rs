@@ -335,3 +335,29 @@ async fn metric_requests(s: &TestServer) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Right after a client disconnects, its request still holds its slot until the rank lets go of
+/// it: a newcomer then gets 429 with Retry-After (never a 503 server error), and the slot is
+/// usable once it is free. One gate decides: the cluster's count of requests alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_never_turns_the_next_request_into_a_server_error() {
+    let s = TestServer::golden(1).await;
+    let mut body = chat("long", 1000);
+    body["stream"] = json!(true);
+    for _ in 0..10 {
+        let r = s.post("/v1/chat/completions", &body).await;
+        assert_eq!(r.status(), 200);
+        let mut stream = r.bytes_stream();
+        stream.next().await.expect("a first chunk").expect("bytes");
+        drop(stream);
+        let r = s.post("/v1/chat/completions", &chat("next", 2)).await;
+        match r.status().as_u16() {
+            200 => {}
+            429 => assert_eq!(r.headers()["retry-after"], "1"),
+            other => panic!("status {other} right after a disconnect"),
+        }
+        s.wait_idle();
+    }
+    let (status, _) = s.json("/v1/chat/completions", &chat("fits", 2)).await;
+    assert_eq!(status, 200);
+}
