@@ -75,6 +75,10 @@ pub async fn load_requests(
             };
             dataset::random_requests(tok, &spec).await.context("building the random dataset")
         }
+        DatasetKind::Sharegpt => {
+            let path = w.dataset_path.as_deref().context("--dataset-name sharegpt needs --dataset-path")?;
+            crate::sharegpt::requests(tok, path, num_prompts, w.sharegpt_output_len, seed).await
+        }
         DatasetKind::Jsonl => {
             let path = w.dataset_path.as_deref().context("--dataset jsonl needs --dataset-path")?;
             let all = dataset::load_jsonl(path, w.random_output_len)?;

@@ -146,6 +146,8 @@ pub enum DatasetKind {
     Random,
     /// A JSONL file (--dataset-path): {"prompt": ...} or {"messages": ...}, optional "output_len".
     Jsonl,
+    /// A ShareGPT JSON file (--dataset-path), sampled as vLLM samples it.
+    Sharegpt,
 }
 
 /// What to send and how to measure it.
@@ -154,9 +156,12 @@ pub struct WorkloadArgs {
     /// Dataset.
     #[arg(long, alias = "dataset-name", value_enum, default_value = "random")]
     pub dataset: DatasetKind,
-    /// The JSONL file for --dataset jsonl.
+    /// The file for --dataset jsonl or sharegpt.
     #[arg(long)]
     pub dataset_path: Option<PathBuf>,
+    /// ShareGPT: ask for this many output tokens instead of each reply's length.
+    #[arg(long)]
+    pub sharegpt_output_len: Option<usize>,
     /// Mean prompt length in tokens (random dataset).
     #[arg(long, default_value_t = 1024)]
     pub random_input_len: usize,

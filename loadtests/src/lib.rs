@@ -12,4 +12,5 @@ pub mod metrics;
 pub mod mixed;
 pub mod report;
 pub mod runner;
+pub mod sharegpt;
 pub mod sweep;
