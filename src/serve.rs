@@ -229,7 +229,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if api_key.is_some() {
         tracing::info!("an API key is required on /v1/*");
     }
-    let gw = GatewayConfig { max_body_bytes: a.max_body_bytes, api_key, ..GatewayConfig::from_deploy(&cfg)? };
+    // Fault drills on a running server: off unless the operator asks for them.
+    let fault_injection = std::env::var("CLEAVE_FAULT_INJECTION").is_ok_and(|v| v == "1");
+    if fault_injection {
+        tracing::warn!("CLEAVE_FAULT_INJECTION=1: POST /admin/fault can make ranks panic, hang or fail transfers");
+    }
+    let gw = GatewayConfig {
+        max_body_bytes: a.max_body_bytes,
+        api_key,
+        fault_injection,
+        ..GatewayConfig::from_deploy(&cfg)?
+    };
     let model = cfg.served_model_name();
     let cluster = Cluster::start(cfg).context("starting the cluster")?;
 

@@ -60,4 +60,10 @@ pub trait Backend: Send + Sync + 'static {
     fn healthy(&self) -> bool {
         true
     }
+    /// Fault drills (`POST /admin/fault`, on only with `CLEAVE_FAULT_INJECTION=1`): injects
+    /// `fault` into the rank with configured id `rank`; false when there is no such rank.
+    fn inject_fault(&self, rank: usize, fault: cleave_actors::Fault) -> bool {
+        let _ = (rank, fault);
+        false
+    }
 }

@@ -64,6 +64,10 @@ impl Backend for Cluster {
         BackendLoad { running: s.in_flight, kv_blocks_in_use: s.blocks_in_use() }
     }
 
+    fn inject_fault(&self, rank: usize, fault: cleave_actors::Fault) -> bool {
+        Cluster::inject_fault(self, rank, fault)
+    }
+
     /// Healthy while at least one decode rank is up.
     fn healthy(&self) -> bool {
         self.stats().ranks.iter().any(|r| r.role == Role::Decode && r.status == RankStatus::Up)

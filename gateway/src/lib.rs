@@ -58,6 +58,9 @@ pub struct GatewayConfig {
     /// Origins browsers may call the API from (vLLM's `--allowed-origins`; `*` for any). Empty:
     /// no CORS headers, so cross-site browser requests are refused.
     pub allowed_origins: Vec<String>,
+    /// `POST /admin/fault` (fault drills on a running server); off unless asked for
+    /// (`cleave serve` reads `CLEAVE_FAULT_INJECTION=1`). Behind the API key when one is set.
+    pub fault_injection: bool,
 }
 
 impl Default for GatewayConfig {
@@ -70,6 +73,7 @@ impl Default for GatewayConfig {
             model_root: String::new(),
             api_key: None,
             allowed_origins: Vec::new(),
+            fault_injection: false,
         }
     }
 }

@@ -36,6 +36,7 @@ const ROUTES: &[(&str, Method)] = &[
     ("/tokenize", Method::POST),
     ("/detokenize", Method::POST),
     ("/version", Method::GET),
+    ("/admin/fault", Method::POST),
 ];
 
 async fn handle<S, B>(state: Arc<State>, method: Method, path: &str, headers: HeaderMap, body: S) -> Response
@@ -43,9 +44,9 @@ where
     S: Stream<Item = Result<B, warp::Error>> + Send + 'static,
     B: Buf,
 {
-    let known = ROUTES.iter().find(|(p, _)| *p == path);
+    let known = ROUTES.iter().find(|(p, _)| *p == path && (*p != "/admin/fault" || state.cfg.fault_injection));
     let route = known.map_or("other", |(p, _)| *p);
-    let locked = path.starts_with("/v1/") || path == "/v1";
+    let locked = path.starts_with("/v1/") || path == "/v1" || path.starts_with("/admin/");
     let cors = allowed_origin(&headers, &state.cfg.allowed_origins);
     if method == Method::OPTIONS && known.is_some() && cors.is_some() {
         return with_cors(preflight(), cors);
@@ -235,6 +236,9 @@ async fn parse(state: &Arc<State>, path: &'static str, body: Bytes) -> Result<Pa
 }
 
 async fn post(state: &Arc<State>, path: &'static str, body: Bytes) -> Result<Response, ApiError> {
+    if path == "/admin/fault" {
+        return inject_fault(state, &body);
+    }
     match parse(state, path, body).await? {
         Parsed::Generate(req) => generate::run(state.clone(), req).await,
         Parsed::Tokenized(tokens) => Ok(json_response(
@@ -249,6 +253,41 @@ async fn post(state: &Arc<State>, path: &'static str, body: Bytes) -> Result<Res
             Ok(json_response(StatusCode::OK, &json!({"prompt": tok.decode(&tokens, false)?})))
         }
     }
+}
+
+/// `POST /admin/fault {"rank": R, "fault": "panic" | "panic_on_kv_send" | "fail_kv_send" |
+/// "hang" | "slow_step" | "panic_on_group_rank", "ms": for hang and slow_step, "group_rank":
+/// for panic_on_group_rank}`: a one-shot fault, as the Rust API's `Cluster::inject_fault`.
+fn inject_fault(state: &State, body: &[u8]) -> Result<Response, ApiError> {
+    use cleave_actors::Fault;
+    let obj = crate::validate::parse_object(body)?;
+    let int = |k: &str| obj.get(k).and_then(serde_json::Value::as_u64);
+    let rank = int("rank").ok_or_else(|| ApiError::field("rank", "`rank` (a configured rank id) is required"))?;
+    let ms =
+        || int("ms").map(std::time::Duration::from_millis).ok_or_else(|| ApiError::field("ms", "`ms` is required"));
+    let fault = match obj.get("fault").and_then(serde_json::Value::as_str) {
+        Some("panic") => Fault::Panic,
+        Some("panic_on_kv_send") => Fault::PanicOnKvSend,
+        Some("fail_kv_send") => Fault::FailKvSend,
+        Some("hang") => Fault::Hang(ms()?),
+        Some("slow_step") => Fault::SlowStep(ms()?),
+        Some("panic_on_group_rank") => Fault::PanicOnGroupRank(
+            int("group_rank").ok_or_else(|| ApiError::field("group_rank", "`group_rank` is required"))? as usize,
+        ),
+        other => {
+            return Err(ApiError::field(
+                "fault",
+                format!(
+                    "`fault` must be panic, panic_on_kv_send, fail_kv_send, hang, slow_step or panic_on_group_rank, got {other:?}"
+                ),
+            ))
+        }
+    };
+    if !state.backend.inject_fault(rank as usize, fault) {
+        return Err(ApiError::field("rank", format!("no rank {rank} in this deployment")));
+    }
+    tracing::warn!(rank, ?fault, "fault injected through /admin/fault");
+    Ok(json_response(StatusCode::OK, &json!({"injected": format!("{fault:?}"), "rank": rank})))
 }
 
 /// Answers a rejection warp raised itself (only possible when the body was taken twice).

@@ -361,3 +361,31 @@ async fn a_disconnect_never_turns_the_next_request_into_a_server_error() {
     let (status, _) = s.json("/v1/chat/completions", &chat("fits", 2)).await;
     assert_eq!(status, 200);
 }
+
+/// Fault drills against a running server: `POST /admin/fault` exists only when enabled
+/// (`CLEAVE_FAULT_INJECTION=1` for `cleave serve`); a panic injected so restarts the rank and
+/// the server serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_drills_over_http_only_when_enabled() {
+    let off = TestServer::golden(4).await;
+    assert_eq!(off.post("/admin/fault", &json!({"rank": 0, "fault": "panic"})).await.status(), 404);
+    drop(off);
+    let s = TestServer::from_yaml(&yaml(&golden(), MODEL, 4, false), |g| g.fault_injection = true).await;
+    let (status, v) = s.json("/admin/fault", &json!({"rank": 0, "fault": "nope"})).await;
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("fault")), "{v}");
+    let (status, v) = s.json("/admin/fault", &json!({"rank": 9, "fault": "panic"})).await;
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("rank")), "{v}");
+    let (status, v) = s.json("/admin/fault", &json!({"rank": 0, "fault": "hang"})).await;
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("ms")), "{v}");
+    let (status, _) = s.json("/admin/fault", &json!({"rank": 0, "fault": "panic"})).await;
+    assert_eq!(status, 200);
+    for _ in 0..400 {
+        if s.cluster.stats().ranks.iter().any(|r| r.restarts == 1 && r.status == cleave_actors::RankStatus::Up) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(s.cluster.stats().ranks.iter().any(|r| r.restarts == 1), "{:?}", s.cluster.stats());
+    let (status, _) = s.json("/v1/chat/completions", &chat("after", 2)).await;
+    assert_eq!(status, 200);
+}
