@@ -81,6 +81,9 @@ impl GatewayConfig {
         Ok(GatewayConfig {
             max_concurrent_requests: cfg.server.max_concurrent_requests,
             allowed_origins: cfg.server.allowed_origins.clone(),
+            max_connections: cfg.server.max_connections,
+            header_timeout: std::time::Duration::from_millis(cfg.server.header_timeout_ms),
+            body_timeout: std::time::Duration::from_millis(cfg.server.body_timeout_ms),
             defaults: SamplingDefaults::from_model_dir(&cfg.model)?,
             model_root: cfg.model.canonicalize().unwrap_or_else(|_| cfg.model.clone()).display().to_string(),
             ..GatewayConfig::default()

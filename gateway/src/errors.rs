@@ -37,6 +37,9 @@ pub enum ApiError {
     /// The request body exceeds the gateway's limit.
     #[error("the request body exceeds the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// The request body did not arrive in time.
+    #[error("the request body did not arrive within {0} s")]
+    BodyTimeout(u64),
     /// A POST body declared as something other than JSON (a browser's cross-site form or
     /// `text/plain` request is never executed).
     #[error("the request body must be JSON (Content-Type: application/json), not {0}")]
@@ -98,6 +101,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -123,6 +127,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::BodyTimeout(_) => "request_timeout",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",

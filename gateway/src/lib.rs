@@ -61,6 +61,13 @@ pub struct GatewayConfig {
     /// `POST /admin/fault` (fault drills on a running server); off unless asked for
     /// (`cleave serve` reads `CLEAVE_FAULT_INJECTION=1`). Behind the API key when one is set.
     pub fault_injection: bool,
+    /// A connection that has not sent a whole request head this long after it opened or after
+    /// its previous response is closed (slow and idle clients cannot hold sockets).
+    pub header_timeout: std::time::Duration,
+    /// A request body must arrive within this long (408 beyond).
+    pub body_timeout: std::time::Duration,
+    /// Open connections at most; more wait in the listen backlog.
+    pub max_connections: usize,
 }
 
 impl Default for GatewayConfig {
@@ -74,6 +81,9 @@ impl Default for GatewayConfig {
             api_key: None,
             allowed_origins: Vec::new(),
             fault_injection: false,
+            header_timeout: std::time::Duration::from_secs(30),
+            body_timeout: std::time::Duration::from_secs(60),
+            max_connections: 1024,
         }
     }
 }

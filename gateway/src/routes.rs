@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
@@ -59,7 +60,7 @@ where
         }
         Some((p, m)) if *m == Method::GET => get(&state, p).await,
         Some((p, _)) => match json_body(&headers) {
-            Ok(()) => match read_body(&headers, body, state.cfg.max_body_bytes).await {
+            Ok(()) => match read_body(&headers, body, state.cfg.max_body_bytes, state.cfg.body_timeout).await {
                 Ok(bytes) => post(&state, p, bytes).await,
                 Err(e) => Err(e),
             },
@@ -133,8 +134,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Reads the body, refusing it (413) once it exceeds `limit` bytes.
-async fn read_body<S, B>(headers: &HeaderMap, body: S, limit: usize) -> Result<Bytes, ApiError>
+/// Reads the body, refusing it (413) once it exceeds `limit` bytes and (408) when it has not
+/// arrived within `timeout`.
+async fn read_body<S, B>(headers: &HeaderMap, body: S, limit: usize, timeout: Duration) -> Result<Bytes, ApiError>
 where
     S: Stream<Item = Result<B, warp::Error>> + Send + 'static,
     B: Buf,
@@ -145,7 +147,9 @@ where
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
     let mut body = std::pin::pin!(body);
-    while let Some(chunk) = body.next().await {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let late = || ApiError::BodyTimeout(timeout.as_secs());
+    while let Some(chunk) = tokio::time::timeout_at(deadline, body.next()).await.map_err(|_| late())? {
         let mut chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
         if buf.len() + chunk.remaining() > limit {
             return Err(ApiError::PayloadTooLarge { limit });

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -32,6 +32,11 @@ impl Server {
         cfg: GatewayConfig,
         addr: SocketAddr,
     ) -> Result<Server, GatewayError> {
+        if cfg.max_connections == 0 || cfg.header_timeout.is_zero() || cfg.body_timeout.is_zero() {
+            return Err(GatewayError::Config(
+                "max_connections, the header timeout and the body timeout must be positive".into(),
+            ));
+        }
         if cfg.max_concurrent_requests == 0 {
             return Err(GatewayError::Config("max_concurrent_requests must be at least 1".into()));
         }
@@ -83,10 +88,18 @@ impl Server {
 }
 
 async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stop: oneshot::Receiver<()>) {
+    let state_cfg = state.cfg.clone();
     let filter = routes::api(state).recover(routes::recover).unify();
     let service = warp::service(filter);
     let graceful = GracefulShutdown::new();
+    let (slots, header_timeout) = (Arc::new(Semaphore::new(state_cfg.max_connections)), state_cfg.header_timeout);
     loop {
+        // A connection is accepted only with a free slot: the rest wait in the listen backlog.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s,
+            _ = &mut stop => break,
+        };
+        let Ok(slot) = slot else { break };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = &mut stop => break,
@@ -102,9 +115,12 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, mut stop: oneshot
         };
         let _ = io.set_nodelay(true);
         let conn = warp::hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
             .serve_connection(TokioIo::new(io), TowerToHyperService::new(service.clone()));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = conn.await {
                 // A client that hangs up mid-response ends here; it is routine, not an error.
                 tracing::debug!(%peer, error = %e, "connection closed with an error");

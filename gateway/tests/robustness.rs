@@ -389,3 +389,39 @@ async fn fault_drills_over_http_only_when_enabled() {
     let (status, _) = s.json("/v1/chat/completions", &chat("after", 2)).await;
     assert_eq!(status, 200);
 }
+
+/// Idle and slow clients cannot hold the server: a connection that sends no request head within
+/// the header timeout is closed, connections are capped, and a body that does not arrive in
+/// time gets 408. A normal client gets through while the cap is full of idle sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_clients_time_out_and_cannot_lock_others_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::from_yaml(&yaml(&golden(), MODEL, 4, false), |g| {
+        g.header_timeout = Duration::from_millis(400);
+        g.body_timeout = Duration::from_millis(400);
+        g.max_connections = 2;
+    })
+    .await;
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let t0 = std::time::Instant::now();
+    let (status, _) = s.json("/v1/chat/completions", &chat("through", 2)).await;
+    assert_eq!(status, 200, "a client gets a slot once idle sockets time out");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    for mut c in idle {
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(3), c.read(&mut buf)).await.expect("closed in time");
+        assert!(n.as_ref().map_or(true, |&n| n == 0 || String::from_utf8_lossy(&buf[..n]).contains("408")), "{n:?}");
+    }
+    // A body that stops arriving.
+    let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"pro";
+    c.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(3), c.read(&mut buf)).await.expect("answered in time").unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+}

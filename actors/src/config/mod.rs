@@ -137,11 +137,25 @@ pub struct ServerConfig {
     pub max_concurrent_requests: usize,
     /// Origins browsers may call the API from (`*`: any); none by default (no CORS).
     pub allowed_origins: Vec<String>,
+    /// Open connections at most (default 1024; keep it below the process's file limit).
+    pub max_connections: usize,
+    /// A connection idle or slow this long before a whole request head is closed (30000).
+    pub header_timeout_ms: u64,
+    /// A request body must arrive within this long (60000; 408 beyond).
+    pub body_timeout_ms: u64,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { host: "127.0.0.1".into(), port: 8000, max_concurrent_requests: 256, allowed_origins: Vec::new() }
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            max_concurrent_requests: 256,
+            allowed_origins: Vec::new(),
+            max_connections: 1024,
+            header_timeout_ms: 30_000,
+            body_timeout_ms: 60_000,
+        }
     }
 }
 

@@ -64,6 +64,9 @@ impl DeployConfig {
             return Err(("server.host".into(), "must not be empty".into()));
         }
         positive("server.max_concurrent_requests", self.server.max_concurrent_requests)?;
+        positive("server.max_connections", self.server.max_connections)?;
+        positive("server.header_timeout_ms", self.server.header_timeout_ms as usize)?;
+        positive("server.body_timeout_ms", self.server.body_timeout_ms as usize)?;
 
         let p = &self.prefill;
         groups("prefill", &p.ranks, p.tensor_parallel_size, p.data_parallel_size)?;
