@@ -34,6 +34,50 @@ pub enum Command {
     Mixed(MixedArgs),
     /// Send tagged prompts and write tagged responses (reasoning and content apart).
     Batch(BatchArgs),
+    /// Sustained abuse: normal, disconnecting and malformed requests beyond the admitted
+    /// concurrency; fails on any wrong answer, a leak, or growing memory.
+    Soak(SoakArgs),
+}
+
+/// The soak run.
+#[derive(Debug, Clone, Args)]
+pub struct SoakArgs {
+    /// Server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// How long to run.
+    #[arg(long, default_value_t = 600)]
+    pub duration_s: u64,
+    /// Clients at once (2x the server's max_concurrent_requests overloads it).
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Share of requests that are bad input.
+    #[arg(long, default_value_t = 0.1)]
+    pub bad_fraction: f64,
+    /// Share of requests whose client hangs up after two chunks.
+    #[arg(long, default_value_t = 0.2)]
+    pub disconnect_fraction: f64,
+    /// Tokens each normal request asks for.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: usize,
+    /// A request unanswered this long counts as a hang.
+    #[arg(long, default_value_t = 120)]
+    pub request_timeout_s: u64,
+    /// The server's process id: its resident memory is sampled every second.
+    #[arg(long)]
+    pub pid: Option<u32>,
+    /// Most growth of resident memory allowed, first quarter of the run to the last (MiB).
+    #[arg(long, default_value_t = 256.0)]
+    pub max_rss_growth_mib: f64,
+    /// Seed of the workers' choices.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print each unexpected answer.
+    #[arg(long)]
+    pub verbose: bool,
+    /// Write the result JSON here.
+    #[arg(long)]
+    pub save_result: Option<PathBuf>,
 }
 
 /// vLLM's `--backend` names: which API the requests use.

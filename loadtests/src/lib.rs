@@ -13,4 +13,5 @@ pub mod mixed;
 pub mod report;
 pub mod runner;
 pub mod sharegpt;
+pub mod soak;
 pub mod sweep;

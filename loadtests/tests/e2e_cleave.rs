@@ -368,3 +368,58 @@ fn vllm_command_lines_with_an_api_key() {
         .expect("running cleave-bench");
     assert!(!out.status.success(), "requests without the key must fail");
 }
+
+/// The soak (issue 17): a minute each on the CPU default (1P1D) and on 2p2d, at twice the
+/// admitted concurrency, with disconnects and bad input mixed in. `cleave-bench soak` fails on
+/// any wrong answer, a request or KV block left behind, or resident memory growing.
+#[test]
+fn soak_a_minute_on_the_cpu_default_and_on_2p2d() {
+    let bin = match cleave_binary() {
+        Ok(b) => b,
+        Err(why) => return skip(&why),
+    };
+    let dir = temp_dir("soak");
+    for cfg in ["cpu-tiny.yaml", "cpu-2p2d.yaml"] {
+        let yaml = std::fs::read_to_string(root().join("configs").join(cfg)).unwrap();
+        let yaml: String = yaml
+            .lines()
+            .map(|l| {
+                if l.starts_with("server:") {
+                    "server: {host: 127.0.0.1, port: 0, max_concurrent_requests: 8}"
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let path = root().join("configs").join(format!("_soak-{}-{cfg}", std::process::id()));
+        std::fs::write(&path, yaml).unwrap();
+        let serve = start_serve(&bin, &path);
+        let _ = std::fs::remove_file(&path);
+        let serve = match serve {
+            Ok(s) => s,
+            Err(why) => return skip(&why),
+        };
+        let out = dir.join(format!("{cfg}.json"));
+        let pid = serve.child.id().to_string();
+        let secs = std::env::var("CLEAVE_SOAK_SECONDS").unwrap_or_else(|_| "60".into());
+        bench(&[
+            "soak",
+            "--base-url",
+            &serve.url,
+            "--duration-s",
+            &secs,
+            "--concurrency",
+            "16",
+            "--pid",
+            &pid,
+            "--save-result",
+            out.to_str().unwrap(),
+        ]);
+        let j = read_json(&out);
+        println!("{cfg}: {j}");
+        assert_eq!(j["unexpected"], 0, "{cfg}");
+        assert!(j["completed"].as_u64().unwrap() > 0 && j["refused_429"].as_u64().unwrap() > 0, "{cfg}: {j}");
+        assert!(j["disconnected"].as_u64().unwrap() > 0 && j["bad_input_rejected"].as_u64().unwrap() > 0, "{cfg}");
+    }
+}
