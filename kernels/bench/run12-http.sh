@@ -8,7 +8,7 @@ C=.carry/cleave; CB=.carry/cleave-bench
 chmod +x $C $CB
 ({ time $C gen-checkpoint --shape v2-lite --dtype bf16 --out /dev/shm/v2lite; } > $OUT/gen.txt 2>&1) &
 GP=$!
-timeout 120 $C kernels-check --no-ops --parallel-model models/golden/bf16-qlora 2>&1 | grep -E "^  |^    |within|failed" | grep -v module
+timeout 200 $C kernels-check --no-ops --golden models/golden --compare-model models/tiny-r1 --parallel-model models/golden/bf16-qlora 2>&1 | grep -E "^  |^    |within|failed" | grep -v module
 wait $GP; grep -E "real|wrote" $OUT/gen.txt; ls /dev/shm/v2lite
 S=$(date +%s)
 $C serve /dev/shm/v2lite --device cuda --max-model-len 4096 --max-num-seqs 256 --port 18200 > $OUT/serve.txt 2>&1 &
