@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, KvLayout};
 use cleave_engine::model::{Model, StepInput};
-use cleave_engine::{Engine, EngineConfig, Request, SamplingParams, TokenOutput};
+use cleave_engine::{Engine, EngineConfig, TokenOutput};
 use serde_json::Value;
 
 /// A step whose top-2 logit gap is below this is a near-tie: HF's f32 and ours may pick either.
@@ -46,20 +46,11 @@ fn run(case: &str, cfg: EngineConfig) -> Vec<Vec<TokenOutput>> {
 fn run_counting_preemptions(case: &str, cfg: EngineConfig) -> (Vec<Vec<TokenOutput>>, u64) {
     let exp = expected(case);
     let mut engine = Engine::load(CpuBackend, &case_dir(case), cfg).expect("load");
-    let requests = exp
-        .prompts
-        .iter()
-        .enumerate()
-        .map(|(i, (prompt, want, _, _))| Request {
-            id: i as u64,
-            prompt: prompt.clone(),
-            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(want.len()) },
-            prefill_only: false,
-        })
-        .collect();
-    let mut out = engine.generate(requests).expect("generate");
+    let prompts: Vec<Vec<u32>> = exp.prompts.iter().map(|p| p.0.clone()).collect();
+    let lens: Vec<usize> = exp.prompts.iter().map(|p| p.1.len()).collect();
+    let out = engine.generate_greedy(&prompts, &lens).expect("generate");
     assert_eq!(engine.stats().used_blocks, 0, "blocks leaked");
-    ((0..exp.prompts.len()).map(|i| out.remove(&(i as u64)).unwrap()).collect(), engine.stats().preemptions)
+    (out, engine.stats().preemptions)
 }
 
 fn check_against_hf(case: &str, cfg: EngineConfig) {

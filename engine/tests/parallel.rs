@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
+use cleave_engine::{Engine, EngineConfig, ParallelConfig};
 use serde_json::Value;
 
 fn models() -> PathBuf {
@@ -63,23 +63,10 @@ fn tiny_r1(problems: usize, n: usize) -> Expected {
 type Outputs = Vec<Vec<(u32, f32)>>;
 
 fn generate(mut engine: Engine<CpuBackend>, exp: &Expected) -> Outputs {
-    let requests = exp
-        .prompts
-        .iter()
-        .zip(&exp.ids)
-        .enumerate()
-        .map(|(i, (prompt, want))| Request {
-            id: i as u64,
-            prompt: prompt.clone(),
-            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(want.len()) },
-            prefill_only: false,
-        })
-        .collect();
-    let mut out = engine.generate(requests).expect("generate");
+    let lens: Vec<usize> = exp.ids.iter().map(Vec::len).collect();
+    let out = engine.generate_greedy(&exp.prompts, &lens).expect("generate");
     assert_eq!(engine.stats().used_blocks, 0, "blocks leaked");
-    (0..exp.prompts.len())
-        .map(|i| out.remove(&(i as u64)).unwrap().iter().map(|t| (t.token, t.logprob)).collect())
-        .collect()
+    out.iter().map(|o| o.iter().map(|t| (t.token, t.logprob)).collect()).collect()
 }
 
 fn check(model: &str, exp: &Expected, layouts: &[ParallelConfig]) {

@@ -8,7 +8,7 @@ use anyhow::Context;
 use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::backend::Backend;
-use cleave_engine::{Engine, EngineConfig, Request, SamplingParams, TokenOutput};
+use cleave_engine::{Engine, EngineConfig, TokenOutput};
 use serde_json::Value;
 
 pub const LOGPROB_TOL: f64 = 2e-2;
@@ -46,21 +46,8 @@ fn generate<B: Backend>(be: B, dir: &Path, c: &Case) -> anyhow::Result<Vec<Vec<T
         num_blocks: 64,
         max_model_len: Some(1024),
     };
-    let mut engine = Engine::load(be, dir, cfg)?;
-    let reqs = c
-        .prompts
-        .iter()
-        .zip(&c.want)
-        .enumerate()
-        .map(|(i, (p, w))| Request {
-            id: i as u64,
-            prompt: p.clone(),
-            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(w.len().max(1)) },
-            prefill_only: false,
-        })
-        .collect();
-    let mut out = engine.generate(reqs)?;
-    Ok((0..c.prompts.len()).map(|i| out.remove(&(i as u64)).unwrap_or_default()).collect())
+    let lens: Vec<usize> = c.want.iter().map(|w| w.len().max(1)).collect();
+    Ok(Engine::load(be, dir, cfg)?.generate_greedy(&c.prompts, &lens)?)
 }
 
 /// What a comparison requires: equal greedy ids (`ids`), and logprobs within [`LOGPROB_TOL`]

@@ -27,21 +27,9 @@ fn cfg() -> EngineConfig {
 }
 
 fn generate<B: Backend>(mut e: Engine<B>, prompts: &[Vec<u32>]) -> Result<Outputs> {
-    let reqs = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Request {
-            id: i as u64,
-            prompt: p.clone(),
-            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) },
-            prefill_only: false,
-        })
-        .collect();
-    let mut out = e.generate(reqs)?;
+    let out = e.generate_greedy(prompts, &vec![24; prompts.len()])?;
     ensure!(e.stats().used_blocks == 0, "blocks leaked");
-    Ok((0..prompts.len())
-        .map(|i| out.remove(&(i as u64)).unwrap().iter().map(|t| (t.token, t.logprob)).collect())
-        .collect())
+    Ok(out.iter().map(|o| o.iter().map(|t| (t.token, t.logprob)).collect()).collect())
 }
 
 /// Returns the number of failed checks.

@@ -434,4 +434,22 @@ impl<B: Backend> Engine<B> {
         }
         Ok(out)
     }
+
+    /// Greedy completions of `prompts` with EOS ignored, `lens[i]` tokens for prompt `i`, in
+    /// prompt order (the references' checks: golden fixtures, parallel layouts).
+    pub fn generate_greedy(&mut self, prompts: &[Vec<u32>], lens: &[usize]) -> Result<Vec<Vec<TokenOutput>>> {
+        let requests = prompts
+            .iter()
+            .zip(lens)
+            .enumerate()
+            .map(|(i, (p, &n))| Request {
+                id: i as u64,
+                prompt: p.clone(),
+                params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(n) },
+                prefill_only: false,
+            })
+            .collect();
+        let mut out = self.generate(requests)?;
+        Ok((0..prompts.len()).map(|i| out.remove(&(i as u64)).unwrap_or_default()).collect())
+    }
 }
