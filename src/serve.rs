@@ -73,6 +73,12 @@ pub struct Args {
     /// Whole routed experts per rank instead of a slice of every expert.
     #[arg(long)]
     enable_expert_parallel: bool,
+    /// Reuse the KV of cached prompt prefixes (the default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    enable_prefix_caching: bool,
+    /// Recompute every prompt in full; also turns off cache-aware routing.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    no_enable_prefix_caching: bool,
     /// Disaggregated serving: the prefill pool's ranks (GPU ordinals on CUDA), e.g. 0,1,2,3.
     #[arg(long, value_delimiter = ',')]
     prefill_ranks: Option<Vec<usize>>,
@@ -158,6 +164,11 @@ impl Args {
                 DtypeArg::Float32 => Dtype::Float32,
             }),
             max_model_len: self.max_model_len,
+            enable_prefix_caching: match (self.enable_prefix_caching, self.no_enable_prefix_caching) {
+                (_, true) => Some(false),
+                (true, _) => Some(true),
+                _ => None,
+            },
             host: self.host.clone(),
             port: self.port,
             max_num_seqs: self.max_num_seqs,

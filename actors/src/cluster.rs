@@ -196,6 +196,7 @@ impl Cluster {
                 block_size: cfg.kv_cache.block_size,
                 num_blocks,
                 max_model_len: Some(info.max_model_len),
+                enable_prefix_caching: cfg.enable_prefix_caching,
             }
         };
         let infos: Vec<RankInfo> = groups
@@ -223,6 +224,7 @@ impl Cluster {
         let timeout = Duration::from_millis(cfg.kv_transfer.timeout_ms);
         let sup = cfg.supervisor.clone();
         let has_prefill = !cfg.prefill.ranks.is_empty();
+        let caching = cfg.enable_prefix_caching;
         std::thread::Builder::new()
             .name("cleave-actors".into())
             .spawn(move || {
@@ -233,7 +235,7 @@ impl Cluster {
                         Pool::new(Role::Prefill, t.clone(), spawn.clone(), transfer.clone(), &sup).start();
                     }
                     Pool::new(Role::Decode, t.clone(), spawn, transfer, &sup).start();
-                    (Router::new(t, router_cfg).start(), actix::System::current())
+                    (Router::new(t, router_cfg, caching).start(), actix::System::current())
                 });
                 let _ = tx.send(addrs);
                 if let Err(e) = sys.run() {
@@ -327,7 +329,14 @@ impl Cluster {
         for (slot, r) in t.stats().into_iter().enumerate() {
             let (rank, pool) = (r.rank.to_string(), r.role.as_str());
             let labels = [rank.as_str(), pool];
-            m.preemptions.with_label_values(&labels).inc_by(t.shared(slot).new_preemptions());
+            let sh = t.shared(slot);
+            m.preemptions.with_label_values(&labels).inc_by(sh.preemptions.take_new());
+            m.prefix_queries.with_label_values(&labels).inc_by(sh.prefix_queries.take_new());
+            m.prefix_hits.with_label_values(&labels).inc_by(sh.prefix_hits.take_new());
+            m.prefix_evictions.with_label_values(&labels).inc_by(sh.prefix_evictions.take_new());
+            let (q, h) = (sh.prefix_queries.get(), sh.prefix_hits.get());
+            m.prefix_hit_rate.with_label_values(&labels).set(if q == 0 { 0.0 } else { h as f64 / q as f64 });
+            m.prefix_cached_blocks.with_label_values(&labels).set(sh.cached_blocks.load(Ordering::Relaxed) as i64);
             m.running.with_label_values(&labels).set(r.running as i64);
             m.waiting.with_label_values(&labels).set(r.waiting as i64);
             m.kv_blocks_in_use.with_label_values(&labels).set(r.blocks_in_use as i64);

@@ -47,6 +47,8 @@ pub(crate) struct Reserved {
     pub id: ReqId,
     pub dst_inc: u64,
     pub blocks: Vec<u32>,
+    /// Leading blocks the decode rank already caches: the prefill rank does not send them.
+    pub cached_blocks: usize,
 }
 
 /// The prefill rank sent (or failed to send) a transfer's KV and released it.

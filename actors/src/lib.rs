@@ -30,6 +30,7 @@ mod events;
 mod ledger;
 pub mod metrics;
 mod pool;
+mod prefix;
 mod rank;
 mod request;
 mod router;

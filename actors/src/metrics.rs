@@ -30,6 +30,16 @@ pub struct Metrics {
     pub kv_usage: GaugeVec,
     /// `rank`, `pool`: running sequences preempted (their KV freed, recomputed later).
     pub preemptions: IntCounterVec,
+    /// `rank`, `pool`: prompt tokens looked up in the prefix cache, and those found there
+    /// (vLLM's `prefix_cache_queries` / `prefix_cache_hits`).
+    pub prefix_queries: IntCounterVec,
+    pub prefix_hits: IntCounterVec,
+    /// `rank`, `pool`: hits over queries since the rank started (0-1).
+    pub prefix_hit_rate: GaugeVec,
+    /// `rank`, `pool`: blocks holding a cached prefix (in use or evictable).
+    pub prefix_cached_blocks: IntGaugeVec,
+    /// `rank`, `pool`: cached blocks evicted to make room.
+    pub prefix_evictions: IntCounterVec,
     /// Requests admitted and not yet gone from every rank.
     pub in_flight: IntGauge,
     pub kv_transfers: IntCounter,
@@ -101,6 +111,34 @@ impl Metrics {
             preemptions: counter_vec(
                 "cleave_num_preemptions_total",
                 "Running sequences preempted for lack of KV blocks",
+                &["rank", "pool"],
+            ),
+            prefix_queries: counter_vec(
+                "cleave_prefix_cache_queries_total",
+                "Prompt tokens looked up in a rank's prefix cache",
+                &["rank", "pool"],
+            ),
+            prefix_hits: counter_vec(
+                "cleave_prefix_cache_hits_total",
+                "Prompt tokens found in a rank's prefix cache",
+                &["rank", "pool"],
+            ),
+            prefix_hit_rate: reg(
+                &r,
+                GaugeVec::new(
+                    Opts::new("cleave_prefix_cache_hit_rate", "Prompt tokens found cached over those looked up (0-1)"),
+                    &["rank", "pool"],
+                )
+                .unwrap(),
+            ),
+            prefix_cached_blocks: gauge_vec(
+                "cleave_prefix_cache_blocks",
+                "KV blocks holding a cached prefix on a rank (in use or evictable)",
+                &["rank", "pool"],
+            ),
+            prefix_evictions: counter_vec(
+                "cleave_prefix_cache_evictions_total",
+                "Cached KV blocks evicted to make room",
                 &["rank", "pool"],
             ),
             in_flight: reg(

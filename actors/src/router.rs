@@ -1,12 +1,14 @@
-//! The router actor: conditional disaggregation. A prompt with at least `prefill_threshold`
-//! uncached tokens goes to the prefill pool while that pool's queue is below
-//! `max_prefill_queue`; every other prompt is prefilled on its decode rank. The decode rank is
-//! chosen up front (most free KV blocks, then fewest sequences), the prefill rank by queued
-//! tokens.
+//! The router actor: conditional disaggregation. The decode rank is chosen first: the one caching
+//! the longest prefix of the prompt unless it is much busier, else the most free KV blocks, then
+//! the fewest sequences. A prompt with at least `prefill_threshold` tokens not cached there
+//! (NVIDIA Dynamo's rule) goes to the prefill pool while that pool's queue is below
+//! `max_prefill_queue`, to the prefill rank with the least queued plus uncached work; every other
+//! prompt is prefilled on its decode rank.
 
 use std::sync::Arc;
 
 use actix::{Actor, Context, Handler, Message};
+use cleave_engine::kv_cache::block_hashes;
 
 use crate::config::RouterConfig;
 use crate::error::ActorError;
@@ -40,23 +42,27 @@ impl Route {
 pub(crate) struct Router {
     table: Arc<RankTable>,
     cfg: RouterConfig,
+    /// Whether the ranks cache prefixes (else prompts are not hashed).
+    caching: bool,
 }
 
 impl Router {
-    pub fn new(table: Arc<RankTable>, cfg: RouterConfig) -> Self {
-        Router { table, cfg }
+    pub fn new(table: Arc<RankTable>, cfg: RouterConfig, caching: bool) -> Self {
+        Router { table, cfg, caching }
     }
 
     fn route(&self, ctx: Arc<ReqCtx>) -> Result<Route, ActorError> {
-        // No prefix cache yet: every prompt token is uncached.
-        let uncached = ctx.prompt.len();
+        let hashes = if self.caching { block_hashes(&ctx.prompt, self.table.block_size) } else { Vec::new() };
+        let decode = self.table.choose_decode_for(&hashes);
+        let cached = decode.map_or(0, |(_, blocks)| blocks * self.table.block_size);
+        let uncached = ctx.prompt.len().saturating_sub(cached);
         if uncached >= self.cfg.prefill_threshold && self.table.prefill_queue() < self.cfg.max_prefill_queue {
-            if let (Some(p), Some(d)) = (self.table.choose_prefill(), self.table.choose_decode()) {
+            if let (Some(p), Some((d, _))) = (self.table.choose_prefill_for(&hashes, ctx.prompt.len()), decode) {
                 self.table.dispatch_prefill(ctx, p, d)?;
                 return Ok(Route::PrefillPool);
             }
         }
-        self.table.dispatch_generate(ctx, None)?;
+        self.table.dispatch_generate(ctx, decode.map(|(d, _)| d))?;
         Ok(Route::DecodeLocal)
     }
 }

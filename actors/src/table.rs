@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use cleave_engine::kv_cache::blocks_for;
+use cleave_engine::kv_cache::{blocks_for, pick_cached, BlockHash};
 
 use crate::command::{Fault, RankCmd};
 use crate::config::FailurePolicy;
 use crate::error::ActorError;
 use crate::ledger::{Ledger, Promised};
 use crate::metrics::Metrics;
+use crate::prefix::{PrefixIndex, Tally};
 use crate::request::{Hub, ReqCtx, ReqId, OWNER_NONE};
 
 /// Recoveries of one request before it is failed instead.
@@ -62,9 +63,16 @@ pub(crate) struct RankShared {
     /// Prompt tokens computed and tokens sent by this incarnation (the pools' stats lines).
     pub prompt_tokens: AtomicU64,
     pub generated: AtomicU64,
-    /// Preemptions of this incarnation, and how many of them the metrics counted.
-    pub preemptions: AtomicU64,
-    preemptions_counted: AtomicU64,
+    /// Totals of this incarnation: preemptions, prompt tokens looked up in the prefix cache and
+    /// found there, cached blocks evicted.
+    pub preemptions: Tally,
+    pub prefix_queries: Tally,
+    pub prefix_hits: Tally,
+    pub prefix_evictions: Tally,
+    /// Blocks holding a cached prefix.
+    pub cached_blocks: AtomicUsize,
+    /// The prefixes this rank caches.
+    pub prefix: PrefixIndex,
     last_beat_ms: AtomicU64,
     /// When the step now running began (ms since the epoch, plus 1); 0 between steps.
     step_since_ms: AtomicU64,
@@ -88,8 +96,12 @@ impl RankShared {
             blocks_total: z(),
             prompt_tokens: AtomicU64::new(0),
             generated: AtomicU64::new(0),
-            preemptions: AtomicU64::new(0),
-            preemptions_counted: AtomicU64::new(0),
+            preemptions: Tally::default(),
+            prefix_queries: Tally::default(),
+            prefix_hits: Tally::default(),
+            prefix_evictions: Tally::default(),
+            cached_blocks: z(),
+            prefix: PrefixIndex::default(),
             last_beat_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
             step_since_ms: AtomicU64::new(0),
             retired: AtomicBool::new(false),
@@ -102,12 +114,6 @@ impl RankShared {
     /// Records that the rank's loop is alive.
     pub fn beat(&self) {
         self.last_beat_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-    }
-
-    /// Preemptions published since the last call (for a counter that never goes back).
-    pub fn new_preemptions(&self) -> u64 {
-        let now = self.preemptions.load(Ordering::Relaxed);
-        now.saturating_sub(self.preemptions_counted.swap(now, Ordering::Relaxed))
     }
 
     /// Marks the start (`true`) or the end of a step; the end is a beat.
@@ -335,21 +341,37 @@ impl RankTable {
     /// The decode rank for a new sequence: most free KV blocks (after promised ones), then
     /// fewest sequences. Ranks that are up are preferred to ranks still loading.
     pub fn choose_decode(&self) -> Option<usize> {
+        self.choose_decode_for(&[]).map(|(slot, _)| slot)
+    }
+
+    /// The decode rank for a prompt whose block hashes are `hashes`: the one caching the longest
+    /// prefix of it unless it is much busier ([`pick_cached`]), else as [`Self::choose_decode`].
+    /// Returns the slot and the prompt's blocks cached there.
+    pub fn choose_decode_for(&self, hashes: &[BlockHash]) -> Option<(usize, usize)> {
         let pick = |want: RankStatus| {
-            self.usable(Role::Decode).filter(|(_, st)| *st == want).map(|(i, _)| i).max_by_key(|&i| {
-                let s = self.shared(i);
-                (s.free_blocks(), std::cmp::Reverse(s.decode_load()), std::cmp::Reverse(i))
-            })
+            let slots: Vec<usize> = self.usable(Role::Decode).filter(|(_, st)| *st == want).map(|(i, _)| i).collect();
+            let cands: Vec<_> = slots
+                .iter()
+                .map(|&i| {
+                    let s = self.shared(i);
+                    let load = s.decode_load();
+                    (load, s.prefix.matched(hashes), (std::cmp::Reverse(s.free_blocks()), load, i))
+                })
+                .collect();
+            pick_cached(&cands).map(|k| (slots[k], cands[k].1))
         };
         pick(RankStatus::Up).or_else(|| pick(RankStatus::Starting))
     }
 
-    /// The prefill rank with the fewest queued prompt tokens, among those up.
-    pub fn choose_prefill(&self) -> Option<usize> {
-        self.usable(Role::Prefill)
-            .filter(|(_, st)| *st == RankStatus::Up)
-            .map(|(i, _)| i)
-            .min_by_key(|&i| (self.shared(i).promised.tokens(), i))
+    /// The prefill rank, among those up, that finishes a prompt of `prompt_len` tokens with
+    /// block hashes `hashes` first: fewest queued prompt tokens plus the prompt's tokens it does
+    /// not cache.
+    pub fn choose_prefill_for(&self, hashes: &[BlockHash], prompt_len: usize) -> Option<usize> {
+        self.usable(Role::Prefill).filter(|(_, st)| *st == RankStatus::Up).map(|(i, _)| i).min_by_key(|&i| {
+            let s = self.shared(i);
+            let uncached = prompt_len.saturating_sub(s.prefix.matched(hashes) * self.block_size);
+            (s.promised.tokens() + uncached, i)
+        })
     }
 
     /// Requests assigned to the prefill pool whose first token is not sampled yet.

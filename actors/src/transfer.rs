@@ -88,6 +88,7 @@ impl Handler<Prefilled> for KvTransfer {
             dst_rank: self.table.slots[dst].rank,
             prompt_len: m.ctx.prompt.len(),
             blocks: Vec::new(),
+            cached_blocks: 0,
             deadline: Instant::now() + self.timeout,
         };
         let dst_inc = self.table.inc(dst);
@@ -125,6 +126,7 @@ impl Handler<Reserved> for KvTransfer {
             return;
         }
         o.ticket.blocks = m.blocks;
+        o.ticket.cached_blocks = m.cached_blocks;
         let cmd = RankCmd::SendKv { ticket: o.ticket.clone() };
         if !self.table.send_to(o.src, o.src_inc, cmd) {
             self.fail(m.id, "rank_failed", "the prefill rank is gone".into());

@@ -27,6 +27,9 @@ pub struct TransferTicket {
     pub prompt_len: usize,
     /// The decode rank's reserved blocks (`blocks_for(prompt_len)` of them).
     pub blocks: Vec<u32>,
+    /// Leading `blocks` that already hold the prompt's KV from the decode rank's prefix cache;
+    /// only the rest move.
+    pub cached_blocks: usize,
     /// The transfer has failed if not complete by then.
     pub deadline: Instant,
 }
@@ -60,6 +63,13 @@ impl TransportError {
             EngineError::Timeout(m) => TransportError::TimedOut(format!("{what}: {m}")),
             e => TransportError::Failed(format!("{what}: {e}")),
         }
+    }
+}
+
+impl TransferTicket {
+    /// The reserved blocks the KV moves into.
+    pub fn moving(&self) -> &[u32] {
+        &self.blocks[self.cached_blocks.min(self.blocks.len())..]
     }
 }
 
@@ -125,7 +135,7 @@ impl<B: Backend> Transport<B> for MemcpyTransport {
             )));
         }
         let (len, data) = engine
-            .export_kv(ticket.req)
+            .export_kv(ticket.req, ticket.cached_blocks)
             .map_err(|e| TransportError::from_engine(&format!("export on rank {}", ticket.src_rank), e))?;
         if len != ticket.prompt_len {
             return Err(TransportError::Failed(format!(
@@ -144,7 +154,7 @@ impl<B: Backend> Transport<B> for MemcpyTransport {
     fn poll_recv(&mut self, engine: &mut Engine<B>, ticket: &TransferTicket) -> Result<Option<u64>, TransportError> {
         let Some((_, data)) = self.lock().remove(&ticket.req) else { return Ok(None) };
         engine
-            .import_kv(&ticket.blocks, &data)
+            .import_kv(ticket.moving(), &data)
             .map_err(|e| TransportError::from_engine(&format!("import on rank {}", ticket.dst_rank), e))?;
         Ok(Some((data.len() * std::mem::size_of::<f32>()) as u64))
     }

@@ -1,11 +1,12 @@
 //! Continuous batching: every step takes the running sequences' next tokens (decodes and the
 //! rest of chunked prefills) under a token budget, then admits waiting sequences while slots,
 //! budget and KV blocks allow. When blocks run out, the newest running sequence is preempted
-//! and later recomputed from its tokens.
+//! and later recomputed from its tokens. A sequence admitted from the queue starts after the
+//! longest prefix of its tokens found in the prefix cache; every block it fills is cached.
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::kv_cache::{blocks_for, BlockAllocator};
+use crate::kv_cache::{blocks_for, extend_hashes, BlockHash, BlockPool, CacheEvent, PrefixStats};
 
 /// Identifies a request on this rank.
 pub type SeqId = u64;
@@ -17,6 +18,8 @@ pub struct SchedulerConfig {
     pub max_num_batched_tokens: usize,
     pub block_size: usize,
     pub num_blocks: usize,
+    /// Reuse the KV of cached prompt prefixes (vLLM's `enable_prefix_caching`).
+    pub enable_prefix_caching: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,8 +40,33 @@ pub struct Sequence {
     pub blocks: Vec<u32>,
     /// Stop after the prompt is prefilled and the first token sampled; keep the KV.
     pub prefill_only: bool,
+    /// Prompt tokens found in the prefix cache when the sequence was first admitted.
+    pub cached_tokens: usize,
     state: State,
     arrival: u64,
+    admitted: bool,
+    /// The hash chain of the full blocks of `tokens` computed so far.
+    hashes: Vec<BlockHash>,
+    /// Leading blocks registered in the prefix cache.
+    registered: usize,
+}
+
+impl Sequence {
+    fn new(tokens: Vec<u32>, prompt_len: usize, prefill_only: bool, state: State, arrival: u64) -> Self {
+        Sequence {
+            tokens,
+            prompt_len,
+            num_computed: 0,
+            blocks: Vec::new(),
+            prefill_only,
+            cached_tokens: 0,
+            state,
+            arrival,
+            admitted: false,
+            hashes: Vec::new(),
+            registered: 0,
+        }
+    }
 }
 
 /// One sequence's share of a step.
@@ -56,7 +84,7 @@ pub struct Scheduled {
 #[derive(Debug)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
-    alloc: BlockAllocator,
+    alloc: BlockPool,
     seqs: HashMap<SeqId, Sequence>,
     waiting: VecDeque<SeqId>,
     running: Vec<SeqId>,
@@ -67,7 +95,7 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Self {
         Scheduler {
-            alloc: BlockAllocator::new(cfg.num_blocks),
+            alloc: BlockPool::new(cfg.num_blocks, cfg.enable_prefix_caching),
             cfg,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -85,37 +113,31 @@ impl Scheduler {
     pub fn add(&mut self, id: SeqId, tokens: Vec<u32>, prefill_only: bool) {
         let arrival = self.bump();
         let prompt_len = tokens.len();
-        self.seqs.insert(
-            id,
-            Sequence {
-                tokens,
-                prompt_len,
-                num_computed: 0,
-                blocks: Vec::new(),
-                prefill_only,
-                state: State::Waiting,
-                arrival,
-            },
-        );
+        self.seqs.insert(id, Sequence::new(tokens, prompt_len, prefill_only, State::Waiting, arrival));
         self.waiting.push_back(id);
     }
 
-    /// Admits a sequence whose first `computed` tokens already sit in `blocks` (a KV transfer).
-    pub fn add_computed(&mut self, id: SeqId, tokens: Vec<u32>, prompt_len: usize, computed: usize, blocks: Vec<u32>) {
+    /// Admits a sequence whose first `computed` tokens already sit in `blocks` (a KV transfer;
+    /// the first `cached_blocks` were this rank's own cached prefix).
+    pub fn add_computed(
+        &mut self,
+        id: SeqId,
+        tokens: Vec<u32>,
+        prompt_len: usize,
+        computed: usize,
+        blocks: Vec<u32>,
+        cached_blocks: usize,
+    ) {
         let arrival = self.bump();
-        self.seqs.insert(
-            id,
-            Sequence {
-                tokens,
-                prompt_len,
-                num_computed: computed,
-                blocks,
-                prefill_only: false,
-                state: State::Running,
-                arrival,
-            },
-        );
+        let mut s = Sequence::new(tokens, prompt_len, false, State::Running, arrival);
+        s.num_computed = computed;
+        s.blocks = blocks;
+        s.cached_tokens = (cached_blocks * self.cfg.block_size).min(prompt_len);
+        s.admitted = true;
+        self.alloc.note_query(prompt_len, s.cached_tokens);
+        self.seqs.insert(id, s);
         self.running.push(id);
+        self.register(id);
     }
 
     fn bump(&mut self) -> u64 {
@@ -123,9 +145,47 @@ impl Scheduler {
         self.next_arrival
     }
 
-    /// Reserves blocks that belong to no sequence yet (the receiving side of a transfer).
-    pub fn reserve(&mut self, n: usize) -> Option<Vec<u32>> {
-        self.alloc.alloc(n)
+    /// Reserves blocks that belong to no sequence yet for the KV of `prompt` (the receiving side
+    /// of a transfer): its longest cached prefix, shared, and new blocks for the rest (at least
+    /// one, so that something always moves). Returns the blocks and how many of them were
+    /// cached.
+    pub fn reserve(&mut self, prompt: &[u32]) -> Option<(Vec<u32>, usize)> {
+        let bs = self.cfg.block_size;
+        let n = blocks_for(prompt.len(), bs);
+        let mut hashes = Vec::new();
+        extend_hashes(&mut hashes, prompt, prompt.len(), bs);
+        let mut blocks = self.alloc.lookup(&hashes, n.saturating_sub(1));
+        let cached = blocks.len();
+        match self.alloc.alloc(n - cached) {
+            Some(fresh) => {
+                blocks.extend(fresh);
+                Some((blocks, cached))
+            }
+            None => {
+                self.alloc.release(&blocks);
+                None
+            }
+        }
+    }
+
+    /// How many leading full blocks of `tokens` this rank's prefix cache holds.
+    pub fn cached_blocks(&self, tokens: &[u32]) -> usize {
+        if !self.alloc.caching() {
+            return 0;
+        }
+        let mut hashes = Vec::new();
+        extend_hashes(&mut hashes, tokens, tokens.len(), self.cfg.block_size);
+        self.alloc.cached_prefix(&hashes)
+    }
+
+    /// Prefix-cache counters.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.alloc.stats()
+    }
+
+    /// Changes to the cached prefixes since the last call.
+    pub fn take_cache_events(&mut self) -> Vec<CacheEvent> {
+        self.alloc.take_events()
     }
 
     /// Returns reserved blocks that were never admitted.
@@ -207,6 +267,7 @@ impl Scheduler {
         self.alloc.release(&s.blocks);
         s.blocks.clear();
         s.num_computed = 0;
+        s.registered = 0;
         s.state = State::Waiting;
         self.running.retain(|&x| x != id);
         self.waiting.push_front(id);
@@ -257,11 +318,16 @@ impl Scheduler {
         }
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
             let Some(&id) = self.waiting.front() else { break };
+            self.start_from_cache(id);
             let (start, len, total) = {
                 let s = &self.seqs[&id];
                 (s.num_computed, (s.tokens.len() - s.num_computed).min(budget), s.tokens.len())
             };
             if !self.grow(id, start + len) {
+                let s = self.seqs.get_mut(&id).expect("exists");
+                self.alloc.release(&s.blocks);
+                s.blocks.clear();
+                s.num_computed = 0;
                 break;
             }
             self.waiting.pop_front();
@@ -273,12 +339,51 @@ impl Scheduler {
         out
     }
 
-    /// Marks the scheduled tokens as computed.
+    /// A sequence about to leave the queue with nothing computed starts after its longest
+    /// cached prefix, leaving at least one token to compute (its logits give the next token).
+    fn start_from_cache(&mut self, id: SeqId) {
+        let bs = self.cfg.block_size;
+        let s = self.seqs.get_mut(&id).expect("waiting sequence exists");
+        if s.num_computed > 0 || !s.blocks.is_empty() || !self.alloc.caching() {
+            return;
+        }
+        extend_hashes(&mut s.hashes, &s.tokens, s.tokens.len(), bs);
+        let max = (s.tokens.len() - 1) / bs;
+        s.blocks = self.alloc.lookup(&s.hashes, max);
+        s.num_computed = s.blocks.len() * bs;
+        s.registered = s.blocks.len();
+        // A recomputation after preemption finds its own blocks: no hit for the prompt.
+        if !s.admitted {
+            s.cached_tokens = s.num_computed.min(s.prompt_len);
+        }
+    }
+
+    /// Caches the full blocks of computed tokens not cached yet.
+    fn register(&mut self, id: SeqId) {
+        let bs = self.cfg.block_size;
+        let Some(s) = self.seqs.get_mut(&id) else { return };
+        if !self.alloc.caching() {
+            return;
+        }
+        extend_hashes(&mut s.hashes, &s.tokens, s.num_computed, bs);
+        let full = s.num_computed.min(s.tokens.len()) / bs;
+        for i in s.registered..full.min(s.blocks.len()) {
+            self.alloc.register(s.blocks[i], s.hashes[i]);
+        }
+        s.registered = s.registered.max(full.min(s.blocks.len()));
+    }
+
+    /// Marks the scheduled tokens as computed and caches the blocks they filled.
     pub fn commit(&mut self, work: &[Scheduled]) {
         for w in work {
             if let Some(s) = self.seqs.get_mut(&w.id) {
                 s.num_computed = s.num_computed.max(w.start + w.len);
+                if !s.admitted {
+                    s.admitted = true;
+                    self.alloc.note_query(s.prompt_len, s.cached_tokens);
+                }
             }
+            self.register(w.id);
         }
     }
 }
@@ -288,7 +393,13 @@ mod tests {
     use super::*;
 
     fn cfg(blocks: usize, budget: usize) -> SchedulerConfig {
-        SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: budget, block_size: 4, num_blocks: blocks }
+        SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: budget,
+            block_size: 4,
+            num_blocks: blocks,
+            enable_prefix_caching: false,
+        }
     }
 
     #[test]
@@ -352,6 +463,7 @@ mod tests {
             max_num_batched_tokens: 100,
             block_size: 4,
             num_blocks: 50,
+            enable_prefix_caching: false,
         });
         for id in 0..5 {
             s.add(id, vec![3; 5], false);

@@ -87,6 +87,7 @@ fn chunked(block_size: usize, budget: usize) -> EngineConfig {
         block_size,
         num_blocks: 64,
         max_model_len: Some(1024),
+        ..EngineConfig::default()
     }
 }
 
@@ -173,6 +174,7 @@ fn preemption_under_block_pressure_recomputes_to_the_same_result() {
         block_size: 16,
         num_blocks: 16,
         max_model_len: Some(256),
+        ..EngineConfig::default()
     };
     let (got, preemptions) = run_counting_preemptions("bf16-qlora", cfg);
     assert!(preemptions > 0, "the cache was large enough: nothing was preempted");

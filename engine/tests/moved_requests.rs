@@ -16,6 +16,7 @@ fn engine() -> Engine<CpuBackend> {
         block_size: 64,
         num_blocks: 64,
         max_model_len: None,
+        ..EngineConfig::default()
     };
     Engine::load(CpuBackend, &dir, cfg).expect("golden checkpoint")
 }
@@ -49,11 +50,7 @@ fn transferred(p: &[u32], params: &SamplingParams) -> Vec<TokenOutput> {
     }
     assert!(out[0].prefilled || out[0].finish.is_some());
     if out[0].finish.is_none() {
-        let (len, data) = a.export_kv(7).unwrap();
-        let blocks = b.reserve_blocks(len).unwrap();
-        b.import_kv(&blocks, &data).unwrap();
-        a.release(7);
-        b.admit_prefilled(req(p, params, false), out[0].token, blocks).unwrap();
+        a.move_prefilled(&mut b, req(p, params, false), out[0].token).unwrap();
         run(&mut b, &mut out);
     }
     out

@@ -19,6 +19,7 @@ fn cfg() -> EngineConfig {
         block_size: 16,
         num_blocks: 128,
         max_model_len: Some(512),
+        ..EngineConfig::default()
     }
 }
 

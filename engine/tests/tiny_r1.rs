@@ -35,6 +35,7 @@ fn answer_fixed_problems(model: &str) -> Vec<(Vec<u32>, String)> {
         block_size: 64,
         num_blocks: 20 * 32,
         max_model_len: None,
+        ..EngineConfig::default()
     };
     let mut engine = Engine::load(CpuBackend, &model_dir(model), cfg).expect("the model loads");
     let tok = engine.tokenizer().expect("the model has a tokenizer").clone();
@@ -94,6 +95,7 @@ fn held_back_text_is_released_when_eos_or_a_stop_token_ends_the_sequence() {
         block_size: 64,
         num_blocks: 64,
         max_model_len: None,
+        ..EngineConfig::default()
     };
     let mut engine = Engine::load(CpuBackend, &dir, cfg).unwrap();
     let tok = engine.tokenizer().unwrap().clone();
@@ -138,6 +140,7 @@ fn backend_and_host_sampling_agree_for_a_seed() {
         block_size: 64,
         num_blocks: 64,
         max_model_len: None,
+        ..EngineConfig::default()
     };
     let mut engine = Engine::load(CpuBackend, &dir, cfg).expect("models/tiny-r1 loads");
     let prompt = engine.tokenizer().unwrap().encode("What is 12 + 7?", false).unwrap();

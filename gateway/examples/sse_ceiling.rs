@@ -82,7 +82,7 @@ fn script(tok: &Tokenizer, len: usize) -> Vec<TokenOutput> {
             let token =
                 if Some(i) == Some(len / 2).filter(|_| end.is_some()) { end.unwrap() } else { ids[i % ids.len()] };
             let text = tok.decode(&[token], false).unwrap_or_default();
-            TokenOutput { id: 0, token, logprob: -0.1, top_logprobs: vec![], text, finish: None, prefilled: false }
+            TokenOutput { token, logprob: -0.1, text, ..TokenOutput::default() }
         })
         .collect()
 }

@@ -46,6 +46,8 @@ pub struct ChoiceState {
     pending: Vec<TokenLogprob>,
     /// Tokens generated so far (reasoning included).
     pub completion_tokens: usize,
+    /// Prompt tokens the prefix cache supplied, as the first token reported it.
+    pub cached_tokens: usize,
     pub finish: Option<FinishReason>,
 }
 
@@ -59,6 +61,7 @@ impl ChoiceState {
             want_logprobs,
             pending: Vec::new(),
             completion_tokens: 0,
+            cached_tokens: 0,
             finish: None,
         }
     }
@@ -91,6 +94,9 @@ impl ChoiceState {
             return ChoiceDelta::default();
         }
         let first = self.completion_tokens == 0;
+        if first {
+            self.cached_tokens = t.cached_tokens;
+        }
         self.completion_tokens += 1;
         let was_reasoning = self.splitter.in_reasoning();
         let split = self.splitter.push(t.token, &t.text);
@@ -125,7 +131,7 @@ mod tests {
             top_logprobs: vec![(token, -0.1)],
             text: text.into(),
             finish,
-            prefilled: false,
+            ..TokenOutput::default()
         }
     }
 

@@ -65,7 +65,7 @@ impl Collector {
 
     /// Token counts.
     pub fn usage(&self) -> Usage {
-        Usage::new(self.meta.prompt_tokens, self.choices.iter().map(|c| c.completion_tokens).sum())
+        Usage::of(self.meta.prompt_tokens, &self.choices)
     }
 
     /// The response body.
@@ -140,7 +140,7 @@ mod tests {
     use serde_json::{json, Value};
 
     fn tok(token: u32, text: &str, finish: Option<FinishReason>) -> TokenOutput {
-        TokenOutput { id: 0, token, logprob: -0.5, top_logprobs: vec![], text: text.into(), finish, prefilled: false }
+        TokenOutput { token, logprob: -0.5, text: text.into(), finish, ..TokenOutput::default() }
     }
 
     fn meta(endpoint: Endpoint, logprobs: bool) -> ResponseMeta {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use cleave_engine::tokenizer::Tokenizer;
 use serde::Serialize;
 
-use crate::choice::TokenLogprob;
+use crate::choice::{ChoiceState, TokenLogprob};
 
 /// Token counts of a request; `completion_tokens` includes reasoning tokens and sums all choices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -15,11 +15,27 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`, as OpenAI's API returns it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV came from the prefix cache (the most of any choice).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
-    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
-        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    /// The usage of a response's choices so far.
+    pub fn of(prompt_tokens: usize, choices: &[ChoiceState]) -> Self {
+        let completion_tokens = choices.iter().map(|c| c.completion_tokens).sum();
+        let cached_tokens = choices.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
+        }
     }
 }
 

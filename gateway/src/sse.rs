@@ -85,7 +85,7 @@ impl StreamFormatter {
 
     /// Token counts so far.
     pub fn usage(&self) -> Usage {
-        Usage::new(self.meta.prompt_tokens, self.choices.iter().map(|c| c.completion_tokens).sum())
+        Usage::of(self.meta.prompt_tokens, &self.choices)
     }
 
     fn event<T: Serialize>(&mut self, out: &mut Vec<u8>, value: &T) {
@@ -231,7 +231,7 @@ mod tests {
             top_logprobs: vec![(token, -0.25)],
             text: text.into(),
             finish,
-            prefilled: false,
+            ..TokenOutput::default()
         }
     }
 

@@ -53,7 +53,7 @@ impl Backend for Scripted {
                     top_logprobs: vec![],
                     text: text.into(),
                     finish,
-                    prefilled: false,
+                    ..TokenOutput::default()
                 })
             })
             .collect();

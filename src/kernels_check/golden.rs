@@ -45,6 +45,7 @@ fn generate<B: Backend>(be: B, dir: &Path, c: &Case) -> anyhow::Result<Vec<Vec<T
         block_size: 64,
         num_blocks: 64,
         max_model_len: Some(1024),
+        ..EngineConfig::default()
     };
     let lens: Vec<usize> = c.want.iter().map(|w| w.len().max(1)).collect();
     Ok(Engine::load(be, dir, cfg)?.generate_greedy(&c.prompts, &lens)?)

@@ -23,6 +23,7 @@ fn cfg() -> EngineConfig {
         block_size: 16,
         num_blocks: 128,
         max_model_len: Some(512),
+        ..EngineConfig::default()
     }
 }
 
@@ -81,12 +82,8 @@ fn handoff<B: Backend>(mut prefill: Engine<B>, mut decode: Engine<B>, prompts: &
         for o in prefill.step()? {
             ensure!(o.prefilled, "a prefill-only request produced a token after its first");
             let id = o.id;
-            let (len, data) = prefill.export_kv(id)?;
-            let blocks = decode.reserve_blocks(len).context("the decode group has no room")?;
-            decode.import_kv(&blocks, &data)?;
             let r = Request { id, prompt: prompts[id as usize].clone(), params: params.clone(), prefill_only: false };
-            decode.admit_prefilled(r, o.token, blocks)?;
-            prefill.release(id);
+            prefill.move_prefilled(&mut decode, r, o.token)?;
             out[id as usize].push((o.token, o.logprob));
         }
     }

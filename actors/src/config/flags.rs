@@ -16,6 +16,8 @@ pub struct ServeFlags {
     pub device: Option<Device>,
     pub dtype: Option<Dtype>,
     pub max_model_len: Option<usize>,
+    /// vLLM's `--enable-prefix-caching` / `--no-enable-prefix-caching`.
+    pub enable_prefix_caching: Option<bool>,
     pub host: Option<String>,
     pub port: Option<u16>,
     /// Both pools' (vLLM's: per engine).
@@ -116,6 +118,7 @@ impl ServeFlags {
         if self.max_model_len.is_some() {
             cfg.max_model_len = self.max_model_len;
         }
+        set(&mut cfg.enable_prefix_caching, &self.enable_prefix_caching);
         set(&mut cfg.server.host, &self.host);
         set(&mut cfg.server.port, &self.port);
         set(&mut cfg.server.allowed_origins, &self.allowed_origins);

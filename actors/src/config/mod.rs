@@ -5,6 +5,7 @@
 //! served_model_name: tiny-r1       # default: the model directory's name
 //! device: cpu                      # cpu | cuda
 //! max_model_len: 2048              # optional; default: the model's max_position_embeddings
+//! enable_prefix_caching: true      # reuse the KV of cached prompt prefixes (vLLM's default)
 //! server: {host: 127.0.0.1, port: 8000, max_concurrent_requests: 256}
 //! prefill: {ranks: [0], tensor_parallel_size: 1, max_num_batched_tokens: 8192}
 //! decode:  {ranks: [1], tensor_parallel_size: 1, max_num_seqs: 256, max_num_batched_tokens: 2048}
@@ -111,6 +112,9 @@ pub struct DeployConfig {
     /// Longest prompt + output; default: the model's `max_position_embeddings`.
     #[serde(default)]
     pub max_model_len: Option<usize>,
+    /// Automatic prefix caching on every rank, and cache-aware routing (default on).
+    #[serde(default = "yes")]
+    pub enable_prefix_caching: bool,
     #[serde(default)]
     pub server: ServerConfig,
     #[serde(default)]
@@ -315,6 +319,7 @@ impl DeployConfig {
             device: Device::default(),
             dtype: Dtype::default(),
             max_model_len: None,
+            enable_prefix_caching: true,
             server: ServerConfig::default(),
             prefill: PrefillConfig::default(),
             decode: DecodeConfig::default(),
@@ -410,6 +415,10 @@ impl DeployConfig {
     pub fn cpu_num_blocks(&self) -> usize {
         self.kv_cache.num_blocks.unwrap_or(DEFAULT_CPU_BLOCKS)
     }
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn syntax_error(e: serde_yaml_ng::Error) -> ConfigError {

@@ -232,7 +232,7 @@ impl Transport<CudaBackend> for NcclTransport {
             )));
         }
         let n = blocks_for(seq.prompt_len, engine.config().block_size);
-        if n != t.blocks.len() || seq.blocks.len() < n {
+        if n != t.blocks.len() || seq.blocks.len() < n || t.cached_blocks >= n {
             return Err(TransportError::Failed(format!(
                 "rank {src} holds {} blocks for {n}, the receiver reserved {}",
                 seq.blocks.len(),
@@ -243,7 +243,15 @@ impl Transport<CudaBackend> for NcclTransport {
         let t0 = Instant::now();
         let bytes = self
             .link
-            .send(runner.backend(), runner.kv_cache(), &seq.blocks[..n], &t.blocks, t.dst_rank, t.req, t.deadline)
+            .send(
+                runner.backend(),
+                runner.kv_cache(),
+                &seq.blocks[t.cached_blocks..n],
+                t.moving(),
+                t.dst_rank,
+                t.req,
+                t.deadline,
+            )
             .map_err(|e| TransportError::from_engine(&format!("send from rank {src}"), e))?;
         tracing::debug!(
             request_id = t.req,
@@ -263,7 +271,7 @@ impl Transport<CudaBackend> for NcclTransport {
     ) -> Result<Option<u64>, TransportError> {
         let (be, cache) = engine.local_runner_mut().backend_and_kv_cache_mut();
         self.link
-            .poll_recv(be, cache, &t.blocks, t.src_rank, t.req, t.deadline)
+            .poll_recv(be, cache, t.moving(), t.src_rank, t.req, t.deadline)
             .map_err(|e| TransportError::from_engine(&format!("receive on rank {}", t.dst_rank), e))
     }
 

@@ -129,8 +129,10 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Publishes the scheduler's state for the router, the stats and the metrics.
-    pub fn publish(&self) {
+    /// Publishes the scheduler's state and cached prefixes for the router, the stats and the
+    /// metrics.
+    pub fn publish(&mut self) {
+        self.shared.prefix.apply(&self.engine.take_cache_events());
         let s = self.engine.stats();
         let sh = &self.shared;
         sh.running.store(s.running, Ordering::Relaxed);
@@ -138,7 +140,11 @@ impl<B: Backend> Worker<B> {
         sh.held.store(s.held, Ordering::Relaxed);
         sh.blocks_used.store(s.used_blocks, Ordering::Relaxed);
         sh.blocks_total.store(s.used_blocks + s.free_blocks, Ordering::Relaxed);
-        sh.preemptions.store(s.preemptions, Ordering::Relaxed);
+        sh.preemptions.set(s.preemptions);
+        sh.prefix_queries.set(s.prefix.queried_tokens);
+        sh.prefix_hits.set(s.prefix.hit_tokens);
+        sh.prefix_evictions.set(s.prefix.evicted_blocks);
+        sh.cached_blocks.store(s.prefix.cached_blocks, Ordering::Relaxed);
     }
 
     fn check_fault(&mut self) {
@@ -325,10 +331,11 @@ impl<B: Backend> Worker<B> {
             } else if now >= i.ticket.deadline {
                 TransportError::TimedOut("the decode rank did not receive the KV by the deadline".into())
             } else if !i.reserved {
-                if let Some(blocks) = self.engine.reserve_blocks(i.ticket.prompt_len) {
+                if let Some((blocks, cached_blocks)) = self.engine.reserve_blocks(&i.ctx.prompt) {
                     i.reserved = true;
                     i.ticket.blocks = blocks.clone();
-                    self.events.reserved.do_send(Reserved { id, dst_inc: self.inc, blocks });
+                    i.ticket.cached_blocks = cached_blocks;
+                    self.events.reserved.do_send(Reserved { id, dst_inc: self.inc, blocks, cached_blocks });
                 }
                 continue;
             } else {
@@ -359,7 +366,8 @@ impl<B: Backend> Worker<B> {
             self.report_recv(id, Err(TransportError::Abandoned("the transfer actor gave it up".into())));
             return;
         }
-        match self.engine.admit_prefilled(i.ctx.request(false), i.first, i.ticket.blocks.clone()) {
+        let (blocks, cached) = (i.ticket.blocks.clone(), i.ticket.cached_blocks);
+        match self.engine.admit_prefilled(i.ctx.request(false), i.first, blocks, cached) {
             Ok(()) => {
                 tracing::debug!(request_id = id, rank = self.rank, bytes, "KV received; decoding");
                 self.reqs.insert(id, Local { ctx: i.ctx, dst: None, prompt: 0 });

@@ -77,6 +77,7 @@ pub fn reference(prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Outcome> {
         block_size: 64,
         num_blocks: 256,
         max_model_len: None,
+        ..EngineConfig::default()
     };
     let mut engine = Engine::load(CpuBackend, &golden(), cfg).expect("load golden");
     let reqs = prompts

@@ -23,14 +23,17 @@ impl<B: Backend> Engine<B> {
         Ok((dp, blocks.iter().map(|b| b % nb).collect()))
     }
 
-    /// The held prompt KV of a prefilled request: its blocks' contents, covering `prompt_len`
-    /// tokens, in block order.
-    pub fn export_kv(&self, id: SeqId) -> Result<(usize, Vec<f32>)> {
+    /// The held prompt KV of a prefilled request from its block `skip` on (the receiver caches
+    /// the blocks before): their contents in block order, and the prompt length.
+    pub fn export_kv(&self, id: SeqId, skip: usize) -> Result<(usize, Vec<f32>)> {
         let missing = || EngineError::InvalidRequest(format!("no sequence {id} to export"));
         let dp = *self.placed.get(&id).ok_or_else(missing)?;
         let seq = self.scheds[dp].get(id).ok_or_else(missing)?;
         let n = blocks_for(seq.prompt_len, self.cfg.block_size);
-        Ok((seq.prompt_len, self.group.export_blocks(dp, &seq.blocks[..n])?))
+        if skip >= n.max(1) {
+            return Err(EngineError::InvalidRequest(format!("skipping {skip} of the {n} blocks of sequence {id}")));
+        }
+        Ok((seq.prompt_len, self.group.export_blocks(dp, &seq.blocks[skip..n])?))
     }
 
     /// Frees a held (transferred) request.
@@ -38,13 +41,16 @@ impl<B: Backend> Engine<B> {
         self.abort(id)
     }
 
-    /// Reserves blocks for an incoming transfer of `tokens` tokens on the DP rank with the most
-    /// free blocks; returns their group ids.
-    pub fn reserve_blocks(&mut self, tokens: usize) -> Option<Vec<u32>> {
-        let n = blocks_for(tokens, self.cfg.block_size);
-        let dp = (0..self.scheds.len()).max_by_key(|&d| (self.scheds[d].num_free_blocks(), usize::MAX - d))?;
-        let local = self.scheds[dp].reserve(n)?;
-        Some(self.to_group(dp, &local))
+    /// Reserves blocks for the incoming KV of `prompt` on the DP rank caching the longest prefix
+    /// of it, then with the most free blocks; returns their group ids and how many leading ones
+    /// already hold the prompt's KV (cached: the sender skips them).
+    pub fn reserve_blocks(&mut self, prompt: &[u32]) -> Option<(Vec<u32>, usize)> {
+        let dp = (0..self.scheds.len()).max_by_key(|&d| {
+            let s = &self.scheds[d];
+            (s.cached_blocks(prompt), s.num_free_blocks(), usize::MAX - d)
+        })?;
+        let (local, cached) = self.scheds[dp].reserve(prompt)?;
+        Some((self.to_group(dp, &local), cached))
     }
 
     /// Returns reserved blocks after a failed transfer.
@@ -54,22 +60,45 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Writes transferred KV into reserved blocks (on every TP rank of their DP rank).
+    /// Moves held prefilled request `r` (first token `first`) to `dst` through host memory, as a
+    /// host-staged transfer does: `dst` reserves blocks (sharing its cached prefix), the blocks
+    /// it does not cache are copied, `dst` admits the request and this engine releases it.
+    /// Returns the bytes copied.
+    pub fn move_prefilled(&mut self, dst: &mut Engine<B>, r: Request, first: u32) -> Result<usize> {
+        let id = r.id;
+        let (blocks, cached) = dst
+            .reserve_blocks(&r.prompt)
+            .ok_or_else(|| EngineError::CacheCapacity(format!("no room for the KV of request {id}")))?;
+        let moved = self.export_kv(id, cached).and_then(|(_, data)| {
+            dst.import_kv(&blocks[cached..], &data)?;
+            Ok(data.len() * std::mem::size_of::<f32>())
+        });
+        let admitted = moved.and_then(|bytes| dst.admit_prefilled(r, first, blocks.clone(), cached).map(|()| bytes));
+        if admitted.is_err() {
+            dst.unreserve_blocks(&blocks);
+        }
+        self.release(id);
+        admitted
+    }
+
+    /// Writes transferred KV into reserved blocks (on every TP rank of their DP rank); `blocks`
+    /// are the reserved ones the sender did not skip.
     pub fn import_kv(&mut self, blocks: &[u32], data: &[f32]) -> Result<()> {
         let (dp, local) = self.to_local(blocks)?;
         self.group.import_blocks(dp, &local, data)
     }
 
-    /// Admits a request whose prompt KV was imported into `blocks` and whose first token was
-    /// already sampled (and sent to the client) by a prefill rank.
-    pub fn admit_prefilled(&mut self, r: Request, first_token: u32, blocks: Vec<u32>) -> Result<()> {
+    /// Admits a request whose prompt KV sits in `blocks` (the first `cached` from this rank's
+    /// prefix cache, the rest imported) and whose first token was already sampled (and sent to
+    /// the client) by a prefill rank.
+    pub fn admit_prefilled(&mut self, r: Request, first_token: u32, blocks: Vec<u32>, cached: usize) -> Result<()> {
         self.validate(&r)?;
         let (dp, local) = self.to_local(&blocks)?;
         let state: ReqState = self.state_for(&r, &[first_token])?;
         let prompt_len = r.prompt.len();
         let mut tokens = r.prompt;
         tokens.push(first_token);
-        self.scheds[dp].add_computed(r.id, tokens, prompt_len, prompt_len, local);
+        self.scheds[dp].add_computed(r.id, tokens, prompt_len, prompt_len, local, cached);
         self.placed.insert(r.id, dp);
         self.reqs.insert(r.id, state);
         Ok(())

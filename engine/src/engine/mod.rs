@@ -30,6 +30,8 @@ pub struct EngineConfig {
     pub num_blocks: usize,
     /// Longest prompt + output; `None`: the model's `max_position_embeddings`.
     pub max_model_len: Option<usize>,
+    /// Reuse the KV of cached prompt prefixes (on by default, as in vLLM).
+    pub enable_prefix_caching: bool,
 }
 
 impl Default for EngineConfig {
@@ -40,6 +42,7 @@ impl Default for EngineConfig {
             block_size: 64,
             num_blocks: 512,
             max_model_len: None,
+            enable_prefix_caching: true,
         }
     }
 }
@@ -74,7 +77,7 @@ impl FinishReason {
 }
 
 /// One sampled token of one request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenOutput {
     pub id: SeqId,
     pub token: u32,
@@ -85,6 +88,9 @@ pub struct TokenOutput {
     pub finish: Option<FinishReason>,
     /// A prefill-only request's prompt KV is complete and held for transfer.
     pub prefilled: bool,
+    /// Prompt tokens whose KV came from the prefix cache of the rank that computed the prompt
+    /// (OpenAI's `usage.prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 struct ReqState {
@@ -106,6 +112,8 @@ pub struct EngineStats {
     pub free_blocks: usize,
     pub preemptions: u64,
     pub pending_prefill_tokens: usize,
+    /// Prefix-cache counters summed over the DP ranks.
+    pub prefix: crate::kv_cache::PrefixStats,
 }
 
 /// One copy of the model over its group's ranks, with a scheduler (and block space) per DP rank.
@@ -231,6 +239,7 @@ impl<B: Backend> Engine<B> {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             block_size: cfg.block_size,
             num_blocks: cfg.num_blocks,
+            enable_prefix_caching: cfg.enable_prefix_caching,
         };
         let scheds = (0..group.parallel().data_parallel_size).map(|_| Scheduler::new(sc)).collect();
         Ok(Engine {
@@ -312,8 +321,24 @@ impl<B: Backend> Engine<B> {
             t.free_blocks += s.num_free_blocks();
             t.preemptions += s.preemptions();
             t.pending_prefill_tokens += s.pending_prefill_tokens();
+            let p = s.prefix_stats();
+            t.prefix.queried_tokens += p.queried_tokens;
+            t.prefix.hit_tokens += p.hit_tokens;
+            t.prefix.evicted_blocks += p.evicted_blocks;
+            t.prefix.cached_blocks += p.cached_blocks;
         }
         t
+    }
+
+    /// Changes to the cached prefixes of every DP rank since the last call (a prefix cached on
+    /// two DP ranks is stored twice).
+    pub fn take_cache_events(&mut self) -> Vec<crate::kv_cache::CacheEvent> {
+        self.scheds.iter_mut().flat_map(|s| s.take_cache_events()).collect()
+    }
+
+    /// The longest prefix of `tokens` cached on any DP rank, in tokens.
+    pub fn cached_prefix_len(&self, tokens: &[u32]) -> usize {
+        self.scheds.iter().map(|s| s.cached_blocks(tokens)).max().unwrap_or(0) * self.cfg.block_size
     }
 
     fn validate(&self, r: &Request) -> Result<()> {
@@ -354,18 +379,26 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// The DP rank a new sequence goes to: the fewest sequences, then the most free blocks.
-    fn place(&self) -> usize {
-        (0..self.scheds.len())
-            .min_by_key(|&d| {
-                let s = &self.scheds[d];
-                (s.num_running() + s.num_waiting() + s.num_held(), usize::MAX - s.num_free_blocks())
+    /// The DP rank a new sequence goes to: the one caching the longest prefix of `tokens`
+    /// unless it is much busier ([`crate::kv_cache::pick_cached`]), then the fewest sequences,
+    /// then the most free blocks.
+    fn place(&self, tokens: &[u32]) -> usize {
+        if self.scheds.len() == 1 {
+            return 0;
+        }
+        let cands: Vec<_> = self
+            .scheds
+            .iter()
+            .map(|s| {
+                let load = s.num_running() + s.num_waiting() + s.num_held();
+                (load, s.cached_blocks(tokens), (load, std::cmp::Reverse(s.num_free_blocks())))
             })
-            .unwrap_or(0)
+            .collect();
+        crate::kv_cache::pick_cached(&cands).unwrap_or(0)
     }
 
     fn enqueue(&mut self, id: SeqId, tokens: Vec<u32>, prefill_only: bool, state: ReqState) {
-        let dp = self.place();
+        let dp = self.place(&tokens);
         self.scheds[dp].add(id, tokens, prefill_only);
         self.placed.insert(id, dp);
         self.reqs.insert(id, state);

@@ -127,6 +127,7 @@ impl<B: Backend> Engine<B> {
         let seq = self.scheds[dp].get(id).expect("scheduled sequence exists");
         let p = &st.params;
         let total_len = seq.tokens.len() + 1;
+        let cached_tokens = seq.cached_tokens;
         st.generated += 1;
         let mut finish = None;
         if (!p.ignore_eos && self.eos.contains(&s.token)) || p.stop_token_ids.contains(&s.token) {
@@ -163,6 +164,15 @@ impl<B: Backend> Engine<B> {
             self.scheds[dp].hold(id);
             prefilled = true;
         }
-        Ok(TokenOutput { id, token: s.token, logprob: s.logprob, top_logprobs: s.top, text, finish, prefilled })
+        Ok(TokenOutput {
+            id,
+            token: s.token,
+            logprob: s.logprob,
+            top_logprobs: s.top,
+            text,
+            finish,
+            prefilled,
+            cached_tokens,
+        })
     }
 }
