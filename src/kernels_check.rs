@@ -10,6 +10,7 @@ mod moe_tune;
 mod nccl;
 mod ops;
 mod parallel;
+mod prefix;
 mod prefill;
 mod quant;
 mod sample;
@@ -45,6 +46,9 @@ pub struct Args {
     /// Checkpoint to run in parallel layouts on this GPU against one rank (e.g. a golden one).
     #[arg(long)]
     parallel_model: Option<PathBuf>,
+    /// Checkpoints to run with prefix caching on and off (e.g. a golden one, tiny-r1).
+    #[arg(long)]
+    prefix_cache_model: Vec<PathBuf>,
     /// Checkpoint to benchmark (decode steps and one long prefill), e.g. from gen-checkpoint.
     #[arg(long)]
     bench_model: Option<PathBuf>,
@@ -294,6 +298,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     if let Some(dir) = &a.parallel_model {
         failed += parallel::run(dir, a.device)?;
+    }
+    for dir in &a.prefix_cache_model {
+        failed += prefix::run(dir, a.device)?;
     }
     if let Some(dir) = &a.bench_model {
         bench::run(&cu, dir, &a.batches, a.ctx, a.prefill, a.seed)?;

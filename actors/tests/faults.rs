@@ -55,10 +55,12 @@ async fn prefill_rank_killed_mid_transfer_loses_no_request_under_recompute() {
     assert!(metric(&m, "cleave_kv_transfer_failures_total{reason=\"rank_failed\"}") >= 1.0, "{m}");
     assert!(metric(&m, "cleave_recomputes_total") >= 1.0);
     assert_eq!(metric(&m, "cleave_rank_restarts_total{pool=\"prefill\"}"), 1.0);
-    // The restarted prefill rank serves the prefill route again.
+    // The restarted prefill rank serves the prefill route again (a new prompt: one the decode
+    // rank has cached would be prefilled there).
     let before = metric(&m, "cleave_kv_transfers_total");
-    let again = collect(c.submit(prompt(300, 21), greedy(MAX_TOKENS)).await.unwrap()).await;
-    assert_eq!(again.tokens, want[0].tokens);
+    let fresh = prompt(300, 24);
+    let again = collect(c.submit(fresh.clone(), greedy(MAX_TOKENS)).await.unwrap()).await;
+    assert_eq!(again.tokens, reference(&[fresh], MAX_TOKENS)[0].tokens);
     assert_eq!(metric(&c.metrics_text(), "cleave_kv_transfers_total"), before + 1.0);
     assert_no_leaks(&c);
 }
@@ -99,7 +101,10 @@ async fn failed_and_timed_out_transfers_are_recomputed() {
     let got = collect(c.submit(p.clone(), greedy(MAX_TOKENS)).await.unwrap()).await;
     assert_eq!((got.error, &got.tokens), (None, &want[0].tokens));
     assert_eq!(metric(&c.metrics_text(), "cleave_kv_transfer_failures_total{reason=\"error\"}"), 1.0);
-    // The decode rank stalls past the transfer's timeout.
+    // The decode rank stalls past the transfer's timeout (a new prompt: the decode rank caches
+    // the first one and would prefill it itself).
+    let p = prompt(300, 32);
+    let want = reference(std::slice::from_ref(&p), MAX_TOKENS);
     assert!(c.inject_fault(1, Fault::Hang(Duration::from_millis(1200))));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let got = collect(c.submit(p.clone(), greedy(MAX_TOKENS)).await.unwrap()).await;
@@ -180,8 +185,9 @@ async fn a_failing_rank_that_is_not_the_leader_takes_its_group_down_and_back_up(
     wait_up(&c, 0).await;
     assert_eq!(restarts(&c, 0), 1);
     let before = metric(&c.metrics_text(), "cleave_kv_transfers_total");
-    let again = collect(c.submit(p, greedy(MAX_TOKENS)).await.unwrap()).await;
-    assert_eq!(again.tokens, want[0].tokens);
+    let fresh = prompt(300, 71);
+    let again = collect(c.submit(fresh.clone(), greedy(MAX_TOKENS)).await.unwrap()).await;
+    assert_eq!(again.tokens, reference(&[fresh], MAX_TOKENS)[0].tokens);
     assert_eq!(metric(&c.metrics_text(), "cleave_kv_transfers_total"), before + 1.0);
     assert_no_leaks(&c);
 }

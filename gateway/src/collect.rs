@@ -168,7 +168,8 @@ mod tests {
 
     #[test]
     fn chat_message_carries_reasoning_and_content() {
-        let toks = [tok(1, "think", None), tok(9, "</think>", None), tok(2, "answer", Some(FinishReason::Stop))];
+        let first = TokenOutput { cached_tokens: 2, ..tok(1, "think", None) };
+        let toks = [first, tok(9, "</think>", None), tok(2, "answer", Some(FinishReason::Stop))];
         let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), true);
         let v = run(&mut c, &toks);
         assert_eq!(
@@ -176,7 +177,12 @@ mod tests {
             json!({"role": "assistant", "content": "answer", "reasoning_content": "think", "reasoning": "think"})
         );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
-        assert_eq!(v["usage"], json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}));
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                   "prompt_tokens_details": {"cached_tokens": 2}}),
+            "the first token reports the cached prompt tokens"
+        );
         assert_eq!(v["object"], "chat.completion");
         let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), false);
         let v = run(&mut c, &toks);

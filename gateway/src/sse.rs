@@ -284,7 +284,11 @@ mod tests {
         assert!(j[..4].iter().all(|c| c["choices"][0]["logprobs"].is_null() && c.get("usage").is_none()));
         assert!(j[..3].iter().all(|c| c["choices"][0]["finish_reason"].is_null()));
         assert_eq!(j[4]["choices"], serde_json::json!([]));
-        assert_eq!(j[4]["usage"], serde_json::json!({"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}));
+        assert_eq!(
+            j[4]["usage"],
+            serde_json::json!({"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
+                               "prompt_tokens_details": {"cached_tokens": 0}})
+        );
         assert!(j
             .iter()
             .all(|c| c["id"] == "chatcmpl-1" && c["created"] == 42 && c["object"] == "chat.completion.chunk"));

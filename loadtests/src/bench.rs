@@ -38,6 +38,14 @@ pub async fn resolve_target(server: &ServerArgs) -> Result<(Target, Option<usize
     Ok((Target { client, endpoint, api_url, model }, max_len))
 }
 
+/// The tokenizer prompts are built with: the local one at `path`, else the server's.
+pub fn prompt_tokenizer<'a>(target: &'a Target, path: Option<&Path>) -> Result<PromptTokenizer<'a>> {
+    Ok(match path {
+        Some(path) => PromptTokenizer::Local(LocalTokenizer::load(path)?),
+        None => PromptTokenizer::Server(ServerTokenizer { client: &target.client, model: target.model.clone() }),
+    })
+}
+
 /// Builds the prompts of a run.
 pub async fn load_requests(
     target: &Target,
@@ -46,10 +54,7 @@ pub async fn load_requests(
     seed: u64,
     max_model_len: Option<usize>,
 ) -> Result<Vec<SampleRequest>> {
-    let tok = &match &w.tokenizer {
-        Some(path) => PromptTokenizer::Local(LocalTokenizer::load(path)?),
-        None => PromptTokenizer::Server(ServerTokenizer { client: &target.client, model: target.model.clone() }),
-    };
+    let tok = &prompt_tokenizer(target, w.tokenizer.as_deref())?;
     match w.dataset {
         DatasetKind::Random => {
             if w.prompt_token_ids && target.endpoint == Endpoint::Chat {
@@ -74,6 +79,21 @@ pub async fn load_requests(
                 seed,
             };
             dataset::random_requests(tok, &spec).await.context("building the random dataset")
+        }
+        DatasetKind::PrefixRepetition => {
+            let spec = RandomSpec {
+                input_len: w.prefix_repetition_suffix_len,
+                prefix_len: w.prefix_repetition_prefix_len,
+                output_len: w.prefix_repetition_output_len,
+                range_ratio: 0.0,
+                num_prompts,
+                token_id_range: w.token_id_range,
+                as_token_ids: w.prompt_token_ids,
+                seed,
+            };
+            dataset::prefix_repetition_requests(tok, &spec, w.prefix_repetition_num_prefixes)
+                .await
+                .context("building the prefix_repetition dataset")
         }
         DatasetKind::Sharegpt => {
             let path = w.dataset_path.as_deref().context("--dataset-name sharegpt needs --dataset-path")?;

@@ -37,6 +37,48 @@ pub enum Command {
     /// Sustained abuse: normal, disconnecting and malformed requests beyond the admitted
     /// concurrency; fails on any wrong answer, a leak, or growing memory.
     Soak(SoakArgs),
+    /// Multi-turn chats sharing one long system prompt (prefix caching): TTFT of first and
+    /// later turns, throughput and the cached prompt tokens the server reports.
+    MultiTurn(MultiTurnArgs),
+}
+
+/// The multi-turn chat run.
+#[derive(Debug, Clone, Args)]
+pub struct MultiTurnArgs {
+    /// Server (the chat completions API, whatever --backend says).
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Conversations in all.
+    #[arg(long, default_value_t = 32)]
+    pub num_conversations: usize,
+    /// User turns per conversation; each waits for the answer before it.
+    #[arg(long, default_value_t = 10)]
+    pub turns: usize,
+    /// Tokens of the system prompt every conversation shares.
+    #[arg(long, default_value_t = 2000)]
+    pub system_prompt_len: usize,
+    /// Tokens of each user message.
+    #[arg(long, default_value_t = 64)]
+    pub user_len: usize,
+    /// Tokens of each answer (ignore_eos).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Conversations in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub max_concurrency: usize,
+    /// A tokenizer (a `tokenizer.json`, or a directory holding one) to build prompts with here;
+    /// default: the server's /tokenize and /detokenize.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Draw random token ids from LO:HI (exclusive) instead of the ids of a built-in corpus.
+    #[arg(long, value_parser = parse_range)]
+    pub token_id_range: Option<(u32, u32)>,
+    /// Seed of the prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the result JSON here.
+    #[arg(long)]
+    pub save_result: Option<PathBuf>,
 }
 
 /// The soak run.
@@ -192,6 +234,10 @@ pub enum DatasetKind {
     Jsonl,
     /// A ShareGPT JSON file (--dataset-path), sampled as vLLM samples it.
     Sharegpt,
+    /// vLLM's prefix_repetition: --prefix-repetition-num-prefixes random prefixes, each shared
+    /// by an equal share of the prompts, each prompt its own random suffix (prefix caching).
+    #[value(name = "prefix_repetition", alias = "prefix-repetition")]
+    PrefixRepetition,
 }
 
 /// What to send and how to measure it.
@@ -222,6 +268,18 @@ pub struct WorkloadArgs {
     /// Tokens of one random prefix shared by every prompt, before its own --random-input-len.
     #[arg(long, default_value_t = 0)]
     pub random_prefix_len: usize,
+    /// prefix_repetition: tokens of each shared prefix.
+    #[arg(long, default_value_t = 256)]
+    pub prefix_repetition_prefix_len: usize,
+    /// prefix_repetition: tokens of each prompt's own suffix.
+    #[arg(long, default_value_t = 256)]
+    pub prefix_repetition_suffix_len: usize,
+    /// prefix_repetition: how many distinct prefixes.
+    #[arg(long, default_value_t = 10)]
+    pub prefix_repetition_num_prefixes: usize,
+    /// prefix_repetition: output tokens per request.
+    #[arg(long, default_value_t = 128)]
+    pub prefix_repetition_output_len: usize,
     /// Draw random token ids from LO:HI (exclusive) instead of the ids of a built-in corpus.
     #[arg(long, value_parser = parse_range)]
     pub token_id_range: Option<(u32, u32)>,

@@ -253,6 +253,31 @@ pub async fn random_requests<T: Tokenizer>(tok: &T, spec: &RandomSpec) -> Result
     Ok(requests)
 }
 
+/// vLLM's prefix_repetition dataset: `num_prefixes` random prefixes of `spec.prefix_len` tokens,
+/// each followed by random suffixes of `spec.input_len` tokens in `spec.num_prompts /
+/// num_prefixes` prompts, shuffled with the seed.
+pub async fn prefix_repetition_requests<T: Tokenizer>(
+    tok: &T,
+    spec: &RandomSpec,
+    num_prefixes: usize,
+) -> Result<Vec<SampleRequest>> {
+    if num_prefixes == 0 || spec.num_prompts < num_prefixes {
+        bail!(
+            "--num-prompts {} must be at least --prefix-repetition-num-prefixes {num_prefixes} (and that at least 1)",
+            spec.num_prompts
+        );
+    }
+    let per_prefix = spec.num_prompts / num_prefixes;
+    let mut out = Vec::with_capacity(per_prefix * num_prefixes);
+    for i in 0..num_prefixes as u64 {
+        let one = RandomSpec { num_prompts: per_prefix, seed: spec.seed.wrapping_add(i * 0x9e37_79b9), ..spec.clone() };
+        out.extend(random_requests(tok, &one).await?);
+    }
+    use rand::seq::SliceRandom;
+    out.shuffle(&mut StdRng::seed_from_u64(spec.seed));
+    Ok(out)
+}
+
 /// Reads a JSONL dataset: one `{"prompt": text}` or `{"messages": [...]}` per line, with an
 /// optional `"output_len"` (default `default_output_len`). Blank lines are skipped.
 pub fn load_jsonl(path: &Path, default_output_len: usize) -> Result<Vec<SampleRequest>> {
@@ -351,6 +376,33 @@ mod tests {
             assert_eq!(ids.len(), 5);
             assert!(ids[2..].iter().all(|i| pool.contains(i)));
             assert_eq!(WordTokenizer.tokenize(&text, false).await.unwrap().len(), 5);
+        });
+    }
+
+    #[test]
+    fn prefix_repetition_shares_each_prefix_among_an_equal_share_of_prompts() {
+        block_on(async {
+            let spec = RandomSpec {
+                input_len: 3,
+                prefix_len: 4,
+                output_len: 5,
+                range_ratio: 0.0,
+                num_prompts: 6,
+                token_id_range: Some((10, 60)),
+                as_token_ids: false,
+                seed: 3,
+            };
+            let reqs = prefix_repetition_requests(&WordTokenizer, &spec, 2).await.unwrap();
+            assert_eq!(reqs.len(), 6);
+            let mut prefixes = std::collections::BTreeMap::new();
+            for r in &reqs {
+                let Prompt::Text(t) = &r.prompt else { panic!("text prompts") };
+                let words: Vec<&str> = t.split_whitespace().collect();
+                assert_eq!((words.len(), r.output_len), (6, 5), "suffix less the BOS the server adds");
+                *prefixes.entry(words[..4].join(" ")).or_insert(0) += 1;
+            }
+            assert_eq!(prefixes.values().copied().collect::<Vec<_>>(), vec![3, 3], "{prefixes:?}");
+            assert!(prefix_repetition_requests(&WordTokenizer, &spec, 7).await.is_err());
         });
     }
 

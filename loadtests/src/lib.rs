@@ -10,6 +10,7 @@ pub mod client;
 pub mod dataset;
 pub mod metrics;
 pub mod mixed;
+pub mod multi_turn;
 pub mod report;
 pub mod runner;
 pub mod sharegpt;

@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::Parser;
 
 use cleave_bench::cli::{Cli, Command};
-use cleave_bench::{batch, bench, charts, mixed, soak, sweep};
+use cleave_bench::{batch, bench, charts, mixed, multi_turn, soak, sweep};
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -19,6 +19,7 @@ fn main() -> Result<()> {
             Some(Command::Mixed(a)) => mixed::main(a).await,
             Some(Command::Batch(a)) => batch::main(a).await,
             Some(Command::Soak(a)) => soak::main(a).await,
+            Some(Command::MultiTurn(a)) => multi_turn::main(a).await,
             Some(Command::Chart(_)) => unreachable!(),
         }
     })

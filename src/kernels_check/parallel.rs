@@ -14,7 +14,7 @@ use cleave_engine::backend::Backend;
 use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
 use cleave_kernels::nccl::NcclComm;
 
-type Outputs = Vec<Vec<(u32, f32)>>;
+pub(super) type Outputs = Vec<Vec<(u32, f32)>>;
 
 fn cfg() -> EngineConfig {
     EngineConfig {
@@ -103,12 +103,12 @@ const TIE: f32 = 1e-5;
 /// Whether the greedy ids agree, and the largest logprob difference over the positions compared.
 /// A prompt is compared up to its first tie (vLLM's `check_logprobs_close` stops at a divergence
 /// the same way); a different id anywhere else is a failure.
-fn compare(a: &Outputs, b: &Outputs) -> (bool, f32) {
+fn compare(a: &Outputs, b: &Outputs, tie: f32) -> (bool, f32) {
     let (mut same, mut diff) = (true, 0f32);
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         for (k, (s, t)) in x.iter().zip(y).enumerate() {
             if s.0 != t.0 {
-                let tie = (s.1 - t.1).abs() < TIE;
+                let tie = (s.1 - t.1).abs() < tie;
                 println!(
                     "    prompt {i}: output {k} is {:?} against {:?}: {}",
                     s,
@@ -124,10 +124,16 @@ fn compare(a: &Outputs, b: &Outputs) -> (bool, f32) {
     (same, diff)
 }
 
-/// Prints one comparison's line; true when within tolerance.
-fn verdict(what: &str, want: &Outputs, got: &Outputs) -> bool {
-    let (same_ids, diff) = compare(want, got);
-    let ok = same_ids && diff < 1e-4;
+/// Prints one comparison's line; true when within tolerance (float32: ties within 1e-5,
+/// logprobs within 1e-4).
+pub(super) fn verdict(what: &str, want: &Outputs, got: &Outputs) -> bool {
+    verdict_within(what, want, got, TIE, 1e-4)
+}
+
+/// [`verdict`] with ties closer than `tie` and a logprob tolerance `tol`.
+pub(super) fn verdict_within(what: &str, want: &Outputs, got: &Outputs, tie: f32, tol: f32) -> bool {
+    let (same_ids, diff) = compare(want, got, tie);
+    let ok = same_ids && diff < tol;
     println!(
         "  {what}: ids {}, max |logprob diff| {diff:.2e} {}",
         if same_ids { "equal (up to ties)" } else { "DIFFER" },

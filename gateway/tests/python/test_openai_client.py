@@ -98,8 +98,18 @@ def check_openai_client(url):
         raise AssertionError("temperature -1 must be refused")
     except Exception as e:  # openai.BadRequestError
         assert getattr(e, "status_code", None) == 400, e
+    # Prefix caching: the same long system prompt twice; the second answer reports the prompt
+    # tokens served from the cache (whole 64-token blocks) in usage.prompt_tokens_details.
+    system = {"role": "system", "content": "Answer with the sum only. " * 40}
+    cached = []
+    for q in ("What is 2 + 3?", "What is 7 + 8?"):
+        r = client.chat.completions.create(
+            model=model.id, messages=[system, {"role": "user", "content": q}], temperature=0, max_tokens=4)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+    assert cached[1] >= 64 and cached[1] < r.usage.prompt_tokens, (cached, r.usage)
+
     print(f"openai client: reasoning {len(reasoning)} chars, content {content.strip()!r}, "
-          f"{usage.completion_tokens} completion tokens, {chunks} chunks")
+          f"{usage.completion_tokens} completion tokens, {chunks} chunks, cached tokens {cached}")
 
 
 def auth_headers():
