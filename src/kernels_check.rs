@@ -10,8 +10,8 @@ mod moe_tune;
 mod nccl;
 mod ops;
 mod parallel;
-mod prefix;
 mod prefill;
+mod prefix;
 mod quant;
 mod sample;
 

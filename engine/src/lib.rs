@@ -14,6 +14,7 @@ pub mod runner;
 pub mod sampler;
 pub mod scheduler;
 mod stop;
+pub mod structured;
 pub mod tokenizer;
 pub mod weights;
 

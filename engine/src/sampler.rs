@@ -25,6 +25,8 @@ pub struct SamplingParams {
     /// How many top alternatives to return with each token (0: none).
     pub top_logprobs: usize,
     pub skip_special_tokens: bool,
+    /// What the output must match (structured outputs), enforced with token masks.
+    pub guided: Option<crate::structured::Guided>,
 }
 
 impl Default for SamplingParams {
@@ -43,6 +45,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             top_logprobs: 0,
             skip_special_tokens: true,
+            guided: None,
         }
     }
 }
@@ -144,7 +147,16 @@ pub fn skip_samples(rng: &mut Rng, p: &SamplingParams, n: usize) {
 
 /// Picks the next token. `history` holds the prompt and output so far (for the repetition
 /// penalty); `banned` tokens cannot be chosen (EOS before `min_tokens`).
-pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng, history: &[u32], banned: &[u32]) -> Sampled {
+/// `banned` tokens are never chosen; with `allowed` (one bit per token, see
+/// [`crate::structured::allows`]) only its tokens are.
+pub fn sample(
+    logits: &[f32],
+    p: &SamplingParams,
+    rng: &mut Rng,
+    history: &[u32],
+    banned: &[u32],
+    allowed: Option<&[u32]>,
+) -> Sampled {
     let logprobs = log_softmax(logits);
     let mut l = logits.to_vec();
     if p.repetition_penalty != 1.0 {
@@ -163,6 +175,13 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng, history: &[u32]
     for &b in banned {
         if let Some(x) = l.get_mut(b as usize) {
             *x = f32::NEG_INFINITY;
+        }
+    }
+    if let Some(mask) = allowed {
+        for (i, x) in l.iter_mut().enumerate() {
+            if !crate::structured::allows(mask, i as u32) {
+                *x = f32::NEG_INFINITY;
+            }
         }
     }
     let token = if is_greedy(p) { argmax(&l) } else { draw(&l, &SampleRow::new(0, p, rng)) };
@@ -275,7 +294,7 @@ mod tests {
         let l = [1.0, 3.0, 2.0];
         let mut p = params(0.0);
         p.repetition_penalty = 2.0;
-        let s = sample(&l, &p, &mut Rng::new(0), &[1], &[]);
+        let s = sample(&l, &p, &mut Rng::new(0), &[1], &[], None);
         // The penalty halves token 1's logit to 1.5, so token 2 wins; the logprob is the raw one.
         assert_eq!(s.token, 2);
         assert!((s.logprob - log_softmax(&l)[2]).abs() < 1e-6);
@@ -287,7 +306,10 @@ mod tests {
         let mut p = params(1.0);
         p.top_k = 5;
         let draw_all = |seed| {
-            (0..200).map(|_| 0).scan(Rng::new(seed), |r, _| Some(sample(&l, &p, r, &[], &[]).token)).collect::<Vec<_>>()
+            (0..200)
+                .map(|_| 0)
+                .scan(Rng::new(seed), |r, _| Some(sample(&l, &p, r, &[], &[], None).token))
+                .collect::<Vec<_>>()
         };
         let a = draw_all(7);
         assert_eq!(a, draw_all(7));
@@ -305,10 +327,10 @@ mod tests {
         let mut p = params(1.0);
         p.top_p = 0.5;
         let mut rng = Rng::new(3);
-        assert!((0..100).all(|_| sample(&l, &p, &mut rng, &[], &[]).token == 0));
+        assert!((0..100).all(|_| sample(&l, &p, &mut rng, &[], &[], None).token == 0));
         let mut p = params(1.0);
         p.min_p = 0.5;
-        assert!((0..200).all(|_| sample(&l, &p, &mut rng, &[], &[]).token < 2));
+        assert!((0..200).all(|_| sample(&l, &p, &mut rng, &[], &[], None).token < 2));
     }
 
     #[test]
@@ -338,7 +360,7 @@ mod tests {
         let l = [9.0, 1.0, 2.0];
         let mut p = params(0.0);
         p.top_logprobs = 2;
-        let s = sample(&l, &p, &mut Rng::new(1), &[], &[0]);
+        let s = sample(&l, &p, &mut Rng::new(1), &[], &[0], None);
         assert_eq!(s.token, 2);
         assert_eq!(s.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 2]);
     }

@@ -75,8 +75,10 @@ async fn turn(s: &TestServer, messages: &[Value]) -> Turn {
 async fn conversations(s: &TestServer, system: &str) -> Vec<[Turn; 2]> {
     let mut out = Vec::new();
     for (a, b) in [(347, 589), (128, 64), (905, 77)] {
-        let mut msgs =
-            vec![json!({"role": "system", "content": system}), json!({"role": "user", "content": format!("What is {a} + {b}?")})];
+        let mut msgs = vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": format!("What is {a} + {b}?")}),
+        ];
         let first = turn(s, &msgs).await;
         msgs.push(json!({"role": "assistant", "content": first.content.clone()}));
         msgs.push(json!({"role": "user", "content": format!("And {b} + {a}?")}));
@@ -112,7 +114,10 @@ async fn check(config: &str) {
         }
         let second = &c[1].usage;
         let got = second["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-        assert!(got >= 1400 && got < second["prompt_tokens"].as_u64().unwrap(), "{config}: turn 2 cached {got}: {second}");
+        assert!(
+            got >= 1400 && got < second["prompt_tokens"].as_u64().unwrap(),
+            "{config}: turn 2 cached {got}: {second}"
+        );
     }
     let ttft = |runs: &[[Turn; 2]]| median(runs.iter().map(|c| c[1].ttft).collect());
     let (with, without) = (ttft(&cached), ttft(&plain));

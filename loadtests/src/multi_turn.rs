@@ -94,8 +94,9 @@ pub async fn main(a: MultiTurnArgs) -> Result<()> {
                     ignore_eos: true,
                     extra_body: extra_body.clone(),
                 };
-                let out = send_request(&target.client.http, &target.api_url, Endpoint::Chat, &target.model, &input, epoch)
-                    .await;
+                let out =
+                    send_request(&target.client.http, &target.api_url, Endpoint::Chat, &target.model, &input, epoch)
+                        .await;
                 let ok = out.success;
                 // The history keeps the answer's content, as chat clients do; an answer with
                 // none (a random-weight model never closes its think block) keeps its reasoning,

@@ -95,6 +95,8 @@ pub struct TokenOutput {
 
 struct ReqState {
     params: SamplingParams,
+    /// The structured-output constraint in progress.
+    guide: Option<crate::structured::Guide>,
     rng: Rng,
     generated: usize,
     detok: Option<IncrementalDecoder>,
@@ -130,6 +132,8 @@ pub struct Engine<B: Backend> {
     cfg: EngineConfig,
     /// Sequences whose first chunk ran in the last step.
     started: Vec<SeqId>,
+    /// Structured-output compiler, built at the first constrained request.
+    guides: std::sync::OnceLock<Arc<crate::structured::GuideCompiler>>,
 }
 
 fn check_limits(cfg: &EngineConfig, max_len: usize) -> Result<()> {
@@ -253,6 +257,7 @@ impl<B: Backend> Engine<B> {
             vocab,
             cfg,
             started: Vec::new(),
+            guides: std::sync::OnceLock::new(),
         })
     }
 
@@ -369,14 +374,37 @@ impl<B: Backend> Engine<B> {
         }
         let mut rng = r.params.seed.map_or_else(Rng::entropy, Rng::new);
         skip_samples(&mut rng, &r.params, emitted.len());
+        let mut guide = match &r.params.guided {
+            Some(g) => Some(self.guide_compiler()?.start(g)?),
+            None => None,
+        };
+        if let Some(g) = guide.as_mut() {
+            for &t in emitted {
+                g.advance(t, self.eos.contains(&t));
+            }
+        }
         Ok(ReqState {
             rng,
+            guide,
             params: r.params.clone(),
             generated: emitted.len(),
             detok,
             stop,
             prefill_only: r.prefill_only,
         })
+    }
+
+    fn guide_compiler(&self) -> Result<&Arc<crate::structured::GuideCompiler>> {
+        if let Some(c) = self.guides.get() {
+            return Ok(c);
+        }
+        let tok = self
+            .tokenizer
+            .clone()
+            .ok_or_else(|| EngineError::InvalidRequest("structured outputs need the model's tokenizer".into()))?;
+        let eos = self.eos.first().copied().unwrap_or(0);
+        let c = crate::structured::GuideCompiler::new(tok, self.vocab, eos)?;
+        Ok(self.guides.get_or_init(|| Arc::new(c)))
     }
 
     /// The DP rank a new sequence goes to: the one caching the longest prefix of `tokens`

@@ -1,12 +1,18 @@
 //! One step of a group: plan a batch per DP rank, execute it on the runners, then sample and
 //! finish each sampled token (detokenize, stop conditions, limits).
 
+use std::collections::HashMap;
+
 use super::{Engine, FinishReason, ReqState, TokenOutput};
 use crate::backend::{AttnSeq, Backend};
 use crate::error::Result;
 use crate::runner::{RankBatch, RankOutput, StepPlan};
 use crate::sampler::{sample, SampleRow, Sampled};
 use crate::scheduler::{Scheduled, SeqId};
+use crate::structured::GuideStep;
+
+/// Each constrained sequence's allowed tokens this step (or why none could be computed).
+type Masks = HashMap<SeqId, Result<Vec<u32>, String>>;
 
 /// Where one sampling sequence's token comes from.
 enum Pick {
@@ -35,15 +41,45 @@ impl<B: Backend> Engine<B> {
             plan.ranks.push(batch);
             picks.push(p);
         }
-        let outs = self.group.execute(plan)?;
+        // Constrained sequences' masks are computed on another thread while the ranks run the
+        // forward pass (llguidance's work never adds to the step).
+        let guided: Vec<SeqId> = picks
+            .iter()
+            .flatten()
+            .map(|(id, _)| *id)
+            .filter(|id| self.reqs[id].guide.as_ref().is_some_and(|g| g.active()))
+            .collect();
+        let (group, reqs) = (&mut self.group, &mut self.reqs);
+        let (outs, masks) = if guided.is_empty() {
+            (group.execute(plan)?, Masks::new())
+        } else {
+            std::thread::scope(|s| {
+                let masker = s.spawn(|| {
+                    let mut masks = Masks::new();
+                    for (id, st) in reqs.iter_mut().filter(|(id, _)| guided.contains(id)) {
+                        if let Some(m) = st.guide.as_mut().and_then(|g| g.mask()) {
+                            masks.insert(*id, m);
+                        }
+                    }
+                    masks
+                });
+                let outs = group.execute(plan);
+                let masks = masker.join().unwrap_or_default();
+                outs.map(|o| (o, masks))
+            })?
+        };
         for (dp, w) in work.iter().enumerate() {
             self.scheds[dp].commit(w);
         }
         let mut out = Vec::new();
         for (picks, o) in picks.into_iter().zip(outs) {
             for (id, pick) in picks {
-                let s = self.sampled(id, pick, &o);
-                out.push(self.on_token(id, s)?);
+                let mask = masks.get(&id);
+                if let Some(Err(e)) = mask {
+                    tracing::warn!(request_id = id, error = %e, "structured output: no mask; ending the sequence");
+                }
+                let s = self.sampled(id, pick, &o, mask.and_then(|m| m.as_ref().ok()).map(Vec::as_slice));
+                out.push(self.on_token(id, s, matches!(mask, Some(Err(_))))?);
             }
         }
         Ok(out)
@@ -76,7 +112,8 @@ impl<B: Backend> Engine<B> {
             input.sample_rows.push((input.ids.len() - 1) as u32);
             let banned = self.banned(&self.reqs[&w.id]);
             let st = self.reqs.get_mut(&w.id).expect("scheduled request has state");
-            if SampleRow::fits(&st.params, !banned.is_empty()) {
+            let guided = st.guide.as_ref().is_some_and(|g| g.active());
+            if SampleRow::fits(&st.params, !banned.is_empty() || guided) {
                 picks.push((w.id, Pick::Device(b.device.len())));
                 b.device.push(SampleRow::new(logit_row, &st.params, &mut st.rng));
             } else {
@@ -102,8 +139,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The token chosen for `id`: sampled where the logits were, or here from its logits row
-    /// (repetition penalty over its history, top logprobs, suppressed tokens).
-    fn sampled(&mut self, id: SeqId, pick: Pick, o: &RankOutput) -> Sampled {
+    /// (repetition penalty over its history, top logprobs, suppressed tokens, a constraint's
+    /// `allowed` tokens).
+    fn sampled(&mut self, id: SeqId, pick: Pick, o: &RankOutput, allowed: Option<&[u32]>) -> Sampled {
         match pick {
             Pick::Device(i) => {
                 let (token, logprob) = o.device[i];
@@ -116,12 +154,14 @@ impl<B: Backend> Engine<B> {
                 let st = self.reqs.get_mut(&id).expect("scheduled request has state");
                 let p = &st.params;
                 let history = if p.repetition_penalty != 1.0 { &seq.tokens[..] } else { &[] };
-                sample(&o.host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, &banned)
+                sample(&o.host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, &banned, allowed)
             }
         }
     }
 
-    fn on_token(&mut self, id: SeqId, s: Sampled) -> Result<TokenOutput> {
+    /// Finishes one sampled token; `broken`: its constraint could not be applied, so the
+    /// sequence ends here.
+    fn on_token(&mut self, id: SeqId, s: Sampled, broken: bool) -> Result<TokenOutput> {
         let dp = self.placed[&id];
         let st = self.reqs.get_mut(&id).expect("scheduled request has state");
         let seq = self.scheds[dp].get(id).expect("scheduled sequence exists");
@@ -133,13 +173,22 @@ impl<B: Backend> Engine<B> {
         if (!p.ignore_eos && self.eos.contains(&s.token)) || p.stop_token_ids.contains(&s.token) {
             finish = Some(FinishReason::Stop);
         }
+        let is_eos = self.eos.contains(&s.token);
+        let guide_step = st.guide.as_mut().map_or(GuideStep::Continue, |g| g.advance(s.token, is_eos));
+        if let GuideStep::Failed(e) = &guide_step {
+            tracing::warn!(request_id = id, error = %e, "structured output: the constraint failed; ending the sequence");
+        }
+        if broken || (guide_step != GuideStep::Continue && is_eos) {
+            // The constraint's end (or failure) at EOS: EOS itself is never text.
+            finish = Some(FinishReason::Stop);
+        }
         let mut text = String::new();
         let mut hit_stop_string = false;
         if let (Some(tok), Some(detok)) = (&self.tokenizer, st.detok.as_mut()) {
             let delta = if finish.is_none() { detok.push(tok, s.token)? } else { String::new() };
             (text, hit_stop_string) = st.stop.push(&delta);
         }
-        if hit_stop_string {
+        if hit_stop_string || guide_step != GuideStep::Continue {
             finish = Some(FinishReason::Stop);
         } else if finish.is_none() && (st.generated >= p.max_tokens || total_len >= self.max_len) {
             finish = Some(FinishReason::Length);
