@@ -22,6 +22,7 @@ pub mod reasoning;
 mod routes;
 mod server;
 pub mod sse;
+pub mod structured;
 pub mod validate;
 
 use std::net::SocketAddr;

@@ -5,6 +5,7 @@
 //! this server does not know are ignored, as OpenAI-compatible servers do.
 
 use cleave_engine::tokenizer::{ChatMessage, Tokenizer};
+use cleave_engine::structured::Guided;
 use cleave_engine::{RequestError, RequestLimits, SamplingParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -12,6 +13,8 @@ use serde_json::{Map, Value};
 use crate::backend::ModelInfo;
 use crate::defaults::SamplingDefaults;
 use crate::errors::ApiError;
+use crate::reasoning::ReasoningSplitter;
+use crate::structured;
 
 /// Most alternatives per token a request may ask for (vLLM's default `max_logprobs`).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -169,7 +172,17 @@ impl Validator<'_> {
         self.fits(message_bytes(&messages), "messages")?;
         let kwargs = chat_template_kwargs(&f)?;
         let add_generation_prompt = f.bool("add_generation_prompt", true)?;
-        req.prompt = self.tokenizer()?.encode_chat(&messages, add_generation_prompt, kwargs.as_ref())?;
+        let tok = self.tokenizer()?;
+        req.prompt = tok.encode_chat(&messages, add_generation_prompt, kwargs.as_ref())?;
+        structured::refuse_tools(&obj)?;
+        if let Some(constraint) = structured::constraint(&obj)? {
+            // A prompt that opened R1's think block leaves the reasoning free: the constraint
+            // starts after `</think>` (vLLM's default with a reasoning parser).
+            let think_start = tok.token_to_id("<think>");
+            let reasoning = ReasoningSplitter::for_prompt(&req.prompt, think_start, self.info.think_end_id).active();
+            let after_token = if reasoning { self.info.think_end_id } else { None };
+            req.params.guided = Some(Guided { constraint, after_token });
+        }
         self.finish(&f, req, "messages")
     }
 
@@ -185,6 +198,10 @@ impl Validator<'_> {
         }
         if f.int("best_of")?.is_some_and(|b| b as usize != req.n) {
             return Err(ApiError::field("best_of", "`best_of` other than `n` is not supported"));
+        }
+        if let Some(constraint) = structured::constraint(&obj)? {
+            self.tokenizer()?;
+            req.params.guided = Some(Guided { constraint, after_token: None });
         }
         self.finish(&f, req, "prompt")
     }

@@ -1,7 +1,9 @@
 //! One step of a group: plan a batch per DP rank, execute it on the runners, then sample and
 //! finish each sampled token (detokenize, stop conditions, limits).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use rayon::prelude::*;
 
 use super::{Engine, FinishReason, ReqState, TokenOutput};
 use crate::backend::{AttnSeq, Backend};
@@ -55,13 +57,11 @@ impl<B: Backend> Engine<B> {
         } else {
             std::thread::scope(|s| {
                 let masker = s.spawn(|| {
-                    let mut masks = Masks::new();
-                    for (id, st) in reqs.iter_mut().filter(|(id, _)| guided.contains(id)) {
-                        if let Some(m) = st.guide.as_mut().and_then(|g| g.mask()) {
-                            masks.insert(*id, m);
-                        }
-                    }
-                    masks
+                    let guided: HashSet<SeqId> = guided.into_iter().collect();
+                    reqs.par_iter_mut()
+                        .filter(|(id, _)| guided.contains(id))
+                        .filter_map(|(id, st)| Some((*id, st.guide.as_mut()?.mask()?)))
+                        .collect::<Masks>()
                 });
                 let outs = group.execute(plan);
                 let masks = masker.join().unwrap_or_default();
@@ -72,17 +72,58 @@ impl<B: Backend> Engine<B> {
             self.scheds[dp].commit(w);
         }
         let mut out = Vec::new();
-        for (picks, o) in picks.into_iter().zip(outs) {
+        for (dp, (picks, o)) in picks.into_iter().zip(outs).enumerate() {
+            let mut host = self.sample_host(dp, &picks, &o, &masks);
             for (id, pick) in picks {
                 let mask = masks.get(&id);
                 if let Some(Err(e)) = mask {
                     tracing::warn!(request_id = id, error = %e, "structured output: no mask; ending the sequence");
                 }
-                let s = self.sampled(id, pick, &o, mask.and_then(|m| m.as_ref().ok()).map(Vec::as_slice));
+                let s = match pick {
+                    Pick::Device(i) => {
+                        let (token, logprob) = o.device[i];
+                        Sampled { token, logprob, top: Vec::new() }
+                    }
+                    Pick::Host(..) => host.remove(&id).expect("every host row was sampled"),
+                };
                 out.push(self.on_token(id, s, matches!(mask, Some(Err(_))))?);
             }
         }
         Ok(out)
+    }
+
+    /// The tokens of DP rank `dp`'s rows sampled on the host, in parallel over the rows: each
+    /// from its logits row with its repetition penalty over its history, top logprobs,
+    /// suppressed tokens and its constraint's allowed tokens.
+    fn sample_host(
+        &mut self,
+        dp: usize,
+        picks: &[(SeqId, Pick)],
+        o: &RankOutput,
+        masks: &Masks,
+    ) -> HashMap<SeqId, Sampled> {
+        let rows: HashMap<SeqId, (usize, &[u32])> = picks
+            .iter()
+            .filter_map(|(id, p)| match p {
+                Pick::Host(j, banned) => Some((*id, (*j, banned.as_slice()))),
+                Pick::Device(_) => None,
+            })
+            .collect();
+        if rows.is_empty() {
+            return HashMap::new();
+        }
+        let (vocab, sched) = (self.vocab, &self.scheds[dp]);
+        self.reqs
+            .par_iter_mut()
+            .filter_map(|(id, st)| {
+                let &(j, banned) = rows.get(id)?;
+                let seq = sched.get(*id).expect("scheduled sequence exists");
+                let p = &st.params;
+                let history = if p.repetition_penalty != 1.0 { &seq.tokens[..] } else { &[] };
+                let allowed = masks.get(id).and_then(|m| m.as_ref().ok()).map(Vec::as_slice);
+                Some((*id, sample(&o.host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, banned, allowed)))
+            })
+            .collect()
     }
 
     /// DP rank `dp`'s tokens, cache slots and sampling rows.
@@ -136,27 +177,6 @@ impl<B: Backend> Engine<B> {
             }
         }
         banned
-    }
-
-    /// The token chosen for `id`: sampled where the logits were, or here from its logits row
-    /// (repetition penalty over its history, top logprobs, suppressed tokens, a constraint's
-    /// `allowed` tokens).
-    fn sampled(&mut self, id: SeqId, pick: Pick, o: &RankOutput, allowed: Option<&[u32]>) -> Sampled {
-        match pick {
-            Pick::Device(i) => {
-                let (token, logprob) = o.device[i];
-                Sampled { token, logprob, top: Vec::new() }
-            }
-            Pick::Host(j, banned) => {
-                let vocab = self.vocab;
-                let dp = self.placed[&id];
-                let seq = self.scheds[dp].get(id).expect("scheduled sequence exists");
-                let st = self.reqs.get_mut(&id).expect("scheduled request has state");
-                let p = &st.params;
-                let history = if p.repetition_penalty != 1.0 { &seq.tokens[..] } else { &[] };
-                sample(&o.host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, &banned, allowed)
-            }
-        }
     }
 
     /// Finishes one sampled token; `broken`: its constraint could not be applied, so the

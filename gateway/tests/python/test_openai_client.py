@@ -108,8 +108,24 @@ def check_openai_client(url):
         cached.append(r.usage.prompt_tokens_details.cached_tokens)
     assert cached[1] >= 64 and cached[1] < r.usage.prompt_tokens, (cached, r.usage)
 
+    # Structured outputs: the client's own parse() sends a strict json_schema built from a
+    # pydantic model and parses the answer back into it (sampled, so not by luck).
+    from pydantic import BaseModel
+
+    class Sum(BaseModel):
+        answer: int
+        sure: bool
+
+    for seed in range(2):
+        r = client.chat.completions.parse(
+            model=model.id, messages=[{"role": "user", "content": f"What is {40 + seed} + 12?"}],
+            response_format=Sum, temperature=0.7, seed=seed, max_tokens=400)
+        parsed = r.choices[0].message.parsed
+        assert isinstance(parsed, Sum), r
+        assert (r.choices[0].message.model_extra or {}).get("reasoning_content"), "the reasoning stays free"
+
     print(f"openai client: reasoning {len(reasoning)} chars, content {content.strip()!r}, "
-          f"{usage.completion_tokens} completion tokens, {chunks} chunks, cached tokens {cached}")
+          f"{usage.completion_tokens} completion tokens, {chunks} chunks, cached tokens {cached}, parsed {parsed}")
 
 
 def auth_headers():
