@@ -13,8 +13,9 @@ use crate::errors::ApiError;
 fn schema_of(param: &str, v: &Value) -> Result<Value, ApiError> {
     match v {
         Value::Object(_) | Value::Bool(_) => Ok(v.clone()),
-        Value::String(s) => serde_json::from_str(s)
-            .map_err(|e| ApiError::field(param, format!("`{param}` is not a JSON schema: {e}"))),
+        Value::String(s) => {
+            serde_json::from_str(s).map_err(|e| ApiError::field(param, format!("`{param}` is not a JSON schema: {e}")))
+        }
         _ => Err(ApiError::field(param, format!("`{param}` must be a JSON schema (an object)"))),
     }
 }
@@ -47,7 +48,10 @@ fn response_format(v: &Value) -> Result<Option<Constraint>, ApiError> {
                 ApiError::field("response_format.json_schema", "`response_format.json_schema` must be an object")
             })?;
             let schema = js.get("schema").ok_or_else(|| {
-                ApiError::field("response_format.json_schema.schema", "`response_format.json_schema.schema` is required")
+                ApiError::field(
+                    "response_format.json_schema.schema",
+                    "`response_format.json_schema.schema` is required",
+                )
             })?;
             Ok(Some(Constraint::JsonSchema(schema_of("response_format.json_schema.schema", schema)?)))
         }
@@ -134,7 +138,10 @@ pub fn refuse_tools(body: &Map<String, Value>) -> Result<(), ApiError> {
     let has_tools = body.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
     let none = body.get("tool_choice").and_then(Value::as_str) == Some("none");
     if has_tools && !none {
-        return Err(ApiError::field("tools", "tool calling is not supported yet; send no `tools` or `tool_choice: \"none\"`"));
+        return Err(ApiError::field(
+            "tools",
+            "tool calling is not supported yet; send no `tools` or `tool_choice: \"none\"`",
+        ));
     }
     if !has_tools && body.get("tool_choice").is_some_and(|v| !v.is_null() && v.as_str() != Some("none")) {
         return Err(ApiError::field("tool_choice", "`tool_choice` needs `tools`"));
@@ -166,13 +173,19 @@ mod tests {
         assert_eq!(c(json!({"response_format": {"type": "json_object"}})).unwrap(), Some(Constraint::JsonObject));
         let rf = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}});
         assert_eq!(c(rf).unwrap(), Some(Constraint::JsonSchema(schema.clone())));
-        assert_eq!(c(json!({"guided_json": "{\"type\": \"object\"}"})).unwrap(), Some(Constraint::JsonSchema(schema.clone())));
+        assert_eq!(
+            c(json!({"guided_json": "{\"type\": \"object\"}"})).unwrap(),
+            Some(Constraint::JsonSchema(schema.clone()))
+        );
         assert_eq!(c(json!({"structured_outputs": {"regex": "a+"}})).unwrap(), Some(Constraint::Regex("a+".into())));
         assert_eq!(
             c(json!({"guided_choice": ["a", "b"], "guided_decoding_backend": "auto"})).unwrap(),
             Some(Constraint::Choice(vec!["a".into(), "b".into()]))
         );
-        assert_eq!(c(json!({"structured_outputs": {"grammar": "start: \"x\""}})).unwrap(), Some(Constraint::Grammar("start: \"x\"".into())));
+        assert_eq!(
+            c(json!({"structured_outputs": {"grammar": "start: \"x\""}})).unwrap(),
+            Some(Constraint::Grammar("start: \"x\"".into()))
+        );
     }
 
     #[test]
@@ -184,10 +197,19 @@ mod tests {
         );
         assert_eq!(param(c(json!({"guided_json": "{not json"})).unwrap_err()), "guided_json");
         assert_eq!(param(c(json!({"guided_choice": []})).unwrap_err()), "guided_choice");
-        assert_eq!(param(c(json!({"structured_outputs": {"regex": "a", "choice": ["b"]}})).unwrap_err()), "structured_outputs");
+        assert_eq!(
+            param(c(json!({"structured_outputs": {"regex": "a", "choice": ["b"]}})).unwrap_err()),
+            "structured_outputs"
+        );
         assert_eq!(param(c(json!({"structured_outputs": {"ebnf": "x"}})).unwrap_err()), "structured_outputs.ebnf");
-        assert_eq!(param(c(json!({"response_format": {"type": "json_object"}, "guided_regex": "a"})).unwrap_err()), "guided_regex");
-        assert_eq!(param(c(json!({"guided_decoding_backend": "xgrammar", "guided_regex": "a"})).unwrap_err()), "guided_decoding_backend");
+        assert_eq!(
+            param(c(json!({"response_format": {"type": "json_object"}, "guided_regex": "a"})).unwrap_err()),
+            "guided_regex"
+        );
+        assert_eq!(
+            param(c(json!({"guided_decoding_backend": "xgrammar", "guided_regex": "a"})).unwrap_err()),
+            "guided_decoding_backend"
+        );
         let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
         assert_eq!(param(refuse_tools(tools.as_object().unwrap()).unwrap_err()), "tools");
         let none = json!({"tools": [{"type": "function"}], "tool_choice": "none"});

@@ -4,8 +4,8 @@
 //! Fields are read one by one from the JSON object so every type error names its field; fields
 //! this server does not know are ignored, as OpenAI-compatible servers do.
 
-use cleave_engine::tokenizer::{ChatMessage, Tokenizer};
 use cleave_engine::structured::Guided;
+use cleave_engine::tokenizer::{ChatMessage, Tokenizer};
 use cleave_engine::{RequestError, RequestLimits, SamplingParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};

@@ -74,9 +74,15 @@ async fn json_schema_choice_and_regex_constrain_answers_and_bad_ones_are_400s() 
         b
     };
     for (extra, param) in [
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), Value::from("response_format.json_schema.schema")),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            Value::from("response_format.json_schema.schema"),
+        ),
         (json!({"guided_regex": "(unclosed"}), Value::Null),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}}), Value::Null),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}}),
+            Value::Null,
+        ),
         (json!({"tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]}), Value::from("tools")),
     ] {
         let (status, v) = s.json("/v1/chat/completions", &chat(extra.clone())).await;
