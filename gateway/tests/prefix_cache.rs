@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use cleave_engine::tokenizer::Tokenizer;
-use common::{gather_chat, parse_sse, repo, TestServer};
+use common::{gather_chat, parse_sse, repo, tiny_r1_config, TestServer};
 use serde_json::{json, Value};
 
 /// A system prompt of at least `tokens` tokens for tiny-r1's tokenizer.
@@ -25,14 +25,7 @@ fn system_prompt(tokens: usize) -> String {
 }
 
 async fn server(config: &str, caching: bool) -> Option<TestServer> {
-    let model = repo().join("models/tiny-r1");
-    if !model.join("model.safetensors").is_file() {
-        eprintln!("skipping: models/tiny-r1 has no trained weights");
-        return None;
-    }
-    let text = std::fs::read_to_string(repo().join("configs").join(config)).unwrap();
-    let mut text =
-        text.replace("model: models/tiny-r1", &format!("model: {}", model.display())).replace("port: 8000", "port: 0");
+    let mut text = tiny_r1_config(config)?;
     if !caching {
         text.push_str("enable_prefix_caching: false\n");
     }

@@ -162,14 +162,7 @@ const TINY_KEY: &str = "sk-cleave-test-key";
 /// Starts the shipped default deployment (configs/cpu-tiny.yaml, tiny-r1) when the trained
 /// model is present.
 async fn tiny_r1() -> Option<TestServer> {
-    let model = repo().join("models/tiny-r1");
-    if !model.join("model.safetensors").is_file() {
-        eprintln!("skipping: models/tiny-r1 has no trained weights");
-        return None;
-    }
-    let text = std::fs::read_to_string(repo().join("configs/cpu-tiny.yaml")).unwrap();
-    let text =
-        text.replace("model: models/tiny-r1", &format!("model: {}", model.display())).replace("port: 8000", "port: 0");
+    let text = tiny_r1_config("cpu-tiny.yaml")?;
     // Behind an API key, so the official client is checked sending one.
     Some(TestServer::from_yaml(&text, |g| g.api_key = Some(TINY_KEY.into())).await)
 }

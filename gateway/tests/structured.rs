@@ -6,20 +6,11 @@
 
 mod common;
 
-use common::{gather_chat, repo, TestServer};
+use common::{gather_chat, tiny_r1_config, TestServer};
 use serde_json::{json, Value};
 
 async fn server() -> Option<TestServer> {
-    let model = repo().join("models/tiny-r1");
-    if !model.join("model.safetensors").is_file() {
-        eprintln!("skipping: models/tiny-r1 has no trained weights");
-        return None;
-    }
-    let text = std::fs::read_to_string(repo().join("configs/cpu-tiny.yaml")).unwrap();
-    let text = text
-        .replace("model: models/tiny-r1", &format!("model: {}", model.display()))
-        .replace("port: 8000", "port: 0")
-        .replace("prefill_threshold: 256", "prefill_threshold: 8");
+    let text = tiny_r1_config("cpu-tiny.yaml")?.replace("prefill_threshold: 256", "prefill_threshold: 8");
     Some(TestServer::from_yaml(&text, |_| {}).await)
 }
 

@@ -16,7 +16,7 @@ use cleave_kernels::nccl::NcclComm;
 
 pub(super) type Outputs = Vec<Vec<(u32, f32)>>;
 
-fn cfg() -> EngineConfig {
+pub(super) fn cfg() -> EngineConfig {
     EngineConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 96,

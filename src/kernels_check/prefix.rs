@@ -17,14 +17,7 @@ use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
 use super::parallel::{verdict, verdict_within, Outputs};
 
 fn cfg(caching: bool) -> EngineConfig {
-    EngineConfig {
-        max_num_seqs: 8,
-        max_num_batched_tokens: 96,
-        block_size: 16,
-        num_blocks: 128,
-        max_model_len: Some(512),
-        enable_prefix_caching: caching,
-    }
+    EngineConfig { enable_prefix_caching: caching, ..super::parallel::cfg() }
 }
 
 /// Each prompt in turn to completion; returns the outputs and the prompt tokens found cached.

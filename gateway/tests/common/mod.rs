@@ -37,6 +37,18 @@ pub fn yaml(model: &std::path::Path, name: &str, max_concurrent: usize, disaggre
     )
 }
 
+/// A shipped config (`configs/NAME`) serving the trained default, tiny-r1, on a free port;
+/// `None` (with a message) when the trained weights are absent.
+pub fn tiny_r1_config(name: &str) -> Option<String> {
+    let model = repo().join("models/tiny-r1");
+    if !model.join("model.safetensors").is_file() {
+        eprintln!("skipping: models/tiny-r1 has no trained weights");
+        return None;
+    }
+    let text = std::fs::read_to_string(repo().join("configs").join(name)).expect("shipped config");
+    Some(text.replace("model: models/tiny-r1", &format!("model: {}", model.display())).replace("port: 8000", "port: 0"))
+}
+
 /// Writes `text` to a fresh temp file and returns its path.
 pub fn temp_file(text: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
