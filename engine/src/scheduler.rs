@@ -168,14 +168,10 @@ impl Scheduler {
         }
     }
 
-    /// How many leading full blocks of `tokens` this rank's prefix cache holds.
-    pub fn cached_blocks(&self, tokens: &[u32]) -> usize {
-        if !self.alloc.caching() {
-            return 0;
-        }
-        let mut hashes = Vec::new();
-        extend_hashes(&mut hashes, tokens, tokens.len(), self.cfg.block_size);
-        self.alloc.cached_prefix(&hashes)
+    /// How many leading blocks of a token sequence with block hashes `hashes` this rank's
+    /// prefix cache holds.
+    pub fn cached_blocks(&self, hashes: &[BlockHash]) -> usize {
+        self.alloc.cached_prefix(hashes)
     }
 
     /// Prefix-cache counters.

@@ -45,9 +45,10 @@ impl<B: Backend> Engine<B> {
     /// of it, then with the most free blocks; returns their group ids and how many leading ones
     /// already hold the prompt's KV (cached: the sender skips them).
     pub fn reserve_blocks(&mut self, prompt: &[u32]) -> Option<(Vec<u32>, usize)> {
+        let hashes = self.hashes(prompt);
         let dp = (0..self.scheds.len()).max_by_key(|&d| {
             let s = &self.scheds[d];
-            (s.cached_blocks(prompt), s.num_free_blocks(), usize::MAX - d)
+            (s.cached_blocks(&hashes), s.num_free_blocks(), usize::MAX - d)
         })?;
         let (local, cached) = self.scheds[dp].reserve(prompt)?;
         Some((self.to_group(dp, &local), cached))

@@ -341,11 +341,6 @@ impl<B: Backend> Engine<B> {
         self.scheds.iter_mut().flat_map(|s| s.take_cache_events()).collect()
     }
 
-    /// The longest prefix of `tokens` cached on any DP rank, in tokens.
-    pub fn cached_prefix_len(&self, tokens: &[u32]) -> usize {
-        self.scheds.iter().map(|s| s.cached_blocks(tokens)).max().unwrap_or(0) * self.cfg.block_size
-    }
-
     fn validate(&self, r: &Request) -> Result<()> {
         let limits = RequestLimits { vocab_size: self.vocab, max_model_len: self.max_len };
         limits.check(&r.prompt, &r.params, "prompt").map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
@@ -394,6 +389,14 @@ impl<B: Backend> Engine<B> {
         })
     }
 
+    /// The block hashes of `tokens` (none when prefix caching is off).
+    fn hashes(&self, tokens: &[u32]) -> Vec<crate::kv_cache::BlockHash> {
+        if !self.cfg.enable_prefix_caching {
+            return Vec::new();
+        }
+        crate::kv_cache::block_hashes(tokens, self.cfg.block_size)
+    }
+
     fn guide_compiler(&self) -> Result<&Arc<crate::structured::GuideCompiler>> {
         if let Some(c) = self.guides.get() {
             return Ok(c);
@@ -414,12 +417,13 @@ impl<B: Backend> Engine<B> {
         if self.scheds.len() == 1 {
             return 0;
         }
+        let hashes = self.hashes(tokens);
         let cands: Vec<_> = self
             .scheds
             .iter()
             .map(|s| {
                 let load = s.num_running() + s.num_waiting() + s.num_held();
-                (load, s.cached_blocks(tokens), (load, std::cmp::Reverse(s.num_free_blocks())))
+                (load, s.cached_blocks(&hashes), (load, std::cmp::Reverse(s.num_free_blocks())))
             })
             .collect();
         crate::kv_cache::pick_cached(&cands).unwrap_or(0)
