@@ -145,16 +145,13 @@ impl Scheduler {
         self.next_arrival
     }
 
-    /// Reserves blocks that belong to no sequence yet for the KV of `prompt` (the receiving side
-    /// of a transfer): its longest cached prefix, shared, and new blocks for the rest (at least
-    /// one, so that something always moves). Returns the blocks and how many of them were
-    /// cached.
-    pub fn reserve(&mut self, prompt: &[u32]) -> Option<(Vec<u32>, usize)> {
-        let bs = self.cfg.block_size;
-        let n = blocks_for(prompt.len(), bs);
-        let mut hashes = Vec::new();
-        extend_hashes(&mut hashes, prompt, prompt.len(), bs);
-        let mut blocks = self.alloc.lookup(&hashes, n.saturating_sub(1));
+    /// Reserves blocks that belong to no sequence yet for the KV of a prompt of `prompt_len`
+    /// tokens whose block hashes are `hashes` (the receiving side of a transfer): its longest
+    /// cached prefix, shared, and new blocks for the rest (at least one, so that something always
+    /// moves). Returns the blocks and how many of them were cached.
+    pub fn reserve(&mut self, prompt_len: usize, hashes: &[BlockHash]) -> Option<(Vec<u32>, usize)> {
+        let n = blocks_for(prompt_len, self.cfg.block_size);
+        let mut blocks = self.alloc.lookup(hashes, n.saturating_sub(1));
         let cached = blocks.len();
         match self.alloc.alloc(n - cached) {
             Some(fresh) => {

@@ -2,19 +2,13 @@
 # run 12 (one GPU): the tie-aware parallel check on golden bf16-qlora, then a random-weight
 # V2-Lite (bf16) checkpoint from gen-checkpoint (now with a tokenizer) served over HTTP by
 # `cleave serve MODEL --device cuda` and measured with cleave-bench, as vllm bench serve would.
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
-export CLEAVE_KERNEL_CACHE=/tmp/cleave-kernels
-C=.carry/cleave; CB=.carry/cleave-bench
-chmod +x $C $CB
+source kernels/bench/lib.sh
 ({ time $C gen-checkpoint --shape v2-lite --dtype bf16 --out /dev/shm/v2lite; } > $OUT/gen.txt 2>&1) &
 GP=$!
 timeout 200 $C kernels-check --no-ops --golden models/golden --compare-model models/tiny-r1 --parallel-model models/golden/bf16-qlora 2>&1 | grep -E "^  |^    |within|failed" | grep -v module
 wait $GP; grep -E "real|wrote" $OUT/gen.txt; ls /dev/shm/v2lite
-S=$(date +%s)
-$C serve /dev/shm/v2lite --device cuda --max-model-len 4096 --max-num-seqs 256 --port 18200 > $OUT/serve.txt 2>&1 &
-SP=$!
-for i in $(seq 1 300); do grep -q "ready at" $OUT/serve.txt && break; kill -0 $SP 2>/dev/null || break; sleep 0.5; done
-echo "serve ready after $(( $(date +%s) - S )) s"; grep -E "ready|rror" $OUT/serve.txt | head -5
+start_server $OUT/serve.txt /dev/shm/v2lite --device cuda --max-model-len 4096 --max-num-seqs 256 --port 18200
+grep -E "ready|rror" $OUT/serve.txt | head -5
 U=http://127.0.0.1:18200
 curl -s $U/v1/completions -H 'Content-Type: application/json' -d '{"model":"v2lite","prompt":"Hello","max_tokens":8}' | head -c 300; echo
 for c in 1 16 64 128; do

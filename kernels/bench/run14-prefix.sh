@@ -4,10 +4,7 @@
 # gen-checkpoint) is served by `cleave serve` with caching on, then off, in the same run, and
 # measured with cleave-bench: the R1 chat pattern (`multi-turn`: a shared 2k-token system prompt,
 # 10-turn conversations) and vLLM's prefix_repetition dataset.
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
-export CLEAVE_KERNEL_CACHE=/tmp/cleave-kernels
-C=.carry/cleave; CB=.carry/cleave-bench
-chmod +x $C $CB
+source kernels/bench/lib.sh
 ({ time $C gen-checkpoint --shape v2-lite --dtype bf16 --out /dev/shm/v2lite; } > $OUT/gen.txt 2>&1) &
 GP=$!
 timeout 200 $C kernels-check --no-ops --golden models/golden --compare-model models/tiny-r1 \
@@ -17,11 +14,8 @@ wait $GP; grep -E "real|wrote" $OUT/gen.txt
 U=http://127.0.0.1:18200
 for mode in on off; do
   flag=""; [ $mode = off ] && flag="--no-enable-prefix-caching"
-  S=$(date +%s)
-  $C serve /dev/shm/v2lite --device cuda --max-model-len 8192 --max-num-seqs 256 --port 18200 $flag > /tmp/serve-$mode.txt 2>&1 &
-  SP=$!
-  for i in $(seq 1 300); do grep -q "ready at" /tmp/serve-$mode.txt && break; kill -0 $SP 2>/dev/null || break; sleep 0.5; done
-  echo "== caching $mode: serve ready after $(( $(date +%s) - S )) s"
+  echo "== caching $mode"
+  start_server /tmp/serve-$mode.txt /dev/shm/v2lite --device cuda --max-model-len 8192 --max-num-seqs 256 --port 18200 $flag
   timeout 240 $CB multi-turn --base-url $U --num-conversations 32 --turns 10 --system-prompt-len 2000 \
     --user-len 64 --output-len 128 --max-concurrency 16 --save-result $OUT/mt-$mode.json > $OUT/mt-$mode.txt 2>&1
   echo "multi-turn rc=$?"; grep -E ":" $OUT/mt-$mode.txt | grep -vE "^saved|conversations x" | tail -12

@@ -4,15 +4,10 @@
 # concurrent requests without a constraint, with a regex (vLLM's guided_regex) and with a JSON
 # schema (guided_json): the decode cost of llguidance's masks and of sampling constrained rows
 # on the host.
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
-export CLEAVE_KERNEL_CACHE=/tmp/cleave-kernels
-C=.carry/cleave; CB=.carry/cleave-bench
-chmod +x $C $CB
+source kernels/bench/lib.sh
 $C gen-checkpoint --shape v2-lite --dtype bf16 --out /dev/shm/v2lite > /tmp/gen.txt 2>&1 || { tail -3 /tmp/gen.txt; exit 1; }
 U=http://127.0.0.1:18200
-$C serve /dev/shm/v2lite --device cuda --max-model-len 4096 --max-num-seqs 256 --port 18200 > /tmp/serve.txt 2>&1 &
-SP=$!
-for i in $(seq 1 300); do grep -q "ready at" /tmp/serve.txt && break; kill -0 $SP 2>/dev/null || break; sleep 0.5; done
+start_server /tmp/serve.txt /dev/shm/v2lite --device cuda --max-model-len 4096 --max-num-seqs 256 --port 18200
 REGEX='{"guided_regex": "[a-zA-Z0-9 ,.]+"}'
 JSON='{"guided_json": {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}}, "required": ["text", "n"]}}'
 t0=$(date +%s%N)

@@ -50,7 +50,7 @@ impl<B: Backend> Engine<B> {
             let s = &self.scheds[d];
             (s.cached_blocks(&hashes), s.num_free_blocks(), usize::MAX - d)
         })?;
-        let (local, cached) = self.scheds[dp].reserve(prompt)?;
+        let (local, cached) = self.scheds[dp].reserve(prompt.len(), &hashes)?;
         Some((self.to_group(dp, &local), cached))
     }
 
