@@ -3,17 +3,27 @@
 Task: integer addition and subtraction, operands 0..9999, results may be negative.
 Everything is derived from integer seeds (see README.md); run this file to print samples.
 """
+import json
 import random
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 USER, ASSISTANT = "<｜User｜>", "<｜Assistant｜>"
 THINK, END_THINK = "<think>", "</think>"
 SPECIAL_TOKENS = [BOS, EOS, USER, ASSISTANT, THINK, END_THINK]  # ids 0..5 in this order
+# DeepSeek-V3/R1's tool-call tokens, appended after the 1024 BPE tokens (ids 1024..1032 in this order).
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL_BEGIN, CALL_END, TOOL_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+OUTPUTS_BEGIN, OUTPUTS_END = "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>"
+OUTPUT_BEGIN, OUTPUT_END = "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>"
+TOOL_TOKENS = [CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, TOOL_SEP, OUTPUTS_BEGIN, OUTPUTS_END, OUTPUT_BEGIN,
+               OUTPUT_END]
 
 EVAL_SEED = 1000       # the 1000 held-out evaluation problems
 EVAL_SIZE = 1000
 TOKENIZER_SEED = 7     # text the tokenizer is trained on
 TRAIN_SEED = 1234      # training stream (train.py adds the worker index)
+TOOL_EVAL_SEED = 2000  # tool lists of the held-out tool-call evaluation
+TOOL_SHARE = 0.3       # share of training examples that use a tool (half calls, half answers to a result)
 
 # ---------------------------------------------------------------- problems
 
@@ -152,14 +162,51 @@ def completion(a, op, b):
 # ---------------------------------------------------------------- chat format
 
 
-def render_prompt(messages, add_generation_prompt=True):
-    """Python mirror of the chat template in tokenizer_config.json (checked equal by make_tokenizer.py)."""
-    out = BOS + "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+def tools_text(tools):
+    """The tools section the chat template appends to the system prompt (vLLM's DeepSeek-R1 tool template)."""
+    out = "## Tools\nYou have access to the following tools:\n"
+    for t in tools:
+        f = t["function"]
+        params = json.dumps(f.get("parameters") or {}, ensure_ascii=False)
+        out += f"\n### {f['name']}\nDescription: {f.get('description') or ''}\n\nParameters: {params}\n"
+    return out + ("\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n" + CALLS_BEGIN + CALL_BEGIN
+                  + "function" + TOOL_SEP + "tool_call_name\n```json\ntool_call_arguments\n```" + CALL_END
+                  + CALLS_END)
+
+
+def call_text(call):
+    """One tool call as the model writes it (R1's format)."""
+    f = call["function"]
+    return CALL_BEGIN + (call.get("type") or "function") + TOOL_SEP + f["name"] + "\n```json\n" + f["arguments"] + "\n```" + CALL_END
+
+
+def render_prompt(messages, add_generation_prompt=True, tools=None):
+    """Python mirror of the chat template in tokenizer_config.json (checked equal by make_tokenizer.py).
+
+    R1's format: BOS, the system prompt (then the tools section), user turns, earlier answers after their
+    last </think> closed by EOS, tool calls in R1's tokens, tool results between the tool-output tokens;
+    the generation prompt opens the reasoning, except right after tool results, where the answer follows."""
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    if tools:
+        system += ("\n\n" if system else "") + tools_text(tools)
+    out, in_outputs = BOS + system, False
     for m in messages:
+        after_outputs = in_outputs and m["role"] != "tool"
+        if after_outputs:
+            out, in_outputs = out + OUTPUTS_END, False
+        content = (m.get("content") or "").split(END_THINK)[-1] if m["role"] == "assistant" else m.get("content")
         if m["role"] == "user":
-            out += USER + m["content"]
+            out += USER + content
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            out += ASSISTANT + content + CALLS_BEGIN + "\n".join(call_text(c) for c in m["tool_calls"])
+            out += CALLS_END + EOS
         elif m["role"] == "assistant":
-            out += ASSISTANT + m["content"].split(END_THINK)[-1] + EOS
+            out += ("" if after_outputs else ASSISTANT) + content + EOS
+        elif m["role"] == "tool":
+            out += ("" if in_outputs else OUTPUTS_BEGIN) + OUTPUT_BEGIN + content + OUTPUT_END
+            in_outputs = True
+    if in_outputs:
+        return out + OUTPUTS_END
     return out + (ASSISTANT + THINK + "\n" if add_generation_prompt else "")
 
 
@@ -183,6 +230,69 @@ def rand_conversation(rng, a, op, b):
                  {"role": "assistant", "content": prior if rng.random() < 0.5 else prior.split(END_THINK)[-1].strip()}]
     msgs.append({"role": "user", "content": phrase(rng, a, op, b)})
     return msgs
+
+# ---------------------------------------------------------------- tools
+
+CALC_NAMES = ["calculator", "calc", "compute", "math", "arithmetic", "evaluate", "add_or_subtract"]
+CALC_DESCS = ["Evaluate an arithmetic expression.", "Adds or subtracts two integers.",
+              "A calculator for + and -.", "Computes the value of an expression like 3 + 4.", ""]
+OTHER_TOOLS = [
+    ("get_weather", "Get the current weather in a city.", {"city": "string"}),
+    ("search", "Search the web.", {"query": "string"}),
+    ("send_email", "Send an email.", {"to": "string", "body": "string"}),
+    ("get_time", "Current time in a time zone.", {"timezone": "string"}),
+    ("lookup", "Look up a word in the dictionary.", {"word": "string"}),
+]
+
+
+def tool(name, desc, params):
+    props = {k: {"type": v} for k, v in params.items()}
+    return {"type": "function", "function": {"name": name, "description": desc,
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "required": list(params)}}}
+
+
+def rand_tools(rng):
+    """A calculator tool (name and description vary) and, a third of the time, an unrelated tool beside it."""
+    calc = tool(rng.choice(CALC_NAMES), rng.choice(CALC_DESCS), {"expression": "string"})
+    calc["function"]["parameters"]["properties"]["expression"]["description"] = rng.choice(
+        ["", "e.g. 12 + 30", "The expression to evaluate."])
+    if not calc["function"]["parameters"]["properties"]["expression"]["description"]:
+        del calc["function"]["parameters"]["properties"]["expression"]["description"]
+    if rng.random() < 1 / 3:
+        other = tool(*rng.choice(OTHER_TOOLS))
+        return [calc, other] if rng.random() < 0.5 else [other, calc]
+    return [calc]
+
+
+def calc_call(tools, a, op, b):
+    """The call the model makes: the calculator tool with the problem's expression (compact JSON)."""
+    name = next(t["function"]["name"] for t in tools if "expression" in t["function"]["parameters"]["properties"])
+    args = json.dumps({"expression": f"{a} {op} {b}"}, separators=(",", ":"))
+    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def tool_call_completion(tools, a, op, b):
+    """With tools: restate, decide, close the reasoning, call the calculator, EOS."""
+    call = calc_call(tools, a, op, b)
+    think = f"{a} {op} {b}\ncall {call['function']['name']}\n"
+    return think + END_THINK + "\n\n" + CALLS_BEGIN + call_text(call) + CALLS_END + EOS
+
+
+def tool_result_messages(rng, tools, a, op, b):
+    """A conversation that ends with the calculator's result for a OP b."""
+    msgs = rand_conversation(rng, a, op, b)
+    return msgs + [{"role": "assistant", "content": None, "tool_calls": [calc_call(tools, a, op, b)]},
+                   {"role": "tool", "tool_call_id": "call_0", "content": str(result(a, op, b))}]
+
+
+def tool_example(rng, a, op, b):
+    """(messages, tools, completion) of a tool-using example: a call half the time, else the answer to a result."""
+    tools = rand_tools(rng)
+    if rng.random() < 0.5:
+        return rand_conversation(rng, a, op, b), tools, tool_call_completion(tools, a, op, b)
+    return tool_result_messages(rng, tools, a, op, b), tools, answer(a, op, b) + EOS
+
 
 # ---------------------------------------------------------------- splits
 
@@ -210,7 +320,24 @@ def train_examples(seed):
         p = rand_problem(rng)
         if p in held:
             continue
-        yield render_prompt(rand_conversation(rng, *p)), completion(*p)
+        if rng.random() < TOOL_SHARE:
+            msgs, tools, comp = tool_example(rng, *p)
+            yield render_prompt(msgs, tools=tools), comp
+        else:
+            yield render_prompt(rand_conversation(rng, *p)), completion(*p)
+
+
+def tool_eval_set(n=200):
+    """Held-out problems with tools: (problem, tools, expected call completion, result messages)."""
+    rng = random.Random(TOOL_EVAL_SEED)
+    out = []
+    for e in eval_set()[:n]:
+        p = (e["a"], e["op"], e["b"])
+        tools = rand_tools(rng)
+        msgs = [{"role": "user", "content": e["user"]}]
+        out.append({**e, "tools": tools, "messages": msgs, "call": tool_call_completion(tools, *p),
+                    "result_messages": msgs + tool_result_messages(rng, tools, *p)[-2:]})
+    return out
 
 
 # Fixed problems whose HF greedy outputs are recorded in expected_answers.json for cleave's tests.

@@ -19,9 +19,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EOS_ID = 1
 
 
-def prompt_ids(tok, user):
-    text = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
-    assert text == data.render_prompt([{"role": "user", "content": user}])
+def prompt_ids(tok, user, tools=None):
+    """HF's rendering of a user message or a list of messages, with the tools, checked against data.py."""
+    messages = [{"role": "user", "content": user}] if isinstance(user, str) else user
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text == data.render_prompt(messages, tools=tools), (text, data.render_prompt(messages, tools=tools))
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -46,8 +48,8 @@ def greedy(model, prompts, max_new, batch, padded):
     return outs
 
 
-def run(model, tok, users, args):
-    prompts = [prompt_ids(tok, u) for u in users]
+def run(model, tok, users, args, tools=None):
+    prompts = [prompt_ids(tok, u, t) for u, t in zip(users, tools or [None] * len(users))]
     outs = greedy(model, prompts, args.max_new, args.batch, args.padded)
     return prompts, outs, [tok.decode(o, skip_special_tokens=False) for o in outs]
 
@@ -62,6 +64,7 @@ def main():
     ap.add_argument("--max-new", type=int, default=400)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--padded", action="store_true")
+    ap.add_argument("--tool-cases", default=None, help="write the first 8 tool-call cases (prompts, outputs) here")
     args = ap.parse_args()
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -79,7 +82,8 @@ def main():
         correct, exact = correct + ok, exact + ex
         results.append({**p, "correct": ok, "exact_cot": ex, "prompt_ids": pi, "output_ids": o, "text": t})
     n = len(problems)
-    report = {"accuracy": correct / n, "correct": correct, "total": n, "exact_cot_rate": exact / n,
+    tool = eval_tools(model, tok, args)
+    report = {"accuracy": correct / n, "correct": correct, "total": n, "exact_cot_rate": exact / n, "tools": tool,
               "device": args.device, "dtype": "float32 (bf16 weights)", "torch": torch.__version__,
               "padded_batches": args.padded, "seconds": round(time.time() - t0, 1),
               "date": time.strftime("%Y-%m-%d"), "results": results}
@@ -98,6 +102,29 @@ def main():
             f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in fixed) + "\n]\n")
         for r in fixed:
             print(repr(r["user"]), "->", repr(r["text"].split(data.END_THINK)[-1]))
+
+
+def eval_tools(model, tok, args):
+    """Held-out problems with tools: the call (exact) and the answer to the calculator's result (exact)."""
+    cases = data.tool_eval_set(args.limit or 200)
+    prompts, outs, texts = run(model, tok, [c["messages"] for c in cases], args, [c["tools"] for c in cases])
+    calls = [t == c["call"] for c, t in zip(cases, texts)]
+    rprompts, _, rtexts = run(model, tok, [c["result_messages"] for c in cases], args, [c["tools"] for c in cases])
+    answers = [t == c["answer"] + data.EOS for c, t in zip(cases, rtexts)]
+    n = len(cases)
+    print(f"tool calls {sum(calls)}/{n}, answers to tool results {sum(answers)}/{n}", flush=True)
+    for c, t, ok in zip(cases, texts, calls):
+        if not ok:
+            print("WRONG CALL:", repr(c["user"]), "->", repr(t[-120:]))
+    if args.tool_cases:
+        keep = [{"messages": c["messages"], "tools": c["tools"], "prompt_ids": p, "output_ids": o, "text": t,
+                 "result_messages": c["result_messages"], "result_prompt_ids": rp, "result_text": rt}
+                for c, p, o, t, rp, rt in list(zip(cases, prompts, outs, texts, rprompts, rtexts))[:8]]
+        with open(args.tool_cases, "w") as f:
+            f.write("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in keep) + "\n]\n")
+    return {"calls_correct": sum(calls), "answers_correct": sum(answers), "total": n,
+            "wrong_calls": [{"user": c["user"], "text": t} for c, t, ok in zip(cases, texts, calls) if not ok],
+            "wrong_answers": [{"user": c["user"], "text": t} for c, t, ok in zip(cases, rtexts, answers) if not ok]}
 
 
 if __name__ == "__main__":

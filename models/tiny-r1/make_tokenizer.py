@@ -15,25 +15,58 @@ import data
 VOCAB_SIZE = 1024
 MODEL_MAX_LENGTH = 2048
 
-# R1's prompt format: BOS, the system messages joined by a blank line, <｜User｜> turns, earlier
-# assistant turns with their reasoning (everything up to the last </think>) removed and closed by EOS,
-# and <｜Assistant｜><think>\n as generation prompt.
+# R1's prompt format: BOS, the system messages joined by a blank line (then, when the request has tools, the
+# tools section of vLLM's DeepSeek-R1 tool template), <｜User｜> turns, earlier assistant turns with their
+# reasoning (everything up to the last </think>) removed and closed by EOS, tool calls and tool results in
+# R1's tool tokens, and <｜Assistant｜><think>\n as generation prompt (none right after tool results: the
+# answer follows <｜tool▁outputs▁end｜>, as in R1's own template). data.render_prompt is its Python mirror.
+TOOL_FORMAT = ("\\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\\n<｜tool▁calls▁begin｜>"
+               "<｜tool▁call▁begin｜>function<｜tool▁sep｜>tool_call_name\\n```json\\ntool_call_arguments\\n```"
+               "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
 CHAT_TEMPLATE = (
     "{{- bos_token -}}"
+    "{%- set ns = namespace(system='', outputs=false) -%}"
     "{%- for message in messages if message['role'] == 'system' -%}"
-    "{%- if not loop.first -%}{{- '\\n\\n' -}}{%- endif -%}"
-    "{{- message['content'] -}}"
+    "{%- set ns.system = ns.system + ('\\n\\n' if not loop.first else '') + message['content'] -%}"
     "{%- endfor -%}"
+    "{%- if tools -%}"
+    "{%- set ns.system = ns.system + ('\\n\\n' if ns.system else '')"
+    " + '## Tools\\nYou have access to the following tools:\\n' -%}"
+    "{%- for tool in tools -%}"
+    "{%- set ns.system = ns.system + '\\n### ' + tool['function']['name'] + '\\nDescription: '"
+    " + (tool['function']['description'] or '') + '\\n\\nParameters: '"
+    " + ((tool['function']['parameters'] or {}) | tojson) + '\\n' -%}"
+    "{%- endfor -%}"
+    "{%- set ns.system = ns.system + '" + TOOL_FORMAT + "' -%}"
+    "{%- endif -%}"
+    "{{- ns.system -}}"
     "{%- for message in messages -%}"
+    "{%- set after_outputs = ns.outputs and message['role'] != 'tool' -%}"
+    "{%- if after_outputs -%}{{- '<｜tool▁outputs▁end｜>' -}}{%- set ns.outputs = false -%}{%- endif -%}"
     "{%- if message['role'] == 'user' -%}"
     "{{- '<｜User｜>' + message['content'] -}}"
     "{%- elif message['role'] == 'assistant' -%}"
     "{%- set content = message['content'] or '' -%}"
     "{%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1] -%}{%- endif -%}"
-    "{{- '<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>' -}}"
+    "{%- if message['tool_calls'] -%}"
+    "{{- '<｜Assistant｜>' + content + '<｜tool▁calls▁begin｜>' -}}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- if not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<｜tool▁call▁begin｜>' + (call['type'] or 'function') + '<｜tool▁sep｜>' + call['function']['name']"
+    " + '\\n```json\\n' + call['function']['arguments'] + '\\n```<｜tool▁call▁end｜>' -}}"
+    "{%- endfor -%}"
+    "{{- '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' -}}"
+    "{%- else -%}"
+    "{{- ('' if after_outputs else '<｜Assistant｜>') + content + '<｜end▁of▁sentence｜>' -}}"
+    "{%- endif -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{- ('' if ns.outputs else '<｜tool▁outputs▁begin｜>') + '<｜tool▁output▁begin｜>' + message['content']"
+    " + '<｜tool▁output▁end｜>' -}}"
+    "{%- set ns.outputs = true -%}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<｜Assistant｜><think>\\n' -}}{%- endif -%}"
+    "{%- if ns.outputs -%}{{- '<｜tool▁outputs▁end｜>' -}}"
+    "{%- elif add_generation_prompt -%}{{- '<｜Assistant｜><think>\\n' -}}{%- endif -%}"
 )
 
 ENGLISH = """The quick brown fox jumps over the lazy dog. Hello! How are you today? I am fine, thank you.
@@ -76,7 +109,21 @@ def build():
     for t in j["added_tokens"]:
         t["special"] = t["content"] not in (data.THINK, data.END_THINK)
         t["normalized"] = False
-    return Tokenizer.from_str(json.dumps(j, ensure_ascii=False))
+    tok = Tokenizer.from_str(json.dumps(j, ensure_ascii=False))
+    # R1's tool-call tokens come after the trained vocabulary, so every other token keeps its id.
+    tok.add_special_tokens(data.TOOL_TOKENS)
+    return tok
+
+
+def py_tojson(value, indent=None):
+    """transformers' `tojson` filter (json.dumps, no HTML escaping, keys in order), which cleave mirrors."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def jinja_env():
+    env = jinja2.Environment()
+    env.filters["tojson"] = py_tojson
+    return env
 
 
 def tokenizer_config():
@@ -97,31 +144,43 @@ def check(tok):
     vocab = tok.get_vocab()
     for i, s in enumerate(data.SPECIAL_TOKENS):
         assert vocab[s] == i and tok.encode(s).ids == [i], s
+    for i, s in enumerate(data.TOOL_TOKENS):
+        assert vocab[s] == VOCAB_SIZE + i and tok.encode(s).ids == [VOCAB_SIZE + i], s
     for t in vocab:  # digits are always single tokens
         assert t in data.SPECIAL_TOKENS or not any(c.isdigit() for c in t) or (len(t) == 1 and t.isdigit()), t
     assert tok.encode("x 12345").ids[-5:] == [vocab[d] for d in "12345"]
     for text in ["Ünïcödé ✓ 日本語 \t\r\n 🙂", "What is 347 + 589?"]:
         assert tok.decode(tok.encode(text).ids) == text
-    template = jinja2.Environment().from_string(CHAT_TEMPLATE)
+    template = jinja_env().from_string(CHAT_TEMPLATE)
     rng = random.Random(99)
-    cases = [[{"role": "system", "content": "A"}, {"role": "system", "content": "B"},
-              {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x</think>y</think>\n\nz"},
-              {"role": "user", "content": "1+1"}]]
-    cases += [data.rand_conversation(rng, *data.rand_problem(rng)) for _ in range(2000)]
-    for msgs in cases:
+    two_calls = {"role": "assistant", "content": "<think>\nhm</think>\n\nLet me check.", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+        {"id": "b", "function": {"name": "g", "arguments": "{\"x\":1}"}}]}
+    cases = [([{"role": "system", "content": "A"}, {"role": "system", "content": "B"},
+               {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x</think>y</think>\n\nz"},
+               {"role": "user", "content": "1+1"}], None),
+             ([{"role": "system", "content": "S"}, {"role": "user", "content": "q"}, two_calls,
+               {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"},
+               {"role": "assistant", "content": "done"}, {"role": "user", "content": "again"}],
+              [data.tool("f", None, {}), data.tool("g", "G.", {"x": "integer"})])]
+    cases += [(data.rand_conversation(rng, *data.rand_problem(rng)), None) for _ in range(2000)]
+    cases += [data.tool_example(rng, *data.rand_problem(rng))[:2] for _ in range(500)]
+    for msgs, tools in cases:
         for gen in (True, False):
-            r = template.render(messages=msgs, add_generation_prompt=gen, bos_token=data.BOS)
-            assert r == data.render_prompt(msgs, gen), (r, data.render_prompt(msgs, gen))
+            r = template.render(messages=msgs, add_generation_prompt=gen, bos_token=data.BOS, tools=tools)
+            assert r == data.render_prompt(msgs, gen, tools), (r, data.render_prompt(msgs, gen, tools))
     try:  # Rust's minijinja (what cleave uses) through its Python binding, when installed
         import minijinja
         env = minijinja.Environment(templates={"chat": CHAT_TEMPLATE})
         env.pycompat = True
-        for msgs in cases[:200]:
-            r = env.render_template("chat", messages=msgs, add_generation_prompt=True, bos_token=data.BOS)
-            assert r == data.render_prompt(msgs), (r, data.render_prompt(msgs))
+        env.add_filter("tojson", py_tojson)
+        for msgs, tools in cases[:200] + cases[-50:]:
+            r = env.render_template("chat", messages=msgs, add_generation_prompt=True, bos_token=data.BOS,
+                                    tools=tools)
+            assert r == data.render_prompt(msgs, tools=tools), (r, data.render_prompt(msgs, tools=tools))
     except ImportError:
         print("minijinja not installed: template checked with jinja2 only")
-    ids = tok.encode(data.render_prompt(cases[0])).ids
+    ids = tok.encode(data.render_prompt(cases[0][0])).ids
     assert ids.count(0) == 1 and ids[0] == 0
 
 

@@ -27,7 +27,7 @@ EOS_ID = 1
 CONFIG = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",
-    "vocab_size": 1024,
+    "vocab_size": 1040,  # 1033 tokens (1024 BPE + 9 tool tokens), padded to a multiple of 16
     "hidden_size": 256,
     "intermediate_size": 768,
     "moe_intermediate_size": 96,
