@@ -63,7 +63,7 @@ fn resize(
 
 #[cfg(test)]
 mod tests {
-    use cleave_engine::tokenizer::{ChatMessage, Tokenizer};
+    use cleave_engine::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
 
     use super::*;
 
@@ -81,8 +81,8 @@ mod tests {
             let ids: Vec<u32> = (0..n as u32).step_by(n / 97).filter(|&i| i > 5).collect();
             let again = t.encode(&t.decode(&ids, false).unwrap(), false).unwrap();
             assert_eq!(t.decode(&again, false).unwrap(), t.decode(&ids, false).unwrap());
-            let hi = ChatMessage { role: "user".into(), content: "hi".into(), reasoning_content: None };
-            let chat = t.apply_chat_template(&[hi], true, None).unwrap();
+            let hi = ChatMessage::new("user", "hi");
+            let chat = t.apply_chat_template(&[hi], ChatOptions::generation()).unwrap();
             assert!(chat.contains("<｜User｜>hi<｜Assistant｜>"), "{chat}");
             let _ = std::fs::remove_dir_all(&dir);
         }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::backend::Backend;
-use cleave_engine::tokenizer::ChatMessage;
+use cleave_engine::tokenizer::{ChatMessage, ChatOptions};
 use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
 
 #[derive(clap::Args)]
@@ -142,8 +142,8 @@ fn drive<B: Backend>(mut engine: Engine<B>, a: Args) -> anyhow::Result<()> {
         (Some(text), None) => {
             let tok = engine.tokenizer().context("this model directory has no tokenizer.json: use --prompt-ids")?;
             if a.chat {
-                let msg = ChatMessage { role: "user".into(), content: text.clone(), reasoning_content: None };
-                tok.encode_chat(&[msg], true, None)?
+                let msg = ChatMessage::new("user", text.clone());
+                tok.encode_chat(&[msg], ChatOptions::generation())?
             } else {
                 tok.encode(text, true)?
             }

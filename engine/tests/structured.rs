@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::structured::{Constraint, Guided};
-use cleave_engine::tokenizer::ChatMessage;
+use cleave_engine::tokenizer::{ChatMessage, ChatOptions};
 use cleave_engine::{Engine, EngineConfig, EngineError, FinishReason, Request, SamplingParams};
 use serde_json::{json, Value};
 
@@ -18,8 +18,8 @@ fn engine() -> Engine<CpuBackend> {
 }
 
 fn chat(e: &Engine<CpuBackend>, user: &str) -> Vec<u32> {
-    let m = ChatMessage { role: "user".into(), content: user.into(), reasoning_content: None };
-    e.tokenizer().unwrap().encode_chat(&[m], true, None).unwrap()
+    let m = ChatMessage::new("user", user);
+    e.tokenizer().unwrap().encode_chat(&[m], ChatOptions::generation()).unwrap()
 }
 
 /// Runs each (prompt, params) and returns the text after `</think>` (all of it when the

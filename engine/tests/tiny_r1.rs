@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::tokenizer::ChatMessage;
+use cleave_engine::tokenizer::{ChatMessage, ChatOptions};
 use cleave_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams};
 use serde_json::Value;
 
@@ -42,13 +42,7 @@ fn answer_fixed_problems(model: &str) -> Vec<(Vec<u32>, String)> {
     let mut requests = Vec::new();
     for (i, e) in expected.iter().enumerate() {
         let user = e["user"].as_str().unwrap();
-        let prompt = tok
-            .encode_chat(
-                &[ChatMessage { role: "user".into(), content: user.into(), reasoning_content: None }],
-                true,
-                None,
-            )
-            .unwrap();
+        let prompt = tok.encode_chat(&[ChatMessage::new("user", user)], ChatOptions::generation()).unwrap();
         assert_eq!(prompt, ids(&e["prompt_ids"]), "chat-rendered prompt of {user:?}");
         requests.push(Request { id: i as u64, prompt, params: SamplingParams::greedy(400), prefill_only: false });
     }
@@ -99,8 +93,8 @@ fn held_back_text_is_released_when_eos_or_a_stop_token_ends_the_sequence() {
     };
     let mut engine = Engine::load(CpuBackend, &dir, cfg).unwrap();
     let tok = engine.tokenizer().unwrap().clone();
-    let msg = ChatMessage { role: "user".into(), content: "What is 347 + 589?".into(), reasoning_content: None };
-    let prompt = tok.encode_chat(&[msg], true, None).unwrap();
+    let msg = ChatMessage::new("user", "What is 347 + 589?");
+    let prompt = tok.encode_chat(&[msg], ChatOptions::generation()).unwrap();
     let mut run = |params: SamplingParams| {
         let out =
             engine.generate(vec![Request { id: 1, prompt: prompt.clone(), params, prefill_only: false }]).unwrap();

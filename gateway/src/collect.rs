@@ -6,11 +6,11 @@ use std::sync::Arc;
 use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 
-use crate::choice::{ChoiceState, TokenLogprob};
+use crate::choice::{ChoiceState, OutputParsing, TokenLogprob};
 use crate::openai::{
-    AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, MessageReasoning, TokenStrings, Usage,
+    AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, MessageFunction, MessageReasoning,
+    MessageToolCall, TokenStrings, Usage,
 };
-use crate::reasoning::ReasoningSplitter;
 use crate::sse::ResponseMeta;
 use crate::validate::Endpoint;
 
@@ -18,6 +18,7 @@ use crate::validate::Endpoint;
 struct Gathered {
     reasoning: String,
     content: String,
+    tool_calls: Vec<MessageToolCall>,
     logprobs: Vec<TokenLogprob>,
 }
 
@@ -32,14 +33,9 @@ pub struct Collector {
 
 impl Collector {
     /// See [`crate::sse::StreamFormatter::new`].
-    pub fn new(
-        meta: ResponseMeta,
-        tokenizer: Option<Arc<Tokenizer>>,
-        n: usize,
-        splitter: ReasoningSplitter,
-        include_reasoning: bool,
-    ) -> Self {
-        let choices = ChoiceState::for_response(&meta, n, splitter, include_reasoning);
+    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, parsing: OutputParsing) -> Self {
+        let include_reasoning = parsing.include_reasoning;
+        let choices = ChoiceState::for_response(&meta, n, parsing);
         Collector {
             meta,
             tokenizer,
@@ -55,6 +51,18 @@ impl Collector {
         let d = state.push(t);
         g.reasoning.push_str(&d.reasoning);
         g.content.push_str(&d.content);
+        for t in d.tool_calls {
+            if t.index == g.tool_calls.len() {
+                g.tool_calls.push(MessageToolCall {
+                    id: t.id.unwrap_or_default(),
+                    kind: "function",
+                    function: MessageFunction { name: t.name.unwrap_or_default(), arguments: String::new() },
+                });
+            }
+            if let Some(call) = g.tool_calls.get_mut(t.index) {
+                call.function.arguments.push_str(&t.arguments);
+            }
+        }
         g.logprobs.extend(d.logprobs);
     }
 
@@ -80,21 +88,26 @@ impl Collector {
                     .iter()
                     .zip(self.gathered)
                     .map(|(c, g)| {
-                        let (content, reasoning_content) = if !c.splits_reasoning() {
+                        let (mut content, reasoning_content) = if !c.splits_reasoning() {
                             (Some(g.content), None)
                         } else {
                             let content = c.reasoning_ended().then_some(g.content);
                             (content, self.include_reasoning.then_some(g.reasoning))
                         };
+                        // An answer of tool calls only (R1 puts a blank line before them).
+                        if !g.tool_calls.is_empty() && content.as_deref().is_some_and(|t| t.trim().is_empty()) {
+                            content = None;
+                        }
                         ChatChoice {
                             index: c.index,
                             message: AssistantMessage {
                                 role: "assistant",
                                 content,
                                 reasoning: MessageReasoning(reasoning_content),
+                                tool_calls: g.tool_calls,
                             },
                             logprobs: m.logprobs.then(|| strings.chat(&g.logprobs)),
-                            finish_reason: c.finish.map(|f| f.as_str()),
+                            finish_reason: c.finish,
                         }
                     })
                     .collect();
@@ -116,7 +129,7 @@ impl Collector {
                         index: c.index,
                         text: &g.content,
                         logprobs: m.logprobs.then(|| strings.completion(&g.logprobs, 0)),
-                        finish_reason: c.finish.map(|f| f.as_str()),
+                        finish_reason: c.finish,
                     })
                     .collect();
                 serde_json::to_vec(&Completion {
@@ -136,6 +149,7 @@ impl Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reasoning::ReasoningSplitter;
     use cleave_engine::FinishReason;
     use serde_json::{json, Value};
 
@@ -161,7 +175,12 @@ mod tests {
         }
         let c = std::mem::replace(
             c,
-            Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(None), true),
+            Collector::new(
+                meta(Endpoint::Chat, false),
+                None,
+                1,
+                OutputParsing::new(ReasoningSplitter::new(None), true),
+            ),
         );
         serde_json::from_slice(&c.into_json()).unwrap()
     }
@@ -170,7 +189,12 @@ mod tests {
     fn chat_message_carries_reasoning_and_content() {
         let first = TokenOutput { cached_tokens: 2, ..tok(1, "think", None) };
         let toks = [first, tok(9, "</think>", None), tok(2, "answer", Some(FinishReason::Stop))];
-        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), true);
+        let mut c = Collector::new(
+            meta(Endpoint::Chat, false),
+            None,
+            1,
+            OutputParsing::new(ReasoningSplitter::new(Some(9)), true),
+        );
         let v = run(&mut c, &toks);
         assert_eq!(
             v["choices"][0]["message"],
@@ -184,7 +208,12 @@ mod tests {
             "the first token reports the cached prompt tokens"
         );
         assert_eq!(v["object"], "chat.completion");
-        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(Some(9)), false);
+        let mut c = Collector::new(
+            meta(Endpoint::Chat, false),
+            None,
+            1,
+            OutputParsing::new(ReasoningSplitter::new(Some(9)), false),
+        );
         let v = run(&mut c, &toks);
         assert_eq!(
             v["choices"][0]["message"],
@@ -195,14 +224,24 @@ mod tests {
     #[test]
     fn no_think_end_means_null_content_and_no_split_means_plain_content() {
         let toks = [tok(1, "still", None), tok(2, " thinking", Some(FinishReason::Length))];
-        let mut c = Collector::new(meta(Endpoint::Chat, true), None, 1, ReasoningSplitter::new(Some(9)), true);
+        let mut c = Collector::new(
+            meta(Endpoint::Chat, true),
+            None,
+            1,
+            OutputParsing::new(ReasoningSplitter::new(Some(9)), true),
+        );
         let v = run(&mut c, &toks);
         assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
         assert_eq!(v["choices"][0]["message"]["reasoning_content"], "still thinking");
         assert_eq!(v["choices"][0]["message"]["reasoning"], "still thinking");
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(v["choices"][0]["logprobs"]["content"].as_array().unwrap().len(), 2);
-        let mut c = Collector::new(meta(Endpoint::Chat, false), None, 1, ReasoningSplitter::new(None), true);
+        let mut c = Collector::new(
+            meta(Endpoint::Chat, false),
+            None,
+            1,
+            OutputParsing::new(ReasoningSplitter::new(None), true),
+        );
         let v = run(&mut c, &toks);
         assert_eq!(v["choices"][0]["message"]["content"], "still thinking");
         assert_eq!(v["choices"][0]["message"]["reasoning_content"], Value::Null);
@@ -210,7 +249,12 @@ mod tests {
 
     #[test]
     fn completion_body_has_text_and_usage() {
-        let mut c = Collector::new(meta(Endpoint::Completion, true), None, 2, ReasoningSplitter::new(Some(9)), true);
+        let mut c = Collector::new(
+            meta(Endpoint::Completion, true),
+            None,
+            2,
+            OutputParsing::new(ReasoningSplitter::new(Some(9)), true),
+        );
         c.on_token(1, &tok(5, "b", Some(FinishReason::Stop)));
         c.on_token(0, &tok(9, "</think>", Some(FinishReason::Length)));
         assert!(c.all_finished());

@@ -208,6 +208,19 @@ impl From<cleave_engine::EngineError> for ApiError {
     }
 }
 
+/// How a JSON value is named in error messages ("a string", "an object").
+pub(crate) fn kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

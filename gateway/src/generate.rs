@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backend::TokenEvents;
+use crate::choice::OutputParsing;
 use crate::collect::Collector;
 use crate::errors::ApiError;
 use crate::reasoning::ReasoningSplitter;
@@ -115,9 +116,13 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
     let merged =
         submit_all(&state, &req).await.inspect_err(|e| warn!(request_id = %meta.id, error = %e, "submit failed"))?;
     let think_start = state.tokenizer.as_ref().and_then(|t| t.token_to_id("<think>"));
-    let splitter = ReasoningSplitter::for_prompt(&req.prompt, think_start, state.info.think_end_id);
+    let parsing = OutputParsing {
+        splitter: ReasoningSplitter::for_prompt(&req.prompt, think_start, state.info.think_end_id),
+        include_reasoning: req.include_reasoning,
+        tools: req.tools.clone(),
+    };
     if req.stream {
-        let fmt = StreamFormatter::new(meta, state.tokenizer.clone(), req.n, splitter.clone(), req.include_reasoning);
+        let fmt = StreamFormatter::new(meta, state.tokenizer.clone(), req.n, parsing);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream_task(state.clone(), merged, fmt, tx));
         let body = SseBody { rx, _admission: admission };
@@ -127,7 +132,7 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
         h.insert("cache-control", warp::http::HeaderValue::from_static("no-cache"));
         return Ok(res);
     }
-    let collector = Collector::new(meta.clone(), state.tokenizer.clone(), req.n, splitter, req.include_reasoning);
+    let collector = Collector::new(meta.clone(), state.tokenizer.clone(), req.n, parsing);
     let body = collect(&state, &meta, merged, collector).await?;
     drop(admission);
     let mut res = warp::reply::Response::new(Bytes::from(body).into());

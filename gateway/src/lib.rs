@@ -16,6 +16,7 @@ pub mod collect;
 pub mod defaults;
 pub mod errors;
 mod generate;
+pub mod messages;
 pub mod metrics;
 pub mod openai;
 pub mod reasoning;
@@ -23,6 +24,7 @@ mod routes;
 mod server;
 pub mod sse;
 pub mod structured;
+pub mod tools;
 pub mod validate;
 
 use std::net::SocketAddr;

@@ -69,6 +69,56 @@ pub struct ChatDelta<'a> {
     pub content: Option<&'a str>,
     #[serde(flatten)]
     pub reasoning: DeltaReasoning<'a>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallChunk<'a>>,
+}
+
+/// A piece of a streamed tool call: the first has `id`, `type` and the name, later ones more
+/// of the arguments' text.
+#[derive(Debug, Serialize)]
+pub struct ToolCallChunk<'a> {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionChunk<'a>,
+}
+
+/// `function` of a [`ToolCallChunk`].
+#[derive(Debug, Serialize)]
+pub struct FunctionChunk<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<&'a str>,
+    pub arguments: &'a str,
+}
+
+impl<'a> ToolCallChunk<'a> {
+    /// The chunk of one parsed delta.
+    pub fn of(d: &'a crate::tools::ToolCallDelta) -> Self {
+        ToolCallChunk {
+            index: d.index,
+            id: d.id.as_deref(),
+            kind: d.id.is_some().then_some("function"),
+            function: FunctionChunk { name: d.name.as_deref(), arguments: &d.arguments },
+        }
+    }
+}
+
+/// A complete tool call of a message.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MessageToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: MessageFunction,
+}
+
+/// `function` of a [`MessageToolCall`]: `arguments` is the JSON text the model wrote.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MessageFunction {
+    pub name: String,
+    pub arguments: String,
 }
 
 /// R1's reasoning text goes out under both names clients read: `reasoning_content` (DeepSeek's
@@ -126,13 +176,16 @@ pub struct ChatChoice {
     pub finish_reason: Option<&'static str>,
 }
 
-/// The generated message: `content` is null when a reasoning model never closed its reasoning.
+/// The generated message: `content` is null when a reasoning model never closed its reasoning,
+/// or when the answer is tool calls and nothing else.
 #[derive(Debug, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: Option<String>,
     #[serde(flatten)]
     pub reasoning: MessageReasoning,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<MessageToolCall>,
 }
 
 /// Chat logprobs.

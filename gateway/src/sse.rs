@@ -12,12 +12,12 @@ use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 use serde::Serialize;
 
-use crate::choice::{ChoiceDelta, ChoiceState};
+use crate::choice::{ChoiceDelta, ChoiceState, OutputParsing};
 use crate::errors::ApiError;
 use crate::openai::{
-    ChatChunk, ChatChunkChoice, ChatDelta, Completion, CompletionChoice, DeltaReasoning, TokenStrings, Usage,
+    ChatChunk, ChatChunkChoice, ChatDelta, Completion, CompletionChoice, DeltaReasoning, TokenStrings, ToolCallChunk,
+    Usage,
 };
-use crate::reasoning::ReasoningSplitter;
 use crate::validate::Endpoint;
 
 /// The final event of every stream.
@@ -56,15 +56,9 @@ pub struct StreamFormatter {
 }
 
 impl StreamFormatter {
-    /// `splitter`: how chat output divides into reasoning and content (ignored for completions).
-    pub fn new(
-        meta: ResponseMeta,
-        tokenizer: Option<Arc<Tokenizer>>,
-        n: usize,
-        splitter: ReasoningSplitter,
-        include_reasoning: bool,
-    ) -> Self {
-        let choices = ChoiceState::for_response(&meta, n, splitter, include_reasoning);
+    /// `parsing`: how chat output is read (completions are plain text).
+    pub fn new(meta: ResponseMeta, tokenizer: Option<Arc<Tokenizer>>, n: usize, parsing: OutputParsing) -> Self {
+        let choices = ChoiceState::for_response(&meta, n, parsing);
         StreamFormatter { meta, tokenizer, choices, sent: vec![0; n], events: 0 }
     }
 
@@ -113,7 +107,7 @@ impl StreamFormatter {
     ) -> ChatChunk<'a> {
         let strings = TokenStrings(self.tokenizer.as_deref());
         let logprobs = (self.meta.logprobs && lps).then(|| strings.chat(&d.logprobs));
-        let finish_reason = if finish { d.finish.map(|f| f.as_str()) } else { None };
+        let finish_reason = if finish { d.finish } else { None };
         ChatChunk {
             id: &self.meta.id,
             object: "chat.completion.chunk",
@@ -144,6 +138,7 @@ impl StreamFormatter {
                 role: None,
                 content: (!d.content.is_empty()).then_some(d.content.as_str()),
                 reasoning: DeltaReasoning((!both && !d.reasoning.is_empty()).then_some(d.reasoning.as_str())),
+                tool_calls: d.tool_calls.iter().map(ToolCallChunk::of).collect(),
             };
             write_event(out, &self.chat_chunk(index, delta, &d, !both, true));
             events += 1;
@@ -163,12 +158,7 @@ impl StreamFormatter {
             object: "text_completion",
             created: self.meta.created,
             model: &self.meta.model,
-            choices: vec![CompletionChoice {
-                index,
-                text: &d.content,
-                logprobs,
-                finish_reason: d.finish.map(|f| f.as_str()),
-            }],
+            choices: vec![CompletionChoice { index, text: &d.content, logprobs, finish_reason: d.finish }],
             usage: None,
         };
         write_event(out, &chunk);
@@ -220,6 +210,7 @@ impl StreamFormatter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reasoning::ReasoningSplitter;
     use cleave_engine::FinishReason;
     use serde_json::Value;
 
@@ -259,8 +250,12 @@ mod tests {
 
     #[test]
     fn chat_stream_has_role_reasoning_content_finish_usage_done() {
-        let mut f =
-            StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(Some(9)), true);
+        let mut f = StreamFormatter::new(
+            meta(Endpoint::Chat, true, false),
+            None,
+            1,
+            OutputParsing::new(ReasoningSplitter::new(Some(9)), true),
+        );
         let mut out = Vec::new();
         for t in [
             tok(1, "hmm", None),
@@ -301,8 +296,7 @@ mod tests {
             meta(Endpoint::Completion, false, true),
             None,
             2,
-            ReasoningSplitter::new(Some(9)),
-            true,
+            OutputParsing::new(ReasoningSplitter::new(Some(9)), true),
         );
         let mut out = Vec::new();
         f.on_token(1, &tok(4, "b", Some(FinishReason::Length)), &mut out);
@@ -324,8 +318,12 @@ mod tests {
 
     #[test]
     fn error_after_start_is_an_error_event_then_done() {
-        let mut f =
-            StreamFormatter::new(meta(Endpoint::Chat, true, false), None, 1, ReasoningSplitter::new(None), true);
+        let mut f = StreamFormatter::new(
+            meta(Endpoint::Chat, true, false),
+            None,
+            1,
+            OutputParsing::new(ReasoningSplitter::new(None), true),
+        );
         let mut out = Vec::new();
         f.on_token(0, &tok(1, "x", None), &mut out);
         f.error(&ApiError::Internal("rank 3 failed".into()), &mut out);
@@ -339,8 +337,12 @@ mod tests {
 
     #[test]
     fn late_reasoning_and_content_on_the_think_end_token_are_two_chunks() {
-        let mut f =
-            StreamFormatter::new(meta(Endpoint::Chat, false, true), None, 1, ReasoningSplitter::new(Some(9)), true);
+        let mut f = StreamFormatter::new(
+            meta(Endpoint::Chat, false, true),
+            None,
+            1,
+            OutputParsing::new(ReasoningSplitter::new(Some(9)), true),
+        );
         let mut out = Vec::new();
         f.on_token(0, &tok(1, "", None), &mut out);
         f.on_token(0, &tok(9, "r</think>c", Some(FinishReason::Stop)), &mut out);

@@ -133,22 +133,6 @@ pub fn constraint(body: &Map<String, Value>) -> Result<Option<Constraint>, ApiEr
     }
 }
 
-/// Refuses tool calling, which this server does not do yet (never a silent plain answer).
-pub fn refuse_tools(body: &Map<String, Value>) -> Result<(), ApiError> {
-    let has_tools = body.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
-    let none = body.get("tool_choice").and_then(Value::as_str) == Some("none");
-    if has_tools && !none {
-        return Err(ApiError::field(
-            "tools",
-            "tool calling is not supported yet; send no `tools` or `tool_choice: \"none\"`",
-        ));
-    }
-    if !has_tools && body.get("tool_choice").is_some_and(|v| !v.is_null() && v.as_str() != Some("none")) {
-        return Err(ApiError::field("tool_choice", "`tool_choice` needs `tools`"));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,9 +194,5 @@ mod tests {
             param(c(json!({"guided_decoding_backend": "xgrammar", "guided_regex": "a"})).unwrap_err()),
             "guided_decoding_backend"
         );
-        let tools = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
-        assert_eq!(param(refuse_tools(tools.as_object().unwrap()).unwrap_err()), "tools");
-        let none = json!({"tools": [{"type": "function"}], "tool_choice": "none"});
-        assert!(refuse_tools(none.as_object().unwrap()).is_ok());
     }
 }

@@ -4,17 +4,19 @@
 //! Fields are read one by one from the JSON object so every type error names its field; fields
 //! this server does not know are ignored, as OpenAI-compatible servers do.
 
-use cleave_engine::structured::Guided;
-use cleave_engine::tokenizer::{ChatMessage, Tokenizer};
+use cleave_engine::structured::{Constraint, Guided};
+use cleave_engine::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
 use cleave_engine::{RequestError, RequestLimits, SamplingParams};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::backend::ModelInfo;
 use crate::defaults::SamplingDefaults;
-use crate::errors::ApiError;
+use crate::errors::{kind, ApiError};
+use crate::messages::messages;
 use crate::reasoning::ReasoningSplitter;
 use crate::structured;
+use crate::tools::{self, ToolCallParser, ToolRequest, ToolTokens};
 
 /// Most alternatives per token a request may ask for (vLLM's default `max_logprobs`).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -45,6 +47,8 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     /// Chat: send the reasoning (`include_reasoning`, default true).
     pub include_reasoning: bool,
+    /// Chat with tools: the parser of the answer's tool calls (ids not set yet).
+    pub tools: Option<ToolCallParser>,
 }
 
 /// Validates requests against one served model.
@@ -60,7 +64,8 @@ pub struct Validator<'a> {
 const MAX_BYTES_PER_TOKEN: usize = 32;
 
 fn message_bytes(messages: &[ChatMessage]) -> usize {
-    messages.iter().map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len)).sum()
+    let calls = |m: &ChatMessage| m.tool_calls.iter().map(|c| c.name.len() + c.arguments.len()).sum::<usize>();
+    messages.iter().map(|m| m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len) + calls(m)).sum()
 }
 
 /// Parses a body that must be a JSON object.
@@ -103,17 +108,6 @@ impl Fields<'_> {
 
     fn bool(&self, key: &str, default: bool) -> Result<bool, ApiError> {
         Ok(self.opt::<bool>(key)?.unwrap_or(default))
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
@@ -171,11 +165,31 @@ impl Validator<'_> {
         let messages = messages(obj.get("messages"))?;
         self.fits(message_bytes(&messages), "messages")?;
         let kwargs = chat_template_kwargs(&f)?;
-        let add_generation_prompt = f.bool("add_generation_prompt", true)?;
+        let tools = tools::request(&obj)?;
+        let opts = ChatOptions {
+            add_generation_prompt: f.bool("add_generation_prompt", true)?,
+            tools: tools.as_ref().and_then(ToolRequest::rendered),
+            kwargs: kwargs.as_ref(),
+        };
         let tok = self.tokenizer()?;
-        req.prompt = tok.encode_chat(&messages, add_generation_prompt, kwargs.as_ref())?;
-        structured::refuse_tools(&obj)?;
-        if let Some(constraint) = structured::constraint(&obj)? {
+        req.prompt = tok.encode_chat(&messages, opts)?;
+        let mut constraint = structured::constraint(&obj)?;
+        if let Some(t) = tools.as_ref().filter(|t| t.parses()) {
+            let tokens = ToolTokens::of(tok).ok_or_else(|| {
+                ApiError::field("tools", "this model's vocabulary has no DeepSeek tool-call tokens to write calls with")
+            })?;
+            if let Some(grammar) = t.grammar(&tokens) {
+                if constraint.is_some() {
+                    return Err(ApiError::field(
+                        "tool_choice",
+                        "a required or named `tool_choice` constrains the output already; drop `response_format`",
+                    ));
+                }
+                constraint = Some(Constraint::Grammar(grammar));
+            }
+            req.tools = Some(ToolCallParser::new(tokens, t.max_calls(), String::new()));
+        }
+        if let Some(constraint) = constraint {
             // A prompt that opened R1's think block leaves the reasoning free: the constraint
             // starts after `</think>` (vLLM's default with a reasoning parser).
             let think_start = tok.token_to_id("<think>");
@@ -218,8 +232,14 @@ impl Validator<'_> {
             let messages = messages(obj.get("messages"))?;
             self.fits(message_bytes(&messages), "messages")?;
             let kwargs = chat_template_kwargs(&f)?;
+            let tools = tools::request(&obj)?;
+            let opts = ChatOptions {
+                add_generation_prompt: f.bool("add_generation_prompt", true)?,
+                tools: tools.as_ref().and_then(ToolRequest::rendered),
+                kwargs: kwargs.as_ref(),
+            };
             // The rendered template holds its special tokens (BOS) already, so nothing is added.
-            return Ok(tok.encode_chat(&messages, f.bool("add_generation_prompt", true)?, kwargs.as_ref())?);
+            return Ok(tok.encode_chat(&messages, opts)?);
         }
         let prompt = f
             .opt::<String>("prompt")?
@@ -387,6 +407,7 @@ impl Validator<'_> {
             include_usage,
             logprobs,
             include_reasoning,
+            tools: None,
         })
     }
 
@@ -435,74 +456,6 @@ fn chat_template_kwargs(f: &Fields) -> Result<Option<Value>, ApiError> {
             format!("`chat_template_kwargs` must be an object, got {}", kind(v)),
         )),
     }
-}
-
-/// Reads `messages`: a non-empty list of `{role, content}` where content is a string, a list of
-/// `{type: "text", text}` parts, or null. `reasoning_content` on assistant turns is accepted and
-/// ignored; `developer` is treated as `system`.
-pub fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match v {
-        Some(Value::Array(l)) if !l.is_empty() => l,
-        Some(Value::Array(_)) => return Err(ApiError::field("messages", "`messages` must not be empty")),
-        None | Some(Value::Null) => return Err(ApiError::field("messages", "`messages` is required")),
-        Some(other) => {
-            return Err(ApiError::field("messages", format!("`messages` must be a list, got {}", kind(other))))
-        }
-    };
-    list.iter().enumerate().map(|(i, m)| message(i, m)).collect()
-}
-
-fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
-    let at = |k: &str| format!("messages[{i}].{k}");
-    let obj = m
-        .as_object()
-        .ok_or_else(|| ApiError::field(format!("messages[{i}]"), format!("`messages[{i}]` must be an object")))?;
-    let role = match obj.get("role") {
-        Some(Value::String(r)) => r.as_str(),
-        None => return Err(ApiError::field(at("role"), format!("`{}` is required", at("role")))),
-        Some(v) => {
-            return Err(ApiError::field(at("role"), format!("`{}` must be a string, got {}", at("role"), kind(v))))
-        }
-    };
-    let role = match role {
-        "system" | "user" | "assistant" | "tool" => role,
-        "developer" => "system",
-        other => return Err(ApiError::field(at("role"), format!("unknown role `{other}` in `{}`", at("role")))),
-    };
-    let content = match obj.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        None | Some(Value::Null) if role == "assistant" => String::new(),
-        None | Some(Value::Null) => {
-            return Err(ApiError::field(at("content"), format!("`{}` is required", at("content"))))
-        }
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (j, part) in parts.iter().enumerate() {
-                let p = format!("messages[{i}].content[{j}]");
-                match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
-                    (Some("text"), _) => {
-                        return Err(ApiError::field(format!("{p}.text"), format!("`{p}.text` must be a string")))
-                    }
-                    (Some(other), _) => {
-                        return Err(ApiError::field(
-                            format!("{p}.type"),
-                            format!("content parts of type `{other}` are not supported"),
-                        ))
-                    }
-                    (None, _) => return Err(ApiError::field(format!("{p}.type"), format!("`{p}.type` is required"))),
-                }
-            }
-            text
-        }
-        Some(v) => {
-            return Err(ApiError::field(
-                at("content"),
-                format!("`{}` must be a string or a list of parts, got {}", at("content"), kind(v)),
-            ))
-        }
-    };
-    Ok(ChatMessage { role: role.to_string(), content, reasoning_content: None })
 }
 
 #[cfg(test)]

@@ -40,15 +40,7 @@ fn chat_parameters_map_to_engine_params() {
     let r = chat(&tok, &d, json!({"messages": [{"role": "user", "content": "hi"}]})).unwrap();
     assert_eq!((r.params.temperature, r.params.top_p), (0.6, 0.95), "generation_config defaults");
     assert_eq!(r.params.max_tokens, 100 - r.prompt.len(), "default: the rest of the context, as vLLM");
-    assert_eq!(
-        r.prompt,
-        tok.encode_chat(
-            &[ChatMessage { role: "user".into(), content: "hi".into(), reasoning_content: None }],
-            true,
-            None
-        )
-        .unwrap()
-    );
+    assert_eq!(r.prompt, tok.encode_chat(&[ChatMessage::new("user", "hi")], ChatOptions::generation()).unwrap());
     assert_eq!((r.n, r.stream, r.include_usage, r.logprobs, r.include_reasoning), (1, false, false, None, true));
 
     let r = chat(

@@ -2,7 +2,7 @@
 //! from the prefill rank to the decode rank (so the constraint also survives the handoff):
 //! `response_format` json_schema answers parse and fit the schema, streamed or not, at
 //! temperature 0.7; vLLM's `guided_choice` / `structured_outputs.regex` constrain completions;
-//! bad constraints and tool calls are 400s naming the field.
+//! bad constraints, and a forced tool call beside `response_format`, are 400s naming the field.
 
 mod common;
 
@@ -74,7 +74,11 @@ async fn json_schema_choice_and_regex_constrain_answers_and_bad_ones_are_400s() 
             json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}}),
             Value::Null,
         ),
-        (json!({"tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]}), Value::from("tools")),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+                   "tool_choice": "required", "response_format": {"type": "json_object"}}),
+            Value::from("tool_choice"),
+        ),
     ] {
         let (status, v) = s.json("/v1/chat/completions", &chat(extra.clone())).await;
         assert_eq!(status, 400, "{extra}: {v}");

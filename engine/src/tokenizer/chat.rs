@@ -13,16 +13,57 @@ const TEMPLATE_NAME: &str = "chat_template";
 
 /// One message of a chat conversation, as the OpenAI API sends it (content already flattened
 /// to a string).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// The text of the message.
+    /// The text of the message. An assistant turn with tool calls and no text is rendered with
+    /// `content` none, as OpenAI clients send it.
     pub content: String,
     /// Reasoning of a prior assistant turn; passed to the template as `reasoning_content`,
     /// which DeepSeek's templates ignore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The tool calls of an assistant turn; the template sees `tool_calls` only when there are some.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message with text only.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage { role: role.into(), content: content.into(), ..ChatMessage::default() }
+    }
+}
+
+/// A function call of an assistant turn, rendered as OpenAI's `{id, type: "function",
+/// function: {name, arguments}}` with `arguments` the JSON text the model wrote.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// What a chat template is rendered with besides the messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatOptions<'a> {
+    /// End the prompt where the assistant's answer starts.
+    pub add_generation_prompt: bool,
+    /// The request's tool definitions (OpenAI's `tools` list), the template's `tools`.
+    pub tools: Option<&'a [serde_json::Value]>,
+    /// `chat_template_kwargs`: a JSON object merged into the template's context.
+    pub kwargs: Option<&'a serde_json::Value>,
+}
+
+impl<'a> ChatOptions<'a> {
+    /// The options of a prompt that asks for the assistant's answer.
+    pub fn generation() -> Self {
+        ChatOptions { add_generation_prompt: true, ..ChatOptions::default() }
+    }
 }
 
 /// A compiled chat template with its environment.
@@ -46,10 +87,9 @@ impl ChatTemplate {
     pub(crate) fn render(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
+        opts: ChatOptions<'_>,
         bos: Option<&str>,
         eos: Option<&str>,
-        kwargs: Option<&serde_json::Value>,
     ) -> Result<String> {
         let mut ctx = OrderedMap::default();
         // Like transformers: a token the config does not name is undefined (renders empty).
@@ -59,7 +99,7 @@ impl ChatTemplate {
         if let Some(eos) = eos {
             ctx.insert("eos_token", Value::from(eos));
         }
-        match kwargs {
+        match opts.kwargs {
             None | Some(serde_json::Value::Null) => {}
             Some(serde_json::Value::Object(map)) => {
                 for (key, value) in map {
@@ -75,7 +115,10 @@ impl ChatTemplate {
         }
         let messages: Vec<Value> = messages.iter().map(message_to_value).collect();
         ctx.insert("messages", Value::from(messages));
-        ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+        ctx.insert("add_generation_prompt", Value::from(opts.add_generation_prompt));
+        if let Some(tools) = opts.tools.filter(|t| !t.is_empty()) {
+            ctx.insert("tools", Value::from(tools.iter().map(json_to_value).collect::<Vec<_>>()));
+        }
 
         let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| template_error(&e))?;
         template.render(Value::from_object(ctx)).map_err(|e| template_error(&e))
@@ -112,9 +155,29 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 fn message_to_value(m: &ChatMessage) -> Value {
     let mut map = OrderedMap::default();
     map.insert("role", Value::from(m.role.as_str()));
-    map.insert("content", Value::from(m.content.as_str()));
+    if m.content.is_empty() && !m.tool_calls.is_empty() {
+        map.insert("content", Value::from(()));
+    } else {
+        map.insert("content", Value::from(m.content.as_str()));
+    }
     if let Some(reasoning) = &m.reasoning_content {
         map.insert("reasoning_content", Value::from(reasoning.as_str()));
+    }
+    if !m.tool_calls.is_empty() {
+        let calls = m.tool_calls.iter().map(|c| {
+            let mut function = OrderedMap::default();
+            function.insert("name", Value::from(c.name.as_str()));
+            function.insert("arguments", Value::from(c.arguments.as_str()));
+            let mut call = OrderedMap::default();
+            call.insert("id", Value::from(c.id.as_str()));
+            call.insert("type", Value::from("function"));
+            call.insert("function", Value::from_object(function));
+            Value::from_object(call)
+        });
+        map.insert("tool_calls", Value::from(calls.collect::<Vec<_>>()));
+    }
+    if let Some(id) = &m.tool_call_id {
+        map.insert("tool_call_id", Value::from(id.as_str()));
     }
     Value::from_object(map)
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{EngineError, Result};
 
-pub use chat::ChatMessage;
+pub use chat::{ChatMessage, ChatOptions, ToolCall};
 pub use detok::IncrementalDecoder;
 
 /// The token that closes the reasoning section of DeepSeek-R1 outputs.
@@ -163,36 +163,38 @@ impl Tokenizer {
     }
 
     /// Renders the chat template with minijinja (pycompat methods enabled so `.split`, `.startswith`,
-    /// `.strip` etc. work like Python) given `messages`, `add_generation_prompt`, `bos_token`, `eos_token`,
-    /// and extra template kwargs (`chat_template_kwargs` of the OpenAI request, a JSON object, merged into the context).
-    /// A missing template is an error that says so. Template errors name the problem (minijinja's message + line).
-    /// Also provide `raise_exception(msg)` to templates (HF does) which turns into an error.
+    /// `.strip` etc. work like Python) given `messages`, `bos_token`, `eos_token` and the options:
+    /// `add_generation_prompt`, `tools` (omitted when there are none, as transformers does) and
+    /// extra template kwargs (`chat_template_kwargs` of the OpenAI request, a JSON object, merged
+    /// into the context). A missing template is an error that says so. Template errors name the
+    /// problem (minijinja's message + line). Templates may call `raise_exception(msg)` (as in HF),
+    /// which becomes an error.
     ///
-    /// Kwargs may override `bos_token`/`eos_token` but not `messages` or `add_generation_prompt`.
-    /// Kwargs that are neither an object nor null are an [`EngineError::InvalidRequest`].
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        kwargs: Option<&serde_json::Value>,
-    ) -> Result<String> {
+    /// Kwargs may override `bos_token`/`eos_token` but not `messages`, `tools` or
+    /// `add_generation_prompt`. Kwargs that are neither an object nor null are an
+    /// [`EngineError::InvalidRequest`].
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], opts: ChatOptions<'_>) -> Result<String> {
         let template = self.template.as_ref().ok_or_else(|| {
             EngineError::Tokenizer(
                 "this model has no chat template (tokenizer_config.json has no chat_template)".to_string(),
             )
         })?;
-        template.render(messages, add_generation_prompt, self.bos.as_deref(), self.eos.as_deref(), kwargs)
+        template.render(messages, opts, self.bos.as_deref(), self.eos.as_deref())
     }
 
     /// Renders the template and tokenizes WITHOUT adding special tokens (the rendered text already holds BOS).
-    pub fn encode_chat(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        kwargs: Option<&serde_json::Value>,
-    ) -> Result<Vec<u32>> {
-        let text = self.apply_chat_template(messages, add_generation_prompt, kwargs)?;
+    pub fn encode_chat(&self, messages: &[ChatMessage], opts: ChatOptions<'_>) -> Result<Vec<u32>> {
+        let text = self.apply_chat_template(messages, opts)?;
         self.encode(&text, false)
+    }
+
+    /// Replaces the checkpoint's chat template (vLLM's `--chat-template`); `origin` names it in
+    /// errors.
+    pub fn set_chat_template(&mut self, source: String, origin: &str) -> Result<()> {
+        let template = chat::ChatTemplate::new(source)
+            .map_err(|e| EngineError::Tokenizer(format!("invalid chat template {origin}: {e}")))?;
+        self.template = Some(template);
+        Ok(())
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::json;
 
-use super::{ChatMessage, IncrementalDecoder, Tokenizer};
+use super::{ChatMessage, ChatOptions, IncrementalDecoder, Tokenizer};
 use crate::error::EngineError;
 
 const BOS: &str = "<｜begin▁of▁sentence｜>";
@@ -124,7 +124,7 @@ fn cleanup(dir: &Path) {
 }
 
 fn msg(role: &str, content: &str) -> ChatMessage {
-    ChatMessage { role: role.into(), content: content.into(), reasoning_content: None }
+    ChatMessage::new(role, content)
 }
 
 fn conversation() -> Vec<ChatMessage> {
@@ -133,9 +133,8 @@ fn conversation() -> Vec<ChatMessage> {
         msg("system", "Be brief."),
         msg("user", "Hi"),
         ChatMessage {
-            role: "assistant".into(),
-            content: "<think>\nThe user greets me.\n</think>\n\nHello!".into(),
             reasoning_content: Some("The user greets me.".into()),
+            ..msg("assistant", "<think>\nThe user greets me.\n</think>\n\nHello!")
         },
         msg("user", "What is 2+2?"),
     ]
@@ -163,20 +162,30 @@ fn tokenizer_loads_config_and_special_tokens() {
 #[test]
 fn tokenizer_chat_template_renders_r1_conversation() {
     let (tok, dir) = load("render", Some(R1_TEMPLATE));
-    let text = tok.apply_chat_template(&conversation(), true, None).unwrap();
+    let text = tok.apply_chat_template(&conversation(), ChatOptions::generation()).unwrap();
     let expected = format!(
         "{BOS}You are helpful.\n\nBe brief.{USER}Hi{ASSISTANT}\n\nHello!{EOS}{USER}What is 2+2?{ASSISTANT}<think>\n"
     );
     assert_eq!(text, expected);
     // Without the generation prompt the text ends after the last user turn.
-    let text = tok.apply_chat_template(&conversation(), false, None).unwrap();
+    let text = tok.apply_chat_template(&conversation(), ChatOptions::default()).unwrap();
     assert!(text.ends_with(&format!("{USER}What is 2+2?")), "{text:?}");
     // Request kwargs reach the template.
     let kwargs = json!({"thinking": false});
-    let text = tok.apply_chat_template(&conversation()[2..3], true, Some(&kwargs)).unwrap();
+    let text = tok
+        .apply_chat_template(
+            &conversation()[2..3],
+            ChatOptions { add_generation_prompt: true, kwargs: Some(&kwargs), ..ChatOptions::default() },
+        )
+        .unwrap();
     assert_eq!(text, format!("{BOS}{USER}Hi{ASSISTANT}</think>"));
     // Kwargs that are not an object are the request's fault.
-    let err = tok.apply_chat_template(&conversation(), true, Some(&json!([1]))).unwrap_err();
+    let err = tok
+        .apply_chat_template(
+            &conversation(),
+            ChatOptions { add_generation_prompt: true, kwargs: Some(&json!([1])), ..ChatOptions::default() },
+        )
+        .unwrap_err();
     assert!(matches!(err, EngineError::InvalidRequest(_)), "{err}");
     cleanup(&dir);
 }
@@ -184,7 +193,7 @@ fn tokenizer_chat_template_renders_r1_conversation() {
 #[test]
 fn tokenizer_encode_chat_has_exactly_one_bos() {
     let (tok, dir) = load("bos", Some(R1_TEMPLATE));
-    let ids = tok.encode_chat(&conversation(), true, None).unwrap();
+    let ids = tok.encode_chat(&conversation(), ChatOptions::generation()).unwrap();
     assert_eq!(ids[0], 0);
     assert_eq!(ids.iter().filter(|&&id| id == 0).count(), 1);
     // Role markers are single tokens; the prompt ends with `<｜Assistant｜><think>\n`.
@@ -192,7 +201,7 @@ fn tokenizer_encode_chat_has_exactly_one_bos() {
     let n = ids.len();
     assert_eq!(&ids[n - 3..n - 1], &[3, 4]);
     assert_eq!(tok.decode(&ids[n - 1..], false).unwrap(), "\n");
-    let text = tok.apply_chat_template(&conversation(), true, None).unwrap();
+    let text = tok.apply_chat_template(&conversation(), ChatOptions::generation()).unwrap();
     assert_eq!(tok.decode(&ids, false).unwrap(), text);
     cleanup(&dir);
 }
@@ -268,7 +277,7 @@ fn tokenizer_skip_special_tokens_drops_eos() {
 #[test]
 fn tokenizer_template_raise_exception_is_an_error() {
     let (tok, dir) = load("raise", Some(R1_TEMPLATE));
-    let err = tok.apply_chat_template(&[msg("robot", "beep")], true, None).unwrap_err();
+    let err = tok.apply_chat_template(&[msg("robot", "beep")], ChatOptions::generation()).unwrap_err();
     assert!(matches!(err, EngineError::Tokenizer(_)));
     assert!(err.to_string().contains("Unsupported role: robot"), "{err}");
     cleanup(&dir);
@@ -279,14 +288,22 @@ fn tokenizer_template_python_methods_and_tojson() {
     let template = "{{ messages[0].content.strip().split(',')[1] }}|{{ messages[0].content.startswith('  a') }}|{{ tools | tojson }}|{{ missing.x }}";
     let (tok, dir) = load("pycompat", Some(template));
     let kwargs = json!({"tools": [{"name": "f<x>", "parameters": {"b": 1, "a": [true, null, 1.5]}}]});
-    let text = tok.apply_chat_template(&[msg("user", "  a,b,c  ")], false, Some(&kwargs));
+    let text = tok.apply_chat_template(
+        &[msg("user", "  a,b,c  ")],
+        ChatOptions { add_generation_prompt: false, kwargs: Some(&kwargs), ..ChatOptions::default() },
+    );
     // Undefined attribute access on an undefined value is an error naming the line.
     let err = text.unwrap_err().to_string();
     assert!(err.contains("undefined") && err.contains("chat_template:1"), "{err}");
 
     let template = "{{ messages[0].content.strip().split(',')[1] }}|{{ messages[0].content.startswith('  a') }}|{{ tools | tojson }}";
     let (tok2, dir2) = load("pycompat2", Some(template));
-    let text = tok2.apply_chat_template(&[msg("user", "  a,b,c  ")], false, Some(&kwargs)).unwrap();
+    let text = tok2
+        .apply_chat_template(
+            &[msg("user", "  a,b,c  ")],
+            ChatOptions { add_generation_prompt: false, kwargs: Some(&kwargs), ..ChatOptions::default() },
+        )
+        .unwrap();
     // Booleans print like Python; objects keep the order they came in (serde_json's
     // preserve_order, which llguidance turns on) and tojson writes like transformers' json.dumps
     // (spaced, keys unsorted, no HTML escaping).
@@ -307,7 +324,7 @@ fn tokenizer_missing_files_and_templates() {
     let (tok, dir) = load("notemplate", None);
     assert!(!tok.has_chat_template());
     assert_eq!(tok.bos_token(), None);
-    let err = tok.apply_chat_template(&[msg("user", "hi")], true, None).unwrap_err();
+    let err = tok.apply_chat_template(&[msg("user", "hi")], ChatOptions::generation()).unwrap_err();
     assert!(err.to_string().contains("no chat template"), "{err}");
     cleanup(&dir);
 
@@ -333,7 +350,7 @@ fn tokenizer_config_template_list_prefers_default() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     assert_eq!(tok.bos_token(), None);
     assert_eq!(tok.eos_token(), Some(EOS));
-    let text = tok.apply_chat_template(&[msg("user", "a"), msg("user", "b")], false, None).unwrap();
+    let text = tok.apply_chat_template(&[msg("user", "a"), msg("user", "b")], ChatOptions::default()).unwrap();
     assert_eq!(text, format!("{EOS}2"));
     cleanup(&dir);
 }

@@ -186,6 +186,8 @@ pub struct ChatStreamed {
     pub finish: Option<String>,
     pub chunks: usize,
     pub logprobs: Vec<Value>,
+    /// Reassembled `{id, type, function: {name, arguments}}` calls, as in a message.
+    pub tool_calls: Vec<Value>,
 }
 
 /// Gathers the chat chunks of a stream by choice; checks the role chunk comes first per choice
@@ -218,6 +220,18 @@ pub fn gather_chat(events: &[Event], n: usize) -> (Vec<ChatStreamed>, Option<Val
             s.chunks += 1;
             s.reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
             s.content.push_str(d["content"].as_str().unwrap_or(""));
+            for t in d["tool_calls"].as_array().into_iter().flatten() {
+                let i = t["index"].as_u64().expect("tool call index") as usize;
+                if i == s.tool_calls.len() {
+                    assert!(t["id"].is_string() && t["type"] == "function", "a call's first delta names it: {t}");
+                    let f = json!({"name": t["function"]["name"], "arguments": ""});
+                    s.tool_calls.push(json!({"id": t["id"], "type": "function", "function": f}));
+                } else {
+                    assert!(t.get("id").is_none() && t["function"].get("name").is_none(), "later deltas: {t}");
+                }
+                let args = s.tool_calls[i]["function"]["arguments"].as_str().unwrap().to_string();
+                s.tool_calls[i]["function"]["arguments"] = json!(args + t["function"]["arguments"].as_str().unwrap());
+            }
             if let Some(lp) = c["logprobs"]["content"].as_array() {
                 s.logprobs.extend(lp.iter().cloned());
             }
