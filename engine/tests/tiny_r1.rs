@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::tokenizer::{ChatMessage, ChatOptions};
+use cleave_engine::tokenizer::{ChatMessage, ChatOptions, ToolCall};
 use cleave_engine::{Engine, EngineConfig, FinishReason, Request, SamplingParams};
 use serde_json::Value;
 
@@ -173,4 +173,59 @@ fn backend_and_host_sampling_agree_for_a_seed() {
         .remove(&2)
         .unwrap();
     assert_ne!(greedy.iter().map(|t| t.token).collect::<Vec<_>>(), device.iter().map(|t| t.0).collect::<Vec<_>>());
+}
+
+/// An OpenAI-shaped message of `tool_cases.json` as the engine takes it.
+fn message(m: &Value) -> ChatMessage {
+    let calls = m["tool_calls"].as_array().into_iter().flatten();
+    ChatMessage {
+        tool_calls: calls
+            .map(|c| ToolCall {
+                id: c["id"].as_str().unwrap().into(),
+                name: c["function"]["name"].as_str().unwrap().into(),
+                arguments: c["function"]["arguments"].as_str().unwrap().into(),
+            })
+            .collect(),
+        tool_call_id: m["tool_call_id"].as_str().map(str::to_string),
+        ..ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap_or(""))
+    }
+}
+
+/// With tools, cleave renders HF's prompts (tools section, tool calls, tool results) and writes
+/// HF's greedy calls and answers to the results (`models/tiny-r1/tool_cases.json`, held-out
+/// problems that `eval_hf.py` recorded).
+#[test]
+fn tool_calls_and_answers_to_tool_results_equal_hf() {
+    let path = model_dir("tiny-r1").join("tool_cases.json");
+    let cases: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cfg = EngineConfig { max_num_seqs: 16, block_size: 64, num_blocks: 16 * 16, ..EngineConfig::default() };
+    let mut engine = Engine::load(CpuBackend, &model_dir("tiny-r1"), cfg).unwrap();
+    let tok = engine.tokenizer().unwrap().clone();
+    let mut requests = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let tools = c["tools"].as_array().unwrap();
+        let opts = ChatOptions { tools: Some(tools), ..ChatOptions::generation() };
+        for (j, (msgs, ids_key)) in
+            [("messages", "prompt_ids"), ("result_messages", "result_prompt_ids")].iter().enumerate()
+        {
+            let msgs: Vec<ChatMessage> = c[msgs].as_array().unwrap().iter().map(message).collect();
+            let prompt = tok.encode_chat(&msgs, opts).unwrap();
+            assert_eq!(prompt, ids(&c[ids_key]), "case {i}: {ids_key}");
+            requests.push(Request {
+                id: (2 * i + j) as u64,
+                prompt,
+                params: SamplingParams::greedy(200),
+                prefill_only: false,
+            });
+        }
+    }
+    let out = engine.generate(requests).unwrap();
+    for (i, c) in cases.iter().enumerate() {
+        let call: Vec<u32> = out[&(2 * i as u64)].iter().map(|t| t.token).collect();
+        assert_eq!(call, ids(&c["output_ids"]), "case {i}: {}", c["text"]);
+        let answer = &out[&(2 * i as u64 + 1)];
+        let text: String = answer.iter().map(|t| t.text.as_str()).collect();
+        assert_eq!(text, c["result_text"].as_str().unwrap().trim_end_matches("<｜end▁of▁sentence｜>"), "case {i}");
+        assert!(!text.is_empty());
+    }
 }

@@ -128,6 +128,54 @@ def check_openai_client(url):
           f"{usage.completion_tokens} completion tokens, {chunks} chunks, cached tokens {cached}, parsed {parsed}")
 
 
+def check_tools(client, model):
+    """Tool calling as an agent framework drives it: the model's own call (auto), the streamed call
+    reassembled by the client's stream helper, the turn with the tool's result, and a named strict
+    pydantic tool whose arguments the client parses back (sampled)."""
+    from typing import Literal
+
+    import openai
+    from pydantic import BaseModel
+
+    calc = {"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+    question = [{"role": "user", "content": QUESTION}]
+    r = client.chat.completions.create(model=model, messages=question, tools=[calc], temperature=0, max_tokens=300)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", r
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "calculator", r
+    assert json.loads(call.function.arguments) == {"expression": "347 + 589"}, call
+
+    with client.chat.completions.stream(model=model, messages=question, tools=[calc], temperature=0,
+                                        max_tokens=300) as stream:
+        final = stream.get_final_completion()
+    streamed = final.choices[0].message.tool_calls
+    assert len(streamed) == 1 and streamed[0].function.arguments == call.function.arguments, final
+
+    followup = question + [choice.message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}),
+                           {"role": "tool", "tool_call_id": call.id, "content": ANSWER}]
+    r = client.chat.completions.create(model=model, messages=followup, tools=[calc], temperature=0, max_tokens=50)
+    assert r.choices[0].message.content == "347 + 589 = 936" and r.choices[0].finish_reason == "stop", r
+
+    class GetWeather(BaseModel):
+        city: str
+        unit: Literal["celsius", "fahrenheit"]
+
+    for seed in range(2):
+        r = client.chat.completions.parse(
+            model=model, messages=[{"role": "user", "content": f"What is {seed} + 3?"}],
+            tools=[openai.pydantic_function_tool(GetWeather)], temperature=0.7, seed=seed, max_tokens=300,
+            tool_choice={"type": "function", "function": {"name": "GetWeather"}})
+        parsed = r.choices[0].message.tool_calls[0].function.parsed_arguments
+        assert isinstance(parsed, GetWeather), r
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], tools=[calc],
+                                       tool_choice="required", temperature=0.7, seed=1, max_tokens=300)
+    assert r.choices[0].message.tool_calls, r
+    print(f"tools: auto call {call.function.arguments}, answer after the result, parsed {parsed}")
+
+
 def auth_headers():
     """What vllm bench serve sends when OPENAI_API_KEY is set (here: the server's key, if any)."""
     key = os.environ.get("CLEAVE_API_KEY")
@@ -192,6 +240,8 @@ def main():
     try:
         check_openai_client(url)
         vllm_bench_style(url)
+        client = OpenAI(base_url=url + "/v1", api_key=os.environ.get("CLEAVE_API_KEY", "none"))
+        check_tools(client, client.models.list().data[0].id)
     finally:
         if proc:
             proc.terminate()
