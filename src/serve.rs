@@ -24,6 +24,10 @@ pub struct Args {
     /// configs/cpu-tiny.yaml, the tiny-r1 model on the CPU).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// A chat template (a Jinja file, or the template itself) instead of the model's, e.g.
+    /// examples/tool_chat_template_deepseekr1.jinja for DeepSeek-R1 with tools.
+    #[arg(long)]
+    chat_template: Option<String>,
     /// Print the resolved deployment as YAML and exit without loading anything.
     #[arg(long)]
     print_config: bool,
@@ -104,6 +108,14 @@ pub struct Args {
     /// How R1's reasoning is split from the answer (`reasoning_content` and `reasoning`).
     #[arg(long, value_enum)]
     reasoning_parser: Option<ReasoningParser>,
+    /// cleave always lets the model choose to call tools (`tool_choice: auto`, the default with
+    /// `tools`); accepted so vLLM command lines run unchanged.
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
+    /// How tool calls are read from the output: DeepSeek-V3/R1's tool-call tokens (V3.1's
+    /// variant is read too), the only format cleave's models write.
+    #[arg(long, value_enum)]
+    tool_call_parser: Option<ToolCallParser>,
     /// cleave runs every step eagerly today (it captures no CUDA graphs yet), which is what
     /// this flag asks for; accepted so vLLM command lines run unchanged.
     #[arg(long)]
@@ -149,6 +161,14 @@ enum ReasoningParser {
     DeepseekR1,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ToolCallParser {
+    #[value(name = "deepseek_v3")]
+    DeepseekV3,
+    #[value(name = "deepseek_v31")]
+    DeepseekV31,
+}
+
 impl Args {
     fn flags(&self) -> ServeFlags {
         ServeFlags {
@@ -164,6 +184,7 @@ impl Args {
                 DtypeArg::Float32 => Dtype::Float32,
             }),
             max_model_len: self.max_model_len,
+            chat_template: self.chat_template.clone(),
             enable_prefix_caching: match (self.enable_prefix_caching, self.no_enable_prefix_caching) {
                 (_, true) => Some(false),
                 (true, _) => Some(true),
@@ -327,6 +348,11 @@ mod tests {
             "--dtype",
             "float",
             "--enforce-eager",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "deepseek_v3",
+            "--chat-template",
+            "configs/tool_chat_template_deepseekr1.jinja",
             "--reasoning-parser",
             "deepseek_r1",
             "--trust-remote-code",
@@ -336,6 +362,7 @@ mod tests {
         assert_eq!((c.decode.ranks.clone(), c.decode.tensor_parallel_size), (vec![0, 1], 2));
         assert_eq!((c.decode.max_num_seqs, c.max_model_len, c.dtype), (128, Some(8000), Dtype::Float32));
         assert_eq!(c.served_model_name(), "X");
+        assert_eq!(c.chat_template.as_deref(), Some("configs/tool_chat_template_deepseekr1.jinja"));
         // --config still works, and flags override it.
         let file = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/cpu-2p2d.yaml");
         let c = parse(&["--config", file, "--max-num-batched-tokens", "333"]).unwrap().deployment().unwrap();

@@ -116,7 +116,19 @@ fn model_info(cfg: &DeployConfig) -> Result<(Arc<Tokenizer>, ModelInfo), ActorEr
     if !cfg.model.join("tokenizer.json").is_file() {
         return Err(ActorError::Load(format!("{}: no tokenizer.json", cfg.model.display())));
     }
-    let tokenizer = Arc::new(Tokenizer::from_dir(&cfg.model).map_err(load_err)?);
+    let mut tokenizer = Tokenizer::from_dir(&cfg.model).map_err(load_err)?;
+    if let Some(t) = &cfg.chat_template {
+        let field_err =
+            |message: String| ConfigError { file: None, field: Some("chat_template".into()), line: None, message };
+        // vLLM's rule: a path to a file, else the template itself (which then holds Jinja).
+        let (source, origin) = match std::fs::read_to_string(t) {
+            Ok(text) => (text, t.clone()),
+            Err(_) if t.contains("{{") || t.contains("{%") => (t.clone(), "given inline".to_string()),
+            Err(e) => return Err(field_err(format!("cannot read {t}: {e}")).into()),
+        };
+        tokenizer.set_chat_template(source, &origin).map_err(|e| field_err(e.to_string()))?;
+    }
+    let tokenizer = Arc::new(tokenizer);
     let max_model_len = cfg.max_model_len.unwrap_or(mc.max_position_embeddings);
     if max_model_len > mc.max_position_embeddings {
         return Err(ConfigError {

@@ -113,3 +113,37 @@ fn device_cuda_without_a_gpu_is_a_clear_start_error() {
     assert!(msg.contains("cuda ranks need an NVIDIA GPU") && msg.contains("none is usable here"), "{msg}");
     assert!(t.elapsed() < std::time::Duration::from_secs(5), "the refusal must not wait on ranks");
 }
+
+/// `chat_template` (vLLM's `--chat-template`) replaces the checkpoint's: a file, or the template
+/// itself; a path that is neither is a start error naming the field. The R1 tool template in
+/// configs/ is the embedded default's own.
+#[test]
+fn chat_template_replaces_the_models_and_a_bad_one_names_the_field() {
+    use cleave_engine::tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+    let file = repo().join("configs/tool_chat_template_deepseekr1.jinja");
+    let tiny = Tokenizer::from_dir(&repo().join("models/tiny-r1")).unwrap();
+    let mut from_file = Tokenizer::from_dir(&repo().join("models/tiny-r1")).unwrap();
+    from_file.set_chat_template(std::fs::read_to_string(&file).unwrap(), "file").unwrap();
+    let tools =
+        [serde_json::json!({"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}})];
+    let msgs = [ChatMessage::new("system", "S"), ChatMessage::new("user", "What is 1 + 2?")];
+    let with_tools = ChatOptions { tools: Some(&tools), ..ChatOptions::generation() };
+    assert_eq!(
+        from_file.apply_chat_template(&msgs, with_tools).unwrap(),
+        tiny.apply_chat_template(&msgs, with_tools).unwrap()
+    );
+    let hi = [ChatMessage::new("user", "hi")];
+    let opts = ChatOptions::generation();
+    for (template, expect) in [
+        (file.display().to_string(), "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>\n"),
+        ("{{ messages[0]['content'] }}!".to_string(), "hi!"),
+    ] {
+        let c = Cluster::start(config("cpu-colocated.yaml", |cfg| cfg.chat_template = Some(template.clone()))).unwrap();
+        assert_eq!(c.tokenizer().apply_chat_template(&hi, opts).unwrap(), expect);
+        c.shutdown();
+    }
+    for bad in ["no/such/template.jinja", "{{ unclosed"] {
+        let e = Cluster::start(config("cpu-colocated.yaml", |cfg| cfg.chat_template = Some(bad.into()))).err();
+        assert!(matches!(&e, Some(ActorError::Config(c)) if c.field.as_deref() == Some("chat_template")), "{e:?}");
+    }
+}

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import random
+import re
 
 import jinja2
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -68,6 +69,8 @@ CHAT_TEMPLATE = (
     "{%- if ns.outputs -%}{{- '<｜tool▁outputs▁end｜>' -}}"
     "{%- elif add_generation_prompt -%}{{- '<｜Assistant｜><think>\\n' -}}{%- endif -%}"
 )
+# One tag per line (every tag trims the whitespace around it, so the newlines render as nothing).
+CHAT_TEMPLATE = re.sub(r"(-%}|-}})(?=\{[%{]-)", "\\1\n", CHAT_TEMPLATE)
 
 ENGLISH = """The quick brown fox jumps over the lazy dog. Hello! How are you today? I am fine, thank you.
 This is a small language model that can add and subtract numbers. It thinks step by step before it answers.

@@ -18,6 +18,8 @@ pub struct ServeFlags {
     pub max_model_len: Option<usize>,
     /// vLLM's `--enable-prefix-caching` / `--no-enable-prefix-caching`.
     pub enable_prefix_caching: Option<bool>,
+    /// vLLM's `--chat-template` (a file or the template itself).
+    pub chat_template: Option<String>,
     pub host: Option<String>,
     pub port: Option<u16>,
     /// Both pools' (vLLM's: per engine).
@@ -119,6 +121,9 @@ impl ServeFlags {
             cfg.max_model_len = self.max_model_len;
         }
         set(&mut cfg.enable_prefix_caching, &self.enable_prefix_caching);
+        if self.chat_template.is_some() {
+            cfg.chat_template = self.chat_template.clone();
+        }
         set(&mut cfg.server.host, &self.host);
         set(&mut cfg.server.port, &self.port);
         set(&mut cfg.server.allowed_origins, &self.allowed_origins);

@@ -6,6 +6,7 @@
 //! device: cpu                      # cpu | cuda
 //! max_model_len: 2048              # optional; default: the model's max_position_embeddings
 //! enable_prefix_caching: true      # reuse the KV of cached prompt prefixes (vLLM's default)
+//! chat_template: examples/tool_chat_template_deepseekr1.jinja  # optional: replaces the model's (a file or the template)
 //! server: {host: 127.0.0.1, port: 8000, max_concurrent_requests: 256}
 //! prefill: {ranks: [0], tensor_parallel_size: 1, max_num_batched_tokens: 8192}
 //! decode:  {ranks: [1], tensor_parallel_size: 1, max_num_seqs: 256, max_num_batched_tokens: 2048}
@@ -115,6 +116,10 @@ pub struct DeployConfig {
     /// Automatic prefix caching on every rank, and cache-aware routing (default on).
     #[serde(default = "yes")]
     pub enable_prefix_caching: bool,
+    /// vLLM's `--chat-template`: a Jinja file, or the template itself, used instead of the
+    /// checkpoint's (e.g. one that renders `tools` for DeepSeek-R1).
+    #[serde(default)]
+    pub chat_template: Option<String>,
     #[serde(default)]
     pub server: ServerConfig,
     #[serde(default)]
@@ -320,6 +325,7 @@ impl DeployConfig {
             dtype: Dtype::default(),
             max_model_len: None,
             enable_prefix_caching: true,
+            chat_template: None,
             server: ServerConfig::default(),
             prefill: PrefillConfig::default(),
             decode: DecodeConfig::default(),
