@@ -3,11 +3,13 @@
 //! returns the sampled tokens and the logits rows the core samples on the host.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::backend::{Backend, KvLayout, SampleRow};
 use crate::error::{EngineError, Result};
 use crate::model::{Model, StepInput};
 use crate::parallel::{Collectives, RankCoord};
+use crate::structured::MaskBoard;
 
 /// One DP rank's share of a step.
 #[derive(Debug, Clone, Default)]
@@ -15,14 +17,25 @@ pub struct RankBatch {
     pub input: StepInput,
     /// Rows sampled where the logits are.
     pub device: Vec<SampleRow>,
+    /// `device` rows under a structured-output constraint: (row index, sequence id) whose mask
+    /// comes from the plan's board.
+    pub masked: Vec<(usize, u64)>,
     /// Rows whose logits go to the host (repetition penalty, top logprobs, suppressed tokens).
     pub host: Vec<u32>,
 }
 
 /// A step of a whole group: one batch per DP rank (a DP rank without work has an empty one).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StepPlan {
     pub ranks: Vec<RankBatch>,
+    /// The masks of the constrained rows, published while the forward pass runs.
+    pub masks: Arc<MaskBoard>,
+}
+
+impl Default for StepPlan {
+    fn default() -> Self {
+        StepPlan { ranks: Vec::new(), masks: Arc::new(MaskBoard::ready(Default::default())) }
+    }
 }
 
 /// What a sampling rank returns for its DP rank.
@@ -116,7 +129,24 @@ impl<B: Backend> ModelRunner<B> {
             // A sampling rank whose DP rank had no tokens this step.
             return Ok(self.coord().samples().then(RankOutput::default));
         };
-        let device = self.be.sample(&logits, &b.device)?;
+        let device = if b.masked.is_empty() {
+            self.be.sample(&logits, &b.device, &[])?
+        } else {
+            // The GPU runs the forward pass meanwhile: wait for the masks only now.
+            let board = plan.masks.wait();
+            let words = self.model.config().vocab_size.div_ceil(32);
+            let (mut rows, mut bits) = (b.device.clone(), Vec::with_capacity(b.masked.len() * words));
+            for &(i, id) in &b.masked {
+                // A sequence without a mask is ended by the core after this step.
+                if let (Some(Ok(m)), Some(row)) = (board.get(&id), rows.get_mut(i)) {
+                    if m.len() >= words {
+                        row.mask = (bits.len() / words) as u32;
+                        bits.extend_from_slice(&m[..words]);
+                    }
+                }
+            }
+            self.be.sample(&logits, &rows, &bits)?
+        };
         let host =
             if b.host.is_empty() { Vec::new() } else { self.be.download(&self.be.gather_rows(&logits, &b.host)?)? };
         Ok(Some(RankOutput { device, host }))

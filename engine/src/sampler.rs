@@ -211,9 +211,15 @@ pub struct SampleRow {
     pub top_p: f32,
     pub min_p: f32,
     pub u: f32,
+    /// Index of the row's allowed-token mask among the masks passed with the rows
+    /// ([`SampleRow::NO_MASK`]: unconstrained).
+    pub mask: u32,
 }
 
 impl SampleRow {
+    /// [`SampleRow::mask`] of an unconstrained row.
+    pub const NO_MASK: u32 = u32::MAX;
+
     /// Whether `p` can be applied without the token history or a banned list (no repetition
     /// penalty, no top logprobs); `banned` says whether any token must be suppressed now.
     pub fn fits(p: &SamplingParams, banned: bool) -> bool {
@@ -223,14 +229,35 @@ impl SampleRow {
     /// The row's settings from `p`, drawing `u` from `rng` when the choice is random.
     pub fn new(row: u32, p: &SamplingParams, rng: &mut Rng) -> Self {
         let u = if is_greedy(p) { 0.0 } else { rng.next_f64() as f32 };
-        SampleRow { row, temperature: p.temperature, top_k: p.top_k as u32, top_p: p.top_p, min_p: p.min_p, u }
+        SampleRow {
+            row,
+            temperature: p.temperature,
+            top_k: p.top_k as u32,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            u,
+            mask: Self::NO_MASK,
+        }
     }
 }
 
 /// The reference for every backend's [`crate::backend::Backend::sample`]: the token for `row`'s
 /// settings and its logprob under the unmodified distribution.
-pub fn pick(logits: &[f32], row: &SampleRow) -> (u32, f32) {
-    let token = if row.temperature <= 1e-5 { argmax(logits) } else { draw(logits, row) };
+pub fn pick(logits: &[f32], row: &SampleRow, allowed: Option<&[u32]>) -> (u32, f32) {
+    let masked: Vec<f32>;
+    let l = match allowed {
+        // A mask that allows nothing leaves the row unmasked (the engine rejects the pick).
+        Some(mask) if (0..logits.len()).any(|i| crate::structured::allows(mask, i as u32)) => {
+            masked = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| if crate::structured::allows(mask, i as u32) { x } else { f32::NEG_INFINITY })
+                .collect();
+            &masked[..]
+        }
+        _ => logits,
+    };
+    let token = if row.temperature <= 1e-5 { argmax(l) } else { draw(l, row) };
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = m + logits.iter().map(|x| ((x - m) as f64).exp()).sum::<f64>().ln() as f32;
     (token as u32, logits[token] - lse)
@@ -335,24 +362,33 @@ mod tests {
 
     #[test]
     fn pick_cuts_at_one_threshold_keeps_ties_and_walks_in_vocabulary_order() {
-        let row = |temperature, top_k, top_p, min_p, u| SampleRow { row: 0, temperature, top_k, top_p, min_p, u };
+        let row =
+            |temperature, top_k, top_p, min_p, u| SampleRow { row: 0, temperature, top_k, top_p, min_p, u, mask: 0 };
         // Greedy: the first maximal logit, with the raw logprob.
-        let (t, lp) = pick(&[1.0, 3.0, 3.0], &row(0.0, 0, 1.0, 0.0, 0.5));
+        let (t, lp) = pick(&[1.0, 3.0, 3.0], &row(0.0, 0, 1.0, 0.0, 0.5), None);
         assert_eq!(t, 1);
         assert!((lp - log_softmax(&[1.0, 3.0, 3.0])[1]).abs() < 1e-6);
         // top_k 1 with a tie at the cut keeps both tied tokens; u picks between them in order.
         let l = [2.0, 1.0, 2.0, 0.0];
-        assert_eq!(pick(&l, &row(1.0, 1, 1.0, 0.0, 0.2)).0, 0);
-        assert_eq!(pick(&l, &row(1.0, 1, 1.0, 0.0, 0.7)).0, 2);
+        assert_eq!(pick(&l, &row(1.0, 1, 1.0, 0.0, 0.2), None).0, 0);
+        assert_eq!(pick(&l, &row(1.0, 1, 1.0, 0.0, 0.7), None).0, 2);
         // Without cuts, u = 0 takes the first token in vocabulary order, not the likeliest.
-        assert_eq!(pick(&[0.0, 5.0, 0.0], &row(1.0, 0, 1.0, 0.0, 0.0)).0, 0);
+        assert_eq!(pick(&[0.0, 5.0, 0.0], &row(1.0, 0, 1.0, 0.0, 0.0), None).0, 0);
         // top_p: the smallest top set whose mass reaches p (here the single best token).
-        assert!((0..10).all(|i| pick(&[0.0, 5.0, 0.0], &row(1.0, 0, 0.9, 0.0, i as f32 / 10.0)).0 == 1));
+        assert!((0..10).all(|i| pick(&[0.0, 5.0, 0.0], &row(1.0, 0, 0.9, 0.0, i as f32 / 10.0), None).0 == 1));
         // min_p is relative to the best token's weight.
         let l = [0.0, 1.0f32.ln() + 3.0, 3.0];
-        assert!((0..10).all(|i| pick(&l, &row(1.0, 0, 1.0, 0.5, i as f32 / 10.0)).0 != 0));
+        assert!((0..10).all(|i| pick(&l, &row(1.0, 0, 1.0, 0.5, i as f32 / 10.0), None).0 != 0));
         // -inf logits are never drawn.
-        assert!((0..10).all(|i| pick(&[f32::NEG_INFINITY, 0.0, 0.0], &row(1.0, 0, 1.0, 0.0, i as f32 / 10.0)).0 != 0));
+        assert!(
+            (0..10).all(|i| pick(&[f32::NEG_INFINITY, 0.0, 0.0], &row(1.0, 0, 1.0, 0.0, i as f32 / 10.0), None).0 != 0)
+        );
+        // A mask keeps the pick among its tokens; the logprob stays the raw one.
+        let l = [4.0, 1.0, 2.0, 3.0];
+        let (t, lp) = pick(&l, &row(0.0, 0, 1.0, 0.0, 0.0), Some(&[0b0110]));
+        assert_eq!((t, lp), (2, log_softmax(&l)[2]));
+        assert!((0..10).all(|i| [1, 2].contains(&pick(&l, &row(1.0, 0, 1.0, 0.0, i as f32 / 10.0), Some(&[0b0110])).0)));
+        assert_eq!(pick(&l, &row(0.0, 0, 1.0, 0.0, 0.0), Some(&[0])).0, 0, "an empty mask is ignored");
     }
 
     #[test]

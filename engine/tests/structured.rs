@@ -121,3 +121,38 @@ fn an_invalid_constraint_is_refused_with_the_reason() {
     }
     assert_eq!(e.num_requests(), 0);
 }
+
+/// A constrained row sampled by the backend (its mask applied in the backend's sampler) picks
+/// the same tokens as when it is sampled on the host (asking for top logprobs sends it there):
+/// the same mask, the same draws, the same raw logprobs.
+#[test]
+fn the_backend_sampler_and_the_host_sampler_apply_masks_alike() {
+    let mut e = engine();
+    let after = e.tokenizer().unwrap().think_end_id();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}, "w": {"enum": ["yes", "no"]}}, "required": ["n", "w"]});
+    let prompt = chat(&e, "What is 41 + 7?");
+    let mut jobs = Vec::new();
+    for seed in 0..3 {
+        let p = guided(Constraint::JsonSchema(schema.clone()), after, 0.9, seed);
+        jobs.push((prompt.clone(), p.clone()));
+        jobs.push((prompt.clone(), SamplingParams { top_logprobs: 1, ..p }));
+    }
+    let reqs = jobs.into_iter().enumerate().map(|(i, (prompt, params))| Request {
+        id: i as u64,
+        prompt,
+        params,
+        prefill_only: false,
+    });
+    let out = e.generate(reqs.collect()).unwrap();
+    for seed in 0..3u64 {
+        let (device, host) = (&out[&(2 * seed)], &out[&(2 * seed + 1)]);
+        let ids = |t: &[cleave_engine::TokenOutput]| t.iter().map(|t| t.token).collect::<Vec<_>>();
+        assert_eq!(ids(device), ids(host), "seed {seed}");
+        for (d, h) in device.iter().zip(host) {
+            assert!((d.logprob - h.logprob).abs() < 1e-5, "seed {seed}: {} vs {}", d.logprob, h.logprob);
+        }
+        let text: String = device.iter().map(|t| t.text.as_str()).collect();
+        let answer: Value = serde_json::from_str(text.rsplit("</think>").next().unwrap()).unwrap();
+        assert!(answer["n"].is_i64() && answer["w"].is_string(), "{answer}");
+    }
+}

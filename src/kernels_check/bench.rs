@@ -142,13 +142,21 @@ pub fn run(
             input.sample_rows.push(s as u32);
         }
         let greedy: Vec<SampleRow> = (0..b as u32)
-            .map(|row| SampleRow { row, temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, u: 0.0 })
+            .map(|row| SampleRow {
+                row,
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                u: 0.0,
+                mask: SampleRow::NO_MASK,
+            })
             .collect();
         // What the engine does per step: the forward pass, then sampling where the logits are.
         let step = |inp: &StepInput, cache: &mut _| -> cleave_engine::Result<()> {
             let logits = model.forward(cu, cache, None, inp)?;
             if let (false, Some(logits)) = (inp.sample_rows.is_empty(), logits) {
-                cu.sample(&logits, &greedy)?;
+                cu.sample(&logits, &greedy, &[])?;
             }
             Ok(())
         };

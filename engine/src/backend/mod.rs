@@ -161,9 +161,11 @@ pub trait Backend {
     fn moe_experts(&self, x: &Self::Tensor, routing: &Self::Routing, experts: &Self::Experts) -> Result<Self::Tensor>;
 
     /// Picks a token for each listed row of `logits` `[rows, vocab]`, where the logits are (the
-    /// GPU samples there; nothing but the choices comes back). Returns each row's token and its
-    /// logprob under the unmodified distribution. [`crate::sampler::pick`] is the reference.
-    fn sample(&self, logits: &Self::Tensor, rows: &[SampleRow]) -> Result<Vec<(u32, f32)>>;
+    /// GPU samples there; nothing but the choices comes back). A row with a mask picks among the
+    /// tokens it allows: `masks` holds `vocab.div_ceil(32)` words per mask, in the order of
+    /// [`SampleRow::mask`]. Returns each row's token and its logprob under the unmodified
+    /// distribution. [`crate::sampler::pick`] is the reference.
+    fn sample(&self, logits: &Self::Tensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>>;
 
     /// Copies whole blocks (all layers) out of the cache, in block order.
     fn export_blocks(&self, cache: &Self::KvCache, blocks: &[u32]) -> Result<Vec<f32>>;

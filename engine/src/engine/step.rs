@@ -2,6 +2,8 @@
 //! finish each sampled token (detokenize, stop conditions, limits).
 
 use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -11,10 +13,7 @@ use crate::error::Result;
 use crate::runner::{RankBatch, RankOutput, StepPlan};
 use crate::sampler::{sample, SampleRow, Sampled};
 use crate::scheduler::{Scheduled, SeqId};
-use crate::structured::GuideStep;
-
-/// Each constrained sequence's allowed tokens this step (or why none could be computed).
-type Masks = HashMap<SeqId, Result<Vec<u32>, String>>;
+use crate::structured::{GuideStep, MaskBoard, Masks};
 
 /// Where one sampling sequence's token comes from.
 enum Pick {
@@ -44,41 +43,49 @@ impl<B: Backend> Engine<B> {
             picks.push(p);
         }
         // Constrained sequences' masks are computed on another thread while the ranks run the
-        // forward pass (llguidance's work never adds to the step).
-        let guided: Vec<SeqId> = picks
+        // forward pass (llguidance's work never adds to the step); the ranks apply them in
+        // their samplers.
+        let guided: HashSet<SeqId> = picks
             .iter()
             .flatten()
             .map(|(id, _)| *id)
             .filter(|id| self.reqs[id].guide.as_ref().is_some_and(|g| g.active()))
             .collect();
+        let board = Arc::new(if guided.is_empty() { MaskBoard::ready(Masks::new()) } else { MaskBoard::default() });
+        plan.masks = board.clone();
         let (group, reqs) = (&mut self.group, &mut self.reqs);
-        let (outs, masks) = if guided.is_empty() {
-            (group.execute(plan)?, Masks::new())
+        let outs = if guided.is_empty() {
+            group.execute(plan)?
         } else {
             std::thread::scope(|s| {
-                let masker = s.spawn(|| {
-                    let guided: HashSet<SeqId> = guided.into_iter().collect();
-                    reqs.par_iter_mut()
-                        .filter(|(id, _)| guided.contains(id))
-                        .filter_map(|(id, st)| Some((*id, st.guide.as_mut()?.mask()?)))
-                        .collect::<Masks>()
+                s.spawn(|| {
+                    // Always published, so no rank waits forever (a panic leaves no masks: the
+                    // sequences end as broken).
+                    let masks = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        reqs.par_iter_mut()
+                            .filter(|(id, _)| guided.contains(id))
+                            .filter_map(|(id, st)| Some((*id, st.guide.as_mut()?.mask()?)))
+                            .collect::<Masks>()
+                    }));
+                    board.fill(masks.unwrap_or_default());
                 });
-                let outs = group.execute(plan);
-                let masks = masker.join().unwrap_or_default();
-                outs.map(|o| (o, masks))
+                group.execute(plan)
             })?
         };
+        let masks = board.wait();
         for (dp, w) in work.iter().enumerate() {
             self.scheds[dp].commit(w);
         }
         let mut out = Vec::new();
         for (dp, (picks, o)) in picks.into_iter().zip(outs).enumerate() {
-            let mut host = self.sample_host(dp, &picks, &o, &masks);
+            let mut host = self.sample_host(dp, &picks, &o, masks);
             for (id, pick) in picks {
                 let mask = masks.get(&id);
                 if let Some(Err(e)) = mask {
                     tracing::warn!(request_id = id, error = %e, "structured output: no mask; ending the sequence");
                 }
+                // A mask that could not be computed (or a masker that died) ends the sequence.
+                let broken = matches!(mask, Some(Err(_))) || (guided.contains(&id) && mask.is_none());
                 let s = match pick {
                     Pick::Device(i) => {
                         let (token, logprob) = o.device[i];
@@ -86,7 +93,7 @@ impl<B: Backend> Engine<B> {
                     }
                     Pick::Host(..) => host.remove(&id).expect("every host row was sampled"),
                 };
-                out.push(self.on_token(id, s, matches!(mask, Some(Err(_))))?);
+                out.push(self.on_token(id, s, broken)?);
             }
         }
         Ok(out)
@@ -153,8 +160,10 @@ impl<B: Backend> Engine<B> {
             input.sample_rows.push((input.ids.len() - 1) as u32);
             let banned = self.banned(&self.reqs[&w.id]);
             let st = self.reqs.get_mut(&w.id).expect("scheduled request has state");
-            let guided = st.guide.as_ref().is_some_and(|g| g.active());
-            if SampleRow::fits(&st.params, !banned.is_empty() || guided) {
+            if SampleRow::fits(&st.params, !banned.is_empty()) {
+                if st.guide.as_ref().is_some_and(|g| g.active()) {
+                    b.masked.push((b.device.len(), w.id));
+                }
                 picks.push((w.id, Pick::Device(b.device.len())));
                 b.device.push(SampleRow::new(logit_row, &st.params, &mut st.rng));
             } else {

@@ -5,7 +5,8 @@
 
 mod vocab;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
@@ -157,6 +158,36 @@ impl Guide {
         } else {
             GuideStep::Continue
         }
+    }
+}
+
+/// Each constrained sequence's allowed tokens for one step, by sequence id (or why none could be
+/// computed).
+pub type Masks = HashMap<u64, std::result::Result<Vec<u32>, String>>;
+
+/// One step's masks, computed on a CPU thread while the ranks run the forward pass and read by
+/// the ranks right before they sample (a rank waits only if the masks are late).
+#[derive(Debug, Default)]
+pub struct MaskBoard {
+    masks: OnceLock<Masks>,
+}
+
+impl MaskBoard {
+    /// A board whose masks are known already (none, for a step without constraints).
+    pub fn ready(masks: Masks) -> Self {
+        let board = MaskBoard::default();
+        board.fill(masks);
+        board
+    }
+
+    /// Publishes the step's masks (the first call wins).
+    pub fn fill(&self, masks: Masks) {
+        let _ = self.masks.set(masks);
+    }
+
+    /// The step's masks, waiting until they are published.
+    pub fn wait(&self) -> &Masks {
+        self.masks.wait()
     }
 }
 

@@ -5,7 +5,10 @@
 // order, whose cumulative kept weight passes u * sum(kept). The top-k and top-p cuts are found by
 // a radix select over the float bits (positive floats order as their bit patterns): four passes
 // of a 256-bin histogram each, no sort.
-// params per row: [row, temperature, top_k, top_p, min_p, u] (floats as their bits).
+// params per row: [row, temperature, top_k, top_p, min_p, u, mask] (floats as their bits); `mask`
+// is the row's index into `masks` ([_, words] u32, bit i % 32 of word i / 32 allows token i) or
+// 0xffffffff for none. A masked row picks among its allowed tokens as if the others' logits were
+// -inf (no allowed token at all: the unmasked pick, which the engine then rejects).
 // out per row: [token, logprob bits], the logprob under the unmodified distribution.
 
 #define SAMPLE_THREADS 1024
@@ -23,6 +26,11 @@ struct SampleShared {
 
 __device__ __forceinline__ float sample_weight(float x, float m, float inv_t) {
     return isfinite(x) ? expf((x - m) * inv_t) : 0.f;
+}
+
+// Logit i as the pick sees it: -inf where the row's mask (if any) disallows it.
+__device__ __forceinline__ float sample_logit(const float* l, const u32* mk, int i) {
+    return (mk == nullptr || ((mk[i >> 5] >> (i & 31)) & 1u)) ? l[i] : NEG_INF;
 }
 
 // Block-wide sum; every thread gets the total.
@@ -74,15 +82,15 @@ __device__ void sample_block_argmax(float& m, int& idx, SampleShared& sh) {
 // The bit pattern of the largest weight t (among those with bits >= floor) such that the count
 // (by_sum = false) or the weight sum (by_sum = true) of weights >= t reaches `target`; 0 when even
 // all of them fall short (keep everything).
-__device__ u32 sample_select(const float* l, int vocab, float m, float inv_t, u32 floor, bool by_sum, float target,
-                             SampleShared& sh) {
+__device__ u32 sample_select(const float* l, const u32* mk, int vocab, float m, float inv_t, u32 floor, bool by_sum,
+                             float target, SampleShared& sh) {
     u32 prefix = 0, mask = 0;
     float above = 0.f;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += blockDim.x) { sh.cnt[b] = 0; sh.sum[b] = 0.f; }
         __syncthreads();
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            const float w = sample_weight(l[i], m, inv_t);
+            const float w = sample_weight(sample_logit(l, mk, i), m, inv_t);
             const u32 bits = __float_as_uint(w);
             if (w > 0.f && bits >= floor && (bits & mask) == prefix) {
                 const u32 b = (bits >> shift) & 255u;
@@ -111,9 +119,10 @@ __device__ u32 sample_select(const float* l, int vocab, float m, float inv_t, u3
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const float* logits, const u32* params,
-                                                                         u32* out, int vocab) {
+                                                                         const u32* masks, u32* out, int vocab,
+                                                                         int words) {
     __shared__ SampleShared sh;
-    const u32* p = params + blockIdx.x * 6;
+    const u32* p = params + blockIdx.x * 7;
     const float* l = logits + (u64)p[0] * vocab;
     const float temp = __uint_as_float(p[1]);
     const u32 top_k = p[2];
@@ -130,19 +139,32 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) s += expf(l[i] - m);
     const float lse = m + logf(sample_block_sum(s, sh));
 
+    const u32* mk = p[6] == 0xffffffffu ? nullptr : masks + (u64)p[6] * words;
+    if (mk != nullptr) {
+        float mm = NEG_INF;
+        int ami = 0x7fffffff;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const float x = sample_logit(l, mk, i);
+            if (x > mm) { mm = x; ami = i; }
+        }
+        sample_block_argmax(mm, ami, sh);
+        if (mm == NEG_INF) mk = nullptr;  // nothing allowed: leave the row unmasked
+        else { m = mm; am = ami; }
+    }
+
     int token = am;
     if (temp > 1e-5f) {
         const float inv_t = 1.f / temp;
         u32 tau = 1u;  // the smallest positive weight: keep every token with w > 0
-        if (top_k > 0 && top_k < (u32)vocab) tau = max(tau, sample_select(l, vocab, m, inv_t, 1u, false, (float)top_k, sh));
+        if (top_k > 0 && top_k < (u32)vocab) tau = max(tau, sample_select(l, mk, vocab, m, inv_t, 1u, false, (float)top_k, sh));
         if (top_p < 1.f) {
             float kept = 0.f;
             for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-                const float w = sample_weight(l[i], m, inv_t);
+                const float w = sample_weight(sample_logit(l, mk, i), m, inv_t);
                 if (__float_as_uint(w) >= tau && w > 0.f) kept += w;
             }
             kept = sample_block_sum(kept, sh);
-            tau = max(tau, sample_select(l, vocab, m, inv_t, tau, true, top_p * kept, sh));
+            tau = max(tau, sample_select(l, mk, vocab, m, inv_t, tau, true, top_p * kept, sh));
         }
         if (min_p > 0.f) tau = max(tau, __float_as_uint(min_p));
 
@@ -153,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
         float mine = 0.f;
         int last = -1;
         for (int i = lo; i < hi; ++i) {
-            const float w = sample_weight(l[i], m, inv_t);
+            const float w = sample_weight(sample_logit(l, mk, i), m, inv_t);
             if (w > 0.f && __float_as_uint(w) >= tau) { mine += w; last = i; }
         }
         // Inclusive warp scan, then across warps.
@@ -186,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const f
             float acc = excl;
             int pick = last;
             for (int i = lo; i < hi; ++i) {
-                const float w = sample_weight(l[i], m, inv_t);
+                const float w = sample_weight(sample_logit(l, mk, i), m, inv_t);
                 if (w > 0.f && __float_as_uint(w) >= tau) {
                     acc += w;
                     if (acc > target) { pick = i; break; }

@@ -11,7 +11,7 @@ pub use moe::{GemmKernel, GroupedGemm, PersistentGemm};
 mod quant;
 pub use quant::{QGemm, QWeights, QUANT_KERNELS};
 mod sample;
-pub use sample::{SampleLaunch, SAMPLE_PARAM_WORDS};
+pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 
 /// Heads per attention block and keys per tile (must match attention.cu).
 pub const MLA_HEADS_PER_BLOCK: usize = 16;

@@ -9,13 +9,25 @@ pub struct SampleLaunch {
     pub vocab: usize,
 }
 
-/// Per-row parameter words the kernel reads: row, temperature, top_k, top_p, min_p, u.
-pub const SAMPLE_PARAM_WORDS: usize = 6;
+impl SampleLaunch {
+    /// u32 words of one row's token mask (one bit per token).
+    pub fn mask_words(&self) -> usize {
+        self.vocab.div_ceil(32)
+    }
+}
+
+/// Per-row parameter words the kernel reads: row, temperature, top_k, top_p, min_p, u, and the
+/// row's mask index ([`NO_MASK`] for none).
+pub const SAMPLE_PARAM_WORDS: usize = 7;
+
+/// The mask index of a row without a mask.
+pub const NO_MASK: u32 = u32::MAX;
 
 impl Gpu {
-    /// Samples one token per row: `params` holds [`SAMPLE_PARAM_WORDS`] u32 per row, `out` receives
-    /// `(token, logprob bits)` per row.
-    pub fn sample_rows(&self, logits: u64, params: u64, out: u64, s: SampleLaunch) -> Result<()> {
+    /// Samples one token per row: `params` holds [`SAMPLE_PARAM_WORDS`] u32 per row, `masks` the
+    /// masks the rows index ([`SampleLaunch::mask_words`] each; 0 when no row has one), `out`
+    /// receives `(token, logprob bits)` per row.
+    pub fn sample_rows(&self, logits: u64, params: u64, masks: u64, out: u64, s: SampleLaunch) -> Result<()> {
         if s.vocab == 0 || s.vocab > i32::MAX as usize {
             return Err(KernelError::Invalid(format!("sample_rows: vocabulary of {}", s.vocab)));
         }
@@ -23,7 +35,14 @@ impl Gpu {
             "sample_rows",
             s.rows,
             1024,
-            &[Arg::Ptr(logits), Arg::Ptr(params), Arg::Ptr(out), Arg::I32(s.vocab as i32)],
+            &[
+                Arg::Ptr(logits),
+                Arg::Ptr(params),
+                Arg::Ptr(masks),
+                Arg::Ptr(out),
+                Arg::I32(s.vocab as i32),
+                Arg::I32(s.mask_words() as i32),
+            ],
         )
     }
 }

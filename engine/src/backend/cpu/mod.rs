@@ -248,11 +248,20 @@ impl Backend for CpuBackend {
         experts.forward(x, routing)
     }
 
-    fn sample(&self, logits: &CpuTensor, rows: &[SampleRow]) -> Result<Vec<(u32, f32)>> {
+    fn sample(&self, logits: &CpuTensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>> {
+        let words = logits.cols.div_ceil(32);
         rows.iter()
-            .map(|r| match (r.row as usize) < logits.rows {
-                true => Ok(crate::sampler::pick(logits.row(r.row as usize), r)),
-                false => Err(EngineError::Backend(format!("sample: row {} of {}", r.row, logits.rows))),
+            .map(|r| {
+                if r.row as usize >= logits.rows {
+                    return Err(EngineError::Backend(format!("sample: row {} of {}", r.row, logits.rows)));
+                }
+                let mask = match r.mask {
+                    SampleRow::NO_MASK => None,
+                    m => Some(masks.get(m as usize * words..(m as usize + 1) * words).ok_or_else(|| {
+                        EngineError::Backend(format!("sample: mask {m} of {}", masks.len() / words.max(1)))
+                    })?),
+                };
+                Ok(crate::sampler::pick(logits.row(r.row as usize), r, mask))
             })
             .collect()
     }

@@ -606,8 +606,8 @@ impl Backend for CudaBackend {
         moe::experts(self, x, routing, experts)
     }
 
-    fn sample(&self, logits: &CudaTensor, rows: &[SampleRow]) -> Result<Vec<(u32, f32)>> {
-        sample::sample(self, logits, rows)
+    fn sample(&self, logits: &CudaTensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>> {
+        sample::sample(self, logits, rows, masks)
     }
 
     fn export_blocks(&self, cache: &CudaKvCache, blocks: &[u32]) -> Result<Vec<f32>> {
