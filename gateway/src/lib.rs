@@ -7,7 +7,8 @@
 //! A request is validated in one place ([`validate`]), sent to the [`Backend`] as one request
 //! per choice (the backend is the one admission gate: 429 with `Retry-After` at its limit), and answered as SSE ([`sse`]) or one JSON body ([`collect`]). Chat output
 //! of a reasoning model is split into `reasoning_content` and `content` on the `</think>` token
-//! id ([`reasoning`]). Errors are one enum ([`ApiError`]) mapped to HTTP at the edge.
+//! id ([`reasoning`]); with `tools`, DeepSeek's tool-call tokens in the answer become `tool_calls`
+//! ([`tools`]). Errors are one enum ([`ApiError`]) mapped to HTTP at the edge.
 
 pub mod backend;
 pub mod choice;
