@@ -2,7 +2,8 @@
 //! R1's chat template) grown with synthetic merges, or cut, to exactly the model's vocabulary,
 //! so a random-weight model at a real shape serves text over HTTP and `vllm bench serve
 //! --tokenizer DIR` loads it with transformers. The merges carry no meaning; every id is a
-//! token, text round-trips byte for byte.
+//! token, text round-trips byte for byte. R1's tool-call tokens (tiny-r1's added tokens after its
+//! BPE vocabulary) take the last ids.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -19,7 +20,18 @@ pub fn write(dir: &Path, vocab_size: usize, max_len: usize) -> anyhow::Result<()
     let model = tok.get_mut("model").context("tiny-r1's tokenizer.json has no model")?;
     let vocab: HashMap<String, u64> = serde_json::from_value(model["vocab"].take())?;
     let merges: Vec<(String, String)> = serde_json::from_value(model["merges"].take())?;
-    let (vocab, merges) = resize(vocab, merges, vocab_size)?;
+    let bpe_size = vocab.len() as u64;
+    // Added tokens past the BPE vocabulary (the tool-call tokens) move to the end.
+    let added = tok["added_tokens"].as_array_mut().context("tiny-r1's tokenizer.json has no added_tokens")?;
+    let tail: Vec<&mut Value> =
+        added.iter_mut().filter(|t| t["id"].as_u64().is_some_and(|id| id >= bpe_size)).collect();
+    ensure!(vocab_size > tail.len() + 256, "a vocabulary of {vocab_size} is too small");
+    let base = vocab_size - tail.len();
+    for (i, t) in tail.into_iter().enumerate() {
+        t["id"] = (base + i).into();
+    }
+    let (vocab, merges) = resize(vocab, merges, base)?;
+    let model = tok.get_mut("model").context("tiny-r1's tokenizer.json has no model")?;
     model["vocab"] = serde_json::to_value(vocab)?;
     model["merges"] = serde_json::to_value(merges)?;
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_string(&tok)?)?;
@@ -81,6 +93,8 @@ mod tests {
             let ids: Vec<u32> = (0..n as u32).step_by(n / 97).filter(|&i| i > 5).collect();
             let again = t.encode(&t.decode(&ids, false).unwrap(), false).unwrap();
             assert_eq!(t.decode(&again, false).unwrap(), t.decode(&ids, false).unwrap());
+            assert_eq!(t.token_to_id("<｜tool▁calls▁begin｜>"), Some(n as u32 - 9), "the tool tokens come last");
+            assert!(t.is_special(n as u32 - 1));
             let hi = ChatMessage::new("user", "hi");
             let chat = t.apply_chat_template(&[hi], ChatOptions::generation()).unwrap();
             assert!(chat.contains("<｜User｜>hi<｜Assistant｜>"), "{chat}");
