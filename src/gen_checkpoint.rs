@@ -39,6 +39,10 @@ pub struct Args {
     /// Number of layers (default: the shape's; 4 for v3-layers).
     #[arg(long)]
     layers: Option<usize>,
+    /// Routed experts per MoE layer (default: the shape's), e.g. 64 of V3's 256: what one GPU of
+    /// a 4-way expert-parallel group holds.
+    #[arg(long)]
+    routed_experts: Option<usize>,
     #[arg(long)]
     out: PathBuf,
     #[arg(long, value_enum, default_value = "bf16")]
@@ -47,8 +51,15 @@ pub struct Args {
     seed: u64,
 }
 
+/// Changes to a shape's dimensions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Dims {
+    pub layers: Option<usize>,
+    pub routed_experts: Option<usize>,
+}
+
 /// The config.json of a shape.
-pub fn config(shape: Shape, layers: Option<usize>, dtype: WeightDtype) -> Value {
+pub fn config(shape: Shape, dims: Dims, dtype: WeightDtype) -> Value {
     let mut c = match shape {
         Shape::V2Lite => json!({
             "hidden_size": 2048, "num_hidden_layers": 27, "first_k_dense_replace": 1, "intermediate_size": 10944,
@@ -97,7 +108,10 @@ pub fn config(shape: Shape, layers: Option<usize>, dtype: WeightDtype) -> Value 
     ] {
         o.insert(k.into(), v);
     }
-    if let Some(n) = layers {
+    if let Some(n) = dims.routed_experts {
+        o.insert("n_routed_experts".into(), json!(n));
+    }
+    if let Some(n) = dims.layers {
         o.insert("num_hidden_layers".into(), json!(n));
         let dense = o["first_k_dense_replace"].as_u64().unwrap_or(0) as usize;
         o.insert("first_k_dense_replace".into(), json!(dense.min(n.saturating_sub(1))));
@@ -283,8 +297,8 @@ fn fill(buf: &mut [u8], kind: Kind, fan_in: usize, seed: u64, first: usize) {
 }
 
 /// Writes `config.json`, a tokenizer of the model's vocabulary and `model.safetensors` into `dir`; returns the bytes of weights written.
-pub fn write(dir: &Path, shape: Shape, layers: Option<usize>, dtype: WeightDtype, seed: u64) -> anyhow::Result<u64> {
-    let cfg = config(shape, layers, dtype);
+pub fn write(dir: &Path, shape: Shape, dims: Dims, dtype: WeightDtype, seed: u64) -> anyhow::Result<u64> {
+    let cfg = config(shape, dims, dtype);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
     let dim = |k: &str| cfg[k].as_u64().unwrap_or(0) as usize;
@@ -335,8 +349,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bail!("--layers must be at least 1");
     }
     let layers = a.layers.or((a.shape == Shape::V3Layers).then_some(4));
+    let dims = Dims { layers, routed_experts: a.routed_experts };
+    if let Some(n) = a.routed_experts {
+        let c = config(a.shape, Dims { layers, routed_experts: None }, a.dtype);
+        let (groups, top) =
+            (c["n_group"].as_u64().unwrap_or(1) as usize, c["num_experts_per_tok"].as_u64().unwrap_or(1) as usize);
+        if n < top || n % groups != 0 {
+            bail!("--routed-experts must be a multiple of the shape's {groups} expert groups and at least its top-{top}, got {n}");
+        }
+    }
     let t0 = std::time::Instant::now();
-    let bytes = write(&a.out, a.shape, layers, a.dtype, a.seed)?;
+    let bytes = write(&a.out, a.shape, dims, a.dtype, a.seed)?;
     println!(
         "wrote {} ({:.2} GB of weights) in {:.1} s",
         a.out.display(),
@@ -356,9 +379,9 @@ mod tests {
     fn tiny_checkpoints_load_in_both_formats() {
         for dtype in [WeightDtype::Bf16, WeightDtype::Fp8, WeightDtype::Awq] {
             let dir = std::env::temp_dir().join(format!("cleave-gen-{dtype:?}-{}", std::process::id()));
-            write(&dir, Shape::Tiny, Some(2), dtype, 7).unwrap();
+            write(&dir, Shape::Tiny, Dims { layers: Some(2), routed_experts: Some(8) }, dtype, 7).unwrap();
             let cfg = ModelConfig::from_dir(&dir).unwrap();
-            assert_eq!(cfg.num_hidden_layers, 2);
+            assert_eq!((cfg.num_hidden_layers, cfg.n_routed_experts), (2, 8));
             assert_eq!(cfg.fp8_block().is_some(), dtype == WeightDtype::Fp8);
             assert_eq!(cfg.awq().is_some(), dtype == WeightDtype::Awq);
             Model::load(&CpuBackend, &dir, Some(64)).unwrap();
@@ -369,7 +392,8 @@ mod tests {
     #[test]
     fn real_shapes_parse() {
         for (shape, layers) in [(Shape::V2Lite, 27), (Shape::V3Layers, 4)] {
-            let c = config(shape, if shape == Shape::V3Layers { Some(4) } else { None }, WeightDtype::Awq);
+            let dims = Dims { layers: (shape == Shape::V3Layers).then_some(4), routed_experts: None };
+            let c = config(shape, dims, WeightDtype::Awq);
             let cfg = ModelConfig::from_json_str(&c.to_string(), Path::new("config.json")).unwrap();
             assert_eq!(cfg.num_hidden_layers, layers);
             assert_eq!(cfg.kv_lora_rank, 512);
