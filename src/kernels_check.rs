@@ -1,9 +1,11 @@
 //! `cleave kernels-check`: the CUDA backend against the CPU backend, op by op (relative errors,
 //! median CUDA-event times, ratio to the H200 ceilings), end to end on the golden checkpoints
-//! (`--golden`), the decode/prefill step benchmark (`--bench-model`) and the NCCL KV transfer
-//! (`--nccl`). Without a GPU it says so and succeeds: that is what CI runs.
+//! (`--golden`), the decode/prefill step benchmark (`--bench-model`), the NCCL KV transfer and
+//! the collectives against raw NCCL (`--nccl`). Without a GPU it says so and succeeds: that is
+//! what CI runs.
 
 mod bench;
+mod collectives;
 mod experts;
 mod golden;
 mod moe_tune;
@@ -60,7 +62,8 @@ pub struct Args {
     /// Prompt length of the prefill benchmark (0: skip).
     #[arg(long, default_value_t = 4096)]
     prefill: usize,
-    /// NCCL KV-block transfer between GPU 0 and GPU 1 at the full V3 shape.
+    /// NCCL KV-block transfer between GPU 0 and GPU 1 at the full V3 shape, then the engine's
+    /// collectives against raw NCCL at decode and prefill sizes.
     #[arg(long)]
     nccl: bool,
     /// Tokens of the transferred prompt.
@@ -202,6 +205,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             bail!("--nccl needs two GPUs, found {n}");
         }
         nccl::run(a.nccl_tokens, a.seed)?;
+        collectives::run()?;
     }
     let t0 = std::time::Instant::now();
     let cu = CudaBackend::new(a.device)?;

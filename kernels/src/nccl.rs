@@ -197,9 +197,7 @@ impl NcclComm {
     /// `ptr` must address at least `count` f32 values in memory of `gpu`'s context that stay
     /// allocated until the stream passes the operation.
     pub unsafe fn all_reduce_sum_f32(&self, gpu: &Gpu, ptr: u64, count: usize) -> Result<()> {
-        if self.aborted {
-            return Err(KernelError::Nccl("the communicator was aborted after an earlier failure".into()));
-        }
+        self.check_usable()?;
         if count == 0 {
             return Ok(());
         }
@@ -211,6 +209,50 @@ impl NcclComm {
             unsafe { nccl::all_reduce(ptr as *const c_void, ptr as *mut c_void, count, f32t, sum, self.comm, stream) }
                 .map_err(|e| err("ncclAllReduce", e))?;
         self.enqueued(status, "ncclAllReduce")
+    }
+
+    /// Queues an all-gather of `count` f32 values from every rank into `recv` (`count * world`
+    /// values, rank order), on `gpu`'s stream.
+    ///
+    /// # Safety
+    /// `send` must address `count` and `recv` `count * world` f32 values in memory of `gpu`'s
+    /// context that stay allocated until the stream passes the operation.
+    pub unsafe fn all_gather_f32(&self, gpu: &Gpu, send: u64, recv: u64, count: usize) -> Result<()> {
+        self.check_usable()?;
+        gpu.ctx.bind_to_thread()?;
+        let stream = gpu.stream.cu_stream() as sys::cudaStream_t;
+        let f32t = sys::ncclDataType_t::ncclFloat32;
+        // SAFETY: the caller guarantees both buffers.
+        let status =
+            unsafe { nccl::all_gather(send as *const c_void, recv as *mut c_void, count, f32t, self.comm, stream) }
+                .map_err(|e| err("ncclAllGather", e))?;
+        self.enqueued(status, "ncclAllGather")
+    }
+
+    /// Queues a sum over every rank of `count * world` f32 values at `send`, rank `r` receiving
+    /// block `r` (`count` values) in `recv`, on `gpu`'s stream.
+    ///
+    /// # Safety
+    /// `send` must address `count * world` and `recv` `count` f32 values in memory of `gpu`'s
+    /// context that stay allocated until the stream passes the operation.
+    pub unsafe fn reduce_scatter_sum_f32(&self, gpu: &Gpu, send: u64, recv: u64, count: usize) -> Result<()> {
+        self.check_usable()?;
+        gpu.ctx.bind_to_thread()?;
+        let stream = gpu.stream.cu_stream() as sys::cudaStream_t;
+        let (f32t, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        // SAFETY: the caller guarantees both buffers.
+        let status = unsafe {
+            nccl::reduce_scatter(send as *const c_void, recv as *mut c_void, count, f32t, sum, self.comm, stream)
+        }
+        .map_err(|e| err("ncclReduceScatter", e))?;
+        self.enqueued(status, "ncclReduceScatter")
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.aborted {
+            return Err(KernelError::Nccl("the communicator was aborted after an earlier failure".into()));
+        }
+        Ok(())
     }
 
     /// Waits for the queued transfer; on a timeout or an asynchronous error the communicator is

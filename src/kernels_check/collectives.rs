@@ -1,0 +1,118 @@
+//! The engine's collectives on two GPUs against raw NCCL, at decode and prefill sizes of the
+//! DeepSeek-V3 hidden state (7168 f32 per token): the engine's all-reduce (TP's sum) and row
+//! gather (DP+EP's token exchange, a group of sends and receives, since ranks hold different row
+//! counts) beside `ncclAllReduce`, `ncclAllGather` and `ncclReduceScatter` on the same buffers.
+//! Each rank runs on its own thread with its own backend and communicators; the results are
+//! checked (sums and gathered rows) before anything is timed.
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, ensure, Result};
+use cleave_engine::backend::cuda::collectives::{GroupIds, NcclCollectives};
+use cleave_engine::backend::cuda::CudaBackend;
+use cleave_engine::backend::Backend;
+use cleave_engine::parallel::{Axis, Collectives, RankCoord};
+use cleave_engine::ParallelConfig;
+use cleave_kernels::nccl::{NcclComm, NcclId};
+
+const HIDDEN: usize = 7168;
+const ROWS: [usize; 4] = [1, 64, 256, 4096];
+const REPS: usize = 20;
+
+/// Median milliseconds per (operation, rows), as rank 0 measured them.
+type Times = Vec<(&'static str, usize, f64)>;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn rank(r: usize, ids: GroupIds, raw_id: NcclId, barrier: Arc<Barrier>) -> Result<Times> {
+    let be = CudaBackend::new(r)?;
+    let par = ParallelConfig { tensor_parallel_size: 2, ..ParallelConfig::default() };
+    let engine = NcclCollectives::join(&be, &ids, RankCoord { par, tp: r, dp: 0 })?;
+    let mut raw = NcclComm::init(be.gpu(), raw_id, r, 2, Instant::now() + Duration::from_secs(60))?;
+    let mut times = Times::new();
+    for rows in ROWS {
+        let n = rows * HIDDEN;
+        let mine: Vec<f32> = (0..n).map(|i| ((i % 97) as f32) * 0.5 + r as f32).collect();
+        let mut x = be.upload(&mine, rows, HIDDEN)?;
+        // Correctness first: the sum of both ranks' values, and both ranks' rows in order.
+        engine.all_reduce(&be, Axis::Tp, &mut x)?;
+        engine.settle(&be)?;
+        let sum = be.download(&x)?;
+        ensure!(sum.iter().enumerate().all(|(i, &v)| v == ((i % 97) as f32) + 1.0), "all-reduce sums differ");
+        let x = be.upload(&mine, rows, HIDDEN)?;
+        let gathered = be.download(&engine.all_gather_rows(&be, Axis::Tp, &x, &[rows, rows])?)?;
+        ensure!(
+            gathered[n..].iter().enumerate().all(|(i, &v)| v == ((i % 97) as f32) * 0.5 + 1.0),
+            "gathered rows differ"
+        );
+        let out = be.upload(&vec![0.0; 2 * n], 2 * rows, HIDDEN)?;
+        let mut time = |what: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+            let mut ts = Vec::with_capacity(REPS);
+            for i in 0..REPS + 3 {
+                barrier.wait();
+                let t = Instant::now();
+                f()?;
+                be.sync()?;
+                if i >= 3 {
+                    ts.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            times.push((what, rows, median(ts)));
+            Ok(())
+        };
+        let mut y = be.upload(&mine, rows, HIDDEN)?;
+        time("engine all-reduce", &mut || Ok(engine.all_reduce(&be, Axis::Tp, &mut y)?))?;
+        // A step ends with one settle (polling the communicators, with a deadline) after all of
+        // its collectives: its cost per step, here after a single all-reduce.
+        time("engine all-reduce+settle", &mut || {
+            engine.all_reduce(&be, Axis::Tp, &mut y)?;
+            Ok(engine.settle(&be)?)
+        })?;
+        let p = y.ptr_mut();
+        // SAFETY (these three): `p` addresses y's `n` f32 values and `out` 2n, on this rank's GPU,
+        // alive until the synchronization that ends each timed call.
+        time("raw ncclAllReduce", &mut || Ok(unsafe { raw.all_reduce_sum_f32(be.gpu(), p, n) }?))?;
+        time("engine row gather", &mut || Ok(engine.all_gather_rows(&be, Axis::Tp, &x, &[rows, rows]).map(drop)?))?;
+        time("raw ncclAllGather", &mut || Ok(unsafe { raw.all_gather_f32(be.gpu(), x.ptr(), out.ptr(), n) }?))?;
+        let half = n / 2;
+        time("raw ncclReduceScatter", &mut || {
+            Ok(unsafe { raw.reduce_scatter_sum_f32(be.gpu(), x.ptr(), out.ptr(), half) }?)
+        })?;
+        raw.wait(be.gpu(), Duration::from_secs(30))?;
+    }
+    Ok(times)
+}
+
+/// Runs both ranks and prints the table.
+pub fn run() -> Result<()> {
+    let par = ParallelConfig { tensor_parallel_size: 2, ..ParallelConfig::default() };
+    let ids = GroupIds::new(par)?;
+    let raw_id = NcclComm::unique_id()?;
+    let barrier = Arc::new(Barrier::new(2));
+    let handles: Vec<_> = (0..2)
+        .map(|r| {
+            let (ids, b) = (ids.clone(), barrier.clone());
+            std::thread::spawn(move || rank(r, ids, raw_id, b))
+        })
+        .collect();
+    let joined: Vec<Result<Times>> =
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow!("a rank thread panicked")).and_then(|r| r)).collect();
+    let mut outs = Vec::new();
+    for (r, j) in joined.into_iter().enumerate() {
+        outs.push(j.map_err(|e| anyhow!("rank {r}: {e:#}"))?);
+    }
+    println!("\ncollectives on 2 GPUs, rows x {HIDDEN} f32 per rank (median of {REPS}, rank 0; results checked first)");
+    println!("{:<26} {:>6} {:>10} {:>10} {:>10}", "operation", "rows", "MB/rank", "ms", "GB/s");
+    for &(what, rows, ms) in &outs[0] {
+        let mb = (rows * HIDDEN * 4) as f64 / 1e6;
+        // Bytes each rank moves: all-reduce and the gathers send their n values once (2 ranks);
+        // reduce-scatter sends half of them.
+        let moved = if what.contains("ReduceScatter") { mb / 2.0 } else { mb };
+        println!("{what:<26} {rows:>6} {mb:>10.2} {ms:>10.3} {:>10.1}", moved / ms);
+    }
+    Ok(())
+}
