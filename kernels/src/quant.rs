@@ -8,6 +8,7 @@
 //! AWQ, f32 for FP8; AWQ zero points are nibbles per (group, column).
 
 use half::f16;
+use rayon::prelude::*;
 
 /// A compressed weight format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,30 +113,31 @@ fn slot_k(format: QFormat, t: usize, j: usize) -> usize {
 /// `None` when an AWQ scale is not exactly an f16 (the layout stores f16).
 pub fn pack(
     shape: &QShape,
-    value: impl Fn(usize, usize) -> u8,
+    value: impl Fn(usize, usize) -> u8 + Sync,
     scale: impl Fn(usize, usize) -> f32,
     zero: impl Fn(usize, usize) -> u8,
 ) -> Option<QPacked> {
     let (f, n, k, np, kp) = (shape.format, shape.n, shape.k, shape.np(), shape.kp());
     let wpl = f.words_per_lane();
     let mut words = vec![0u32; shape.words_per_matrix()];
-    for nb in 0..np / 8 {
+    // Each block of 8 output columns owns a contiguous run of words: packed in parallel.
+    words.par_chunks_mut((kp / 32) * 32 * wpl).enumerate().for_each(|(nb, block)| {
         for ku in 0..kp / 32 {
             for lane in 0..32 {
                 let (g, t) = (lane / 4, lane % 4);
                 let col = 8 * nb + g;
-                let base = ((nb * (kp / 32) + ku) * 32 + lane) * wpl;
+                let base = (ku * 32 + lane) * wpl;
                 for j in 0..8 {
                     let kk = 32 * ku + slot_k(f, t, j);
                     let v = if col < n && kk < k { value(col, kk) as u32 } else { 0 };
                     match f {
-                        QFormat::AwqInt4 => words[base] |= (v & 0xf) << (4 * j),
-                        QFormat::Fp8E4m3 => words[base + j / 4] |= v << (8 * (j % 4)),
+                        QFormat::AwqInt4 => block[base] |= (v & 0xf) << (4 * j),
+                        QFormat::Fp8E4m3 => block[base + j / 4] |= v << (8 * (j % 4)),
                     }
                 }
             }
         }
-    }
+    });
     let mut scales = Vec::with_capacity(shape.scales_per_matrix() * f.scale_bytes());
     let mut zeros = vec![0u32; shape.zero_words_per_matrix()];
     for grp in 0..shape.groups() {

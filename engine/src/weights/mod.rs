@@ -370,7 +370,29 @@ impl AwqSource<'_> {
 
     /// The 4-bit values `[in, out]` (0..16) and the zero points `[in/group, out]`, unpacked.
     pub fn unpack(&self) -> (Vec<u8>, Vec<u8>) {
-        (unpack_int4(self.qweight.bytes, self.out()), unpack_int4(self.qzeros.bytes, self.out()))
+        (unpack_int4(self.qweight.bytes, self.out()), self.unpack_zeros())
+    }
+
+    /// The zero points `[in/group, out]`, unpacked.
+    pub fn unpack_zeros(&self) -> Vec<u8> {
+        unpack_int4(self.qzeros.bytes, self.out())
+    }
+
+    /// The 4-bit value of input channel `k`, output `n` (0..16), read from its packed word.
+    pub fn nibble(&self, k: usize, n: usize) -> u8 {
+        const SLOT: [usize; 8] = {
+            let mut s = [0; 8];
+            let mut i = 0;
+            while i < 8 {
+                s[AWQ_ORDER[i]] = i;
+                i += 1;
+            }
+            s
+        };
+        let at = (k * (self.out() / 8) + n / 8) * 4;
+        let b = &self.qweight.bytes[at..at + 4];
+        let word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        ((word >> (4 * SLOT[n % 8])) & 0xf) as u8
     }
 
     /// `[out, in]` row-major f32: `W[n, k] = (q[k, n] - z[k/g, n]) * s[k/g, n]`.
@@ -448,5 +470,18 @@ mod tests {
         assert_eq!(words[0], 0x7531_6420);
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         assert_eq!(unpack_int4(&bytes, 16), v);
+        // One nibble at a time reads what the whole unpack reads: [in 2, out 16].
+        let raw = |shape: &'static [usize], bytes: &'static [u8]| RawTensor {
+            name: "t",
+            path: Path::new("t"),
+            dtype: Dtype::I32,
+            shape,
+            bytes,
+        };
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        let a =
+            AwqSource { qweight: raw(&[2, 2], bytes), qzeros: raw(&[1, 2], &bytes[..8]), scales: raw(&[1, 16], &[]) };
+        let (q, _) = a.unpack();
+        assert!((0..2).all(|k| (0..16).all(|n| a.nibble(k, n) == q[k * 16 + n])));
     }
 }

@@ -64,14 +64,14 @@ fn host(src: &LinearSource<'_>, group: usize) -> Result<Host> {
     let groups = k.div_ceil(group);
     Ok(match src {
         LinearSource::Awq(a) => {
-            let (q, zeros) = a.unpack();
+            // Straight from the packed words into `[n, k]`, rows in parallel.
             let mut values = vec![0u8; n * k];
-            for kk in 0..k {
-                for c in 0..n {
-                    values[c * k + kk] = q[kk * n + c];
+            values.par_chunks_mut(k).enumerate().for_each(|(c, row)| {
+                for (kk, v) in row.iter_mut().enumerate() {
+                    *v = a.nibble(kk, c);
                 }
-            }
-            Host { n, k, group, values, scales: a.scales.to_f32()?, zeros }
+            });
+            Host { n, k, group, values, scales: a.scales.to_f32()?, zeros: a.unpack_zeros() }
         }
         LinearSource::Dense { weight, scale_inv } => {
             let (s, [b0, b1]) = scale_inv.as_ref().expect("planned as fp8");
