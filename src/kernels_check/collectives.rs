@@ -73,7 +73,7 @@ fn rank(r: usize, ids: GroupIds, raw_id: NcclId, barrier: Arc<Barrier>) -> Resul
             Ok(engine.settle(&be)?)
         })?;
         let p = y.ptr_mut();
-        // SAFETY (these three): `p` addresses y's `n` f32 values and `out` 2n, on this rank's GPU,
+        // SAFETY: for the three raw calls below, `p` addresses y's `n` f32 values and `out` 2n on this rank's GPU,
         // alive until the synchronization that ends each timed call.
         time("raw ncclAllReduce", &mut || Ok(unsafe { raw.all_reduce_sum_f32(be.gpu(), p, n) }?))?;
         time("engine row gather", &mut || Ok(engine.all_gather_rows(&be, Axis::Tp, &x, &[rows, rows]).map(drop)?))?;
