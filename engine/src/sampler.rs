@@ -178,11 +178,7 @@ pub fn sample(
         }
     }
     if let Some(mask) = allowed {
-        for (i, x) in l.iter_mut().enumerate() {
-            if !crate::structured::allows(mask, i as u32) {
-                *x = f32::NEG_INFINITY;
-            }
-        }
+        apply_mask(&mut l, mask);
     }
     let token = if is_greedy(p) { argmax(&l) } else { draw(&l, &SampleRow::new(0, p, rng)) };
     let top = if p.top_logprobs > 0 {
@@ -241,21 +237,31 @@ impl SampleRow {
     }
 }
 
+/// Sets the logits of the tokens `mask` disallows to -inf (one bit per token, see
+/// [`crate::structured::allows`]). A mask that allows nothing changes nothing: the pick is then
+/// unconstrained and the engine rejects it (the CUDA sampler does the same).
+fn apply_mask(l: &mut [f32], mask: &[u32]) {
+    if !(0..l.len()).any(|i| crate::structured::allows(mask, i as u32)) {
+        return;
+    }
+    for (i, x) in l.iter_mut().enumerate() {
+        if !crate::structured::allows(mask, i as u32) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// The reference for every backend's [`crate::backend::Backend::sample`]: the token for `row`'s
 /// settings and its logprob under the unmodified distribution.
 pub fn pick(logits: &[f32], row: &SampleRow, allowed: Option<&[u32]>) -> (u32, f32) {
-    let masked: Vec<f32>;
+    let mut masked = Vec::new();
     let l = match allowed {
-        // A mask that allows nothing leaves the row unmasked (the engine rejects the pick).
-        Some(mask) if (0..logits.len()).any(|i| crate::structured::allows(mask, i as u32)) => {
-            masked = logits
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| if crate::structured::allows(mask, i as u32) { x } else { f32::NEG_INFINITY })
-                .collect();
+        Some(mask) => {
+            masked.extend_from_slice(logits);
+            apply_mask(&mut masked, mask);
             &masked[..]
         }
-        _ => logits,
+        None => logits,
     };
     let token = if row.temperature <= 1e-5 { argmax(l) } else { draw(l, row) };
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);

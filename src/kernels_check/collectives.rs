@@ -73,12 +73,16 @@ fn rank(r: usize, ids: GroupIds, raw_id: NcclId, barrier: Arc<Barrier>) -> Resul
             Ok(engine.settle(&be)?)
         })?;
         let p = y.ptr_mut();
-        // SAFETY: for the three raw calls below, `p` addresses y's `n` f32 values and `out` 2n on this rank's GPU,
-        // alive until the synchronization that ends each timed call.
+        // SAFETY: `p` addresses y's `n` f32 values on this rank's GPU; y outlives the
+        // synchronization that ends each timed call.
         time("raw ncclAllReduce", &mut || Ok(unsafe { raw.all_reduce_sum_f32(be.gpu(), p, n) }?))?;
         time("engine row gather", &mut || Ok(engine.all_gather_rows(&be, Axis::Tp, &x, &[rows, rows]).map(drop)?))?;
+        // SAFETY: x holds `n` f32 values and `out` 2n (both ranks' parts) on this rank's GPU, alive
+        // past the synchronization that ends each timed call.
         time("raw ncclAllGather", &mut || Ok(unsafe { raw.all_gather_f32(be.gpu(), x.ptr(), out.ptr(), n) }?))?;
         let half = n / 2;
+        // SAFETY: x holds the `n` = 2 * half f32 values summed and `out` receives this rank's
+        // half; both live past the synchronization that ends each timed call.
         time("raw ncclReduceScatter", &mut || {
             Ok(unsafe { raw.reduce_scatter_sum_f32(be.gpu(), x.ptr(), out.ptr(), half) }?)
         })?;

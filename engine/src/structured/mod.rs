@@ -54,7 +54,7 @@ fn regex_escape(s: &str) -> String {
 /// JSON without free whitespace between tokens (one space after `,` and `:`), unless the schema
 /// sets llguidance's own `x-guidance` options: small models given free whitespace can write
 /// nothing else until `max_tokens`.
-fn compact(mut schema: Value) -> Value {
+pub fn compact(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false}));
     }

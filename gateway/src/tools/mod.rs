@@ -9,6 +9,7 @@
 
 pub mod parser;
 
+use cleave_engine::structured;
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
@@ -162,13 +163,10 @@ impl ToolRequest {
             if only.is_some_and(|o| o != name) {
                 continue;
             }
-            let mut schema = match f.get("parameters") {
+            let schema = structured::compact(match f.get("parameters") {
                 Some(p) if p.is_object() => p.clone(),
                 _ => json!({"type": "object"}),
-            };
-            if let Some(o) = schema.as_object_mut() {
-                o.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false}));
-            }
+            });
             let head = Value::String(format!("{name}\n```json\n"));
             rules.push(format!(
                 "call_{i}: <[{}]> \"function\" <[{}]> {head} %json {schema} \"\\n```\" <[{}]>",
