@@ -7,6 +7,7 @@
 mod bench;
 mod collectives;
 mod experts;
+mod fp8;
 mod golden;
 mod moe_tune;
 mod nccl;
@@ -26,6 +27,8 @@ use cleave_engine::backend::cuda::{CudaBackend, Precision};
 /// Ceilings measured on the H200 test machines (GPU.md).
 pub const HBM_BYTES_PER_S: f64 = 4.3e12;
 pub const TC_FLOPS: f64 = 790e12;
+/// Measured FP8 tensor-core ceiling (cuBLASLt, per-tensor scales, 8192^3, H200).
+pub const FP8_TC_FLOPS: f64 = 1450e12;
 
 #[derive(clap::Args, Default)]
 pub struct Args {
@@ -35,7 +38,7 @@ pub struct Args {
     /// Skip the per-op checks.
     #[arg(long)]
     no_ops: bool,
-    /// Run only these per-op stages (elementwise, linear, quant, attention, router, experts, prefill, sample;
+    /// Run only these per-op stages (elementwise, linear, quant, fp8_prefill, attention, router, experts, prefill, sample;
     /// moe_tune, the persistent grouped-GEMM shape sweep, runs only when named).
     #[arg(long, value_delimiter = ',')]
     stages: Vec<String>,
@@ -84,6 +87,9 @@ pub enum Ceiling {
     Mem,
     /// Tensor-core bound: FLOP/s over 790 TFLOP/s.
     Tc,
+    /// FP8 tensor-core bound: FLOP/s over 1,450 TFLOP/s (cuBLASLt's per-tensor FP8 GEMM at
+    /// 8192^3 on an H200, ../shared/GPU.md).
+    Fp8Tc,
     None,
 }
 
@@ -111,6 +117,7 @@ impl Row {
         match self.ceiling {
             Ceiling::Mem => format!("{:5.1}% HBM", 100.0 * self.bytes / s / HBM_BYTES_PER_S),
             Ceiling::Tc => format!("{:5.1}% TC", 100.0 * self.flops / s / TC_FLOPS),
+            Ceiling::Fp8Tc => format!("{:5.1}% FP8 TC", 100.0 * self.flops / s / FP8_TC_FLOPS),
             Ceiling::None => "-".into(),
         }
     }
@@ -252,14 +259,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             precise: false,
             tag: "",
         };
-        let stages =
-            ["elementwise", "linear", "quant", "attention", "prefill", "router", "experts", "sample", "moe_tune"];
+        let stages = [
+            "elementwise",
+            "linear",
+            "quant",
+            "fp8_prefill",
+            "attention",
+            "prefill",
+            "router",
+            "experts",
+            "sample",
+            "moe_tune",
+        ];
         let wanted = |s: &&str| if a.stages.is_empty() { *s != "moe_tune" } else { a.stages.iter().any(|x| x == s) };
         for name in stages.into_iter().filter(wanted) {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
                 "linear" => ctx.linear(),
                 "quant" => ctx.quant(),
+                "fp8_prefill" => ctx.fp8_prefill(),
                 "attention" => ctx.attention(),
                 "prefill" => ctx.prefill(),
                 "router" => ctx.router(),

@@ -6,7 +6,9 @@
 //! and its non-GPU tests run on machines without CUDA; [`probe`] says whether a GPU is usable.
 
 pub mod blas;
+pub mod blaslt;
 pub mod compile;
+pub mod fp8;
 pub mod nccl;
 pub mod ops;
 pub mod quant;
@@ -113,6 +115,9 @@ pub enum KernelError {
     Timeout(String),
     #[error("{0}")]
     Invalid(String),
+    /// This GPU or library version has no kernel for the operation (the caller may fall back).
+    #[error("not supported here: {0}")]
+    Unsupported(String),
 }
 
 pub type Result<T> = std::result::Result<T, KernelError>;
@@ -148,6 +153,9 @@ pub struct ModuleReport {
 /// One GPU, its stream, cuBLAS handle and loaded kernels. Created on, and used from, the thread
 /// that owns the device.
 pub struct Gpu {
+    /// cuBLASLt, for the block-scaled FP8 GEMM (created at first use; first field, so that it is
+    /// destroyed while the context still lives).
+    lt: std::cell::OnceCell<blaslt::LtHandle>,
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub(crate) blas: cudarc::cublas::CudaBlas,
@@ -214,6 +222,7 @@ impl Gpu {
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
         }
         Ok(Gpu {
+            lt: std::cell::OnceCell::new(),
             ctx,
             stream,
             blas,

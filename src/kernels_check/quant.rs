@@ -99,8 +99,13 @@ const FORMATS: [(&str, Maker); 3] = [
 
 impl Ctx<'_> {
     pub fn quant(&mut self) -> Result<()> {
-        self.quant_linear()?;
-        self.quant_experts()
+        // FP8 prefill on FP8 tensor cores quantizes the activations: its own stage checks it
+        // (`fp8_prefill`); this one checks the exact paths.
+        let def = self.cu.variants();
+        self.cu.set_variants(cleave_engine::backend::cuda::Variants { fp8_tensor_cores: false, ..def });
+        let r = self.quant_linear().and_then(|()| self.quant_experts());
+        self.cu.set_variants(def);
+        r
     }
 
     fn quant_linear(&mut self) -> Result<()> {

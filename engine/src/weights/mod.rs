@@ -7,6 +7,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use cleave_kernels::fp8::e4m3_to_f32;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use safetensors::SafeTensors;
@@ -286,7 +287,7 @@ impl RawTensor<'_> {
             Dtype::F16 => {
                 b.chunks_exact(2).map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
             }
-            Dtype::F8_E4M3 => b.iter().map(|&x| fp8_e4m3_to_f32(x)).collect(),
+            Dtype::F8_E4M3 => b.iter().map(|&x| e4m3_to_f32(x)).collect(),
             other => {
                 return Err(EngineError::TensorDtype {
                     path: self.path.to_path_buf(),
@@ -433,34 +434,9 @@ pub fn pack_int4(values: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// Decodes one OCP float8 e4m3fn value (bias 7, no infinities, S.1111.111 is NaN).
-pub fn fp8_e4m3_to_f32(x: u8) -> f32 {
-    let sign = if x & 0x80 != 0 { -1.0 } else { 1.0 };
-    let exp = ((x >> 3) & 0x0f) as i32;
-    let man = (x & 0x07) as f32;
-    if exp == 0x0f && (x & 0x07) == 0x07 {
-        return f32::NAN;
-    }
-    if exp == 0 {
-        sign * man / 8.0 * 2f32.powi(-6)
-    } else {
-        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fp8_decoding_matches_the_format() {
-        assert_eq!(fp8_e4m3_to_f32(0x00), 0.0);
-        assert_eq!(fp8_e4m3_to_f32(0x38), 1.0); // exp 7, man 0
-        assert_eq!(fp8_e4m3_to_f32(0x7e), 448.0); // the largest finite value
-        assert_eq!(fp8_e4m3_to_f32(0xfe), -448.0);
-        assert_eq!(fp8_e4m3_to_f32(0x01), 2f32.powi(-9)); // smallest subnormal
-        assert!(fp8_e4m3_to_f32(0x7f).is_nan());
-    }
 
     #[test]
     fn awq_packing_round_trips_in_autoawq_order() {

@@ -260,29 +260,35 @@ extern "C" __global__ void qgemm_reduce(const float* __restrict__ part, float* _
     }
 }
 
+// The e4m3 byte of FP8 weight (e, n, k) in the fragment layout (two words per lane per unit).
+__device__ __forceinline__ u32 fp8_at(const u32* __restrict__ Wq, int e, int n, int k, int Np, int Kp) {
+    const int kk = k & 31, lane = (n & 7) * 4 + ((kk & 7) >> 1), b = 2 * (kk >> 3) + (kk & 1);
+    const u64 base = ((((u64)e * (Np / 8) + (n >> 3)) * (Kp / 32) + (k >> 5)) * 32 + lane) * 2;
+    return (Wq[base + (b >> 2)] >> (8 * (b & 3))) & 0xffu;
+}
+
 // The plain reference, and the expansion for cuBLAS prefill GEMMs and for MLA's kv_b_proj:
 // out[e * N + n, k] = bf16(W[e, n, k]) (AWQ (q - z) * s, FP8 q * s, in f32 then rounded once).
 template <int FMT>
 __device__ __forceinline__ void qdequant(const u32* __restrict__ Wq, const void* __restrict__ S,
                                          const u32* __restrict__ Z, bf16_t* __restrict__ out, int E, int N, int K,
                                          int Np, int Kp, int G) {
-    constexpr int WPL = FMT == 0 ? 1 : 2;
     const int KUT = Kp / 32, KG = (K + G - 1) / G;
     const u64 total = (u64)E * N * K;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const int k = (int)(i % K), n = (int)((i / K) % N), e = (int)(i / ((u64)N * K));
-        const int kk = k & 31, t = (kk & 7) >> 1, lane = (n & 7) * 4 + t, grp = k / G;
-        const u64 base = ((((u64)e * (Np / 8) + (n >> 3)) * KUT + (k >> 5)) * 32 + lane) * WPL;
+        const int kk = k & 31, grp = k / G;
         const u64 sg = ((u64)e * KG + grp) * Np + n;
         float v;
         if (FMT == 0) {
+            const int lane = (n & 7) * 4 + ((kk & 7) >> 1);
+            const u64 base = (((u64)e * (Np / 8) + (n >> 3)) * KUT + (k >> 5)) * 32 + lane;
             const int j = (kk >> 3) + 4 * (kk & 1);
             const u32 q = (Wq[base] >> (4 * j)) & 0xfu;
             const u32 z = (Z[((u64)e * KG + grp) * (Np / 8) + (n >> 3)] >> (4 * (n & 7))) & 0xfu;
             v = ((float)q - (float)z) * h2f(reinterpret_cast<const unsigned short*>(S)[sg]);
         } else {
-            const int b = 2 * (kk >> 3) + (kk & 1);
-            v = e4m3_f32(Wq[base + (b >> 2)] >> (8 * (b & 3))) * reinterpret_cast<const float*>(S)[sg];
+            v = e4m3_f32(fp8_at(Wq, e, n, k, Np, Kp)) * reinterpret_cast<const float*>(S)[sg];
         }
         out[((u64)e * N + n) * K + k] = f2bf(v);
     }
@@ -290,3 +296,46 @@ __device__ __forceinline__ void qdequant(const u32* __restrict__ Wq, const void*
 #define QD_ARGS const u32 *Wq, const void *S, const u32 *Z, bf16_t *out, int E, int N, int K, int Np, int Kp, int G
 extern "C" __global__ void qdequant_awq(QD_ARGS) { qdequant<0>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 extern "C" __global__ void qdequant_fp8(QD_ARGS) { qdequant<1>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
+
+// Matrix 0 of an FP8 stack as row-major e4m3 bytes `[N, K]` (K % 4 == 0), for the block-scaled
+// tensor-core GEMM of prefill: four bytes per thread.
+extern "C" __global__ void qbytes_fp8(const u32* __restrict__ Wq, u32* __restrict__ out, int N, int K, int Np, int Kp) {
+    const u64 total = (u64)N * K / 4;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int n = (int)(i * 4 / K), k = (int)(i * 4 % K);
+        u32 w = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) w |= fp8_at(Wq, 0, n, k + j, Np, Kp) << (8 * j);
+        out[i] = w;
+    }
+}
+
+// Two floats to packed e4m3x2, rounded to nearest even and saturated to +-448; `lo` in the low byte.
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// DeepSeek's activation quantization (kernels/src/fp8.rs is the reference): per token and 128
+// input channels, s = max(amax, 1e-10) / 448 and q = e4m3(x / s). X f32 [M, K] (K % 128 == 0);
+// Q e4m3 [Mp, K]; S f32 [K / 128, Mp] (token-major); rows M..Mp are zeros. One warp per block of
+// 128, four values per lane.
+extern "C" __global__ void act_quant_fp8(const float* __restrict__ X, u32* __restrict__ Q, float* __restrict__ S, int M,
+                                         int Mp, int K) {
+    const int KB = K / 128, lane = threadIdx.x & 31;
+    const int w = (int)(((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (w >= Mp * KB) return;
+    const int r = w / KB, b = w % KB;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (r < M) {
+        const float* x = X + (u64)r * K + b * 128 + lane * 4;
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = x[j];
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    amax = warp_max(amax);
+    const float s = fmaxf(amax, 1e-10f) / 448.f;
+    Q[((u64)r * K + b * 128) / 4 + lane] = e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
+    if (lane == 0) S[(u64)b * Mp + r] = s;
+}

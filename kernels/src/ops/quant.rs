@@ -59,6 +59,8 @@ pub const QUANT_KERNELS: &[&str] = &[
     "qgemm_reduce",
     "qdequant_awq",
     "qdequant_fp8",
+    "qbytes_fp8",
+    "act_quant_fp8",
 ];
 
 /// Kernel name, input channels per stage and dynamic shared memory of a qgemm launch.
@@ -150,6 +152,30 @@ impl Gpu {
             I32(s.group as i32),
         ];
         self.launch(name, (self.grid1(total), 1, 1), 256, 0, &args)
+    }
+
+    /// Matrix 0 of an FP8 stack as row-major e4m3 bytes `[n, k]` at `out` (for
+    /// [`Gpu::gemm_fp8_block`]).
+    pub fn qbytes_fp8(&self, w: &QWeights, out: u64) -> Result<()> {
+        let s = w.shape;
+        if s.format != QFormat::Fp8E4m3 || s.k % 4 != 0 {
+            return Err(KernelError::Invalid(format!("qbytes_fp8 takes FP8 weights with K % 4 == 0 (K {})", s.k)));
+        }
+        let args = [Ptr(w.words), Ptr(out), I32(s.n as i32), I32(s.k as i32), I32(s.np() as i32), I32(s.kp() as i32)];
+        self.launch("qbytes_fp8", (self.grid1((s.n * s.k / 4) as u64), 1, 1), 256, 0, &args)
+    }
+
+    /// Quantizes f32 activations `x [rows, k]` per token per 128 channels (`crate::fp8::act_quant`
+    /// is the reference): e4m3 `[rows_p, k]` at `q`, token-major f32 scales `[k / 128, rows_p]` at
+    /// `scales`, `rows_p = fp8::padded_rows(rows)`.
+    pub fn act_quant_fp8(&self, x: u64, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
+        if k % crate::fp8::BLOCK != 0 {
+            return Err(KernelError::Invalid(format!("act_quant_fp8 needs K % 128 == 0 (K {k})")));
+        }
+        let rows_p = crate::fp8::padded_rows(rows);
+        let threads = (rows_p * (k / crate::fp8::BLOCK) * 32) as u64;
+        let args = [Ptr(x), Ptr(q), Ptr(scales), I32(rows as i32), I32(rows_p as i32), I32(k as i32)];
+        self.launch("act_quant_fp8", (threads.div_ceil(256) as u32, 1, 1), 256, 0, &args)
     }
 }
 

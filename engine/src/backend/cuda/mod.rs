@@ -38,6 +38,7 @@ use crate::weights::LinearSource;
 pub use kv::CudaKvCache;
 use pool::{class_bytes, Buf, Elem, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
+pub use quant::Fp8Out;
 pub use variants::{PersistentGemm, Variants, DEFAULT_PERSISTENT, EXPAND_MIN_ROWS};
 pub use weights::{CudaExperts, CudaWeight};
 use weights::{ExpertData, WeightData};
@@ -144,6 +145,8 @@ pub struct CudaBackend {
     expert_stats: RefCell<Option<Vec<usize>>>,
     /// Where the workspace last had to allocate (the first 32 since the last take).
     misses: RefCell<Vec<String>>,
+    /// What the block-scaled FP8 GEMM of this GPU's cuBLASLt can write (found at first use).
+    fp8_out: Cell<quant::Fp8Out>,
 }
 
 impl CudaBackend {
@@ -164,6 +167,7 @@ impl CudaBackend {
             poison: Cell::new(false),
             expert_stats: RefCell::new(None),
             misses: RefCell::new(Vec::new()),
+            fp8_out: Cell::new(quant::Fp8Out::Untried),
         })
     }
 
@@ -503,7 +507,7 @@ impl Backend for CudaBackend {
                 let xb = self.bf16_in(x)?;
                 self.gpu.linear_bf16(xb.ptr(), ptr(b), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
             }
-            WeightData::Quant(q) => self.linear_quant(x, &q.view(), &y)?,
+            WeightData::Quant(q) => self.linear_quant(x, q, &y)?,
         }
         Ok(y)
     }

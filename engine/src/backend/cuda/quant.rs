@@ -1,14 +1,16 @@
 //! Checkpoint weights kept compressed on the GPU (AWQ int4, FP8 e4m3 with block scales): which
 //! sources qualify, and their packing into the layout of `cleave_kernels::quant`.
 
+use cleave_kernels::blaslt::{Fp8BlockGemm, LT_WORKSPACE_BYTES};
 use cleave_kernels::cudarc::driver::CudaSlice;
+use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::{QGemm, QWeights};
-use cleave_kernels::ptr;
 use cleave_kernels::quant::{pack, QFormat, QPacked, QShape};
+use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
-use super::{kerr, CudaBackend, CudaTensor, QGEMM_MAX_ROWS};
+use super::{kerr, CudaBackend, CudaTensor, Precision, QGEMM_MAX_ROWS};
 use crate::error::Result;
 use crate::weights::LinearSource;
 
@@ -17,12 +19,28 @@ pub struct QuantWeight {
     words: CudaSlice<u32>,
     scales: CudaSlice<u8>,
     zeros: CudaSlice<u32>,
+    /// One FP8 matrix's scales per 128 x 128 block in cuBLASLt's layout, when its scales are
+    /// uniform over such blocks and its shape suits the block-scaled GEMM (the prefill path).
+    block_scales: Option<CudaSlice<f32>>,
     pub shape: QShape,
+}
+
+/// What the block-scaled FP8 GEMM can write on this GPU, found at its first use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Out {
+    Untried,
+    F32,
+    Bf16,
+    /// cuBLASLt has no such GEMM here: prefill expands FP8 weights to bf16.
+    Unavailable,
 }
 
 impl QuantWeight {
     pub fn view(&self) -> QWeights {
         QWeights { shape: self.shape, words: ptr(&self.words), scales: ptr(&self.scales), zeros: ptr(&self.zeros) }
+    }
+    pub fn block_scales(&self) -> Option<u64> {
+        self.block_scales.as_ref().map(|b| ptr(b))
     }
 }
 
@@ -88,21 +106,51 @@ fn host(src: &LinearSource<'_>, group: usize) -> Result<Host> {
     })
 }
 
+/// The (part, row) each row of the matrix stacked from `parts` comes from.
+fn stacked_rows(parts: &[Host], stacking: Stacking) -> Vec<(&Host, usize)> {
+    let n: usize = parts.iter().map(|p| p.n).sum();
+    match stacking {
+        Stacking::Interleaved => (0..n).map(|row| (&parts[row % parts.len()], row / parts.len())).collect(),
+        Stacking::Sequential => parts.iter().flat_map(|p| (0..p.n).map(move |r| (p, r))).collect(),
+    }
+}
+
 /// Packs one matrix stacked from `parts` (`None`: an AWQ scale that is not an f16).
 fn pack_matrix(format: QFormat, parts: &[Host], stacking: Stacking) -> Option<QPacked> {
     let (k, group) = (parts[0].k, parts[0].group);
-    let n: usize = parts.iter().map(|p| p.n).sum();
-    // The (part, row) each stacked row comes from, resolved once rather than per element.
-    let at: Vec<(&Host, usize)> = match stacking {
-        Stacking::Interleaved => (0..n).map(|row| (&parts[row % parts.len()], row / parts.len())).collect(),
-        Stacking::Sequential => parts.iter().flat_map(|p| (0..p.n).map(move |r| (p, r))).collect(),
-    };
+    let at = stacked_rows(parts, stacking);
+    let n = at.len();
     pack(
         &QShape { format, experts: 1, n, k, group },
         |c, kk| at[c].0.values[at[c].1 * k + kk],
         |g, c| at[c].0.scales[g * at[c].0.n + at[c].1],
         |g, c| at[c].0.zeros.get(g * at[c].0.n + at[c].1).copied().unwrap_or(0),
     )
+}
+
+/// The scales of an FP8 matrix stacked from `parts` per 128 x 128 block, in cuBLASLt's layout
+/// (`[n / 128][fp8::weight_scale_ld(k)]`), when every block has one scale and the shape suits the
+/// block-scaled GEMM; else `None` (prefill then expands the weight to bf16).
+fn block_scales(parts: &[Host], stacking: Stacking) -> Option<Vec<f32>> {
+    let (k, group) = (parts[0].k, parts[0].group);
+    let at = stacked_rows(parts, stacking);
+    let n = at.len();
+    if group != BLOCK || k % BLOCK != 0 || n % 16 != 0 {
+        return None;
+    }
+    let ld = fp8::weight_scale_ld(k);
+    let mut out = vec![0f32; n.div_ceil(BLOCK) * ld];
+    for (nb, rows) in at.chunks(BLOCK).enumerate() {
+        for g in 0..k / BLOCK {
+            let scale = |&(p, r): &(&Host, usize)| p.scales[g * p.n + r];
+            let s = scale(&rows[0]);
+            if rows.iter().any(|row| scale(row) != s) {
+                return None;
+            }
+            out[nb * ld + g] = s;
+        }
+    }
+    Some(out)
 }
 
 /// Uploads `matrices` (each stacked from its parts) as one compressed stack, or `None` when any
@@ -127,17 +175,26 @@ pub(super) fn upload(
     let words = gpu.alloc::<u32>(shape.experts * shape.words_per_matrix()).map_err(kerr)?;
     let scales = gpu.alloc::<u8>(shape.experts * shape.scales_per_matrix() * format.scale_bytes()).map_err(kerr)?;
     let zeros = gpu.alloc::<u32>((shape.experts * shape.zero_words_per_matrix()).max(1)).map_err(kerr)?;
+    let single_fp8 = format == QFormat::Fp8E4m3 && matrices.len() == 1;
+    let mut blocks = None;
     // Packed on the host a few matrices at a time, in parallel; uploaded in order.
     for (c, chunk) in matrices.chunks(16).enumerate() {
-        let packed: Vec<Option<QPacked>> = chunk
+        let packed: Vec<(Option<QPacked>, Option<Vec<f32>>)> = chunk
             .par_iter()
             .map(|parts| {
                 let hosts = parts.iter().map(|s| host(s, group)).collect::<Result<Vec<_>>>()?;
-                Ok(pack_matrix(format, &hosts, stacking))
+                let blocks = if single_fp8 { block_scales(&hosts, stacking) } else { None };
+                Ok((pack_matrix(format, &hosts, stacking), blocks))
             })
             .collect::<Result<_>>()?;
-        for (i, p) in packed.into_iter().enumerate() {
+        for (i, (p, b)) in packed.into_iter().enumerate() {
             let Some(p) = p else { return Ok(None) };
+            if let Some(b) = b {
+                let dev = gpu.alloc::<f32>(b.len()).map_err(kerr)?;
+                gpu.htod(&b, ptr(&dev)).map_err(kerr)?;
+                gpu.sync().map_err(kerr)?;
+                blocks = Some(dev);
+            }
             let e = c * 16 + i;
             gpu.htod(&p.words, ptr(&words) + (e * shape.words_per_matrix() * 4) as u64).map_err(kerr)?;
             gpu.htod(&p.scales, ptr(&scales) + (e * p.scales.len()) as u64).map_err(kerr)?;
@@ -148,25 +205,36 @@ pub(super) fn upload(
         // The host buffers above must outlive their asynchronous copies.
         gpu.sync().map_err(kerr)?;
     }
-    Ok(Some(QuantWeight { words, scales, zeros, shape }))
+    Ok(Some(QuantWeight { words, scales, zeros, block_scales: blocks, shape }))
 }
 
 impl CudaBackend {
     /// `y = x W^T` over a compressed weight: up to [`QGEMM_MAX_ROWS`] rows straight from the
-    /// compressed bytes (split over the input channels until the GPU is full), more rows (prefill)
-    /// through a transient bf16 expansion and cuBLAS.
-    pub(super) fn linear_quant(&self, x: &CudaTensor, q: &QWeights, y: &CudaTensor) -> Result<()> {
-        let xb = self.bf16_in(x)?;
+    /// compressed bytes (split over the input channels until the GPU is full); more rows (prefill)
+    /// on FP8 tensor cores for FP8 block-scaled weights (bf16 precision), else through a
+    /// transient bf16 expansion and cuBLAS.
+    pub(super) fn linear_quant(&self, x: &CudaTensor, w: &QuantWeight, y: &CudaTensor) -> Result<()> {
+        let q = w.view();
         let (rows, n) = (x.rows, q.shape.n);
         if rows > QGEMM_MAX_ROWS {
+            if let Some(bs) = &w.block_scales {
+                if self.precision == Precision::Bf16
+                    && self.variants().fp8_tensor_cores
+                    && self.linear_fp8_block(x, &q, bs, y)?
+                {
+                    return Ok(());
+                }
+            }
+            let xb = self.bf16_in(x)?;
             let wb = self.buf::<u16>(n * q.shape.k)?;
-            self.gpu.qdequant(q, ptr(&wb)).map_err(kerr)?;
+            self.gpu.qdequant(&q, ptr(&wb)).map_err(kerr)?;
             return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
         }
+        let xb = self.bf16_in(x)?;
         // Up to 16 rows one deep-pipelined row tile; more rows 64-row tiles, so that weights larger
         // than L2 (V3's dense MLP: 132 MB in int4) are not streamed from HBM once per 16 rows.
         let bm = if rows <= 16 { 16 } else { 64 };
-        let splits = self.gpu.qgemm_splits(q, rows, bm);
+        let splits = self.gpu.qgemm_splits(&q, rows, bm);
         let part = if splits > 1 { Some(self.alloc_f32(splits * rows * n)?) } else { None };
         let g = QGemm {
             silu: false,
@@ -180,10 +248,111 @@ impl CudaBackend {
             bm,
             splits,
         };
-        self.gpu.qgemm(q, &g).map_err(kerr)?;
+        self.gpu.qgemm(&q, &g).map_err(kerr)?;
         if let Some(p) = part {
             self.gpu.qgemm_reduce(ptr(&p), y.ptr(), splits, rows * n).map_err(kerr)?;
         }
         Ok(())
+    }
+
+    /// DeepSeek's FP8 scheme on FP8 tensor cores: the weight's e4m3 bytes unpacked row-major, the
+    /// activations quantized per token per 128 channels, cuBLASLt's block-scaled GEMM. `false`
+    /// when this GPU's cuBLASLt has no such GEMM (found once; the caller expands to bf16).
+    fn linear_fp8_block(&self, x: &CudaTensor, q: &QWeights, bs: &CudaSlice<f32>, y: &CudaTensor) -> Result<bool> {
+        let tries: &[Fp8Out] = match self.fp8_out.get() {
+            Fp8Out::Unavailable => return Ok(false),
+            Fp8Out::Untried => &[Fp8Out::F32, Fp8Out::Bf16],
+            Fp8Out::F32 => &[Fp8Out::F32],
+            Fp8Out::Bf16 => &[Fp8Out::Bf16],
+        };
+        let (rows, n, k) = (x.rows, q.shape.n, q.shape.k);
+        let rows_p = fp8::padded_rows(rows);
+        let w8 = self.buf::<u32>(n * k / 4)?;
+        self.gpu.qbytes_fp8(q, ptr(&w8)).map_err(kerr)?;
+        let x8 = self.buf::<u32>(rows_p * k / 4)?;
+        let xs = self.buf::<f32>(k / BLOCK * rows_p)?;
+        self.gpu.act_quant_fp8(x.ptr(), rows, k, ptr(&x8), ptr(&xs)).map_err(kerr)?;
+        let ws = self.buf::<u32>(LT_WORKSPACE_BYTES / 4)?;
+        for &out in tries {
+            // The GEMM writes rows_p rows: straight into `y` when f32 and unpadded.
+            let direct = out == Fp8Out::F32 && rows_p == rows;
+            let tmp_f32 = if out == Fp8Out::F32 && !direct { Some(self.buf::<f32>(rows_p * n)?) } else { None };
+            let tmp_bf16 = if out == Fp8Out::Bf16 { Some(self.buf::<u16>(rows_p * n)?) } else { None };
+            let dst = tmp_f32.as_ref().map(|b| ptr(b)).or(tmp_bf16.as_ref().map(|b| ptr(b))).unwrap_or(y.ptr());
+            let g = Fp8BlockGemm {
+                w: ptr(&w8),
+                w_scales: ptr(bs),
+                x: ptr(&x8),
+                x_scales: ptr(&xs),
+                y: dst,
+                y_bf16: out == Fp8Out::Bf16,
+                n,
+                k,
+                rows_p,
+                workspace: ptr(&ws),
+                workspace_bytes: LT_WORKSPACE_BYTES,
+            };
+            match self.gpu.gemm_fp8_block(&g) {
+                Ok(()) => {}
+                Err(KernelError::Unsupported(why)) => {
+                    tracing::debug!(%why, "block-scaled FP8 GEMM: output type not supported");
+                    continue;
+                }
+                Err(e) => return Err(kerr(e)),
+            }
+            if let Some(t) = &tmp_f32 {
+                self.gpu.dtod(y.ptr(), ptr(t), rows * n * 4).map_err(kerr)?;
+            }
+            if let Some(t) = &tmp_bf16 {
+                self.gpu.cast_bf16_f32(ptr(t), y.ptr(), rows * n).map_err(kerr)?;
+            }
+            if self.fp8_out.get() == Fp8Out::Untried {
+                tracing::info!(output = ?out, "FP8 prefill linears run on FP8 tensor cores (cuBLASLt block scaling)");
+            }
+            self.fp8_out.set(out);
+            return Ok(true);
+        }
+        tracing::warn!("this GPU's cuBLASLt has no block-scaled FP8 GEMM: FP8 prefill linears expand to bf16");
+        self.fp8_out.set(Fp8Out::Unavailable);
+        Ok(false)
+    }
+
+    /// How FP8 prefill linears run on this GPU, as far as found yet.
+    pub fn fp8_prefill_output(&self) -> Fp8Out {
+        self.fp8_out.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(n: usize, k: usize, scale: impl Fn(usize, usize) -> f32) -> Host {
+        let groups = k / BLOCK;
+        let scales = (0..groups * n).map(|i| scale(i / n, i % n)).collect();
+        Host { n, k, group: BLOCK, values: vec![0; n * k], scales, zeros: Vec::new() }
+    }
+
+    #[test]
+    fn block_scales_take_one_scale_per_128_by_128_block_in_cublaslt_layout() {
+        // Two stacked parts of 128 and 256 rows, k = 640 (5 blocks, padded to 8 in the layout).
+        let a = part(128, 640, |g, _| 1.0 + g as f32);
+        let b = part(256, 640, |g, r| 10.0 * (1 + r / 128) as f32 + g as f32);
+        let s = block_scales(&[a, b], Stacking::Sequential).expect("uniform blocks");
+        let ld = fp8::weight_scale_ld(640);
+        assert_eq!((ld, s.len()), (8, 3 * 8));
+        assert_eq!(&s[..5], &[1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(&s[ld..ld + 2], &[10.0, 11.0]);
+        assert_eq!(&s[2 * ld..2 * ld + 2], &[20.0, 21.0]);
+        assert_eq!(&s[5..8], &[0.0; 3]);
+        // A scale that changes inside a block of rows, or gate/up rows interleaved: no block scales.
+        let uneven = part(128, 256, |g, r| (g + r / 64) as f32);
+        assert!(block_scales(&[uneven], Stacking::Sequential).is_none());
+        let gate = part(128, 256, |_, _| 1.0);
+        let up = part(128, 256, |_, _| 2.0);
+        assert!(block_scales(&[gate, up], Stacking::Interleaved).is_none());
+        // Shapes the GEMM does not take: k not a multiple of 128, n not of 16.
+        assert!(block_scales(&[Host { k: 200, ..part(128, 256, |_, _| 1.0) }], Stacking::Sequential).is_none());
+        assert!(block_scales(&[part(120, 256, |_, _| 1.0)], Stacking::Sequential).is_none());
     }
 }

@@ -7,7 +7,8 @@ use crate::error::{EngineError, Result};
 
 /// Kernel variants, from the environment: `CLEAVE_MLA_DECODE=v1|v2` (default v2),
 /// `CLEAVE_MOE_GEMM=v1|v2|persistent[:BN/BK/STAGES/PREFETCH]` (default persistent with
-/// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded).
+/// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded),
+/// `CLEAVE_FP8_PREFILL=tensor-cores|bf16` (default tensor-cores).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     pub mla_v2: bool,
@@ -18,6 +19,9 @@ pub struct Variants {
     /// Prefill chunks of at least [`EXPAND_MIN_ROWS`] rows: expanded keys/values and cuBLAS
     /// attention instead of the absorbed kernel.
     pub expanded_prefill: bool,
+    /// Prefill linears over FP8 block-scaled weights on FP8 tensor cores (activations quantized
+    /// per token per 128 channels) instead of bf16 tensor cores over the expanded weight.
+    pub fp8_tensor_cores: bool,
 }
 
 pub const EXPAND_MIN_ROWS: usize = 64;
@@ -29,17 +33,27 @@ pub const DEFAULT_PERSISTENT: PersistentGemm = PersistentGemm { bn: 32, bk: 64, 
 
 impl Variants {
     /// The first kernel versions (a fallback if the defaults regress).
-    pub const FIRST: Variants =
-        Variants { mla_v2: false, gemm_v2: false, moe_persistent: None, expanded_prefill: false };
+    pub const FIRST: Variants = Variants {
+        mla_v2: false,
+        gemm_v2: false,
+        moe_persistent: None,
+        expanded_prefill: false,
+        fp8_tensor_cores: false,
+    };
 
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).unwrap_or_default();
-        Self::parse(&var("CLEAVE_MLA_DECODE"), &var("CLEAVE_MOE_GEMM"), &var("CLEAVE_PREFILL_ATTN"))
+        Self::parse(
+            &var("CLEAVE_MLA_DECODE"),
+            &var("CLEAVE_MOE_GEMM"),
+            &var("CLEAVE_PREFILL_ATTN"),
+            &var("CLEAVE_FP8_PREFILL"),
+        )
     }
 
-    /// The variants the three settings name (empty: the default); an unknown value is a
+    /// The variants the four settings name (empty: the default); an unknown value is a
     /// configuration error naming its variable.
-    pub fn parse(mla_decode: &str, moe_gemm: &str, prefill_attn: &str) -> Result<Self> {
+    pub fn parse(mla_decode: &str, moe_gemm: &str, prefill_attn: &str, fp8_prefill: &str) -> Result<Self> {
         let bad = |var: &str, v: &str, want: &str| EngineError::Config(format!("{var}: `{v}` is not one of {want}"));
         let mla_v2 = match mla_decode {
             "" | "v2" => true,
@@ -63,7 +77,12 @@ impl Variants {
             "absorbed" => false,
             v => return Err(bad("CLEAVE_PREFILL_ATTN", v, "absorbed, expanded")),
         };
-        Ok(Variants { mla_v2, gemm_v2, moe_persistent, expanded_prefill })
+        let fp8_tensor_cores = match fp8_prefill {
+            "" | "tensor-cores" => true,
+            "bf16" => false,
+            v => return Err(bad("CLEAVE_FP8_PREFILL", v, "tensor-cores, bf16")),
+        };
+        Ok(Variants { mla_v2, gemm_v2, moe_persistent, expanded_prefill, fp8_tensor_cores })
     }
 }
 
@@ -73,22 +92,29 @@ mod tests {
 
     #[test]
     fn settings_parse_and_bad_ones_name_their_variable() {
-        let def = Variants::parse("", "", "").unwrap();
+        let def = Variants::parse("", "", "", "").unwrap();
         assert_eq!(
             def,
-            Variants { mla_v2: true, gemm_v2: true, moe_persistent: Some(DEFAULT_PERSISTENT), expanded_prefill: true }
+            Variants {
+                mla_v2: true,
+                gemm_v2: true,
+                moe_persistent: Some(DEFAULT_PERSISTENT),
+                expanded_prefill: true,
+                fp8_tensor_cores: true
+            }
         );
-        assert_eq!(Variants::parse("v1", "v1", "absorbed").unwrap(), Variants::FIRST);
-        assert_eq!(Variants::parse("", "v2", "").unwrap().moe_persistent, None);
-        let custom = Variants::parse("", "persistent:16/64/4/2", "").unwrap();
+        assert_eq!(Variants::parse("v1", "v1", "absorbed", "bf16").unwrap(), Variants::FIRST);
+        assert_eq!(Variants::parse("", "v2", "", "").unwrap().moe_persistent, None);
+        let custom = Variants::parse("", "persistent:16/64/4/2", "", "").unwrap();
         assert_eq!(custom.moe_persistent, Some(PersistentGemm { bn: 16, bk: 64, stages: 4, prefetch: 2 }));
         for (args, var) in [
-            (("v3", "", ""), "CLEAVE_MLA_DECODE"),
-            (("", "fast", ""), "CLEAVE_MOE_GEMM"),
-            (("", "persistent:128/64/4/0", ""), "CLEAVE_MOE_GEMM"),
-            (("", "", "flash"), "CLEAVE_PREFILL_ATTN"),
+            (("v3", "", "", ""), "CLEAVE_MLA_DECODE"),
+            (("", "fast", "", ""), "CLEAVE_MOE_GEMM"),
+            (("", "persistent:128/64/4/0", "", ""), "CLEAVE_MOE_GEMM"),
+            (("", "", "flash", ""), "CLEAVE_PREFILL_ATTN"),
+            (("", "", "", "fp4"), "CLEAVE_FP8_PREFILL"),
         ] {
-            let e = Variants::parse(args.0, args.1, args.2).unwrap_err().to_string();
+            let e = Variants::parse(args.0, args.1, args.2, args.3).unwrap_err().to_string();
             assert!(e.contains(var), "{e}");
         }
     }

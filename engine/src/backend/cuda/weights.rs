@@ -43,6 +43,14 @@ impl CudaWeight {
             _ => None,
         }
     }
+    /// Device address of an FP8 weight's scales per 128 x 128 block in cuBLASLt's layout, when
+    /// its prefill linears can run on FP8 tensor cores.
+    pub fn fp8_block_scales(&self) -> Option<u64> {
+        match &self.data {
+            WeightData::Quant(q) => q.block_scales(),
+            _ => None,
+        }
+    }
 }
 
 /// Routed experts, stacked: `gate_up` `[E, 2I, H]` with gate and up rows interleaved (row 2j is
