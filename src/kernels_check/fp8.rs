@@ -126,6 +126,23 @@ impl Ctx<'_> {
             let rows_p = fp8::padded_rows(rows);
             let w8 = gpu.alloc::<u32>(n * k / 4)?;
             gpu.qbytes_fp8(&wg.quant().expect("compressed"), ptr(&w8))?;
+            let mut unpacked = vec![0u32; n * k / 4];
+            gpu.dtoh(ptr(&w8), &mut unpacked)?;
+            let bad =
+                unpacked.iter().flat_map(|w| w.to_le_bytes()).zip(w.weight_bytes()).filter(|(a, b)| a != *b).count();
+            let q = wg.quant().expect("compressed");
+            let us = self.time(|| gpu.qbytes_fp8(&q, ptr(&w8)).map_err(kerr))?;
+            let moved = 2.0 * (n * k) as f64;
+            self.push(
+                "qbytes_fp8 (differing)",
+                format!("{n} x {k}"),
+                bad as f64 / (n * k) as f64,
+                0.0,
+                us,
+                moved,
+                0.0,
+                Ceiling::Mem,
+            );
             let x8 = gpu.alloc::<u32>(rows_p * k / 4)?;
             let xs = gpu.alloc::<f32>(k / BLOCK * rows_p)?;
             gpu.act_quant_fp8(xg.ptr(), rows, k, ptr(&x8), ptr(&xs))?;

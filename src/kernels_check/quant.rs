@@ -62,6 +62,11 @@ impl RandomQuant {
         }
     }
 
+    /// The checkpoint's weight bytes (e4m3 `[n, k]` for FP8).
+    pub fn weight_bytes(&self) -> &[u8] {
+        &self.bytes[0]
+    }
+
     pub fn source(&self) -> LinearSource<'_> {
         let t = |i: usize, dtype: Dtype| RawTensor {
             name: "random",
