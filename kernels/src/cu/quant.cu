@@ -297,23 +297,16 @@ __device__ __forceinline__ void qdequant(const u32* __restrict__ Wq, const void*
 extern "C" __global__ void qdequant_awq(QD_ARGS) { qdequant<0>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 extern "C" __global__ void qdequant_fp8(QD_ARGS) { qdequant<1>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 
-// Matrix 0 of an FP8 stack as row-major e4m3 bytes `[N, K]` (K % 32 == 0), for the block-scaled
-// tensor-core GEMM of prefill. One warp per (8 columns, 32 channels) unit: each lane reads its 8
-// bytes (the whole unit, 256 contiguous bytes), which are two-byte pairs 8 channels apart of
-// column 8 nb + lane / 4, and stores them where they go (every 32-byte row segment whole).
-extern "C" __global__ void qbytes_fp8(const u32* __restrict__ Wq, unsigned short* __restrict__ out, int N, int K, int Np,
-                                      int Kp) {
-    const int lane = threadIdx.x & 31, t = lane & 3, KUT = Kp / 32;
-    const u64 units = (u64)(Np / 8) * KUT, warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 w = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < units; w += warps) {
-        const int n = (int)(w / KUT) * 8 + (lane >> 2), u = (int)(w % KUT);
-        const uint2 v = reinterpret_cast<const uint2*>(Wq)[w * 32 + lane];
-        if (n >= N || u * 32 >= K) continue;
-        unsigned short* row = out + ((u64)n * K + u * 32) / 2;
-        row[t] = (unsigned short)(v.x & 0xffffu);
-        row[4 + t] = (unsigned short)(v.x >> 16);
-        row[8 + t] = (unsigned short)(v.y & 0xffffu);
-        row[12 + t] = (unsigned short)(v.y >> 16);
+// Matrix 0 of an FP8 stack as row-major e4m3 bytes `[N, K]` (K % 4 == 0), for the block-scaled
+// tensor-core GEMM of prefill: four bytes per thread.
+extern "C" __global__ void qbytes_fp8(const u32* __restrict__ Wq, u32* __restrict__ out, int N, int K, int Np, int Kp) {
+    const u64 total = (u64)N * K / 4;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int n = (int)(i * 4 / K), k = (int)(i * 4 % K);
+        u32 w = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) w |= fp8_at(Wq, 0, n, k + j, Np, Kp) << (8 * j);
+        out[i] = w;
     }
 }
 

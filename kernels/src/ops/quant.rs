@@ -158,12 +158,11 @@ impl Gpu {
     /// [`Gpu::gemm_fp8_block`]).
     pub fn qbytes_fp8(&self, w: &QWeights, out: u64) -> Result<()> {
         let s = w.shape;
-        if s.format != QFormat::Fp8E4m3 || s.k % 32 != 0 {
-            return Err(KernelError::Invalid(format!("qbytes_fp8 takes FP8 weights with K % 32 == 0 (K {})", s.k)));
+        if s.format != QFormat::Fp8E4m3 || s.k % 4 != 0 {
+            return Err(KernelError::Invalid(format!("qbytes_fp8 takes FP8 weights with K % 4 == 0 (K {})", s.k)));
         }
         let args = [Ptr(w.words), Ptr(out), I32(s.n as i32), I32(s.k as i32), I32(s.np() as i32), I32(s.kp() as i32)];
-        let units = (s.np() / 8 * (s.kp() / 32)) as u64;
-        self.launch("qbytes_fp8", (self.grid1(units * 32), 1, 1), 256, 0, &args)
+        self.launch("qbytes_fp8", (self.grid1((s.n * s.k / 4) as u64), 1, 1), 256, 0, &args)
     }
 
     /// Quantizes f32 activations `x [rows, k]` per token per 128 channels (`crate::fp8::act_quant`
