@@ -36,6 +36,8 @@ pub(crate) struct Prefilled {
     pub first: u32,
     pub src: usize,
     pub src_inc: u64,
+    /// The KV port that sends (the sampling rank of the prefill group's DP rank holding it).
+    pub sender: usize,
     /// The decode slot chosen up front.
     pub dst: usize,
 }
@@ -49,6 +51,8 @@ pub(crate) struct Reserved {
     pub blocks: Vec<u32>,
     /// Leading blocks the decode rank already caches: the prefill rank does not send them.
     pub cached_blocks: usize,
+    /// The KV ports that receive (every TP rank of the decode group's DP rank).
+    pub receivers: Vec<usize>,
 }
 
 /// The prefill rank sent (or failed to send) a transfer's KV and released it.

@@ -86,6 +86,8 @@ impl Handler<Prefilled> for KvTransfer {
             req: id,
             src_rank: self.table.slots[m.src].rank,
             dst_rank: self.table.slots[dst].rank,
+            sender: m.sender,
+            receivers: Vec::new(),
             prompt_len: m.ctx.prompt.len(),
             blocks: Vec::new(),
             cached_blocks: 0,
@@ -127,6 +129,7 @@ impl Handler<Reserved> for KvTransfer {
         }
         o.ticket.blocks = m.blocks;
         o.ticket.cached_blocks = m.cached_blocks;
+        o.ticket.receivers = m.receivers;
         let cmd = RankCmd::SendKv { ticket: o.ticket.clone() };
         if !self.table.send_to(o.src, o.src_inc, cmd) {
             self.fail(m.id, "rank_failed", "the prefill rank is gone".into());

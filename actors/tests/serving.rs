@@ -4,6 +4,7 @@
 
 mod common;
 
+use cleave_actors::config::DeployConfig;
 use cleave_actors::{ActorError, Route};
 use common::*;
 use futures::future::join_all;
@@ -16,8 +17,8 @@ fn prompts() -> Vec<Vec<u32>> {
     vec![prompt(7, 1), prompt(40, 2), prompt(300, 3), prompt(64, 4), prompt(611, 5), prompt(256, 6)]
 }
 
-async fn run_all(cfg_name: &str) -> (Vec<Outcome>, String) {
-    let c = start(config(cfg_name, |_| {}));
+async fn run_all(cfg_name: &str, edit: impl FnOnce(&mut DeployConfig)) -> (Vec<Outcome>, String) {
+    let c = start(config(cfg_name, edit));
     let streams = join_all(prompts().into_iter().map(|p| c.submit(p, greedy(MAX_TOKENS)))).await;
     let outs = join_all(streams.into_iter().map(|s| collect(s.expect("submitted")))).await;
     assert_no_leaks(&c);
@@ -27,9 +28,22 @@ async fn run_all(cfg_name: &str) -> (Vec<Outcome>, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outputs_match_the_engine_in_colocated_1p1d_2p2d_and_parallel_groups() {
     let want = reference(&prompts(), MAX_TOKENS);
-    let cfgs = [("cpu-colocated.yaml", 0.0), ("cpu-tiny.yaml", 3.0), ("cpu-2p2d.yaml", 3.0), ("cpu-groups.yaml", 3.0)];
-    for (cfg, long_routes) in cfgs {
-        let (got, metrics) = run_all(cfg).await;
+    // cpu-groups.yaml moves KV from a TP2 prefill group's rank 0 into one rank of a DP2 decode
+    // group; swapped, from either rank of a DP2 prefill group into both ranks of a TP2 decode group.
+    let swap = |c: &mut DeployConfig| {
+        (c.prefill.tensor_parallel_size, c.prefill.data_parallel_size, c.prefill.enable_expert_parallel) = (1, 2, true);
+        (c.decode.tensor_parallel_size, c.decode.data_parallel_size, c.decode.enable_expert_parallel) = (2, 1, false);
+    };
+    type Edit<'a> = &'a dyn Fn(&mut DeployConfig);
+    let cfgs: [(&str, f64, Edit); 5] = [
+        ("cpu-colocated.yaml", 0.0, &|_| {}),
+        ("cpu-tiny.yaml", 3.0, &|_| {}),
+        ("cpu-2p2d.yaml", 3.0, &|_| {}),
+        ("cpu-groups.yaml", 3.0, &|_| {}),
+        ("cpu-groups.yaml", 3.0, &swap),
+    ];
+    for (cfg, long_routes, edit) in cfgs {
+        let (got, metrics) = run_all(cfg, edit).await;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.error, None, "{cfg} prompt {i}");
             assert_eq!(g.tokens, w.tokens, "{cfg} prompt {i}: tokens differ from the engine's");

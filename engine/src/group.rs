@@ -7,29 +7,68 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
+use crate::kv_port::{KvPort, PortMaker};
 use crate::parallel::{ParallelConfig, RankCoord};
 use crate::runner::{ModelRunner, RankOutput, StepPlan};
 
 /// Builds rank `coord`'s runner; called on that rank's own thread.
 pub type RunnerFactory<B> = dyn Fn(RankCoord) -> Result<ModelRunner<B>> + Send + Sync;
 
+/// `make`, with each rank's KV port attached (made on the rank's thread, over its backend).
+pub fn with_ports<B: Backend + 'static>(
+    make: Arc<RunnerFactory<B>>,
+    ports: Arc<PortMaker<B>>,
+) -> Arc<RunnerFactory<B>> {
+    Arc::new(move |coord: RankCoord| {
+        let mut runner = make(coord)?;
+        let port = ports(coord, runner.backend())?;
+        runner.set_port(port);
+        Ok(runner)
+    })
+}
+
+/// A KV move on one rank's port (see [`crate::kv_port::KvPort`]).
+enum KvCmd {
+    Send { blocks: Vec<u32>, dst_blocks: Vec<u32>, dsts: Vec<usize>, req: u64, deadline: Instant },
+    Poll { blocks: Vec<u32>, src: usize, req: u64, deadline: Instant },
+    Cancel { src: usize, req: u64 },
+}
+
+impl KvCmd {
+    fn run<B: Backend>(self, runner: &mut ModelRunner<B>) -> Result<Option<u64>> {
+        match self {
+            KvCmd::Send { blocks, dst_blocks, dsts, req, deadline } => {
+                runner.send_kv(&blocks, &dst_blocks, &dsts, req, deadline).map(Some)
+            }
+            KvCmd::Poll { blocks, src, req, deadline } => runner.poll_kv(&blocks, src, req, deadline),
+            KvCmd::Cancel { src, req } => {
+                runner.cancel_kv(src, req);
+                Ok(None)
+            }
+        }
+    }
+}
+
 enum Cmd {
     Execute(Arc<StepPlan>),
     Export(Vec<u32>),
     Import(Vec<u32>, Arc<Vec<f32>>),
+    Kv(KvCmd),
     /// Fault injection: panic inside the next step.
     ArmPanic,
 }
 
 enum Reply {
-    /// Loaded, with this many cache blocks.
-    Loaded(usize),
+    /// Loaded, with this many cache blocks and its KV port's rank id.
+    Loaded(usize, Option<usize>),
     Output(Option<RankOutput>),
     Exported(Vec<f32>),
     Imported,
+    Kv(Option<u64>),
     Armed,
 }
 
@@ -72,11 +111,13 @@ fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd
             return;
         }
     };
-    if tx.send(Ok(Reply::Loaded(runner.num_blocks()))).is_err() {
+    if tx.send(Ok(Reply::Loaded(runner.num_blocks(), runner.port_rank()))).is_err() {
         return;
     }
     let mut armed = false;
     while let Ok(cmd) = rx.recv() {
+        // Only a failed step leaves the group's collectives out of step; a failed KV move does not.
+        let step = matches!(cmd, Cmd::Execute(_));
         let r = guarded(rank, || match cmd {
             Cmd::Execute(_) if std::mem::take(&mut armed) => panic!("injected fault: rank {rank} panics in a step"),
             Cmd::Execute(plan) => runner.execute(&plan).map(Reply::Output),
@@ -86,8 +127,9 @@ fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd
             }
             Cmd::Export(blocks) => runner.export_blocks(&blocks).map(Reply::Exported),
             Cmd::Import(blocks, data) => runner.import_blocks(&blocks, &data).map(|()| Reply::Imported),
+            Cmd::Kv(kv) => kv.run(&mut runner).map(Reply::Kv),
         });
-        if let Err(e) = &r {
+        if let (Err(e), true) = (&r, step) {
             runner.abandon(&format!("rank {rank}: {e}"));
         }
         if tx.send(r).is_err() {
@@ -102,6 +144,8 @@ pub struct RankGroup<B: Backend> {
     peers: Vec<Peer>,
     /// The smallest cache of any rank (ranks sized from their free memory may differ).
     num_blocks: usize,
+    /// Each rank's coordinate and KV port id (disaggregated pools), rank 0 first.
+    ports: Vec<(RankCoord, Option<usize>)>,
 }
 
 impl<B: Backend + 'static> RankGroup<B> {
@@ -123,16 +167,20 @@ impl<B: Backend + 'static> RankGroup<B> {
         let local = guarded(0, || make(par.coord(0)));
         let mut failure = local.as_ref().err().map(|e| e.to_string());
         let mut num_blocks = local.as_ref().map_or(0, ModelRunner::num_blocks);
+        let mut ports = vec![(par.coord(0), local.as_ref().ok().and_then(ModelRunner::port_rank))];
         for p in &peers {
             match p.reply() {
-                Ok(Reply::Loaded(n)) => num_blocks = num_blocks.min(n),
+                Ok(Reply::Loaded(n, port)) => {
+                    num_blocks = num_blocks.min(n);
+                    ports.push((p.coord, port));
+                }
                 Ok(_) => {}
                 Err(e) if failure.is_none() => failure = Some(e.to_string()),
                 Err(_) => {}
             }
         }
         match (local, failure) {
-            (Ok(local), None) => Ok(RankGroup { local, peers, num_blocks }),
+            (Ok(local), None) => Ok(RankGroup { local, peers, num_blocks, ports }),
             (Err(e), _) => Err(e),
             (Ok(_), Some(f)) => Err(EngineError::Backend(format!("loading the group failed: {f}"))),
         }
@@ -143,7 +191,83 @@ impl<B: Backend> RankGroup<B> {
     /// A group of one around an already built runner.
     pub fn single(local: ModelRunner<B>) -> Self {
         let num_blocks = local.num_blocks();
-        RankGroup { local, peers: Vec::new(), num_blocks }
+        let ports = vec![(local.coord(), local.port_rank())];
+        RankGroup { local, peers: Vec::new(), num_blocks, ports }
+    }
+
+    /// Gives rank 0 (a group of one's only rank) its KV port.
+    pub fn set_local_port(&mut self, port: Box<dyn KvPort<B>>) {
+        self.ports[0].1 = Some(port.rank());
+        self.local.set_port(port);
+    }
+
+    /// The KV port ids of DP rank `dp`'s TP ranks, in TP order (`None` if any has no port).
+    pub fn port_ranks(&self, dp: usize) -> Option<Vec<usize>> {
+        let mut v: Vec<(usize, Option<usize>)> =
+            self.ports.iter().filter(|(c, _)| c.dp == dp).map(|(c, p)| (c.tp, *p)).collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// Runs `cmd` on the port of the rank at (`dp`, `tp`).
+    fn kv(&mut self, dp: usize, tp: usize, cmd: KvCmd) -> Result<Option<u64>> {
+        let at = self.local.coord();
+        if (at.dp, at.tp) == (dp, tp) {
+            return guarded(0, || cmd.run(&mut self.local));
+        }
+        let p = self
+            .peers
+            .iter()
+            .find(|p| (p.coord.dp, p.coord.tp) == (dp, tp))
+            .ok_or_else(|| EngineError::Backend(format!("the group has no rank at DP {dp}, TP {tp}")))?;
+        p.send(Cmd::Kv(cmd))?;
+        match p.reply()? {
+            Reply::Kv(r) => Ok(r),
+            _ => Err(EngineError::Backend("a rank answered out of turn".into())),
+        }
+    }
+
+    /// Sends `blocks` of DP rank `dp`'s cache from its sampling rank (TP rank 0) to each of `dsts`.
+    pub fn send_kv(
+        &mut self,
+        dp: usize,
+        blocks: &[u32],
+        dst_blocks: &[u32],
+        dsts: &[usize],
+        req: u64,
+        deadline: Instant,
+    ) -> Result<u64> {
+        let cmd = KvCmd::Send {
+            blocks: blocks.to_vec(),
+            dst_blocks: dst_blocks.to_vec(),
+            dsts: dsts.to_vec(),
+            req,
+            deadline,
+        };
+        Ok(self.kv(dp, 0, cmd)?.unwrap_or(0))
+    }
+
+    /// Polls the receive of request `req`'s KV from `src` into `blocks` on the rank at (`dp`, `tp`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn poll_kv(
+        &mut self,
+        dp: usize,
+        tp: usize,
+        blocks: &[u32],
+        src: usize,
+        req: u64,
+        deadline: Instant,
+    ) -> Result<Option<u64>> {
+        self.kv(dp, tp, KvCmd::Poll { blocks: blocks.to_vec(), src, req, deadline })
+    }
+
+    /// Forgets an abandoned receive on every TP rank of DP rank `dp`.
+    pub fn cancel_kv(&mut self, dp: usize, src: usize, req: u64) {
+        for tp in 0..self.parallel().tensor_parallel_size {
+            if let Err(e) = self.kv(dp, tp, KvCmd::Cancel { src, req }) {
+                tracing::warn!(dp, tp, request_id = req, error = %e, "cancelling a KV receive failed");
+            }
+        }
     }
 
     pub fn parallel(&self) -> ParallelConfig {

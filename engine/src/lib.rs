@@ -7,6 +7,7 @@ mod engine;
 pub mod error;
 pub mod group;
 pub mod kv_cache;
+pub mod kv_port;
 pub mod model;
 pub mod parallel;
 pub mod request_check;

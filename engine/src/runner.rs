@@ -4,9 +4,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::backend::{Backend, KvLayout, SampleRow};
 use crate::error::{EngineError, Result};
+use crate::kv_port::KvPort;
 use crate::model::{Model, StepInput};
 use crate::parallel::{Collectives, RankCoord};
 use crate::structured::MaskBoard;
@@ -54,6 +56,10 @@ pub struct CacheSize {
     pub num_blocks: usize,
 }
 
+fn no_port(coord: RankCoord) -> EngineError {
+    EngineError::Config(format!("group rank {} has no KV port (its pool is not disaggregated)", coord.rank()))
+}
+
 /// One rank's model, cache and communicators.
 pub struct ModelRunner<B: Backend> {
     be: B,
@@ -61,6 +67,8 @@ pub struct ModelRunner<B: Backend> {
     cache: B::KvCache,
     num_blocks: usize,
     comm: Option<Box<dyn Collectives<B>>>,
+    /// This rank's end of the KV links between groups (disaggregated serving).
+    port: Option<Box<dyn KvPort<B>>>,
 }
 
 impl<B: Backend> ModelRunner<B> {
@@ -77,7 +85,7 @@ impl<B: Backend> ModelRunner<B> {
             width: mc.latent_dim(),
         };
         let cache = be.alloc_kv_cache(layout)?;
-        Ok(ModelRunner { be, model, cache, num_blocks: size.num_blocks, comm })
+        Ok(ModelRunner { be, model, cache, num_blocks: size.num_blocks, comm, port: None })
     }
 
     /// Loads rank `coord`'s part of the checkpoint in `dir` and allocates its cache.
@@ -109,9 +117,46 @@ impl<B: Backend> ModelRunner<B> {
     pub fn kv_cache(&self) -> &B::KvCache {
         &self.cache
     }
-    /// The backend and the cache, writable (device transports receive straight into it).
-    pub fn backend_and_kv_cache_mut(&mut self) -> (&B, &mut B::KvCache) {
-        (&self.be, &mut self.cache)
+    /// Gives this rank its end of the KV links between groups.
+    pub fn set_port(&mut self, port: Box<dyn KvPort<B>>) {
+        self.port = Some(port);
+    }
+    /// The configured id of this rank's KV port, if it has one.
+    pub fn port_rank(&self) -> Option<usize> {
+        self.port.as_ref().map(|p| p.rank())
+    }
+
+    /// Sends `blocks` of this rank's cache to each of `dsts`, into the blocks `dst_blocks` they
+    /// reserved; the bytes sent to one of them.
+    pub fn send_kv(
+        &mut self,
+        blocks: &[u32],
+        dst_blocks: &[u32],
+        dsts: &[usize],
+        req: u64,
+        deadline: Instant,
+    ) -> Result<u64> {
+        let coord = self.coord();
+        let port = self.port.as_mut().ok_or_else(|| no_port(coord))?;
+        let mut bytes = 0;
+        for &dst in dsts {
+            bytes = port.send(&self.be, &self.cache, blocks, dst_blocks, dst, req, deadline)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Receives request `req`'s KV from rank `src` into `blocks` (see [`KvPort::poll_recv`]).
+    pub fn poll_kv(&mut self, blocks: &[u32], src: usize, req: u64, deadline: Instant) -> Result<Option<u64>> {
+        let coord = self.coord();
+        let port = self.port.as_mut().ok_or_else(|| no_port(coord))?;
+        port.poll_recv(&self.be, &mut self.cache, blocks, src, req, deadline)
+    }
+
+    /// Forgets an abandoned receive.
+    pub fn cancel_kv(&mut self, src: usize, req: u64) {
+        if let Some(p) = self.port.as_mut() {
+            p.cancel(src, req);
+        }
     }
 
     /// Runs this rank's part of `plan`; the sampling ranks return their DP rank's samples.

@@ -82,7 +82,7 @@ impl Gpu {
     /// Runs [`Fp8BlockGemm`] on the stream. [`KernelError::Unsupported`] when this cuBLASLt has no
     /// kernel for it (before 12.9, or not a Hopper GPU, or this output type).
     pub fn gemm_fp8_block(&self, g: &Fp8BlockGemm) -> Result<()> {
-        if g.k % crate::fp8::BLOCK != 0 || g.rows_p % 4 != 0 || g.n % 16 != 0 {
+        if !g.k.is_multiple_of(crate::fp8::BLOCK) || !g.rows_p.is_multiple_of(4) || !g.n.is_multiple_of(16) {
             return Err(KernelError::Invalid(format!(
                 "block-scaled FP8 GEMM needs K % 128 == 0, rows % 4 == 0 and N % 16 == 0 (got K {}, rows {}, N {})",
                 g.k, g.rows_p, g.n

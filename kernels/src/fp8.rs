@@ -52,7 +52,7 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     let (vl, vh) = (m[hi - 1] as f64, m[hi] as f64);
     let hi = hi as u8;
     let d = (a as f64 - vl) - (vh - a as f64);
-    let code = if d < 0.0 || (d == 0.0 && (hi - 1) % 2 == 0) { hi - 1 } else { hi };
+    let code = if d < 0.0 || (d == 0.0 && (hi - 1).is_multiple_of(2)) { hi - 1 } else { hi };
     sign | code
 }
 
@@ -91,7 +91,7 @@ impl ActQuant {
 /// `s = max(amax, AMAX_FLOOR) / 448` and `q = e4m3(x / s)` (an IEEE division, as on the device).
 /// `k` must be a multiple of 128.
 pub fn act_quant(x: &[f32], rows: usize, k: usize) -> ActQuant {
-    assert!(k % BLOCK == 0 && x.len() == rows * k, "act_quant takes [rows, k] with k % 128 == 0");
+    assert!(k.is_multiple_of(BLOCK) && x.len() == rows * k, "act_quant takes [rows, k] with k % 128 == 0");
     let rows_p = padded_rows(rows);
     let kb = k / BLOCK;
     let mut q = vec![0u8; rows_p * k];

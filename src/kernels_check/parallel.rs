@@ -68,7 +68,7 @@ pub fn run(dir: &Path, device: usize) -> Result<usize> {
     Ok(failed)
 }
 
-/// Disaggregation between groups as host-staged transfers do it: each prompt prefilled by
+/// Disaggregation between groups through the host (`Engine::move_prefilled`): each prompt prefilled by
 /// `prefill` (its first token sampled there), its latent KV exported to the host and imported
 /// into the DP rank of `decode` that reserved blocks (every TP rank of it), decoded there.
 fn handoff<B: Backend>(mut prefill: Engine<B>, mut decode: Engine<B>, prompts: &[Vec<u32>]) -> Result<Outputs> {

@@ -1,24 +1,28 @@
 //! CPU ranks: the reference backend, each rank in its own rayon pool (the machine's cores split
-//! between ranks, so a prefill rank does not steal a decode rank's cores), KV moved by memcpy.
+//! between ranks, so a prefill rank does not steal a decode rank's cores), KV moved between the
+//! ranks' threads through host memory ([`MemHub`]), rank to rank as NCCL moves it on GPUs.
+
+use std::sync::Arc;
 
 use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::group::with_ports;
+use cleave_engine::kv_port::{KvPort, MemHub};
 use cleave_engine::model::Model;
 use cleave_engine::Engine;
 
 use super::{RankFactory, RankInfo};
 use crate::error::ActorError;
-use crate::transport::{MemcpyHub, Transport};
 
-/// Builds CPU ranks that exchange KV through one [`MemcpyHub`].
+/// Builds CPU ranks that exchange KV through one [`MemHub`].
 pub struct CpuRankFactory {
-    hub: MemcpyHub,
+    hub: MemHub,
     threads_per_rank: Option<usize>,
 }
 
 impl CpuRankFactory {
     /// A factory whose ranks split the machine's cores evenly.
     pub fn new() -> Self {
-        CpuRankFactory { hub: MemcpyHub::new(), threads_per_rank: None }
+        CpuRankFactory { hub: MemHub::new(), threads_per_rank: None }
     }
 
     /// Fixes the rayon threads of each rank.
@@ -27,8 +31,8 @@ impl CpuRankFactory {
         self
     }
 
-    /// The hub the ranks' transports share (tests check it is empty afterwards).
-    pub fn hub(&self) -> MemcpyHub {
+    /// The hub the ranks' KV ports share (tests check it is empty afterwards).
+    pub fn hub(&self) -> MemHub {
         self.hub.clone()
     }
 
@@ -49,18 +53,25 @@ impl Default for CpuRankFactory {
 impl RankFactory for CpuRankFactory {
     type Backend = CpuBackend;
 
-    fn create(&self, info: &RankInfo) -> Result<(Engine<CpuBackend>, Box<dyn Transport<CpuBackend>>), ActorError> {
+    fn create(&self, info: &RankInfo) -> Result<Engine<CpuBackend>, ActorError> {
         let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
         let tokenizer = Some(info.tokenizer.clone());
-        let engine = if info.parallel.world() == 1 {
+        if info.parallel.world() == 1 {
             let model = Model::load(&CpuBackend, &info.model_dir, info.engine.max_model_len).map_err(load)?;
-            Engine::new(CpuBackend, model, tokenizer, info.engine).map_err(load)?
-        } else {
-            // The group's other ranks are threads of their own (on the global rayon pool).
-            let make = Engine::in_process_runners(info.parallel, &info.model_dir, info.engine, |_| Ok(CpuBackend));
-            Engine::start(info.parallel, make, tokenizer, info.engine).map_err(load)?
-        };
-        Ok((engine, Box::new(self.hub.endpoint())))
+            let mut engine = Engine::new(CpuBackend, model, tokenizer, info.engine).map_err(load)?;
+            engine.set_port(Box::new(self.hub.port(info.rank))).map_err(load)?;
+            return Ok(engine);
+        }
+        // The group's other ranks are threads of their own (on the global rayon pool).
+        let make = Engine::in_process_runners(info.parallel, &info.model_dir, info.engine, |_| Ok(CpuBackend));
+        let (hub, ranks) = (self.hub.clone(), info.group.clone());
+        let make = with_ports(
+            make,
+            Arc::new(move |coord, _: &CpuBackend| {
+                Ok(Box::new(hub.port(ranks[coord.rank()])) as Box<dyn KvPort<CpuBackend>>)
+            }),
+        );
+        Engine::start(info.parallel, make, tokenizer, info.engine).map_err(load)
     }
 
     fn run_thread(&self, info: &RankInfo, body: Box<dyn FnOnce() + Send + '_>) {

@@ -1,21 +1,21 @@
 //! CUDA ranks: the configured rank id is the GPU ordinal. Each rank's thread opens its GPU
-//! (context, streams, kernels), joins the NCCL communicator of every (prefill, decode) pair it
-//! belongs to, loads the model, sizes its KV cache from `kv_cache.gpu_memory_utilization`, and
-//! moves KV over NCCL with the engine's [`KvLink`] protocol. Nothing device-bound leaves the
-//! thread: the factory holds only the pairs' NCCL ids (plain bytes) and the in-process hub.
-//!
-//! When either pool's groups span several GPUs, KV moves through the host instead (the group's
-//! export reads the DP rank's sampling GPU, its import writes every TP rank of the DP rank that
-//! reserved the blocks; one process holds every rank): docs/architecture.md says why.
+//! (context, streams, kernels), loads the model, sizes its KV cache from
+//! `kv_cache.gpu_memory_utilization`, and gets its KV port: the engine's NCCL [`KvLink`]. When
+//! every pool's groups are single GPUs, each (prefill, decode) pair's communicator is joined at
+//! start-up; when a pool has larger groups, a pair's communicator is made at its first transfer
+//! (the sender makes it, the receiver joins on its next poll), from the sampling GPU of the
+//! prefill group's DP rank to every GPU of the decode group's DP rank. Nothing device-bound
+//! leaves its thread: the factory holds only the pairs' NCCL ids (plain bytes) and the hub.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cleave_engine::backend::cuda::collectives::nccl_runners;
 use cleave_engine::backend::cuda::transfer::{KvHub, KvLink};
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
-use cleave_engine::kv_cache::blocks_for;
+use cleave_engine::group::with_ports;
+use cleave_engine::kv_port::KvPort;
 use cleave_engine::model::Model;
 use cleave_engine::Engine;
 use cleave_kernels::nccl::{NcclComm, NcclId};
@@ -23,7 +23,6 @@ use cleave_kernels::nccl::{NcclComm, NcclId};
 use super::{RankFactory, RankInfo};
 use crate::config::{ConfigError, DeployConfig, Dtype};
 use crate::error::ActorError;
-use crate::transport::{MemcpyHub, TransferTicket, Transport, TransportError};
 
 /// Fraction of GPU memory for weights plus KV cache when the config sets neither
 /// `gpu_memory_utilization` nor `num_blocks`.
@@ -36,10 +35,16 @@ fn device_err(message: String) -> ActorError {
 }
 
 /// Builds CUDA ranks that exchange KV over NCCL. One process drives every GPU, one rank thread
-/// per GPU; each (prefill, decode) pair gets a 2-rank communicator at start-up.
+/// per GPU.
 pub struct CudaRankFactory {
+    links: Arc<Links>,
+}
+
+/// What the ranks' KV links share.
+struct Links {
     hub: KvHub,
-    /// One NCCL id per (prefill, decode) pair, sorted: every rank joins its pairs in this order.
+    /// One NCCL id per (prefill, decode) pair joined at start-up, sorted: every rank joins its
+    /// pairs in this order. Empty when a pool has groups larger than one GPU.
     pairs: Vec<((usize, usize), NcclId)>,
     /// Whether each rank opened its GPU (a rank joins a communicator only after its peer did,
     /// so a peer that cannot open its GPU fails the start instead of hanging it).
@@ -47,13 +52,11 @@ pub struct CudaRankFactory {
     opened_cv: Condvar,
     /// Ranks that joined their start-up communicators (a second `create` is a restart).
     started: Mutex<HashSet<usize>>,
-    /// Host-staged transfers, for deployments with multi-GPU groups (no NCCL pairs then).
-    staged: Option<MemcpyHub>,
 }
 
 impl CudaRankFactory {
     /// Checks that the CUDA driver and libraries, a GPU for every rank and (when the deployment
-    /// has prefill ranks) NCCL are present, and makes the pairs' NCCL ids on this thread.
+    /// has prefill ranks) NCCL are present, and makes the start-up pairs' NCCL ids on this thread.
     pub fn new(cfg: &DeployConfig) -> Result<Self, ActorError> {
         let gpus = cleave_kernels::probe().map_err(|why| {
             device_err(format!("cuda ranks need an NVIDIA GPU and its driver, and none is usable here: {why}"))
@@ -66,9 +69,8 @@ impl CudaRankFactory {
             )));
         }
         let grouped = cfg.prefill.parallel().world() > 1 || cfg.decode.parallel().world() > 1;
-        let staged = (grouped && cfg.is_disaggregated()).then(MemcpyHub::new);
         let mut pairs = Vec::new();
-        for &p in cfg.prefill.ranks.iter().filter(|_| staged.is_none()) {
+        for &p in cfg.prefill.ranks.iter().filter(|_| !grouped) {
             for &d in &cfg.decode.ranks {
                 let id = NcclComm::unique_id()
                     .map_err(|e| device_err(format!("the KV transfer between GPUs needs NCCL: {e}")))?;
@@ -76,22 +78,19 @@ impl CudaRankFactory {
             }
         }
         pairs.sort_by_key(|(k, _)| *k);
-        tracing::info!(
-            gpus,
-            pairs = pairs.len(),
-            host_staged = staged.is_some(),
-            "cuda ranks: GPUs found, NCCL ids made"
-        );
-        Ok(CudaRankFactory {
+        tracing::info!(gpus, start_up_pairs = pairs.len(), "cuda ranks: GPUs found, NCCL ids made");
+        let links = Links {
             hub: KvHub::default(),
             pairs,
             opened: Mutex::new(HashMap::new()),
             opened_cv: Condvar::new(),
             started: Mutex::new(HashSet::new()),
-            staged,
-        })
+        };
+        Ok(CudaRankFactory { links: Arc::new(links) })
     }
+}
 
+impl Links {
     fn set_opened(&self, rank: usize, r: Result<(), String>) {
         self.opened.lock().unwrap_or_else(|e| e.into_inner()).insert(rank, r);
         self.opened_cv.notify_all();
@@ -118,14 +117,23 @@ impl CudaRankFactory {
         }
     }
 
-    /// Joins this rank's start-up communicators (first start) or marks the previous
-    /// incarnation's stale (restart).
-    fn link(&self, be: &CudaBackend, rank: usize) -> Result<KvLink, ActorError> {
-        let mut link = KvLink::new(self.hub.clone(), rank);
+    /// A new KV link for GPU `rank`, and whether it is the rank's first (on a restart, the
+    /// previous incarnation's communicators are marked stale: peers re-create them).
+    fn fresh_link(&self, rank: usize) -> (KvLink, bool) {
+        let link = KvLink::new(self.hub.clone(), rank);
         let first = self.started.lock().unwrap_or_else(|e| e.into_inner()).insert(rank);
         if !first {
             link.invalidate_pairs();
             tracing::warn!(rank, "restarted rank: its peers re-create the NCCL communicators on the next transfer");
+        }
+        (link, first)
+    }
+
+    /// GPU `rank`'s KV link: its start-up communicators joined (first start), or those of the
+    /// previous incarnation marked stale (restart).
+    fn link(&self, be: &CudaBackend, rank: usize) -> Result<KvLink, ActorError> {
+        let (mut link, first) = self.fresh_link(rank);
+        if !first {
             return Ok(link);
         }
         for &((src, dst), id) in self.pairs.iter().filter(|((s, d), _)| *s == rank || *d == rank) {
@@ -140,7 +148,7 @@ impl CudaRankFactory {
 impl RankFactory for CudaRankFactory {
     type Backend = CudaBackend;
 
-    fn create(&self, info: &RankInfo) -> Result<(Engine<CudaBackend>, Box<dyn Transport<CudaBackend>>), ActorError> {
+    fn create(&self, info: &RankInfo) -> Result<Engine<CudaBackend>, ActorError> {
         let rank = info.rank;
         let t0 = Instant::now();
         let precision = if info.dtype == Dtype::Float32 { Precision::F32 } else { Precision::Bf16 };
@@ -149,20 +157,17 @@ impl RankFactory for CudaRankFactory {
         }
         let be = match CudaBackend::with_precision(rank, precision) {
             Ok(be) => {
-                self.set_opened(rank, Ok(()));
+                self.links.set_opened(rank, Ok(()));
                 be
             }
             Err(e) => {
                 let m = format!("GPU {rank}: {e}");
-                self.set_opened(rank, Err(m.clone()));
+                self.links.set_opened(rank, Err(m.clone()));
                 return Err(ActorError::Load(m));
             }
         };
         tracing::info!(rank, gpu = %be.gpu().name, ms = t0.elapsed().as_millis() as u64, "GPU open");
-        let transport: Box<dyn Transport<CudaBackend>> = match &self.staged {
-            Some(hub) => Box::new(hub.endpoint()),
-            None => Box::new(NcclTransport { link: self.link(&be, rank)? }),
-        };
+        let link = self.links.link(&be, rank)?;
         let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
         let model = Model::load(&be, &info.model_dir, info.engine.max_model_len).map_err(load)?;
         let mut cfg = info.engine;
@@ -174,25 +179,30 @@ impl RankFactory for CudaRankFactory {
                 .map_err(load)?;
             tracing::info!(rank, fraction, num_blocks = cfg.num_blocks, "KV cache sized from GPU memory");
         }
-        let engine = Engine::new(be, model, Some(info.tokenizer.clone()), cfg).map_err(load)?;
+        let mut engine = Engine::new(be, model, Some(info.tokenizer.clone()), cfg).map_err(load)?;
+        engine.set_port(Box::new(link)).map_err(load)?;
         tracing::info!(rank, pool = info.role.as_str(), ms = t0.elapsed().as_millis() as u64, "cuda rank loaded");
-        Ok((engine, transport))
+        Ok(engine)
     }
 }
 
 impl CudaRankFactory {
-    /// A group over GPUs `info.group`, one thread per GPU with NCCL collectives; its KV moves
-    /// through the host (or nowhere, serving colocated).
-    fn create_group(
-        &self,
-        info: &RankInfo,
-        precision: Precision,
-    ) -> Result<(Engine<CudaBackend>, Box<dyn Transport<CudaBackend>>), ActorError> {
+    /// A group over GPUs `info.group`, one thread per GPU with NCCL collectives and a KV link
+    /// whose communicators are made at the first transfer of each pair.
+    fn create_group(&self, info: &RankInfo, precision: Precision) -> Result<Engine<CudaBackend>, ActorError> {
         let t0 = Instant::now();
         let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
         let fraction = info.gpu_memory_utilization.unwrap_or(DEFAULT_UTILIZATION);
-        let make = nccl_runners(info.parallel, info.group.clone(), &info.model_dir, info.engine, precision, fraction)
+        let gpus = info.group.clone();
+        let make = nccl_runners(info.parallel, gpus.clone(), &info.model_dir, info.engine, precision, fraction)
             .map_err(load)?;
+        let links = self.links.clone();
+        let make = with_ports(
+            make,
+            Arc::new(move |coord, _: &CudaBackend| {
+                Ok(Box::new(links.fresh_link(gpus[coord.rank()]).0) as Box<dyn KvPort<CudaBackend>>)
+            }),
+        );
         let engine = Engine::start(info.parallel, make, Some(info.tokenizer.clone()), info.engine).map_err(load)?;
         tracing::info!(
             gpus = ?info.group,
@@ -201,81 +211,6 @@ impl CudaRankFactory {
             ms = t0.elapsed().as_millis() as u64,
             "cuda group loaded"
         );
-        let transport: Box<dyn Transport<CudaBackend>> = match &self.staged {
-            Some(hub) => Box::new(hub.endpoint()),
-            None => Box::new(NcclTransport { link: KvLink::new(self.hub.clone(), info.rank) }),
-        };
-        Ok((engine, transport))
-    }
-}
-
-/// A rank's endpoint of the NCCL KV transport (the engine's [`KvLink`]).
-struct NcclTransport {
-    link: KvLink,
-}
-
-impl Transport<CudaBackend> for NcclTransport {
-    fn send(&mut self, engine: &Engine<CudaBackend>, t: &TransferTicket) -> Result<u64, TransportError> {
-        let src = t.src_rank;
-        if Instant::now() >= t.deadline {
-            return Err(TransportError::TimedOut(format!(
-                "rank {src}: the transfer's deadline passed before the send"
-            )));
-        }
-        let seq = engine
-            .sequence(t.req)
-            .ok_or_else(|| TransportError::Failed(format!("rank {src} holds no request {}", t.req)))?;
-        if seq.prompt_len != t.prompt_len {
-            return Err(TransportError::Failed(format!(
-                "rank {src} holds {} prompt tokens, the ticket says {}",
-                seq.prompt_len, t.prompt_len
-            )));
-        }
-        let n = blocks_for(seq.prompt_len, engine.config().block_size);
-        if n != t.blocks.len() || seq.blocks.len() < n || t.cached_blocks >= n {
-            return Err(TransportError::Failed(format!(
-                "rank {src} holds {} blocks for {n}, the receiver reserved {}",
-                seq.blocks.len(),
-                t.blocks.len()
-            )));
-        }
-        let runner = engine.local_runner();
-        let t0 = Instant::now();
-        let bytes = self
-            .link
-            .send(
-                runner.backend(),
-                runner.kv_cache(),
-                &seq.blocks[t.cached_blocks..n],
-                t.moving(),
-                t.dst_rank,
-                t.req,
-                t.deadline,
-            )
-            .map_err(|e| TransportError::from_engine(&format!("send from rank {src}"), e))?;
-        tracing::debug!(
-            request_id = t.req,
-            src,
-            dst = t.dst_rank,
-            bytes,
-            us = t0.elapsed().as_micros() as u64,
-            "KV sent"
-        );
-        Ok(bytes)
-    }
-
-    fn poll_recv(
-        &mut self,
-        engine: &mut Engine<CudaBackend>,
-        t: &TransferTicket,
-    ) -> Result<Option<u64>, TransportError> {
-        let (be, cache) = engine.local_runner_mut().backend_and_kv_cache_mut();
-        self.link
-            .poll_recv(be, cache, t.moving(), t.src_rank, t.req, t.deadline)
-            .map_err(|e| TransportError::from_engine(&format!("receive on rank {}", t.dst_rank), e))
-    }
-
-    fn cancel(&mut self, t: &TransferTicket) {
-        self.link.cancel(t.src_rank, t.req);
+        Ok(engine)
     }
 }

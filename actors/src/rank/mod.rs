@@ -23,7 +23,6 @@ use crate::config::{Device, Dtype};
 use crate::error::ActorError;
 use crate::events::{RankEvents, RankExited, RankReady};
 use crate::table::{RankShared, Role};
-use crate::transport::Transport;
 
 /// Everything a factory needs to build one rank, computed by the cluster from the config.
 #[derive(Clone)]
@@ -49,15 +48,14 @@ pub struct RankInfo {
     pub tokenizer: Arc<Tokenizer>,
 }
 
-/// Builds a rank's backend, engine and transport endpoint. Both methods run on the rank's own
-/// thread, so nothing device-bound ever crosses threads.
+/// Builds a rank's backend and engine, its ranks' KV ports attached. Both methods run on the
+/// rank's own thread (a group's other ranks on threads of their own), so nothing device-bound
+/// ever crosses threads.
 pub trait RankFactory: Send + Sync + 'static {
     type Backend: Backend + 'static;
 
-    /// Loads the model and returns the engine and this rank's transport endpoint.
-    #[allow(clippy::type_complexity)]
-    fn create(&self, info: &RankInfo)
-        -> Result<(Engine<Self::Backend>, Box<dyn Transport<Self::Backend>>), ActorError>;
+    /// Loads the model and returns the engine, every rank with its KV port.
+    fn create(&self, info: &RankInfo) -> Result<Engine<Self::Backend>, ActorError>;
 
     /// Wraps the rank's whole life on its thread (a CPU rank runs inside its own rayon pool).
     fn run_thread(&self, info: &RankInfo, body: Box<dyn FnOnce() + Send + '_>) {
@@ -109,9 +107,9 @@ fn run_rank<F: RankFactory>(factory: &F, info: RankInfo, l: Launch) {
             &info,
             Box::new(move || {
                 let r = catch_unwind(AssertUnwindSafe(|| -> Result<(), ActorError> {
-                    let (engine, transport) = factory.create(&info2)?;
+                    let engine = factory.create(&info2)?;
                     *loaded = true;
-                    let mut w = worker::Worker::new(slot, &info2, engine, transport, shared, events.clone());
+                    let mut w = worker::Worker::new(slot, &info2, engine, shared, events.clone());
                     w.publish();
                     events.ready.do_send(RankReady { slot, inc });
                     tracing::info!(rank = info2.rank, pool = info2.role.as_str(), "rank up");

@@ -16,7 +16,7 @@ use crate::error::ActorError;
 use crate::events::{Prefilled, RankEvents, RecvDone, Reserved, SendDone};
 use crate::request::{Emit, ReqCtx, ReqId, OWNER_TRANSFER};
 use crate::table::{RankShared, Role};
-use crate::transport::{TransferTicket, Transport, TransportError};
+use crate::transport::{TransferTicket, TransportError};
 
 /// How long an idle rank blocks on its channel (and so how often it beats).
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -46,7 +46,6 @@ pub(crate) struct Worker<B: Backend> {
     role: Role,
     inc: u64,
     engine: Engine<B>,
-    transport: Box<dyn Transport<B>>,
     shared: Arc<RankShared>,
     events: RankEvents,
     reqs: HashMap<ReqId, Local>,
@@ -56,21 +55,13 @@ pub(crate) struct Worker<B: Backend> {
 }
 
 impl<B: Backend> Worker<B> {
-    pub fn new(
-        slot: usize,
-        info: &RankInfo,
-        engine: Engine<B>,
-        transport: Box<dyn Transport<B>>,
-        shared: Arc<RankShared>,
-        events: RankEvents,
-    ) -> Self {
+    pub fn new(slot: usize, info: &RankInfo, engine: Engine<B>, shared: Arc<RankShared>, events: RankEvents) -> Self {
         Worker {
             slot,
             rank: info.rank,
             role: info.role,
             inc: shared.inc,
             engine,
-            transport,
             shared,
             events,
             reqs: HashMap::new(),
@@ -269,11 +260,13 @@ impl<B: Backend> Worker<B> {
                 self.forget(id);
                 match dst {
                     Some(dst) if ctx.claim(self.inc, OWNER_TRANSFER) => {
+                        let sender = self.engine.kv_sender(id).unwrap_or(self.rank);
                         self.events.prefilled.do_send(Prefilled {
                             ctx,
                             first: token,
                             src: self.slot,
                             src_inc: self.inc,
+                            sender,
                             dst,
                         });
                     }
@@ -297,7 +290,7 @@ impl<B: Backend> Worker<B> {
                 panic!("injected fault: {} rank {} panics in a KV send", self.role.as_str(), self.rank)
             }
             Some(Fault::FailKvSend) => Err(TransportError::Failed("injected transport failure".into())),
-            _ => self.transport.send(&self.engine, &ticket),
+            _ => self.send_kv_now(&ticket),
         };
         self.engine.release(id);
         if let Err(e) = &result {
@@ -306,15 +299,38 @@ impl<B: Backend> Worker<B> {
         self.events.sent.do_send(SendDone { id, src_inc: self.inc, result });
     }
 
+    fn send_kv_now(&mut self, t: &TransferTicket) -> Result<u64, TransportError> {
+        if Instant::now() >= t.deadline {
+            return Err(TransportError::TimedOut(format!(
+                "rank {}: the transfer's deadline passed before the send",
+                self.rank
+            )));
+        }
+        let t0 = Instant::now();
+        let bytes = self
+            .engine
+            .send_kv(t.req, t.prompt_len, t.cached_blocks, t.moving(), &t.receivers, t.deadline)
+            .map_err(|e| TransportError::from_engine(&format!("send from rank {}", self.rank), e))?;
+        tracing::debug!(
+            request_id = t.req,
+            sender = t.sender,
+            receivers = ?t.receivers,
+            bytes,
+            us = t0.elapsed().as_micros() as u64,
+            "KV sent"
+        );
+        Ok(bytes)
+    }
+
     fn report_recv(&self, id: ReqId, result: Result<u64, TransportError>) {
         self.events.received.do_send(RecvDone { id, dst_inc: self.inc, result });
     }
 
     fn drop_incoming(&mut self, i: &Incoming) {
         if i.reserved {
+            self.engine.cancel_kv(i.ticket.moving(), i.ticket.sender, i.ticket.req);
             self.engine.unreserve_blocks(&i.ticket.blocks);
         }
-        self.transport.cancel(&i.ticket);
     }
 
     /// Reserves blocks for, and receives, incoming transfers.
@@ -335,11 +351,22 @@ impl<B: Backend> Worker<B> {
                     i.reserved = true;
                     i.ticket.blocks = blocks.clone();
                     i.ticket.cached_blocks = cached_blocks;
-                    self.events.reserved.do_send(Reserved { id, dst_inc: self.inc, blocks, cached_blocks });
+                    match self.engine.kv_receivers(&blocks) {
+                        Ok(receivers) => {
+                            i.ticket.receivers = receivers.clone();
+                            let r = Reserved { id, dst_inc: self.inc, blocks, cached_blocks, receivers };
+                            self.events.reserved.do_send(r);
+                            continue;
+                        }
+                        Err(e) => TransportError::Failed(format!("rank {}: {e}", self.rank)),
+                    }
+                } else {
+                    continue;
                 }
-                continue;
             } else {
-                match self.transport.poll_recv(&mut self.engine, &i.ticket) {
+                let t = &i.ticket;
+                let polled = self.engine.poll_kv(t.moving(), t.sender, t.req, t.deadline);
+                match polled.map_err(|e| TransportError::from_engine(&format!("receive on rank {}", self.rank), e)) {
                     Ok(None) => continue,
                     Ok(Some(bytes)) => {
                         let i = self.incoming.remove(&id).expect("listed id");

@@ -1,10 +1,13 @@
 //! KV blocks across a group's DP ranks, for transfers: the group's block ids number the DP ranks'
 //! caches one after another (`dp * num_blocks + block`), so a reservation names its DP rank.
 
+use std::time::Instant;
+
 use super::{Engine, ReqState, Request};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::kv_cache::blocks_for;
+use crate::kv_port::KvPort;
 use crate::scheduler::SeqId;
 
 impl<B: Backend> Engine<B> {
@@ -36,6 +39,93 @@ impl<B: Backend> Engine<B> {
         Ok((seq.prompt_len, self.group.export_blocks(dp, &seq.blocks[skip..n])?))
     }
 
+    /// Gives a group of one its KV port (a group's ranks get theirs from its runner factory).
+    pub fn set_port(&mut self, port: Box<dyn KvPort<B>>) -> Result<()> {
+        if self.group.parallel().world() > 1 {
+            return Err(EngineError::Config("a group's KV ports come from its runner factory".into()));
+        }
+        self.group.set_local_port(port);
+        Ok(())
+    }
+
+    /// The KV port id of the rank that sends held request `id`'s KV (the sampling rank of its DP
+    /// rank).
+    pub fn kv_sender(&self, id: SeqId) -> Option<usize> {
+        let dp = *self.placed.get(&id)?;
+        self.group.port_ranks(dp)?.first().copied()
+    }
+
+    /// The KV port ids of the ranks that receive into `blocks` (group ids, as reserved): every
+    /// TP rank of their DP rank.
+    pub fn kv_receivers(&self, blocks: &[u32]) -> Result<Vec<usize>> {
+        let (dp, _) = self.to_local(blocks)?;
+        self.group.port_ranks(dp).ok_or_else(|| EngineError::Config(format!("DP rank {dp}'s ranks have no KV ports")))
+    }
+
+    /// Sends held request `id`'s prompt KV from its block `skip` on into `dst_blocks` (the
+    /// receiver's reserved blocks it does not cache) of each rank of `dsts`. `prompt_len` is the
+    /// sender's view of the prompt, checked against what this group holds.
+    pub fn send_kv(
+        &mut self,
+        id: SeqId,
+        prompt_len: usize,
+        skip: usize,
+        dst_blocks: &[u32],
+        dsts: &[usize],
+        deadline: Instant,
+    ) -> Result<u64> {
+        let missing = || EngineError::InvalidRequest(format!("no sequence {id} to send"));
+        let dp = *self.placed.get(&id).ok_or_else(missing)?;
+        let seq = self.scheds[dp].get(id).ok_or_else(missing)?;
+        let n = blocks_for(seq.prompt_len, self.cfg.block_size);
+        if seq.prompt_len != prompt_len || skip >= n.max(1) || n - skip != dst_blocks.len() || seq.blocks.len() < n {
+            return Err(EngineError::InvalidRequest(format!(
+                "sequence {id} holds {} prompt tokens in {} blocks; the transfer names {prompt_len} tokens, skips {skip} \
+                 blocks and reserved {}",
+                seq.prompt_len,
+                seq.blocks.len(),
+                dst_blocks.len()
+            )));
+        }
+        let blocks = seq.blocks[skip..n].to_vec();
+        self.group.send_kv(dp, &blocks, dst_blocks, dsts, id, deadline)
+    }
+
+    /// Polls an incoming transfer into `blocks` (group ids, the reserved ones the sender does not
+    /// skip) from port `src`: `Some(bytes)` once every TP rank of their DP rank holds its copy.
+    pub fn poll_kv(&mut self, blocks: &[u32], src: usize, req: u64, deadline: Instant) -> Result<Option<u64>> {
+        let (dp, local) = self.to_local(blocks)?;
+        let tp_size = self.group.parallel().tensor_parallel_size;
+        let mut done = self.receiving.remove(&req).unwrap_or_else(|| vec![false; tp_size]);
+        let mut bytes = None;
+        for (tp, d) in done.iter_mut().enumerate().filter(|(_, d)| !**d) {
+            match self.group.poll_kv(dp, tp, &local, src, req, deadline) {
+                Ok(Some(b)) => {
+                    *d = true;
+                    bytes = Some(b);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.group.cancel_kv(dp, src, req);
+                    return Err(e);
+                }
+            }
+        }
+        if done.iter().all(|&d| d) {
+            return Ok(Some(bytes.unwrap_or(0)));
+        }
+        self.receiving.insert(req, done);
+        Ok(None)
+    }
+
+    /// Forgets an abandoned incoming transfer into `blocks` from port `src` on every rank.
+    pub fn cancel_kv(&mut self, blocks: &[u32], src: usize, req: u64) {
+        self.receiving.remove(&req);
+        if let Ok((dp, _)) = self.to_local(blocks) {
+            self.group.cancel_kv(dp, src, req);
+        }
+    }
+
     /// Frees a held (transferred) request.
     pub fn release(&mut self, id: SeqId) -> bool {
         self.abort(id)
@@ -61,10 +151,10 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Moves held prefilled request `r` (first token `first`) to `dst` through host memory, as a
-    /// host-staged transfer does: `dst` reserves blocks (sharing its cached prefix), the blocks
-    /// it does not cache are copied, `dst` admits the request and this engine releases it.
-    /// Returns the bytes copied.
+    /// Moves held prefilled request `r` (first token `first`) to `dst` through host memory (for
+    /// groups whose rank threads share one GPU, which NCCL cannot link): `dst` reserves blocks
+    /// (sharing its cached prefix), the blocks it does not cache are copied, `dst` admits the
+    /// request and this engine releases it. Returns the bytes copied.
     pub fn move_prefilled(&mut self, dst: &mut Engine<B>, r: Request, first: u32) -> Result<usize> {
         let id = r.id;
         let (blocks, cached) = dst

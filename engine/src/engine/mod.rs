@@ -134,6 +134,8 @@ pub struct Engine<B: Backend> {
     started: Vec<SeqId>,
     /// Structured-output compiler, built at the first constrained request.
     guides: std::sync::OnceLock<Arc<crate::structured::GuideCompiler>>,
+    /// Incoming KV transfers in progress: which TP ranks of the receiving DP rank have their copy.
+    receiving: HashMap<u64, Vec<bool>>,
 }
 
 fn check_limits(cfg: &EngineConfig, max_len: usize) -> Result<()> {
@@ -258,6 +260,7 @@ impl<B: Backend> Engine<B> {
             cfg,
             started: Vec::new(),
             guides: std::sync::OnceLock::new(),
+            receiving: HashMap::new(),
         })
     }
 

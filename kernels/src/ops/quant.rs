@@ -158,7 +158,7 @@ impl Gpu {
     /// [`Gpu::gemm_fp8_block`]).
     pub fn qbytes_fp8(&self, w: &QWeights, out: u64) -> Result<()> {
         let s = w.shape;
-        if s.format != QFormat::Fp8E4m3 || s.k % 4 != 0 {
+        if s.format != QFormat::Fp8E4m3 || !s.k.is_multiple_of(4) {
             return Err(KernelError::Invalid(format!("qbytes_fp8 takes FP8 weights with K % 4 == 0 (K {})", s.k)));
         }
         let args = [Ptr(w.words), Ptr(out), I32(s.n as i32), I32(s.k as i32), I32(s.np() as i32), I32(s.kp() as i32)];
@@ -169,7 +169,7 @@ impl Gpu {
     /// is the reference): e4m3 `[rows_p, k]` at `q`, token-major f32 scales `[k / 128, rows_p]` at
     /// `scales`, `rows_p = fp8::padded_rows(rows)`.
     pub fn act_quant_fp8(&self, x: u64, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
-        if k % crate::fp8::BLOCK != 0 {
+        if !k.is_multiple_of(crate::fp8::BLOCK) {
             return Err(KernelError::Invalid(format!("act_quant_fp8 needs K % 128 == 0 (K {k})")));
         }
         let rows_p = crate::fp8::padded_rows(rows);

@@ -21,7 +21,7 @@ pub struct QuantWeight {
     zeros: CudaSlice<u32>,
     /// One FP8 matrix's scales per 128 x 128 block in cuBLASLt's layout, when its scales are
     /// uniform over such blocks and its shape suits the block-scaled GEMM (the prefill path).
-    block_scales: Option<CudaSlice<f32>>,
+    block_scales: Option<Box<CudaSlice<f32>>>,
     pub shape: QShape,
 }
 
@@ -40,7 +40,7 @@ impl QuantWeight {
         QWeights { shape: self.shape, words: ptr(&self.words), scales: ptr(&self.scales), zeros: ptr(&self.zeros) }
     }
     pub fn block_scales(&self) -> Option<u64> {
-        self.block_scales.as_ref().map(|b| ptr(b))
+        self.block_scales.as_deref().map(ptr)
     }
 }
 
@@ -135,7 +135,7 @@ fn block_scales(parts: &[Host], stacking: Stacking) -> Option<Vec<f32>> {
     let (k, group) = (parts[0].k, parts[0].group);
     let at = stacked_rows(parts, stacking);
     let n = at.len();
-    if group != BLOCK || k % BLOCK != 0 || n % 16 != 0 {
+    if group != BLOCK || !k.is_multiple_of(BLOCK) || !n.is_multiple_of(16) {
         return None;
     }
     let ld = fp8::weight_scale_ld(k);
@@ -193,7 +193,7 @@ pub(super) fn upload(
                 let dev = gpu.alloc::<f32>(b.len()).map_err(kerr)?;
                 gpu.htod(&b, ptr(&dev)).map_err(kerr)?;
                 gpu.sync().map_err(kerr)?;
-                blocks = Some(dev);
+                blocks = Some(Box::new(dev));
             }
             let e = c * 16 + i;
             gpu.htod(&p.words, ptr(&words) + (e * shape.words_per_matrix() * 4) as u64).map_err(kerr)?;

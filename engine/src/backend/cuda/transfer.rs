@@ -343,3 +343,38 @@ impl Drop for KvLink {
         }
     }
 }
+
+impl crate::kv_port::KvPort<CudaBackend> for KvLink {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn send(
+        &mut self,
+        be: &CudaBackend,
+        cache: &CudaKvCache,
+        blocks: &[u32],
+        dst_blocks: &[u32],
+        dst: usize,
+        req: u64,
+        deadline: Instant,
+    ) -> Result<u64> {
+        KvLink::send(self, be, cache, blocks, dst_blocks, dst, req, deadline)
+    }
+
+    fn poll_recv(
+        &mut self,
+        be: &CudaBackend,
+        cache: &mut CudaKvCache,
+        blocks: &[u32],
+        src: usize,
+        req: u64,
+        deadline: Instant,
+    ) -> Result<Option<u64>> {
+        KvLink::poll_recv(self, be, cache, blocks, src, req, deadline)
+    }
+
+    fn cancel(&mut self, src: usize, req: u64) {
+        KvLink::cancel(self, src, req)
+    }
+}
