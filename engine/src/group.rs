@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
-use crate::kv_port::{KvPort, PortMaker};
+use crate::kv_port::{KvPort, MemHub, PortMaker};
 use crate::parallel::{ParallelConfig, RankCoord};
 use crate::runner::{ModelRunner, RankOutput, StepPlan};
 
@@ -55,8 +55,8 @@ impl KvCmd {
 
 enum Cmd {
     Execute(Arc<StepPlan>),
-    Export(Vec<u32>),
-    Import(Vec<u32>, Arc<Vec<f32>>),
+    /// Gives the rank a port on an in-process hub, with this id.
+    Link(MemHub, usize),
     Kv(KvCmd),
     /// Fault injection: panic inside the next step.
     ArmPanic,
@@ -66,8 +66,7 @@ enum Reply {
     /// Loaded, with this many cache blocks and its KV port's rank id.
     Loaded(usize, Option<usize>),
     Output(Option<RankOutput>),
-    Exported(Vec<f32>),
-    Imported,
+    Linked,
     Kv(Option<u64>),
     Armed,
 }
@@ -125,8 +124,10 @@ fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd
                 armed = true;
                 Ok(Reply::Armed)
             }
-            Cmd::Export(blocks) => runner.export_blocks(&blocks).map(Reply::Exported),
-            Cmd::Import(blocks, data) => runner.import_blocks(&blocks, &data).map(|()| Reply::Imported),
+            Cmd::Link(hub, id) => {
+                runner.set_port(Box::new(hub.port(id)));
+                Ok(Reply::Linked)
+            }
             Cmd::Kv(kv) => kv.run(&mut runner).map(Reply::Kv),
         });
         if let (Err(e), true) = (&r, step) {
@@ -335,10 +336,6 @@ impl<B: Backend> RankGroup<B> {
             .collect()
     }
 
-    fn sampler_of(&self, dp: usize) -> Option<&Peer> {
-        self.peers.iter().find(|p| p.coord.dp == dp && p.coord.samples())
-    }
-
     /// Fault injection: group rank `rank` (1.., a rank on its own thread) panics inside the next
     /// step, which fails that step on every rank as a real failure would.
     pub fn arm_panic(&self, rank: usize) -> Result<()> {
@@ -352,33 +349,23 @@ impl<B: Backend> RankGroup<B> {
         }
     }
 
-    /// Blocks of DP rank `dp`'s cache (TP ranks hold the same latents, so its sampling rank's).
-    pub fn export_blocks(&self, dp: usize, blocks: &[u32]) -> Result<Vec<f32>> {
-        if dp == 0 {
-            return self.local.export_blocks(blocks);
+    /// Gives every rank a port on the in-process hub `hub`, with id `base` + its group rank
+    /// (ranks that are threads of this process: tests and checks).
+    pub fn link_in_process(&mut self, hub: &MemHub, base: usize) -> Result<()> {
+        for p in &self.peers {
+            p.send(Cmd::Link(hub.clone(), base + p.coord.rank()))?;
         }
-        let p = self.sampler_of(dp).ok_or_else(|| EngineError::Backend(format!("no DP rank {dp}")))?;
-        p.send(Cmd::Export(blocks.to_vec()))?;
-        match p.reply()? {
-            Reply::Exported(v) => Ok(v),
-            _ => Err(EngineError::Backend("a rank answered out of turn".into())),
-        }
-    }
-
-    /// Writes blocks into every TP rank of DP rank `dp`.
-    pub fn import_blocks(&mut self, dp: usize, blocks: &[u32], data: &[f32]) -> Result<()> {
-        let data = Arc::new(data.to_vec());
-        let targets: Vec<&Peer> = self.peers.iter().filter(|p| p.coord.dp == dp).collect();
-        for p in &targets {
-            p.send(Cmd::Import(blocks.to_vec(), data.clone()))?;
-        }
-        let mut result = if dp == 0 { self.local.import_blocks(blocks, &data) } else { Ok(()) };
-        for p in targets {
+        self.local.set_port(Box::new(hub.port(base)));
+        let mut result = Ok(());
+        for p in &self.peers {
             match p.reply() {
-                Ok(Reply::Imported) => {}
+                Ok(Reply::Linked) => {}
                 Ok(_) => result = result.and(Err(EngineError::Backend("a rank answered out of turn".into()))),
                 Err(e) => result = result.and(Err(e)),
             }
+        }
+        for (c, id) in &mut self.ports {
+            *id = Some(base + c.rank());
         }
         result
     }

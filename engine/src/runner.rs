@@ -197,16 +197,6 @@ impl<B: Backend> ModelRunner<B> {
         Ok(Some(RankOutput { device, host }))
     }
 
-    /// Copies whole blocks (all layers) out of the cache.
-    pub fn export_blocks(&self, blocks: &[u32]) -> Result<Vec<f32>> {
-        self.be.export_blocks(&self.cache, blocks)
-    }
-
-    /// Writes exported blocks into `blocks`.
-    pub fn import_blocks(&mut self, blocks: &[u32], data: &[f32]) -> Result<()> {
-        self.be.import_blocks(&mut self.cache, blocks, data)
-    }
-
     /// Makes the group's pending and future collectives fail at once (this rank failed).
     pub fn abandon(&self, why: &str) {
         if let Some(c) = &self.comm {

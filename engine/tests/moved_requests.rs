@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::kv_port::MemHub;
 use cleave_engine::{Engine, EngineConfig, Request, SamplingParams, TokenOutput};
 
 fn engine() -> Engine<CpuBackend> {
@@ -40,9 +41,12 @@ fn text(out: &[TokenOutput]) -> (Vec<u32>, String) {
     (out.iter().map(|t| t.token).collect(), out.iter().map(|t| t.text.as_str()).collect())
 }
 
-/// Prefill on one engine, move the KV, decode on another.
+/// Prefill on one engine, move the KV over in-process ports, decode on another.
 fn transferred(p: &[u32], params: &SamplingParams) -> Vec<TokenOutput> {
     let (mut a, mut b) = (engine(), engine());
+    let hub = MemHub::new();
+    a.link_in_process(&hub, 0).unwrap();
+    b.link_in_process(&hub, 1).unwrap();
     a.add_request(req(p, params, true)).unwrap();
     let mut out = Vec::new();
     while out.is_empty() {

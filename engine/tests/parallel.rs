@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::{Engine, EngineConfig, ParallelConfig};
+use cleave_engine::kv_port::MemHub;
+use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
 use serde_json::Value;
 
 fn models() -> PathBuf {
@@ -149,4 +150,59 @@ fn layouts_that_do_not_divide_the_model_are_refused_with_the_reason() {
     assert!(e.contains("AWQ group size 128"), "{e}");
     let e = err(layout(0, 1, false));
     assert!(e.contains("tensor_parallel_size must be at least 1"), "{e}");
+}
+
+/// Prefills every prompt on `prefill`, moves each request's KV to `decode` over the groups'
+/// in-process ports (sampling rank of the holding DP rank -> every TP rank of the receiving DP
+/// rank), decodes it there.
+fn handed_off(mut prefill: Engine<CpuBackend>, mut decode: Engine<CpuBackend>, exp: &Expected) -> Outputs {
+    let hub = MemHub::new();
+    prefill.link_in_process(&hub, 0).unwrap();
+    decode.link_in_process(&hub, 10).unwrap();
+    let mut out: Outputs = vec![Vec::new(); exp.prompts.len()];
+    let req = |i: usize, prefill_only| Request {
+        id: i as u64,
+        prompt: exp.prompts[i].clone(),
+        params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(exp.ids[i].len()) },
+        prefill_only,
+    };
+    for i in 0..exp.prompts.len() {
+        prefill.add_request(req(i, true)).unwrap();
+    }
+    while prefill.has_work() {
+        for o in prefill.step().unwrap() {
+            let i = o.id as usize;
+            out[i].push((o.token, o.logprob));
+            prefill.move_prefilled(&mut decode, req(i, false), o.token).unwrap();
+        }
+    }
+    while decode.has_work() {
+        for o in decode.step().unwrap() {
+            out[o.id as usize].push((o.token, o.logprob));
+        }
+    }
+    assert_eq!((prefill.stats().used_blocks, decode.stats().used_blocks), (0, 0), "blocks leaked");
+    assert_eq!(hub.pending(), 0, "a parcel was left behind");
+    out
+}
+
+#[test]
+fn kv_moves_between_groups_of_any_shape_decode_as_one_rank_does() {
+    let dir = models().join("golden/bf16-qlora");
+    let exp = golden("bf16-qlora");
+    let one = generate(Engine::load(CpuBackend, &dir, cfg()).unwrap(), &exp);
+    let load = |par| Engine::load_parallel(par, &dir, cfg(), |_| Ok(CpuBackend)).unwrap();
+    // DP senders (either DP rank holds a request) into a TP receiver (both ranks need the KV),
+    // and a TP sender into DP + EP receivers.
+    for (p, d) in [(layout(1, 2, true), layout(2, 1, false)), (layout(2, 1, false), layout(1, 2, true))] {
+        let got = handed_off(load(p), load(d), &exp);
+        for (i, (a, b)) in one.iter().zip(&got).enumerate() {
+            let ids = |v: &Vec<(u32, f32)>| v.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(b.len(), exp.ids[i].len(), "{p:?} -> {d:?} prompt {i}: every token");
+            assert_eq!(ids(a), ids(b), "{p:?} -> {d:?} prompt {i}: ids against one rank");
+            for (x, y) in a.iter().zip(b) {
+                assert!((x.1 - y.1).abs() < 1e-4, "{p:?} -> {d:?} prompt {i}: logprob {} vs {}", y.1, x.1);
+            }
+        }
+    }
 }

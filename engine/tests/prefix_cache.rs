@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::kv_port::MemHub;
 use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams, TokenOutput};
 
 fn dir() -> PathBuf {
@@ -132,6 +133,9 @@ fn prefill_then_move(p: &mut Engine<CpuBackend>, d: &mut Engine<CpuBackend>, r: 
 #[test]
 fn a_transfer_moves_only_the_blocks_the_decode_side_does_not_cache() {
     let (mut p, mut d) = (engine(true, 128), engine(true, 128));
+    let hub = MemHub::new();
+    p.link_in_process(&hub, 0).unwrap();
+    d.link_in_process(&hub, 1).unwrap();
     let (first, bytes1) = prefill_then_move(&mut p, &mut d, req(1, prompt(0, 1), 10, false));
     let (second, bytes2) = prefill_then_move(&mut p, &mut d, req(2, prompt(0, 2), 10, false));
     assert_eq!(second[0].cached_tokens, 192, "the prefill side skipped the cached prefix");

@@ -2,8 +2,8 @@
 //! layouts run as rank threads that each open GPU 0 with in-process collectives (staged through
 //! the host): sharded loading, head and expert slices, the MoE exchange and empty DP ranks on the
 //! CUDA kernels, against one rank at float32; a prompt's KV handed from a TP group to a DP group
-//! through the host (the path of transfers between GPU groups). Then a one-rank NCCL
-//! communicator's all-reduce.
+//! over in-process ports (the engine path of transfers between GPU groups, host copies instead of
+//! NCCL). Then a one-rank NCCL communicator's all-reduce.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -63,15 +63,19 @@ pub fn run(dir: &Path, device: usize) -> Result<usize> {
         Engine::load_parallel(dp2, dir, cfg(), open)?,
         &prompts,
     )?;
-    failed += usize::from(!verdict("prefill on tp 2, KV through the host into dp 2 + ep, decode there", &one, &got));
+    failed += usize::from(!verdict("prefill on tp 2, KV over ports into dp 2 + ep, decode there", &one, &got));
     failed += usize::from(!nccl_world_of_one(device)?);
     Ok(failed)
 }
 
-/// Disaggregation between groups through the host (`Engine::move_prefilled`): each prompt prefilled by
-/// `prefill` (its first token sampled there), its latent KV exported to the host and imported
-/// into the DP rank of `decode` that reserved blocks (every TP rank of it), decoded there.
+/// Disaggregation between groups as a KV transfer between pools runs it (`Engine::move_prefilled`
+/// over in-process ports, since NCCL cannot link two ranks on one GPU): each prompt prefilled by
+/// `prefill` (its first token sampled there), its latent KV sent by the sampling rank of the DP
+/// rank holding it to every TP rank of the DP rank of `decode` that reserved blocks, decoded there.
 fn handoff<B: Backend>(mut prefill: Engine<B>, mut decode: Engine<B>, prompts: &[Vec<u32>]) -> Result<Outputs> {
+    let hub = cleave_engine::kv_port::MemHub::new();
+    prefill.link_in_process(&hub, 0)?;
+    decode.link_in_process(&hub, 100)?;
     let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(24) };
     let mut out: Outputs = vec![Vec::new(); prompts.len()];
     for (i, p) in prompts.iter().enumerate() {

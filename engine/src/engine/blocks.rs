@@ -1,14 +1,19 @@
 //! KV blocks across a group's DP ranks, for transfers: the group's block ids number the DP ranks'
-//! caches one after another (`dp * num_blocks + block`), so a reservation names its DP rank.
+//! caches one after another (`dp * num_blocks + block`), so a reservation names its DP rank. A
+//! transfer between groups runs on the ranks' KV ports (`crate::kv_port`): the sampling rank of
+//! the sending DP rank sends to every TP rank of the receiving DP rank.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Engine, ReqState, Request};
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::kv_cache::blocks_for;
-use crate::kv_port::KvPort;
+use crate::kv_port::{KvPort, MemHub};
 use crate::scheduler::SeqId;
+
+/// How long an in-process move may take (the send and the receive are host copies).
+const IN_PROCESS_MOVE: Duration = Duration::from_secs(60);
 
 impl<B: Backend> Engine<B> {
     fn to_group(&self, dp: usize, blocks: &[u32]) -> Vec<u32> {
@@ -24,19 +29,6 @@ impl<B: Backend> Engine<B> {
             return Err(EngineError::InvalidRequest(format!("blocks {blocks:?} are not of one DP rank of this group")));
         }
         Ok((dp, blocks.iter().map(|b| b % nb).collect()))
-    }
-
-    /// The held prompt KV of a prefilled request from its block `skip` on (the receiver caches
-    /// the blocks before): their contents in block order, and the prompt length.
-    pub fn export_kv(&self, id: SeqId, skip: usize) -> Result<(usize, Vec<f32>)> {
-        let missing = || EngineError::InvalidRequest(format!("no sequence {id} to export"));
-        let dp = *self.placed.get(&id).ok_or_else(missing)?;
-        let seq = self.scheds[dp].get(id).ok_or_else(missing)?;
-        let n = blocks_for(seq.prompt_len, self.cfg.block_size);
-        if skip >= n.max(1) {
-            return Err(EngineError::InvalidRequest(format!("skipping {skip} of the {n} blocks of sequence {id}")));
-        }
-        Ok((seq.prompt_len, self.group.export_blocks(dp, &seq.blocks[skip..n])?))
     }
 
     /// Gives a group of one its KV port (a group's ranks get theirs from its runner factory).
@@ -151,32 +143,41 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Moves held prefilled request `r` (first token `first`) to `dst` through host memory (for
-    /// groups whose rank threads share one GPU, which NCCL cannot link): `dst` reserves blocks
-    /// (sharing its cached prefix), the blocks it does not cache are copied, `dst` admits the
-    /// request and this engine releases it. Returns the bytes copied.
+    /// Gives every rank of this group a port on the in-process hub `hub` (ids `base` + group
+    /// rank), for moves between groups of one process ([`Engine::move_prefilled`]).
+    pub fn link_in_process(&mut self, hub: &MemHub, base: usize) -> Result<()> {
+        self.group.link_in_process(hub, base)
+    }
+
+    /// Moves held prefilled request `r` (first token `first`) to `dst` over the two groups' ports,
+    /// as a KV transfer between pools does, on this thread: `dst` reserves blocks (sharing its
+    /// cached prefix), the blocks it does not cache are sent and received, `dst` admits the request
+    /// and this engine releases it. Both groups need ports on one in-process hub
+    /// ([`Engine::link_in_process`]; an NCCL send would wait for a receive this thread cannot
+    /// post). Returns the bytes moved to each receiving rank.
     pub fn move_prefilled(&mut self, dst: &mut Engine<B>, r: Request, first: u32) -> Result<usize> {
         let id = r.id;
         let (blocks, cached) = dst
             .reserve_blocks(&r.prompt)
             .ok_or_else(|| EngineError::CacheCapacity(format!("no room for the KV of request {id}")))?;
-        let moved = self.export_kv(id, cached).and_then(|(_, data)| {
-            dst.import_kv(&blocks[cached..], &data)?;
-            Ok(data.len() * std::mem::size_of::<f32>())
-        });
+        let deadline = Instant::now() + IN_PROCESS_MOVE;
+        let no_port = || EngineError::Config(format!("request {id}'s group has no KV ports"));
+        let moved = (|| {
+            let sender = self.kv_sender(id).ok_or_else(no_port)?;
+            let receivers = dst.kv_receivers(&blocks)?;
+            let bytes = self.send_kv(id, r.prompt.len(), cached, &blocks[cached..], &receivers, deadline)?;
+            loop {
+                if dst.poll_kv(&blocks[cached..], sender, id, deadline)?.is_some() {
+                    return Ok(bytes as usize);
+                }
+            }
+        })();
         let admitted = moved.and_then(|bytes| dst.admit_prefilled(r, first, blocks.clone(), cached).map(|()| bytes));
         if admitted.is_err() {
             dst.unreserve_blocks(&blocks);
         }
         self.release(id);
         admitted
-    }
-
-    /// Writes transferred KV into reserved blocks (on every TP rank of their DP rank); `blocks`
-    /// are the reserved ones the sender did not skip.
-    pub fn import_kv(&mut self, blocks: &[u32], data: &[f32]) -> Result<()> {
-        let (dp, local) = self.to_local(blocks)?;
-        self.group.import_blocks(dp, &local, data)
     }
 
     /// Admits a request whose prompt KV sits in `blocks` (the first `cached` from this rank's
