@@ -11,6 +11,7 @@ use anyhow::{anyhow, Result};
 use cleave_engine::backend::cuda::transfer::{KvHub, KvLink};
 use cleave_engine::backend::cuda::CudaBackend;
 use cleave_engine::backend::{Backend, KvLayout};
+use cleave_engine::kv_port::KvPort;
 use cleave_kernels::nccl::{NcclComm, NcclId, P2p};
 
 const LAYERS: usize = 61;

@@ -27,6 +27,7 @@ use cleave_kernels::Gpu;
 
 use super::{kerr, CudaBackend, CudaKvCache};
 use crate::error::{EngineError, Result};
+use crate::kv_port::KvPort;
 
 /// How many failed or abandoned request ids a pair remembers.
 const REMEMBER: usize = 64;
@@ -150,10 +151,64 @@ impl KvLink {
         }
     }
 
+    /// Queues the sends and waits for their completion and the receiver's acknowledgement.
+    fn deliver(
+        &mut self,
+        gpu: &Gpu,
+        key: (usize, usize),
+        epoch: u64,
+        regions: &[P2p],
+        req: u64,
+        deadline: Instant,
+    ) -> Result<()> {
+        let stream = gpu.xfer_stream().map_err(kerr)?;
+        let comm = &mut self.comms.get_mut(&key).expect("created").1;
+        comm.transfer_on(gpu, &stream, regions, &[]).map_err(kerr)?;
+        let ev = stream.record_event(None).map_err(|e| xerr(format!("{e:?}")))?;
+        let mut sent = false;
+        loop {
+            if !sent {
+                sent = comm.poll(&ev).map_err(kerr)?;
+            }
+            let (acked, gone) =
+                self.hub.with(key, |p| (p.acked == Some(req), p.epoch != epoch || p.abandoned.contains(&req)));
+            if sent && acked {
+                return Ok(());
+            }
+            if gone {
+                return Err(xerr("the receiver gave up on the transfer".into()));
+            }
+            if Instant::now() >= deadline {
+                return Err(EngineError::Timeout(if sent {
+                    "the receiver did not take the blocks before the deadline".into()
+                } else {
+                    "the send did not complete before the deadline".into()
+                }));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+impl Drop for KvLink {
+    /// Aborts every communicator (local and non-blocking; peers notice through the epochs or
+    /// their deadlines).
+    fn drop(&mut self) {
+        for (_, (_, mut c)) in self.comms.drain() {
+            c.abort();
+        }
+    }
+}
+
+/// The NCCL end of the KV links between groups (see the module docs).
+impl KvPort<CudaBackend> for KvLink {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
     /// Prefill side: sends `blocks` of `cache` for request `req` into `dst_blocks` of rank `dst`.
     /// Returns the bytes sent once they are in the receiver's blocks; fails at `deadline`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn send(
+    fn send(
         &mut self,
         be: &CudaBackend,
         cache: &CudaKvCache,
@@ -214,48 +269,10 @@ impl KvLink {
         }
     }
 
-    /// Queues the sends and waits for their completion and the receiver's acknowledgement.
-    fn deliver(
-        &mut self,
-        gpu: &Gpu,
-        key: (usize, usize),
-        epoch: u64,
-        regions: &[P2p],
-        req: u64,
-        deadline: Instant,
-    ) -> Result<()> {
-        let stream = gpu.xfer_stream().map_err(kerr)?;
-        let comm = &mut self.comms.get_mut(&key).expect("created").1;
-        comm.transfer_on(gpu, &stream, regions, &[]).map_err(kerr)?;
-        let ev = stream.record_event(None).map_err(|e| xerr(format!("{e:?}")))?;
-        let mut sent = false;
-        loop {
-            if !sent {
-                sent = comm.poll(&ev).map_err(kerr)?;
-            }
-            let (acked, gone) =
-                self.hub.with(key, |p| (p.acked == Some(req), p.epoch != epoch || p.abandoned.contains(&req)));
-            if sent && acked {
-                return Ok(());
-            }
-            if gone {
-                return Err(xerr("the receiver gave up on the transfer".into()));
-            }
-            if Instant::now() >= deadline {
-                return Err(EngineError::Timeout(if sent {
-                    "the receiver did not take the blocks before the deadline".into()
-                } else {
-                    "the send did not complete before the deadline".into()
-                }));
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
-
     /// Decode side, called repeatedly: `Ok(Some(bytes))` once request `req`'s KV from rank `src`
     /// sits in `blocks`, `Ok(None)` while it is not there yet. Never blocks for long (except for
     /// joining a communicator the sender re-created).
-    pub fn poll_recv(
+    fn poll_recv(
         &mut self,
         be: &CudaBackend,
         cache: &mut CudaKvCache,
@@ -325,56 +342,11 @@ impl KvLink {
 
     /// Forgets an abandoned receive: the sender will not start it or stops waiting on it, and a
     /// receive in flight takes the pair's communicator with it.
-    pub fn cancel(&mut self, src: usize, req: u64) {
+    fn cancel(&mut self, src: usize, req: u64) {
         let key = (src, self.rank);
         self.hub.with(key, |p| remember(&mut p.abandoned, req));
         if self.pending.remove(&(src, req)).is_some() {
             self.drop_recv_comm(key);
         }
-    }
-}
-
-impl Drop for KvLink {
-    /// Aborts every communicator (local and non-blocking; peers notice through the epochs or
-    /// their deadlines).
-    fn drop(&mut self) {
-        for (_, (_, mut c)) in self.comms.drain() {
-            c.abort();
-        }
-    }
-}
-
-impl crate::kv_port::KvPort<CudaBackend> for KvLink {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn send(
-        &mut self,
-        be: &CudaBackend,
-        cache: &CudaKvCache,
-        blocks: &[u32],
-        dst_blocks: &[u32],
-        dst: usize,
-        req: u64,
-        deadline: Instant,
-    ) -> Result<u64> {
-        KvLink::send(self, be, cache, blocks, dst_blocks, dst, req, deadline)
-    }
-
-    fn poll_recv(
-        &mut self,
-        be: &CudaBackend,
-        cache: &mut CudaKvCache,
-        blocks: &[u32],
-        src: usize,
-        req: u64,
-        deadline: Instant,
-    ) -> Result<Option<u64>> {
-        KvLink::poll_recv(self, be, cache, blocks, src, req, deadline)
-    }
-
-    fn cancel(&mut self, src: usize, req: u64) {
-        KvLink::cancel(self, src, req)
     }
 }
