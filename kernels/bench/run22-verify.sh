@@ -1,0 +1,16 @@
+#!/bin/bash
+# run 22 (one GPU): what the 2026-11-24 session built without a GPU to check it on. Expects the
+# stripped release binary in .carry/.
+# 1. Every parallel layout and the TP2 -> DP2+EP hand-off, now over the groups' KV ports (the
+#    engine path of transfers between GPU groups, host copies in place of NCCL), three checkpoints.
+# 2. The FP8 prefill stage with its byte check of `qbytes_fp8` against the checkpoint (added after
+#    run 21 measured this kernel).
+# On nvidia-h200-x2, run kernels/bench/run20-2gpu.sh too: its 1P1D serve moves KV over NCCL
+# through the same engine path (Engine::send_kv / poll_kv on each side's KvLink port).
+source kernels/bench/lib.sh
+for m in models/golden/bf16-qlora models/golden/f32-noqlora models/tiny-r1; do
+  echo "== $m"
+  timeout 200 $C kernels-check --no-ops --parallel-model $m 2>&1 | grep -E "^  [a-z]|tie|DIFF|rror|within|failed" | grep -v "module\|mla_decode"
+done
+timeout 240 $C kernels-check --stages fp8_prefill > $OUT/fp8.txt 2>&1; echo "fp8_prefill rc=$?"
+grep -E "fp8|qbytes|act_quant|cublaslt|FAIL|failed|rror|panic" $OUT/fp8.txt | cut -c1-150
