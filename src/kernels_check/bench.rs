@@ -212,7 +212,7 @@ pub fn run(
             sweep.push((cfg, time(&input, &mut cache, 5)?));
         }
         cu.set_variants(def);
-        if b == 64 || b == 1 {
+        if b == 1 || b == 64 || b == 256 {
             profile(cu, &format!("decode batch {b}"), || step(&input, &mut cache))?;
         }
         let weights: f64 = k.layer_bytes.iter().sum::<f64>() + k.expert_bytes * used_total as f64;
