@@ -11,7 +11,7 @@ use cleave_kernels::blaslt::{Fp8BlockGemm, LT_WORKSPACE_BYTES};
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ptr;
 
-use super::ops::Ctx;
+use super::ops::{kerr, Ctx};
 use super::quant::RandomQuant;
 use super::rel_err;
 use super::Ceiling;
@@ -175,8 +175,4 @@ impl Ctx<'_> {
         self.push("linear fp8 bf16-expand", shape, err, 1e-2, us, 0.0, flops, Ceiling::Tc);
         Ok(())
     }
-}
-
-fn kerr(e: cleave_kernels::KernelError) -> cleave_engine::EngineError {
-    cleave_engine::EngineError::Backend(e.to_string())
 }

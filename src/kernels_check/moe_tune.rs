@@ -10,7 +10,7 @@ use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::ops::{GemmKernel, GroupedGemm, PersistentGemm};
 use cleave_kernels::{ptr, Gpu};
 
-use super::ops::Ctx;
+use super::ops::{kerr, Ctx};
 use super::{rel_err, Ceiling, HBM_BYTES_PER_S};
 
 /// Prefetch distances also tried with the fastest shape of each case.
@@ -153,8 +153,4 @@ impl Ctx<'_> {
         summary.iter().for_each(|l| println!("{l}"));
         Ok(())
     }
-}
-
-fn kerr(e: cleave_kernels::KernelError) -> cleave_engine::EngineError {
-    cleave_engine::EngineError::Backend(format!("cuda: {e}"))
 }

@@ -78,6 +78,11 @@ pub fn named<'a>(name: &'a str, bytes: &'a [u8], shape: &'a [usize]) -> LinearSo
     }
 }
 
+/// A kernel launcher's error as the engine's, for [`Ctx::time`] closures around raw launches.
+pub(super) fn kerr(e: cleave_kernels::KernelError) -> cleave_engine::EngineError {
+    cleave_engine::EngineError::Backend(format!("cuda: {e}"))
+}
+
 impl Ctx<'_> {
     pub(super) fn time(&self, mut f: impl FnMut() -> cleave_engine::Result<()>) -> Result<f64> {
         self.cu.set_poison(false);

@@ -353,7 +353,6 @@ impl<B: Backend> Worker<B> {
                     i.ticket.cached_blocks = cached_blocks;
                     match self.engine.kv_receivers(&blocks) {
                         Ok(receivers) => {
-                            i.ticket.receivers = receivers.clone();
                             let r = Reserved { id, dst_inc: self.inc, blocks, cached_blocks, receivers };
                             self.events.reserved.do_send(r);
                             continue;
