@@ -134,6 +134,27 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// How much of a refused (413) body is still read and dropped, and for how long, so that a client
+/// still writing it gets the 413 rather than a broken connection (a bounded lingering close).
+const DRAIN_BYTES: usize = 4 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and drops what is left of a refused body, up to [`DRAIN_BYTES`] and [`DRAIN_TIME`].
+async fn drain<S, B>(mut body: std::pin::Pin<&mut S>)
+where
+    S: Stream<Item = Result<B, warp::Error>>,
+    B: Buf,
+{
+    let deadline = tokio::time::Instant::now() + DRAIN_TIME;
+    let mut seen = 0;
+    while seen <= DRAIN_BYTES {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => seen += chunk.remaining(),
+            _ => return,
+        }
+    }
+}
+
 /// Reads the body, refusing it (413) once it exceeds `limit` bytes and (408) when it has not
 /// arrived within `timeout`.
 async fn read_body<S, B>(headers: &HeaderMap, body: S, limit: usize, timeout: Duration) -> Result<Bytes, ApiError>
@@ -142,16 +163,18 @@ where
     B: Buf,
 {
     let declared = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let mut body = std::pin::pin!(body);
     if declared.is_some_and(|n| n > limit as u64) {
+        drain(body).await;
         return Err(ApiError::PayloadTooLarge { limit });
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
-    let mut body = std::pin::pin!(body);
     let deadline = tokio::time::Instant::now() + timeout;
     let late = || ApiError::BodyTimeout(timeout.as_secs());
     while let Some(chunk) = tokio::time::timeout_at(deadline, body.next()).await.map_err(|_| late())? {
         let mut chunk = chunk.map_err(|e| ApiError::InvalidRequest(format!("cannot read the request body: {e}")))?;
         if buf.len() + chunk.remaining() > limit {
+            drain(body).await;
             return Err(ApiError::PayloadTooLarge { limit });
         }
         while chunk.has_remaining() {
