@@ -10,6 +10,8 @@ mod experts;
 mod fp8;
 mod golden;
 mod moe_tune;
+mod qdecode;
+mod qgemm_tune;
 mod nccl;
 mod ops;
 mod parallel;
@@ -38,8 +40,9 @@ pub struct Args {
     /// Skip the per-op checks.
     #[arg(long)]
     no_ops: bool,
-    /// Run only these per-op stages (elementwise, linear, quant, fp8_prefill, attention, router, experts, prefill, sample;
-    /// moe_tune, the persistent grouped-GEMM shape sweep, runs only when named).
+    /// Run only these per-op stages (elementwise, linear, quant, fp8_prefill, qdecode, attention, router, experts,
+    /// prefill, sample; the shape sweeps moe_tune (bf16 grouped GEMM) and qgemm_tune (compressed decode GEMM) run
+    /// only when named).
     #[arg(long, value_delimiter = ',')]
     stages: Vec<String>,
     /// Directory of golden checkpoints: generate on CPU and CUDA and compare.
@@ -264,14 +267,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "linear",
             "quant",
             "fp8_prefill",
+            "qdecode",
             "attention",
             "prefill",
             "router",
             "experts",
             "sample",
             "moe_tune",
+            "qgemm_tune",
         ];
-        let wanted = |s: &&str| if a.stages.is_empty() { *s != "moe_tune" } else { a.stages.iter().any(|x| x == s) };
+        let sweep = |s: &str| s.ends_with("_tune");
+        let wanted = |s: &&str| if a.stages.is_empty() { !sweep(s) } else { a.stages.iter().any(|x| x == s) };
         for name in stages.into_iter().filter(wanted) {
             let r = match name {
                 "elementwise" => ctx.elementwise(),
@@ -282,7 +288,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "prefill" => ctx.prefill(),
                 "router" => ctx.router(),
                 "sample" => ctx.sample(),
+                "qdecode" => ctx.qdecode(),
                 "moe_tune" => ctx.moe_tune(),
+                "qgemm_tune" => ctx.qgemm_tune(),
                 _ => ctx.experts(),
             };
             if let Err(e) = r {

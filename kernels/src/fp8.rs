@@ -110,8 +110,27 @@ pub fn act_quant(x: &[f32], rows: usize, k: usize) -> ActQuant {
     ActQuant { rows_p, q, scales }
 }
 
+/// Where channel `c` of a row lies in the activations of the persistent decode GEMM
+/// (`act_quant_fp8_mma`): permuted within its 32-channel unit to the k-slot order of the FP8
+/// weights' fragment layout (cu/qdecode.cu).
+pub fn mma_position(c: usize) -> usize {
+    let k = c % 32;
+    c - k + 16 * (k >> 4) + 4 * ((k & 7) >> 1) + 2 * ((k >> 3) & 1) + (k & 1)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn mma_positions_permute_each_unit_to_the_weights_k_slots() {
+        // Slot s of a unit holds channel 16 (s >> 4) + 2 ((s >> 2) & 3) + 8 ((s >> 1) & 1) + (s & 1):
+        // the channel the fragment layout's byte (s % 16 / 4, s % 4) of lane t = s % 16 / 4 holds.
+        for s in 0..64 {
+            let u = s % 32;
+            let c = s - u + 16 * (u >> 4) + 2 * ((u >> 2) & 3) + 8 * ((u >> 1) & 1) + (u & 1);
+            assert_eq!(super::mma_position(c), s);
+        }
+    }
+
     use super::*;
 
     #[test]

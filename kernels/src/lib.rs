@@ -57,6 +57,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash"]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
+    ("qdecode", include_str!("cu/qdecode.cu"), ops::QDECODE_KERNELS),
     (
         "moe",
         include_str!("cu/moe.cu"),
@@ -213,7 +214,7 @@ impl Gpu {
             modules.push(m);
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
-        let qgemm = ops::QUANT_KERNELS.iter().copied().filter(|k| k.starts_with("qg"));
+        let qgemm = ops::QUANT_KERNELS.iter().chain(ops::QDECODE_KERNELS).copied().filter(|k| k.starts_with("qg"));
         let opt_in = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].into_iter().chain(qgemm);
         for f in opt_in {
             let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;

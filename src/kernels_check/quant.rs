@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use anyhow::{ensure, Result};
+use cleave_engine::backend::cuda::{QuantGemm, Variants};
 use cleave_engine::backend::{Backend, ExpertSource};
 use cleave_engine::weights::{pack_int4, AwqSource, LinearSource, RawTensor};
 use safetensors::tensor::Dtype;
@@ -87,7 +88,7 @@ impl RandomQuant {
     }
 
     /// Checkpoint bytes per weight value (what the GPU reads, scales included, within 1%).
-    fn bytes_per_value(&self) -> f64 {
+    pub(super) fn bytes_per_value(&self) -> f64 {
         let values =
             if self.awq { self.shapes[0][0] * self.shapes[0][1] * 8 } else { self.shapes[0][0] * self.shapes[0][1] };
         self.bytes.iter().map(Vec::len).sum::<usize>() as f64 / values as f64
@@ -95,20 +96,24 @@ impl RandomQuant {
 }
 
 /// The formats checked: name and a maker of `[n, k]` layers.
-type Maker = fn(&mut XRng, usize, usize) -> RandomQuant;
-const FORMATS: [(&str, Maker); 3] = [
+pub(super) type Maker = fn(&mut XRng, usize, usize) -> RandomQuant;
+pub(super) const FORMATS: [(&str, Maker); 3] = [
     ("awq g128", |r, n, k| RandomQuant::awq(r, n, k, 128)),
     ("awq g64", |r, n, k| RandomQuant::awq(r, n, k, 64)),
     ("fp8 b128", RandomQuant::fp8),
 ];
 
 impl Ctx<'_> {
+    /// The exact paths (FP8 on FP8 tensor cores quantizes the activations: the `fp8_prefill` and
+    /// `qdecode` stages check it), with decode GEMMs on the persistent kernel (AWQ) and then, tagged
+    /// ` tiled`, on the tiled one.
     pub fn quant(&mut self) -> Result<()> {
-        // FP8 prefill on FP8 tensor cores quantizes the activations: its own stage checks it
-        // (`fp8_prefill`); this one checks the exact paths.
         let def = self.cu.variants();
-        self.cu.set_variants(cleave_engine::backend::cuda::Variants { fp8_tensor_cores: false, ..def });
-        let r = self.quant_linear().and_then(|()| self.quant_experts());
+        let exact = Variants { fp8_tensor_cores: false, qgemm: QuantGemm::Persistent(None), ..def };
+        self.cu.set_variants(exact);
+        let r = self.each_variant(&[(" tiled", Variants { qgemm: QuantGemm::Tiled, ..exact })], |c| {
+            c.quant_linear().and_then(|()| c.quant_experts())
+        });
         self.cu.set_variants(def);
         r
     }

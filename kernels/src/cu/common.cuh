@@ -99,3 +99,15 @@ __device__ __forceinline__ void gg_store(void* Y, u64 p, int col, int N, float c
         if (col + 1 < N) y[col / 2] = f2bf(c0 / (1.0f + expf(-c0)) * c1);
     }
 }
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// AWQ int4 in the fragment layout of quant.cu: zero point z (0..15) as the bf16 pair -(128 + z),
+// and pair p of a packed word (nibbles p and 4 + p) as the exact bf16 pair q - z: OR-ing a nibble
+// into the mantissa of 128.0 gives 128 + q.
+__device__ __forceinline__ u32 awq_zero(u32 z) { return (0xC300u | z) * 0x10001u; }
+__device__ __forceinline__ u32 awq_pair(u32 w, int p, u32 zero) {
+    return fma_bf16x2(((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u, 0x3F803F80u, zero);
+}

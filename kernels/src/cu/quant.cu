@@ -13,11 +13,6 @@
 // scale multiplies the f32 partial sums when the group ends. The activations' bf16 rounding is the
 // only rounding, so the result equals an f32 GEMM on the dequantized weights up to summation order.
 
-__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
 // Two e4m3 values (the low 16 bits, low byte first) to an f16 pair, exactly.
 __device__ __forceinline__ u32 e4m3x2_f16x2(u32 v) {
     u32 h;
@@ -135,7 +130,7 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
             if (FMT == 0) {
                 const int n = n0 + cw + nt * 8 + g;
                 const u32 zv = n < Np ? (Z[((u64)e * KG + grp) * (Np / 8) + n / 8] >> (4 * g)) & 0xfu : 0u;
-                z[nt] = (0xC300u | zv) * 0x10001u;
+                z[nt] = awq_zero(zv);
             }
         }
     };
@@ -189,7 +184,7 @@ __device__ __forceinline__ void qgemm(const bf16_t* __restrict__ X, const int* _
                     const u32 w = wp[0];
 #pragma unroll
                     for (int p = 0; p < 4; p++)
-                        bf[p >> 1][nt][p & 1] = fma_bf16x2(((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u, 0x3F803F80u, zz[nt]);
+                        bf[p >> 1][nt][p & 1] = awq_pair(w, p, zz[nt]);
                 } else {
                     const u32 w0 = wp[0], w1 = wp[1];
                     bf[0][nt][0] = e4m3x2_bf16x2(w0), bf[0][nt][1] = e4m3x2_bf16x2(w0 >> 16);
@@ -308,34 +303,4 @@ extern "C" __global__ void qbytes_fp8(const u32* __restrict__ Wq, u32* __restric
         for (int j = 0; j < 4; j++) w |= fp8_at(Wq, 0, n, k + j, Np, Kp) << (8 * j);
         out[i] = w;
     }
-}
-
-// Two floats to packed e4m3x2, rounded to nearest even and saturated to +-448; `lo` in the low byte.
-__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// DeepSeek's activation quantization (kernels/src/fp8.rs is the reference): per token and 128
-// input channels, s = max(amax, 1e-10) / 448 and q = e4m3(x / s). X f32 [M, K] (K % 128 == 0);
-// Q e4m3 [Mp, K]; S f32 [K / 128, Mp] (token-major); rows M..Mp are zeros. One warp per block of
-// 128, four values per lane.
-extern "C" __global__ void act_quant_fp8(const float* __restrict__ X, u32* __restrict__ Q, float* __restrict__ S, int M,
-                                         int Mp, int K) {
-    const int KB = K / 128, lane = threadIdx.x & 31;
-    const int w = (int)(((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-    if (w >= Mp * KB) return;
-    const int r = w / KB, b = w % KB;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (r < M) {
-        const float* x = X + (u64)r * K + b * 128 + lane * 4;
-#pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = x[j];
-    }
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    amax = warp_max(amax);
-    const float s = fmaxf(amax, 1e-10f) / 448.f;
-    Q[((u64)r * K + b * 128) / 4 + lane] = e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
-    if (lane == 0) S[(u64)b * Mp + r] = s;
 }

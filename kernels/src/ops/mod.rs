@@ -1,6 +1,11 @@
 //! Typed launchers: one method per kernel, over raw device addresses (`u64`) and sizes. Callers
 //! own the buffers; these only check what the kernels assume and pick the launch shape.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use cudarc::driver::sys::CUfunction_attribute;
+
 use crate::{Arg, Gpu, Result};
 
 mod attention;
@@ -8,6 +13,8 @@ mod elementwise;
 mod kv;
 mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm};
+mod qdecode;
+pub use qdecode::{QPersist, QDECODE_KERNELS};
 mod quant;
 pub use quant::{QGemm, QWeights, QUANT_KERNELS};
 mod sample;
@@ -77,7 +84,29 @@ impl MlaLaunch {
     }
 }
 
+thread_local! {
+    /// Resident blocks per SM by (kernel handle, dynamic shared memory). A stale entry (a handle
+    /// reused by another module) would only change a grid size, never a result.
+    static OCCUPANCY: RefCell<HashMap<(usize, usize), usize>> = RefCell::new(HashMap::new());
+}
+
 impl Gpu {
+    /// Resident blocks per SM of kernel `name` with `threads` per block and `smem` bytes of dynamic
+    /// shared memory, with the shared-memory carveout at its maximum (the driver's occupancy,
+    /// queried once per kernel, size and thread): the grid of a persistent kernel.
+    pub(crate) fn resident_blocks(&self, name: &'static str, threads: u32, smem: usize) -> Result<usize> {
+        let f = self.func(name)?;
+        let key = (f.cu_function() as usize, smem);
+        if let Some(b) = OCCUPANCY.with(|c| c.borrow().get(&key).copied()) {
+            return Ok(b);
+        }
+        self.ctx.bind_to_thread()?;
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
+        let b = (f.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)? as usize).max(1);
+        OCCUPANCY.with(|c| c.borrow_mut().insert(key, b));
+        Ok(b)
+    }
+
     fn grid1(&self, n: u64) -> u32 {
         (n.div_ceil(256)).clamp(1, (self.sm_count * 16) as u64) as u32
     }

@@ -1,11 +1,6 @@
 //! MoE launchers: routing, expert alignment, grouped GEMM (v1 and v2 kernels, one argument
 //! layout), the weighted combine, and the f32 reference expert MLP.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-
-use cudarc::driver::sys::CUfunction_attribute;
-
 use super::GG_BN;
 use crate::{Arg, Gpu, KernelError, Result};
 
@@ -24,12 +19,6 @@ const GGP_KERNELS: [(usize, usize, usize, &str, &str); 10] = [
     (64, 32, 6, "ggp64_32_6_f32", "ggp64_32_6_silu"),
     (64, 32, 8, "ggp64_32_8_f32", "ggp64_32_8_silu"),
 ];
-
-thread_local! {
-    /// Resident blocks per SM by kernel handle. A stale entry (a handle reused by another module)
-    /// would only change the grid size, never the result.
-    static GGP_OCCUPANCY: RefCell<HashMap<usize, usize>> = RefCell::new(HashMap::new());
-}
 
 /// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
 /// rs..rs+rc) of `tiles`/`meta` (from `moe_align`), Y[rs + r, :n] = X[row(rs + r), :k] W[e]^T with
@@ -241,16 +230,7 @@ impl Gpu {
     /// Resident blocks per SM of a persistent grouped-GEMM shape (the driver's occupancy with the
     /// shared-memory carveout set to its maximum; queried once per kernel and thread).
     pub fn persistent_blocks_per_sm(&self, cfg: PersistentGemm, silu: bool) -> Result<usize> {
-        let f = self.func(Self::persistent_kernel(cfg, silu)?)?;
-        let key = f.cu_function() as usize;
-        if let Some(b) = GGP_OCCUPANCY.with(|c| c.borrow().get(&key).copied()) {
-            return Ok(b);
-        }
-        self.ctx.bind_to_thread()?;
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
-        let b = (f.occupancy_max_active_blocks_per_multiprocessor(128, 0, None)? as usize).max(1);
-        GGP_OCCUPANCY.with(|c| c.borrow_mut().insert(key, b));
-        Ok(b)
+        self.resident_blocks(Self::persistent_kernel(cfg, silu)?, 128, 0)
     }
 
     #[allow(clippy::too_many_arguments)]

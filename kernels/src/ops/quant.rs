@@ -27,6 +27,8 @@ pub struct QWeights {
 pub struct QGemm {
     pub silu: bool,
     pub x: u64,
+    /// The activations' FP8 scales (the persistent FP8 kernel; 0 otherwise).
+    pub x_scales: u64,
     pub rowidx: u64,
     pub y: u64,
     pub tiles: u64,
@@ -36,6 +38,15 @@ pub struct QGemm {
     pub rows: usize,
     pub bm: usize,
     pub splits: usize,
+}
+
+impl QGemm {
+    /// A dense GEMM of `rows` rows into f32 `y` (`x` is for the caller to set): one row tile of 16
+    /// up to 16 rows, else tiles of 64 (the tiled kernel; the persistent one always takes 16).
+    pub fn dense(rows: usize, y: u64) -> Self {
+        let bm = if rows <= 16 { 16 } else { 64 };
+        QGemm { silu: false, x: 0, x_scales: 0, rowidx: 0, y, tiles: 0, meta: 0, max_tiles: 0, rows, bm, splits: 1 }
+    }
 }
 
 /// (row tile, format) -> (kernel stem, input channels per stage, stages), as compiled in quant.cu.
@@ -60,7 +71,6 @@ pub const QUANT_KERNELS: &[&str] = &[
     "qdequant_awq",
     "qdequant_fp8",
     "qbytes_fp8",
-    "act_quant_fp8",
 ];
 
 /// Kernel name, input channels per stage and dynamic shared memory of a qgemm launch.
@@ -163,19 +173,6 @@ impl Gpu {
         }
         let args = [Ptr(w.words), Ptr(out), I32(s.n as i32), I32(s.k as i32), I32(s.np() as i32), I32(s.kp() as i32)];
         self.launch("qbytes_fp8", (self.grid1((s.n * s.k / 4) as u64), 1, 1), 256, 0, &args)
-    }
-
-    /// Quantizes f32 activations `x [rows, k]` per token per 128 channels (`crate::fp8::act_quant`
-    /// is the reference): e4m3 `[rows_p, k]` at `q`, token-major f32 scales `[k / 128, rows_p]` at
-    /// `scales`, `rows_p = fp8::padded_rows(rows)`.
-    pub fn act_quant_fp8(&self, x: u64, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
-        if !k.is_multiple_of(crate::fp8::BLOCK) {
-            return Err(KernelError::Invalid(format!("act_quant_fp8 needs K % 128 == 0 (K {k})")));
-        }
-        let rows_p = crate::fp8::padded_rows(rows);
-        let threads = (rows_p * (k / crate::fp8::BLOCK) * 32) as u64;
-        let args = [Ptr(x), Ptr(q), Ptr(scales), I32(rows as i32), I32(rows_p as i32), I32(k as i32)];
-        self.launch("act_quant_fp8", (threads.div_ceil(256) as u32, 1, 1), 256, 0, &args)
     }
 }
 

@@ -5,6 +5,7 @@
 use cleave_kernels::ops::{GemmKernel, GroupedGemm, QGemm};
 use cleave_kernels::{ptr, Gpu};
 
+use super::quant::QIn;
 use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData};
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
@@ -117,7 +118,8 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         ExpertData::Quant { gate_up, down } => {
             let g = QGemm {
                 silu: true,
-                x: xb.ptr(),
+                x: 0,
+                x_scales: 0,
                 rowidx: ptr(&sorted_tok),
                 y: ptr(&act),
                 tiles,
@@ -127,8 +129,14 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
                 bm,
                 splits: 1,
             };
-            gpu.qgemm(&gate_up.view(), &g).map_err(kerr)?;
-            gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g }).map_err(kerr)?;
+            // Decode-sized tiles as the variants pick; prefill's 64-row tiles on the tiled kernel.
+            if bm == 16 {
+                be.qgemm_decode(gate_up, QIn::F32(x), g)?;
+                be.qgemm_decode(down, QIn::Bf16 { ptr: ptr(&act), rows: a }, QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g })?;
+            } else {
+                gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }).map_err(kerr)?;
+                gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g }).map_err(kerr)?;
+            }
         }
         ExpertData::F32 { .. } => unreachable!("reference precision returned above"),
     }

@@ -14,6 +14,23 @@ use super::{kerr, CudaBackend, CudaTensor, Precision, QGEMM_MAX_ROWS};
 use crate::error::Result;
 use crate::weights::LinearSource;
 
+/// The activations of a decode GEMM over compressed weights: an f32 tensor (with its bf16 shadow
+/// when it has one), or bf16 rows (`rows` of them, the expert MLP's intermediate).
+pub(super) enum QIn<'a> {
+    F32(&'a CudaTensor),
+    Bf16 { ptr: u64, rows: usize },
+}
+
+impl QIn<'_> {
+    /// Rows of the input matrix (`rowidx` may read any of them).
+    fn rows(&self) -> usize {
+        match self {
+            QIn::F32(t) => t.rows,
+            QIn::Bf16 { rows, .. } => *rows,
+        }
+    }
+}
+
 /// A stack of compressed matrices on the device.
 pub struct QuantWeight {
     words: CudaSlice<u32>,
@@ -230,28 +247,62 @@ impl CudaBackend {
             self.gpu.qdequant(&q, ptr(&wb)).map_err(kerr)?;
             return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
         }
-        let xb = self.bf16_in(x)?;
-        // Up to 16 rows one deep-pipelined row tile; more rows 64-row tiles, so that weights larger
-        // than L2 (V3's dense MLP: 132 MB in int4) are not streamed from HBM once per 16 rows.
-        let bm = if rows <= 16 { 16 } else { 64 };
-        let splits = self.gpu.qgemm_splits(&q, rows, bm);
-        let part = if splits > 1 { Some(self.alloc_f32(splits * rows * n)?) } else { None };
-        let g = QGemm {
-            silu: false,
-            x: xb.ptr(),
-            rowidx: 0,
-            y: part.as_ref().map_or(y.ptr(), |p| ptr(p)),
-            tiles: 0,
-            meta: 0,
-            max_tiles: 0,
-            rows,
-            bm,
-            splits,
+        self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()))
+    }
+
+    /// A decode-sized GEMM over `w` (`g.x` is set here from `x`): the persistent kernel when the
+    /// variants give a shape for the weight's format and grouping (FP8 on FP8 tensor cores, the
+    /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
+    /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full.
+    pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm) -> Result<()> {
+        let q = w.view();
+        let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
+        let persistent = self.variants().qgemm.shape(format, q.shape.group).filter(|_| match format {
+            QFormat::AwqInt4 => true,
+            QFormat::Fp8E4m3 => self.variants().fp8_tensor_cores && k.is_multiple_of(BLOCK),
+        });
+        // The activations as the kernel reads them: e4m3 with scales, or bf16 (kept alive here).
+        let (mut bf16, mut fp8) = (None, None);
+        let g = match (persistent, &x) {
+            (Some(_), _) if format == QFormat::Fp8E4m3 => {
+                let rows = x.rows();
+                let (x8, xs) = (self.buf::<u32>(rows * k / 4)?, self.buf::<f32>(rows * k / BLOCK)?);
+                let (src, is_bf16) = match &x {
+                    QIn::F32(t) => (t.ptr(), false),
+                    QIn::Bf16 { ptr, .. } => (*ptr, true),
+                };
+                self.gpu.act_quant_fp8_mma(src, is_bf16, rows, k, ptr(&x8), ptr(&xs)).map_err(kerr)?;
+                let g = QGemm { x: ptr(&x8), x_scales: ptr(&xs), ..g };
+                fp8 = Some((x8, xs));
+                g
+            }
+            (_, QIn::F32(t)) => {
+                let b = self.bf16_in(t)?;
+                let g = QGemm { x: b.ptr(), ..g };
+                bf16 = Some(b);
+                g
+            }
+            (_, QIn::Bf16 { ptr, .. }) => QGemm { x: *ptr, ..g },
         };
-        self.gpu.qgemm(&q, &g).map_err(kerr)?;
-        if let Some(p) = part {
-            self.gpu.qgemm_reduce(ptr(&p), y.ptr(), splits, rows * n).map_err(kerr)?;
+        let splits = match (g.tiles, persistent) {
+            (0, Some(cfg)) => self.gpu.qgp_splits(&q, g.rows, cfg).map_err(kerr)?,
+            // Up to 16 rows one deep-pipelined row tile; more rows 64-row tiles, so that weights
+            // larger than L2 (V3's dense MLP: 132 MB in int4) are not streamed from HBM once per
+            // 16 rows.
+            (0, None) => self.gpu.qgemm_splits(&q, g.rows, g.bm),
+            _ => 1,
+        };
+        let part = if splits > 1 { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
+        let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, ..g };
+        match persistent {
+            Some(cfg) => self.gpu.qgemm_persistent(&q, &run, cfg),
+            None => self.gpu.qgemm(&q, &run),
         }
+        .map_err(kerr)?;
+        if let Some(p) = part {
+            self.gpu.qgemm_reduce(ptr(&p), g.y, splits, g.rows * n).map_err(kerr)?;
+        }
+        drop((bf16, fp8));
         Ok(())
     }
 

@@ -1,14 +1,16 @@
 //! Kernel variants: which of the checked implementations of an op the backend launches. Every
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
-pub use cleave_kernels::ops::PersistentGemm;
+pub use cleave_kernels::ops::{PersistentGemm, QPersist};
+use cleave_kernels::quant::QFormat;
 
 use crate::error::{EngineError, Result};
 
 /// Kernel variants, from the environment: `CLEAVE_MLA_DECODE=v1|v2` (default v2),
 /// `CLEAVE_MOE_GEMM=v1|v2|persistent[:BN/BK/STAGES/PREFETCH]` (default persistent with
 /// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded),
-/// `CLEAVE_FP8_PREFILL=tensor-cores|bf16` (default tensor-cores).
+/// `CLEAVE_FP8_GEMM=tensor-cores|bf16` (default tensor-cores),
+/// `CLEAVE_QGEMM=persistent[:BN/BK/STAGES]|tiled` (default persistent in [`QPersist::default_for`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     pub mla_v2: bool,
@@ -19,9 +21,34 @@ pub struct Variants {
     /// Prefill chunks of at least [`EXPAND_MIN_ROWS`] rows: expanded keys/values and cuBLAS
     /// attention instead of the absorbed kernel.
     pub expanded_prefill: bool,
-    /// Prefill linears over FP8 block-scaled weights on FP8 tensor cores (activations quantized
-    /// per token per 128 channels) instead of bf16 tensor cores over the expanded weight.
+    /// GEMMs over FP8 block-scaled weights on FP8 tensor cores (activations quantized per token
+    /// per 128 channels: DeepSeek's scheme) instead of bf16 tensor cores over weights converted
+    /// exactly (prefill: cuBLASLt's block-scaled GEMM; decode: the persistent kernel).
     pub fp8_tensor_cores: bool,
+    /// Decode GEMMs over compressed weights.
+    pub qgemm: QuantGemm,
+}
+
+/// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantGemm {
+    /// One block per (row tile, 128 columns), weights converted to bf16 in registers (`qgemm`).
+    Tiled,
+    /// The persistent kernel (`qg_persistent`) in a forced shape, or each format's default.
+    Persistent(Option<QPersist>),
+}
+
+impl QuantGemm {
+    /// The persistent shape for weights of `format` grouped by `group`, if the persistent kernel
+    /// takes them (else the tiled kernel runs): a forced shape when it is compiled for the format
+    /// and fits the grouping, else the format's default.
+    pub fn shape(&self, format: QFormat, group: usize) -> Option<QPersist> {
+        match self {
+            QuantGemm::Tiled => None,
+            QuantGemm::Persistent(Some(c)) if c.takes(format, group) => Some(*c),
+            QuantGemm::Persistent(_) => QPersist::default_for(format, group),
+        }
+    }
 }
 
 pub const EXPAND_MIN_ROWS: usize = 64;
@@ -39,6 +66,7 @@ impl Variants {
         moe_persistent: None,
         expanded_prefill: false,
         fp8_tensor_cores: false,
+        qgemm: QuantGemm::Tiled,
     };
 
     pub fn from_env() -> Result<Self> {
@@ -47,13 +75,14 @@ impl Variants {
             &var("CLEAVE_MLA_DECODE"),
             &var("CLEAVE_MOE_GEMM"),
             &var("CLEAVE_PREFILL_ATTN"),
-            &var("CLEAVE_FP8_PREFILL"),
+            &var("CLEAVE_FP8_GEMM"),
+            &var("CLEAVE_QGEMM"),
         )
     }
 
-    /// The variants the four settings name (empty: the default); an unknown value is a
+    /// The variants the five settings name (empty: the default); an unknown value is a
     /// configuration error naming its variable.
-    pub fn parse(mla_decode: &str, moe_gemm: &str, prefill_attn: &str, fp8_prefill: &str) -> Result<Self> {
+    pub fn parse(mla_decode: &str, moe_gemm: &str, prefill_attn: &str, fp8_gemm: &str, qgemm: &str) -> Result<Self> {
         let bad = |var: &str, v: &str, want: &str| EngineError::Config(format!("{var}: `{v}` is not one of {want}"));
         let mla_v2 = match mla_decode {
             "" | "v2" => true,
@@ -77,12 +106,22 @@ impl Variants {
             "absorbed" => false,
             v => return Err(bad("CLEAVE_PREFILL_ATTN", v, "absorbed, expanded")),
         };
-        let fp8_tensor_cores = match fp8_prefill {
+        let fp8_tensor_cores = match fp8_gemm {
             "" | "tensor-cores" => true,
             "bf16" => false,
-            v => return Err(bad("CLEAVE_FP8_PREFILL", v, "tensor-cores, bf16")),
+            v => return Err(bad("CLEAVE_FP8_GEMM", v, "tensor-cores, bf16")),
         };
-        Ok(Variants { mla_v2, gemm_v2, moe_persistent, expanded_prefill, fp8_tensor_cores })
+        let qgemm = match qgemm {
+            "" | "persistent" => QuantGemm::Persistent(None),
+            "tiled" => QuantGemm::Tiled,
+            v => match v.strip_prefix("persistent:") {
+                Some(cfg) => QuantGemm::Persistent(Some(
+                    cfg.parse().map_err(|e| EngineError::Config(format!("CLEAVE_QGEMM: {e}")))?,
+                )),
+                None => return Err(bad("CLEAVE_QGEMM", v, "persistent, persistent:BN/BK/STAGES, tiled")),
+            },
+        };
+        Ok(Variants { mla_v2, gemm_v2, moe_persistent, expanded_prefill, fp8_tensor_cores, qgemm })
     }
 }
 
@@ -92,7 +131,7 @@ mod tests {
 
     #[test]
     fn settings_parse_and_bad_ones_name_their_variable() {
-        let def = Variants::parse("", "", "", "").unwrap();
+        let def = Variants::parse("", "", "", "", "").unwrap();
         assert_eq!(
             def,
             Variants {
@@ -100,22 +139,35 @@ mod tests {
                 gemm_v2: true,
                 moe_persistent: Some(DEFAULT_PERSISTENT),
                 expanded_prefill: true,
-                fp8_tensor_cores: true
+                fp8_tensor_cores: true,
+                qgemm: QuantGemm::Persistent(None),
             }
         );
-        assert_eq!(Variants::parse("v1", "v1", "absorbed", "bf16").unwrap(), Variants::FIRST);
-        assert_eq!(Variants::parse("", "v2", "", "").unwrap().moe_persistent, None);
-        let custom = Variants::parse("", "persistent:16/64/4/2", "", "").unwrap();
+        assert_eq!(Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap(), Variants::FIRST);
+        assert_eq!(Variants::parse("", "v2", "", "", "").unwrap().moe_persistent, None);
+        let custom = Variants::parse("", "persistent:16/64/4/2", "", "", "").unwrap();
         assert_eq!(custom.moe_persistent, Some(PersistentGemm { bn: 16, bk: 64, stages: 4, prefetch: 2 }));
         for (args, var) in [
-            (("v3", "", "", ""), "CLEAVE_MLA_DECODE"),
-            (("", "fast", "", ""), "CLEAVE_MOE_GEMM"),
-            (("", "persistent:128/64/4/0", "", ""), "CLEAVE_MOE_GEMM"),
-            (("", "", "flash", ""), "CLEAVE_PREFILL_ATTN"),
-            (("", "", "", "fp4"), "CLEAVE_FP8_PREFILL"),
+            (("v3", "", "", "", ""), "CLEAVE_MLA_DECODE"),
+            (("", "fast", "", "", ""), "CLEAVE_MOE_GEMM"),
+            (("", "persistent:128/64/4/0", "", "", ""), "CLEAVE_MOE_GEMM"),
+            (("", "", "flash", "", ""), "CLEAVE_PREFILL_ATTN"),
+            (("", "", "", "fp4", ""), "CLEAVE_FP8_GEMM"),
+            (("", "", "", "", "fast"), "CLEAVE_QGEMM"),
+            (("", "", "", "", "persistent:64/64/3"), "CLEAVE_QGEMM"),
         ] {
-            let e = Variants::parse(args.0, args.1, args.2, args.3).unwrap_err().to_string();
+            let e = Variants::parse(args.0, args.1, args.2, args.3, args.4).unwrap_err().to_string();
             assert!(e.contains(var), "{e}");
         }
+    }
+
+    #[test]
+    fn compressed_gemm_shapes_follow_the_format_and_grouping() {
+        let forced = QuantGemm::Persistent(Some(QPersist { bn: 64, bk: 128, stages: 4 }));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128), Some(QPersist { bn: 64, bk: 128, stages: 4 }));
+        // groups of 64 cannot take 128-channel k-tiles: the format's default instead
+        assert_eq!(forced.shape(QFormat::AwqInt4, 64), QPersist::default_for(QFormat::AwqInt4, 64));
+        assert_eq!(QuantGemm::Persistent(None).shape(QFormat::AwqInt4, 32), None);
+        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128), None);
     }
 }

@@ -1,0 +1,328 @@
+// Decode GEMMs over compressed weights (the fragment-order layout of quant.cu), persistent like
+// gg_persistent (moe.cu): one wave of resident blocks, block b taking the work items
+// [b T / G, (b + 1) T / G) and streaming their k-tiles through one cp.async pipeline, so that no
+// block starts cold and the next item's weights load under the current item's MMAs.
+//   FMT 0: AWQ int4, unpacked in registers to exact bf16 (q - z) for bf16 MMAs; each k-tile's f32
+//          partial sums are multiplied by its group's scales (as qgemm, so the result equals an
+//          f32 GEMM on the dequantized weights up to summation order).
+//   FMT 1: FP8 e4m3 weights straight into FP8 MMAs (m16n8k32) against activations quantized per
+//          token per 128 channels (DeepSeek's scheme, as the block-scaled prefill GEMM): each
+//          k-tile's partial sums are multiplied by the token's and the weight block's scales.
+// The FP8 activations are stored permuted within each 32-channel unit (act_quant_fp8 with PERM):
+// position s holds channel pi(s) = 16 (s >> 4) + 2 ((s >> 2) & 3) + 8 ((s >> 1) & 1) + (s & 1),
+// the channel the weights' fragment layout puts in MMA k-slot s, so that both operands are plain
+// 16-byte rows (ldmatrix for A, one 8-byte shared load per lane for B).
+
+__device__ __forceinline__ void mma_e4m3(float* c, const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+}
+// Byte offset of 16-byte chunk c of row r in rows of CH chunks, XOR-swizzled so that ldmatrix over
+// eight consecutive rows touches distinct banks.
+template <int CH>
+__device__ __forceinline__ int qswz(int r, int c) {
+    return (r * CH + (c ^ ((CH >= 8 ? r : r >> 1) & (CH >= 8 ? 7 : CH - 1)))) * 16;
+}
+
+// Y[rs + r, n] = sum_k X[row(rs + r), k] W[e, n, k] over work items (row tile of at most 16 rows,
+// column block of BN, input split z): the tiles of `tiles`/`meta` (moe_align with BM 16; items
+// tile-major, so that consecutive items share their rows), or, when `tiles` is null, 16-row tiles
+// of M rows of matrix 0 (items column-block-major, so that consecutive items share their weights
+// through L2). `splits` (> 1 only for EPI 0) cuts the k-tiles into equal parts, split z storing
+// f32 partials at Y + z * M * N for qgemm_reduce. EPI 0 stores f32, EPI 1 takes interleaved
+// gate/up columns and stores bf16 silu(gate) * up. BK <= G (one group per k-tile); Kp % BK == 0,
+// (Kp / BK) % splits == 0. FMT 1: X holds e4m3 bytes [*, K], XS f32 scales [*, K / 128], K % 128 == 0.
+// 4 warps, each over BN / 4 columns (NT n-tiles of 8) and every k step of the tile.
+template <int FMT, int BN, int BK, int ST, int EPI>
+__device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const float* __restrict__ XS,
+                                              const int* __restrict__ rowidx, const u32* __restrict__ Wq,
+                                              const void* __restrict__ S, const u32* __restrict__ Z, void* Y,
+                                              const int* __restrict__ tiles, const int* __restrict__ meta, int M,
+                                              int N, int K, int Np, int Kp, int G, int splits) {
+    constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
+    constexpr int ACH = BK * XB / 16;                     // A chunks per row
+    constexpr int A_BYTES = 16 * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
+    constexpr int B_BYTES = (BN / 8) * UCH * 16, S_BYTES = BN * SB;
+    constexpr int Z_WORDS = FMT == 0 ? BN / 8 : 0, XS_ROWS = FMT == 1 ? 16 : 0;
+    constexpr int S_OFF = A_BYTES + B_BYTES, Z_OFF = S_OFF + S_BYTES;
+    constexpr int STAGE = Z_OFF + (Z_WORDS + XS_ROWS) * 4;
+    constexpr int CA = (16 * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
+    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64, "shape");
+    extern __shared__ __align__(128) unsigned char qsm[];
+    const bool dense = tiles == nullptr;
+    const int ntiles = dense ? (M + 15) / 16 : meta[0];
+    const int NB = (N + BN - 1) / BN, KT = Kp / BK, KTI = KT / splits, KUT = Kp / 32, KG = (K + G - 1) / G;
+    const int gshift = __ffs(G) - __ffs(BK);  // k-tile kt lies in group kt >> gshift
+    const long long total = (long long)ntiles * NB * splits;
+    const int i0 = (int)(total * blockIdx.x / gridDim.x), i1 = (int)(total * (blockIdx.x + 1) / gridDim.x);
+    if (i0 >= i1) return;
+    const int steps = (i1 - i0) * KTI;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int cw = warp * (BN / 4);  // this warp's first column within the item
+    // Item -> (tile, column block, split).
+    auto decode = [&](int it, int& t, int& cb, int& z) {
+        if (dense) {
+            t = it % ntiles, z = (it / ntiles) % splits, cb = it / (ntiles * splits);
+        } else {
+            cb = it % NB, t = it / NB, z = 0;
+        }
+    };
+    auto tile_rows = [&](int t, int& e, int& rs, int& rc) {
+        if (dense) {
+            e = 0, rs = 16 * t, rc = min(16, M - rs);
+        } else {
+            e = tiles[3 * t], rs = tiles[3 * t + 1], rc = tiles[3 * t + 2];
+        }
+    };
+    // Loader: item l_it, its k-tile l_kt (of KTI), and this thread's sources for the item.
+    int l_it = i0, l_kt = 0, l_e = 0, l_cb = 0, l_z = 0;
+    const unsigned char* a_src[CA];
+    bool a_ok[CA];
+    const u32* b_src[CB];
+    bool b_ok[CB];
+    const float* xs_src = XS;
+    bool xs_ok = false;
+    auto set_item = [&]() {
+        int t, rs, rc;
+        decode(l_it, t, l_cb, l_z);
+        tile_rows(t, l_e, rs, rc);
+#pragma unroll
+        for (int j = 0; j < CA; j++) {
+            const int i = tid + 128 * j, r = i / ACH;
+            a_ok[j] = i < 16 * ACH && r < rc;
+            const int row = a_ok[j] ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
+            a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K) * XB + (i % ACH) * 16;
+        }
+#pragma unroll
+        for (int j = 0; j < CB; j++) {
+            const int i = tid + 128 * j, nb = l_cb * (BN / 8) + i / UCH;
+            b_ok[j] = i < (BN / 8) * UCH && nb * 8 < Np;
+            b_src[j] = b_ok[j] ? Wq + ((u64)l_e * (Np / 8) + nb) * KUT * 32 * WPL + (i % UCH) * 4 : Wq;
+        }
+        if (FMT == 1 && tid >= 96 && tid < 96 + XS_ROWS) {
+            const int r = tid - 96;
+            xs_ok = r < rc;
+            xs_src = XS + (u64)(xs_ok ? (rowidx ? rowidx[rs + r] : rs + r) : 0) * (K / 128);
+        }
+    };
+    auto load = [&](int stage) {
+        unsigned char* st = qsm + stage * STAGE;
+        const int kt = l_z * KTI + l_kt, k0 = kt * BK, grp = min(kt >> gshift, KG - 1);  // padding k-tiles: zeros
+#pragma unroll
+        for (int j = 0; j < CA; j++) {
+            const int i = tid + 128 * j;
+            if (CA * 128 > 16 * ACH && i >= 16 * ACH) break;
+            const bool ok = a_ok[j] && k0 + (i % ACH) * (16 / XB) < K;
+            cp_async16(st + qswz<ACH>(i / ACH, i % ACH), ok ? a_src[j] + (u64)k0 * XB : X, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int j = 0; j < CB; j++) {
+            const int i = tid + 128 * j;
+            if (CB * 128 > (BN / 8) * UCH && i >= (BN / 8) * UCH) break;
+            cp_async16(st + A_BYTES + i * 16, b_ok[j] ? b_src[j] + (u64)kt * KU * 32 * WPL : Wq, b_ok[j] ? 16 : 0);
+        }
+        if (tid < SCH) {
+            const int col = l_cb * BN + tid * (16 / SB);
+            const bool ok = col < Np;
+            const unsigned char* src = reinterpret_cast<const unsigned char*>(S) + (((u64)l_e * KG + grp) * Np + col) * SB;
+            cp_async16(st + S_OFF + tid * 16, ok ? src : S, ok ? 16 : 0);
+        }
+        if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS) {
+            const int w = l_cb * (BN / 8) + tid - 64;
+            const bool ok = w < Np / 8;
+            cp_async4(st + Z_OFF + (tid - 64) * 4, ok ? Z + ((u64)l_e * KG + grp) * (Np / 8) + w : Z, ok ? 4 : 0);
+        }
+        if (FMT == 1 && tid >= 96 && tid < 96 + XS_ROWS)
+            cp_async4(st + Z_OFF + (tid - 96) * 4, xs_src + k0 / 128, xs_ok ? 4 : 0);
+        if (++l_kt == KTI) {
+            l_kt = 0;
+            if (++l_it < i1) set_item();
+        }
+    };
+    set_item();
+    float acc[NT][4], part[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[nt][q] = 0.f;
+    int c_it = i0, c_kt = 0, cs = 0, ls = ST - 1;
+#pragma unroll 1
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < steps) load(s);
+        cp_async_commit();
+    }
+    for (int s = 0; s < steps; s++) {
+        cp_async_wait<ST - 2>();
+        __syncthreads();
+        if (s + ST - 1 < steps) load(ls);
+        cp_async_commit();
+        ls = ls + 1 == ST ? 0 : ls + 1;
+        const unsigned char* st = qsm + cs * STAGE;
+        const u32* sb = reinterpret_cast<const u32*>(st + A_BYTES);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) part[nt][q] = 0.f;
+        if (FMT == 0) {
+            const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
+            u32 zz[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero((sz[cw / 8 + nt] >> (4 * g)) & 0xfu);
+#pragma unroll
+            for (int u = 0; u < KU; u++) {
+                u32 af[2][4];
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    ldsm_x4(af[h][0], af[h][1], af[h][2], af[h][3], st + qswz<ACH>(lane & 15, 4 * u + 2 * h + (lane >> 4)));
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const u32 w = sb[((cw / 8 + nt) * KU + u) * 32 + lane];
+                    mma_bf16(part[nt], af[0][0], af[0][1], af[0][2], af[0][3], awq_pair(w, 0, zz[nt]), awq_pair(w, 1, zz[nt]));
+                    mma_bf16(part[nt], af[1][0], af[1][1], af[1][2], af[1][3], awq_pair(w, 2, zz[nt]), awq_pair(w, 3, zz[nt]));
+                }
+            }
+            const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int c = cw + nt * 8 + 2 * t4;
+                const float s0 = h2f(ss[c]), s1 = h2f(ss[c + 1]);
+                acc[nt][0] += s0 * part[nt][0], acc[nt][1] += s1 * part[nt][1];
+                acc[nt][2] += s0 * part[nt][2], acc[nt][3] += s1 * part[nt][3];
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < KU; u++) {
+                u32 af[4];
+                ldsm_x4(af[0], af[1], af[2], af[3], st + qswz<ACH>(lane & 15, 2 * u + (lane >> 4)));
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const uint2 b = *reinterpret_cast<const uint2*>(sb + (((cw / 8 + nt) * KU + u) * 32 + lane) * 2);
+                    mma_e4m3(part[nt], af, b.x, b.y);
+                }
+            }
+            const float* ss = reinterpret_cast<const float*>(st + S_OFF);
+            const float* sx = reinterpret_cast<const float*>(st + Z_OFF);
+            const float x0 = sx[g], x1 = sx[g + 8];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int c = cw + nt * 8 + 2 * t4;
+                const float s0 = ss[c], s1 = ss[c + 1];
+                acc[nt][0] += x0 * s0 * part[nt][0], acc[nt][1] += x0 * s1 * part[nt][1];
+                acc[nt][2] += x1 * s0 * part[nt][2], acc[nt][3] += x1 * s1 * part[nt][3];
+            }
+        }
+        cs = cs + 1 == ST ? 0 : cs + 1;
+        if (++c_kt < KTI) continue;
+        // The item's last k-tile: store its rows and start the next item.
+        c_kt = 0;
+        int t, cb, z, e, rs, rc;
+        decode(c_it, t, cb, z);
+        tile_rows(t, e, rs, rc);
+        float* yz = reinterpret_cast<float*>(Y) + (u64)z * M * N;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int col = cb * BN + cw + nt * 8 + 2 * t4;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                if (g + 8 * hh >= rc) continue;
+                if (splits > 1)
+                    gg_store<0>(yz, (u64)(rs + g + 8 * hh), col, N, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+                else
+                    gg_store<EPI>(Y, (u64)(rs + g + 8 * hh), col, N, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[nt][q] = 0.f;
+        }
+        c_it++;
+    }
+    cp_async_wait<0>();
+}
+
+#define QGP_ARGS                                                                                                   \
+    const void *X, const float *XS, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y,       \
+        const int *tiles, const int *meta, int M, int N, int K, int Np, int Kp, int G, int splits
+#define QGP_PASS X, XS, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, splits
+// Names: qgp_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu>; ops/qdecode.rs (QGP_KERNELS) mirrors them.
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 64, 64, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_silu(QGP_ARGS) { qg_persistent<0, 64, 64, 8, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_f32(QGP_ARGS) { qg_persistent<0, 64, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_silu(QGP_ARGS) { qg_persistent<0, 64, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_6_f32(QGP_ARGS) { qg_persistent<0, 64, 128, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_6_silu(QGP_ARGS) { qg_persistent<0, 64, 128, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 128, 64, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 128, 64, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_f32(QGP_ARGS) { qg_persistent<0, 32, 128, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_silu(QGP_ARGS) { qg_persistent<0, 32, 128, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 64, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 64, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_f32(QGP_ARGS) { qg_persistent<1, 64, 128, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_silu(QGP_ARGS) { qg_persistent<1, 64, 128, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_f32(QGP_ARGS) { qg_persistent<1, 128, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_silu(QGP_ARGS) { qg_persistent<1, 128, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_f32(QGP_ARGS) { qg_persistent<1, 32, 128, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_silu(QGP_ARGS) { qg_persistent<1, 32, 128, 8, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_f32(QGP_ARGS) { qg_persistent<1, 64, 64, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_silu(QGP_ARGS) { qg_persistent<1, 64, 64, 8, 1>(QGP_PASS); }
+
+// Two floats to packed e4m3x2, rounded to nearest even and saturated to +-448; `lo` in the low byte.
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// DeepSeek's activation quantization (kernels/src/fp8.rs is the reference): per token and 128
+// input channels, s = max(amax, 1e-10) / 448 and q = e4m3(x / s). One warp per block of 128, four
+// channels per lane. X [M, K] (K % 128 == 0), f32 or (BF16) bf16.
+//   PERM 0 (the block-scaled prefill GEMM): Q e4m3 [Mp, K]; S f32 [K / 128, Mp] (token-major);
+//          rows M..Mp are zeros.
+//   PERM 1 (qg_persistent): Q [M, K] permuted within each 32-channel unit (channel k at position
+//          16 (k >> 4) + 4 ((k & 7) >> 1) + 2 ((k >> 3) & 1) + (k & 1), the inverse of pi above);
+//          S f32 [M, K / 128]; Mp == M.
+template <bool BF16, bool PERM>
+__device__ __forceinline__ void act_quant(const void* __restrict__ X, unsigned char* __restrict__ Q,
+                                          float* __restrict__ S, int M, int Mp, int K) {
+    const int KB = K / 128, lane = threadIdx.x & 31;
+    const int w = (int)(((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (w >= Mp * KB) return;
+    const int r = w / KB, b = w % KB;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (r < M) {
+        const u64 at = (u64)r * K + b * 128 + lane * 4;
+        if (BF16) {
+            const uint2 p = *reinterpret_cast<const uint2*>(reinterpret_cast<const bf16_t*>(X) + at);
+            v[0] = __uint_as_float(p.x << 16), v[1] = __uint_as_float(p.x & 0xffff0000u);
+            v[2] = __uint_as_float(p.y << 16), v[3] = __uint_as_float(p.y & 0xffff0000u);
+        } else {
+            const float4 p = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(X) + at);
+            v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w;
+        }
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    amax = warp_max(amax);
+    const float s = fmaxf(amax, 1e-10f) / 448.f;
+    const u32 q = e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
+    unsigned char* row = Q + (u64)r * K + b * 128;
+    if (PERM) {
+        // Channels 4 lane .. 4 lane + 3: unit lane / 8, offsets o .. o + 3 (o = 4 (lane % 8)); the
+        // pairs (o, o + 1) and (o + 2, o + 3) stay adjacent.
+        const int unit = lane >> 3, o = 4 * (lane & 7);
+        auto pos = [](int k) { return 16 * (k >> 4) + 4 * ((k & 7) >> 1) + 2 * ((k >> 3) & 1) + (k & 1); };
+        unsigned short* d = reinterpret_cast<unsigned short*>(row + unit * 32);
+        d[pos(o) >> 1] = (unsigned short)(q & 0xffffu);
+        d[pos(o + 2) >> 1] = (unsigned short)(q >> 16);
+        if (lane == 0) S[(u64)r * KB + b] = s;
+    } else {
+        reinterpret_cast<u32*>(row)[lane] = q;
+        if (lane == 0) S[(u64)b * Mp + r] = s;
+    }
+}
+#define AQ_ARGS const void *X, unsigned char *Q, float *S, int M, int Mp, int K
+extern "C" __global__ void act_quant_fp8(AQ_ARGS) { act_quant<false, false>(X, Q, S, M, Mp, K); }
+extern "C" __global__ void act_quant_fp8_mma_f32(AQ_ARGS) { act_quant<false, true>(X, Q, S, M, Mp, K); }
+extern "C" __global__ void act_quant_fp8_mma_bf16(AQ_ARGS) { act_quant<true, true>(X, Q, S, M, Mp, K); }

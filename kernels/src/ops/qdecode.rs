@@ -1,0 +1,262 @@
+//! Launchers of `cu/qdecode.cu`: the persistent decode GEMM over compressed weights (AWQ int4 on
+//! bf16 tensor cores, FP8 on FP8 tensor cores) and DeepSeek's FP8 activation quantization in the
+//! two layouts its consumers read.
+
+use super::quant::{QGemm, QWeights};
+use crate::quant::QFormat;
+use crate::{Arg, Gpu, KernelError, Result};
+
+use Arg::{Ptr, I32};
+
+/// A persistent compressed-GEMM configuration: columns per work item, input channels per k-tile
+/// and pipeline stages (one compiled kernel per format and epilogue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QPersist {
+    pub bn: usize,
+    pub bk: usize,
+    pub stages: usize,
+}
+
+/// (format, bn, bk, stages, f32 kernel, silu kernel) of every compiled shape (qdecode.cu's QGP list).
+const QGP_KERNELS: [(QFormat, usize, usize, usize, &str, &str); 10] = [
+    (QFormat::AwqInt4, 64, 64, 8, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
+    (QFormat::AwqInt4, 64, 128, 4, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
+    (QFormat::AwqInt4, 64, 128, 6, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
+    (QFormat::AwqInt4, 128, 64, 6, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
+    (QFormat::AwqInt4, 32, 128, 6, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
+    (QFormat::Fp8E4m3, 64, 128, 4, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
+    (QFormat::Fp8E4m3, 64, 128, 6, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
+    (QFormat::Fp8E4m3, 128, 128, 4, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
+    (QFormat::Fp8E4m3, 32, 128, 8, "qgp_fp8_32_128_8_f32", "qgp_fp8_32_128_8_silu"),
+    (QFormat::Fp8E4m3, 64, 64, 8, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
+];
+
+/// The functions of qdecode.cu; the `qgp_*` GEMMs get the opt-in dynamic shared memory.
+pub const QDECODE_KERNELS: &[&str] = &[
+    "qgp_awq_64_64_8_f32",
+    "qgp_awq_64_64_8_silu",
+    "qgp_awq_64_128_4_f32",
+    "qgp_awq_64_128_4_silu",
+    "qgp_awq_64_128_6_f32",
+    "qgp_awq_64_128_6_silu",
+    "qgp_awq_128_64_6_f32",
+    "qgp_awq_128_64_6_silu",
+    "qgp_awq_32_128_6_f32",
+    "qgp_awq_32_128_6_silu",
+    "qgp_fp8_64_128_4_f32",
+    "qgp_fp8_64_128_4_silu",
+    "qgp_fp8_64_128_6_f32",
+    "qgp_fp8_64_128_6_silu",
+    "qgp_fp8_128_128_4_f32",
+    "qgp_fp8_128_128_4_silu",
+    "qgp_fp8_32_128_8_f32",
+    "qgp_fp8_32_128_8_silu",
+    "qgp_fp8_64_64_8_f32",
+    "qgp_fp8_64_64_8_silu",
+    "act_quant_fp8",
+    "act_quant_fp8_mma_f32",
+    "act_quant_fp8_mma_bf16",
+];
+
+impl QPersist {
+    /// Every compiled shape for `format`.
+    pub fn compiled(format: QFormat) -> impl Iterator<Item = QPersist> {
+        QGP_KERNELS.iter().filter(move |k| k.0 == format).map(|k| QPersist { bn: k.1, bk: k.2, stages: k.3 })
+    }
+
+    /// The default shape for `format` with groups of `group` channels, if any takes them (a k-tile
+    /// must lie in one group).
+    pub fn default_for(format: QFormat, group: usize) -> Option<QPersist> {
+        let pick = match format {
+            QFormat::AwqInt4 if group >= 128 => QPersist { bn: 64, bk: 128, stages: 6 },
+            QFormat::AwqInt4 => QPersist { bn: 64, bk: 64, stages: 8 },
+            QFormat::Fp8E4m3 => QPersist { bn: 64, bk: 128, stages: 6 },
+        };
+        pick.takes(format, group).then_some(pick)
+    }
+
+    /// Whether this shape is compiled for `format` and takes groups of `group` channels.
+    pub fn takes(&self, format: QFormat, group: usize) -> bool {
+        group >= self.bk && Self::compiled(format).any(|c| c == *self)
+    }
+
+    fn kernel(&self, format: QFormat, silu: bool) -> Result<&'static str> {
+        QGP_KERNELS
+            .iter()
+            .find(|k| (k.0, k.1, k.2, k.3) == (format, self.bn, self.bk, self.stages))
+            .map(|k| if silu { k.5 } else { k.4 })
+            .ok_or_else(|| KernelError::Invalid(format!("persistent {} GEMM shape {self} is not compiled", format.name())))
+    }
+
+    /// Shared memory of one pipeline stage (mirrors qg_persistent's STAGE).
+    fn stage_bytes(&self, format: QFormat) -> usize {
+        let (xb, wpl, sb) = match format {
+            QFormat::AwqInt4 => (2, 1, 2),
+            QFormat::Fp8E4m3 => (1, 2, 4),
+        };
+        let tail = match format {
+            QFormat::AwqInt4 => self.bn / 8,
+            QFormat::Fp8E4m3 => 16,
+        };
+        16 * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4
+    }
+
+    pub fn smem_bytes(&self, format: QFormat) -> usize {
+        self.stages * self.stage_bytes(format)
+    }
+}
+
+impl std::fmt::Display for QPersist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.bn, self.bk, self.stages)
+    }
+}
+
+impl std::str::FromStr for QPersist {
+    type Err = KernelError;
+
+    /// `BN/BK/STAGES`, e.g. `64/128/6`; the shape must be compiled for some format.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected BN/BK/STAGES"));
+        let v: Vec<usize> = s.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
+        let [bn, bk, stages] = v[..] else { return Err(bad()) };
+        let cfg = QPersist { bn, bk, stages };
+        if !QGP_KERNELS.iter().any(|k| (k.1, k.2, k.3) == (bn, bk, stages)) {
+            return Err(KernelError::Invalid(format!("persistent compressed GEMM shape {cfg} is not compiled")));
+        }
+        Ok(cfg)
+    }
+}
+
+impl Gpu {
+    /// Runs [`QGemm`] over `w` with the persistent kernel `cfg`: tiles from `moe_align` with BM 16,
+    /// or 16-row tiles of `rows` dense rows. FP8 weights take the activations as `fp8_quant_mma`
+    /// leaves them (`g.x` e4m3, `g.x_scales`); AWQ takes bf16 `g.x`. Split-K (`g.splits`) only
+    /// for dense f32 outputs, a divisor of the k-tiles ([`Gpu::qgp_splits`]).
+    pub fn qgemm_persistent(&self, w: &QWeights, g: &QGemm, cfg: QPersist) -> Result<()> {
+        let s = w.shape;
+        let kt = s.kp() / cfg.bk;
+        let fp8_ok = s.format != QFormat::Fp8E4m3 || (s.k.is_multiple_of(128) && g.x_scales != 0);
+        if !cfg.takes(s.format, s.group)
+            || !s.k.is_multiple_of(8)
+            || (g.silu && (s.n % 2 != 0 || g.splits > 1))
+            || g.splits == 0
+            || !kt.is_multiple_of(g.splits)
+            || (g.tiles != 0 && g.splits > 1)
+            || !fp8_ok
+        {
+            return Err(KernelError::Invalid(format!(
+                "persistent {} GEMM {cfg}: needs groups of at least {} channels, K % 8 == 0 (FP8: K % 128 == 0 and \
+                 activation scales), an even N with SiLU and splits dividing the {kt} k-tiles, dense only (got N {}, \
+                 K {}, group {}, splits {})",
+                s.format.name(),
+                cfg.bk,
+                s.n,
+                s.k,
+                s.group,
+                g.splits
+            )));
+        }
+        let name = cfg.kernel(s.format, g.silu)?;
+        let smem = cfg.smem_bytes(s.format);
+        let row_tiles = if g.tiles == 0 { g.rows.div_ceil(16) } else { g.max_tiles };
+        let items = row_tiles * s.n.div_ceil(cfg.bn) * g.splits;
+        let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(items).max(1);
+        let args = [
+            Ptr(g.x),
+            Ptr(g.x_scales),
+            Ptr(g.rowidx),
+            Ptr(w.words),
+            Ptr(w.scales),
+            Ptr(w.zeros),
+            Ptr(g.y),
+            Ptr(g.tiles),
+            Ptr(g.meta),
+            I32(g.rows as i32),
+            I32(s.n as i32),
+            I32(s.k as i32),
+            I32(s.np() as i32),
+            I32(s.kp() as i32),
+            I32(s.group as i32),
+            I32(g.splits as i32),
+        ];
+        self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
+    }
+
+    /// Split-K count for a dense persistent GEMM of `rows` over `w`: the fewest equal splits of the
+    /// k-tiles (each at least two) that give every resident block a work item.
+    pub fn qgp_splits(&self, w: &QWeights, rows: usize, cfg: QPersist) -> Result<usize> {
+        let s = w.shape;
+        let kt = s.kp() / cfg.bk;
+        let items = rows.div_ceil(16) * s.n.div_ceil(cfg.bn);
+        let blocks = self.resident_blocks(cfg.kernel(s.format, false)?, 128, cfg.smem_bytes(s.format))? * self.sm_count;
+        Ok(split_count(kt, items, blocks))
+    }
+
+    /// DeepSeek's activation quantization for [`Gpu::qgemm_persistent`] (`crate::fp8::act_quant`
+    /// is the reference; the bytes are permuted within each 32-channel unit, see qdecode.cu):
+    /// f32 or bf16 `x [rows, k]` -> e4m3 `[rows, k]` at `q`, f32 scales `[rows, k / 128]` at
+    /// `scales`.
+    pub fn act_quant_fp8_mma(&self, x: u64, bf16: bool, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
+        let name = if bf16 { "act_quant_fp8_mma_bf16" } else { "act_quant_fp8_mma_f32" };
+        self.act_quant(name, x, rows, rows, k, q, scales)
+    }
+
+    /// Quantizes f32 activations `x [rows, k]` per token per 128 channels (`crate::fp8::act_quant`
+    /// is the reference): e4m3 `[rows_p, k]` at `q`, token-major f32 scales `[k / 128, rows_p]` at
+    /// `scales`, `rows_p = fp8::padded_rows(rows)` (the block-scaled prefill GEMM's layout).
+    pub fn act_quant_fp8(&self, x: u64, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
+        self.act_quant("act_quant_fp8", x, rows, crate::fp8::padded_rows(rows), k, q, scales)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn act_quant(&self, name: &'static str, x: u64, rows: usize, rows_p: usize, k: usize, q: u64, s: u64) -> Result<()> {
+        if !k.is_multiple_of(crate::fp8::BLOCK) {
+            return Err(KernelError::Invalid(format!("{name} needs K % 128 == 0 (K {k})")));
+        }
+        let threads = (rows_p * (k / crate::fp8::BLOCK) * 32) as u64;
+        let args = [Ptr(x), Ptr(q), Ptr(s), I32(rows as i32), I32(rows_p as i32), I32(k as i32)];
+        self.launch(name, (threads.div_ceil(256) as u32, 1, 1), 256, 0, &args)
+    }
+}
+
+/// The fewest splits of `kt` k-tiles, a divisor leaving at least two per split, that make `items`
+/// work items at least `blocks`; the most such splits when none reaches it.
+fn split_count(kt: usize, items: usize, blocks: usize) -> usize {
+    let ok: Vec<usize> = (1..=kt).filter(|d| kt.is_multiple_of(*d) && (kt / d >= 2 || *d == 1)).collect();
+    ok.iter().copied().find(|d| items * d >= blocks).unwrap_or(*ok.last().expect("1 divides kt"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiled_shapes_name_kernels_and_fit_an_sm() {
+        let module = crate::MODULES.iter().find(|m| m.0 == "qdecode").expect("qdecode module");
+        for f in [QFormat::AwqInt4, QFormat::Fp8E4m3] {
+            for cfg in QPersist::compiled(f) {
+                for silu in [false, true] {
+                    assert!(module.2.contains(&cfg.kernel(f, silu).unwrap()));
+                }
+                assert!(cfg.smem_bytes(f) <= 100 * 1024, "{cfg}: two blocks must fit an SM");
+                assert_eq!(cfg.to_string().parse::<QPersist>().unwrap(), cfg);
+            }
+        }
+        assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64).unwrap().bk, 64);
+        assert_eq!(QPersist::default_for(QFormat::AwqInt4, 128).unwrap().bk, 128);
+        assert!(QPersist::default_for(QFormat::AwqInt4, 32).is_none());
+        assert!(QPersist::default_for(QFormat::Fp8E4m3, 128).is_some());
+        assert!("64/128".parse::<QPersist>().is_err() && "16/16/2".parse::<QPersist>().is_err());
+    }
+
+    #[test]
+    fn splits_divide_the_k_tiles() {
+        assert_eq!(split_count(16, 200, 132), 1);
+        assert_eq!(split_count(16, 9, 132), 8);
+        assert_eq!(split_count(56, 24, 396), 28);
+        assert_eq!(split_count(4, 1, 400), 2);
+        assert_eq!(split_count(1, 1, 400), 1);
+        assert_eq!(split_count(3, 1, 400), 1);
+    }
+}
