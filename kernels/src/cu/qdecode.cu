@@ -258,6 +258,14 @@ extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_f32(QGP_ARGS)
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 128, 64, 6, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_f32(QGP_ARGS) { qg_persistent<0, 32, 128, 6, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_silu(QGP_ARGS) { qg_persistent<0, 32, 128, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_4_f32(QGP_ARGS) { qg_persistent<0, 128, 64, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_4_silu(QGP_ARGS) { qg_persistent<0, 128, 64, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_f32(QGP_ARGS) { qg_persistent<0, 128, 64, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_silu(QGP_ARGS) { qg_persistent<0, 128, 64, 8, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_f32(QGP_ARGS) { qg_persistent<0, 128, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_silu(QGP_ARGS) { qg_persistent<0, 128, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 256, 64, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 256, 64, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 64, 128, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 64, 128, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_f32(QGP_ARGS) { qg_persistent<1, 64, 128, 6, 0>(QGP_PASS); }

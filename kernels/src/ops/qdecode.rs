@@ -18,12 +18,16 @@ pub struct QPersist {
 }
 
 /// (format, bn, bk, stages, f32 kernel, silu kernel) of every compiled shape (qdecode.cu's QGP list).
-const QGP_KERNELS: [(QFormat, usize, usize, usize, &str, &str); 10] = [
+const QGP_KERNELS: [(QFormat, usize, usize, usize, &str, &str); 14] = [
     (QFormat::AwqInt4, 64, 64, 8, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
     (QFormat::AwqInt4, 64, 128, 4, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
     (QFormat::AwqInt4, 64, 128, 6, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
     (QFormat::AwqInt4, 128, 64, 6, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
     (QFormat::AwqInt4, 32, 128, 6, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
+    (QFormat::AwqInt4, 128, 64, 4, "qgp_awq_128_64_4_f32", "qgp_awq_128_64_4_silu"),
+    (QFormat::AwqInt4, 128, 64, 8, "qgp_awq_128_64_8_f32", "qgp_awq_128_64_8_silu"),
+    (QFormat::AwqInt4, 128, 128, 4, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
+    (QFormat::AwqInt4, 256, 64, 4, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
     (QFormat::Fp8E4m3, 64, 128, 4, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
     (QFormat::Fp8E4m3, 64, 128, 6, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
     (QFormat::Fp8E4m3, 128, 128, 4, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
@@ -43,6 +47,14 @@ pub const QDECODE_KERNELS: &[&str] = &[
     "qgp_awq_128_64_6_silu",
     "qgp_awq_32_128_6_f32",
     "qgp_awq_32_128_6_silu",
+    "qgp_awq_128_64_4_f32",
+    "qgp_awq_128_64_4_silu",
+    "qgp_awq_128_64_8_f32",
+    "qgp_awq_128_64_8_silu",
+    "qgp_awq_128_128_4_f32",
+    "qgp_awq_128_128_4_silu",
+    "qgp_awq_256_64_4_f32",
+    "qgp_awq_256_64_4_silu",
     "qgp_fp8_64_128_4_f32",
     "qgp_fp8_64_128_4_silu",
     "qgp_fp8_64_128_6_f32",
@@ -68,9 +80,9 @@ impl QPersist {
     /// must lie in one group).
     pub fn default_for(format: QFormat, group: usize) -> Option<QPersist> {
         let pick = match format {
-            QFormat::AwqInt4 if group >= 128 => QPersist { bn: 64, bk: 128, stages: 6 },
-            QFormat::AwqInt4 => QPersist { bn: 64, bk: 64, stages: 8 },
-            QFormat::Fp8E4m3 => QPersist { bn: 64, bk: 128, stages: 6 },
+            QFormat::AwqInt4 if group >= 128 => QPersist { bn: 64, bk: 128, stages: 4 },
+            QFormat::AwqInt4 => QPersist { bn: 128, bk: 64, stages: 6 },
+            QFormat::Fp8E4m3 => QPersist { bn: 128, bk: 128, stages: 4 },
         };
         pick.takes(format, group).then_some(pick)
     }
