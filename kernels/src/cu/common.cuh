@@ -109,5 +109,9 @@ __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
 // into the mantissa of 128.0 gives 128 + q.
 __device__ __forceinline__ u32 awq_zero(u32 z) { return (0xC300u | z) * 0x10001u; }
 __device__ __forceinline__ u32 awq_pair(u32 w, int p, u32 zero) {
-    return fma_bf16x2(((w >> (4 * p)) & 0x000F000Fu) | 0x43004300u, 0x3F803F80u, zero);
+    // (w & mask) | magic as one LOP3: written out, ptxas emits an AND and an OR (a LOP3 takes one
+    // immediate).
+    u32 v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w >> (4 * p)), "r"(0x000F000Fu), "r"(0x43004300u));
+    return fma_bf16x2(v, 0x3F803F80u, zero);
 }

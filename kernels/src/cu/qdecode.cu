@@ -150,6 +150,11 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int q = 0; q < 4; q++) acc[nt][q] = 0.f;
+    // This lane's ldmatrix rows of the A tile, per k16 step (AWQ) or 32-channel unit (FP8).
+    int a_off[2 * KU];
+#pragma unroll
+    for (int j = 0; j < 2 * KU; j++)
+        a_off[j] = FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4)) : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
     int c_it = i0, c_kt = 0, cs = 0, ls = ST - 1;
 #pragma unroll 1
     for (int s = 0; s < ST - 1; s++) {
@@ -178,7 +183,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 u32 af[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    ldsm_x4(af[h][0], af[h][1], af[h][2], af[h][3], st + qswz<ACH>(lane & 15, 4 * u + 2 * h + (lane >> 4)));
+                    ldsm_x4(af[h][0], af[h][1], af[h][2], af[h][3], st + a_off[2 * u + h]);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const u32 w = sb[((cw / 8 + nt) * KU + u) * 32 + lane];
@@ -198,7 +203,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
             for (int u = 0; u < KU; u++) {
                 u32 af[4];
-                ldsm_x4(af[0], af[1], af[2], af[3], st + qswz<ACH>(lane & 15, 2 * u + (lane >> 4)));
+                ldsm_x4(af[0], af[1], af[2], af[3], st + a_off[2 * u]);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const uint2 b = *reinterpret_cast<const uint2*>(sb + (((cw / 8 + nt) * KU + u) * 32 + lane) * 2);
