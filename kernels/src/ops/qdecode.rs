@@ -76,12 +76,12 @@ impl QPersist {
         QGP_KERNELS.iter().filter(move |k| k.0 == format).map(|k| QPersist { bn: k.1, bk: k.2, stages: k.3 })
     }
 
-    /// The default shape for `format` with groups of `group` channels, if any takes them (a k-tile
-    /// must lie in one group).
+    /// The default shape for `format` with groups of `group` channels, if it takes them (a k-tile
+    /// must lie in one group): the fastest of `kernels-check --stages qgemm_tune` on the V3 expert
+    /// shapes at 16 and 64 tokens on an H200 (run 25; kernels/bench/results/run25-*).
     pub fn default_for(format: QFormat, group: usize) -> Option<QPersist> {
         let pick = match format {
-            QFormat::AwqInt4 if group >= 128 => QPersist { bn: 64, bk: 128, stages: 4 },
-            QFormat::AwqInt4 => QPersist { bn: 128, bk: 64, stages: 6 },
+            QFormat::AwqInt4 => QPersist { bn: 256, bk: 64, stages: 4 },
             QFormat::Fp8E4m3 => QPersist { bn: 128, bk: 128, stages: 4 },
         };
         pick.takes(format, group).then_some(pick)
@@ -256,7 +256,7 @@ mod tests {
             }
         }
         assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64).unwrap().bk, 64);
-        assert_eq!(QPersist::default_for(QFormat::AwqInt4, 128).unwrap().bk, 128);
+        assert_eq!(QPersist::default_for(QFormat::AwqInt4, 128), QPersist::default_for(QFormat::AwqInt4, 64));
         assert!(QPersist::default_for(QFormat::AwqInt4, 32).is_none());
         assert!(QPersist::default_for(QFormat::Fp8E4m3, 128).is_some());
         assert!("64/128".parse::<QPersist>().is_err() && "16/16/2".parse::<QPersist>().is_err());
