@@ -4,7 +4,7 @@
 # (activation quantization bit for bit; V2-Lite and V3 prefill linears against the CPU on the
 # same quantized activations, timed against cuBLASLt alone and the bf16 expansion), then, time
 # permitting (BUDGET seconds in all), 4 layers of the V3 shape in FP8: a 4k prefill with FP8
-# tensor cores and with the bf16 expansion (CLEAVE_FP8_PREFILL=bf16; VARIANTS narrows).
+# tensor cores and with the bf16 expansion (CLEAVE_FP8_GEMM=bf16; VARIANTS narrows).
 source kernels/bench/lib.sh
 T0=$(date +%s)
 left() { echo $(( ${BUDGET:-420} - ($(date +%s) - T0) )); }
@@ -20,7 +20,7 @@ wait $GP; tail -2 $OUT/gen.txt
 for v in ${VARIANTS:-tensor-cores bf16}; do
   L=$(left); [ $L -lt 40 ] && { echo "no time left for the V3 prefill ($v)"; continue; }
   [ $L -gt 100 ] && L=100
-  CLEAVE_FP8_PREFILL=$v timeout $L $C kernels-check --no-ops --bench-model /dev/shm/v3l4-fp8 --ctx 2048 --batches 1 > $OUT/bench-$v.txt 2>&1
+  CLEAVE_FP8_GEMM=$v timeout $L $C kernels-check --no-ops --bench-model /dev/shm/v3l4-fp8 --ctx 2048 --batches 1 > $OUT/bench-$v.txt 2>&1
   echo "v3l4 fp8 prefill ($v) rc=$? at $(( $(date +%s) - T0 )) s"
   grep -E "loaded in|prefill|tensor cores|cublas|qbytes|act_quant|qdequant" $OUT/bench-$v.txt | cut -c1-200 | head -20
 done
