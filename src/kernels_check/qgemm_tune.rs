@@ -245,8 +245,9 @@ impl Ctx<'_> {
             }
             Ok(())
         };
-        let shapes: Vec<QPersist> =
-            QPersist::compiled(w.shape.format).filter(|cfg| cfg.takes(w.shape.format, w.shape.group)).collect();
+        let shapes: Vec<QPersist> = QPersist::compiled(w.shape.format)
+            .filter(|cfg| cfg.takes(w.shape.format, w.shape.group) && (c.dense_rows > 0 || cfg.bm == 16))
+            .collect();
         let (t_splits, p_splits) = if c.dense_rows > 0 {
             let p = shapes.iter().map(|&cfg| g.qgp_splits(&w, rows, cfg)).collect::<Result<Vec<_>, _>>()?;
             (g.qgemm_splits(&w, rows, c.g.bm), p)

@@ -29,16 +29,17 @@ __device__ __forceinline__ int qswz(int r, int c) {
     return (r * CH + (c ^ ((CH >= 8 ? r : r >> 1) & (CH >= 8 ? 7 : CH - 1)))) * 16;
 }
 
-// Y[rs + r, n] = sum_k X[row(rs + r), k] W[e, n, k] over work items (row tile of at most 16 rows,
-// column block of BN, input split z): the tiles of `tiles`/`meta` (moe_align with BM 16; items
-// tile-major, so that consecutive items share their rows), or, when `tiles` is null, 16-row tiles
+// Y[rs + r, n] = sum_k X[row(rs + r), k] W[e, n, k] over work items (row tile of at most BM = 16 MT
+// rows, column block of BN, input split z): the tiles of `tiles`/`meta` (moe_align with BM; items
+// tile-major, so that consecutive items share their rows), or, when `tiles` is null, BM-row tiles
 // of M rows of matrix 0 (items column-block-major, so that consecutive items share their weights
 // through L2). `splits` (> 1 only for EPI 0) cuts the k-tiles into equal parts, split z storing
 // f32 partials at Y + z * M * N for qgemm_reduce. EPI 0 stores f32, EPI 1 takes interleaved
 // gate/up columns and stores bf16 silu(gate) * up. BK <= G (one group per k-tile); Kp % BK == 0,
 // (Kp / BK) % splits == 0. FMT 1: X holds e4m3 bytes [*, K], XS f32 scales [*, K / 128], K % 128 == 0.
-// 4 warps, each over BN / 4 columns (NT n-tiles of 8) and every k step of the tile.
-template <int FMT, int BN, int BK, int ST, int EPI>
+// 4 warps, each over BN / 4 columns (NT n-tiles of 8), every k step and all MT 16-row tiles (the
+// weights are unpacked once for MT MMAs).
+template <int FMT, int MT, int BN, int BK, int ST, int EPI>
 __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const float* __restrict__ XS,
                                               const int* __restrict__ rowidx, const u32* __restrict__ Wq,
                                               const void* __restrict__ S, const u32* __restrict__ Z, void* Y,
@@ -46,16 +47,16 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                                               int N, int K, int Np, int Kp, int G, int splits) {
     constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
-    constexpr int A_BYTES = 16 * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
+    constexpr int BM = 16 * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
     constexpr int B_BYTES = (BN / 8) * UCH * 16, S_BYTES = BN * SB;
-    constexpr int Z_WORDS = FMT == 0 ? BN / 8 : 0, XS_ROWS = FMT == 1 ? 16 : 0;
+    constexpr int Z_WORDS = FMT == 0 ? BN / 8 : 0, XS_ROWS = FMT == 1 ? BM : 0;
     constexpr int S_OFF = A_BYTES + B_BYTES, Z_OFF = S_OFF + S_BYTES;
-    constexpr int STAGE = Z_OFF + (Z_WORDS + XS_ROWS) * 4;
-    constexpr int CA = (16 * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
-    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64, "shape");
+    constexpr int STAGE = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = 16 * ACH * 16;
+    constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
+    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= 4, "shape");
     extern __shared__ __align__(128) unsigned char qsm[];
     const bool dense = tiles == nullptr;
-    const int ntiles = dense ? (M + 15) / 16 : meta[0];
+    const int ntiles = dense ? (M + BM - 1) / BM : meta[0];
     const int NB = (N + BN - 1) / BN, KT = Kp / BK, KTI = KT / splits, KUT = Kp / 32, KG = (K + G - 1) / G;
     const int gshift = __ffs(G) - __ffs(BK);  // k-tile kt lies in group kt >> gshift
     const long long total = (long long)ntiles * NB * splits;
@@ -74,7 +75,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     };
     auto tile_rows = [&](int t, int& e, int& rs, int& rc) {
         if (dense) {
-            e = 0, rs = 16 * t, rc = min(16, M - rs);
+            e = 0, rs = BM * t, rc = min(BM, M - rs);
         } else {
             e = tiles[3 * t], rs = tiles[3 * t + 1], rc = tiles[3 * t + 2];
         }
@@ -94,7 +95,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
         for (int j = 0; j < CA; j++) {
             const int i = tid + 128 * j, r = i / ACH;
-            a_ok[j] = i < 16 * ACH && r < rc;
+            a_ok[j] = i < BM * ACH && r < rc;
             const int row = a_ok[j] ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
             a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K) * XB + (i % ACH) * 16;
         }
@@ -104,8 +105,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             b_ok[j] = i < (BN / 8) * UCH && nb * 8 < Np;
             b_src[j] = b_ok[j] ? Wq + ((u64)l_e * (Np / 8) + nb) * KUT * 32 * WPL + (i % UCH) * 4 : Wq;
         }
-        if (FMT == 1 && tid >= 96 && tid < 96 + XS_ROWS) {
-            const int r = tid - 96;
+        if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS) {
+            const int r = tid - 64;
             xs_ok = r < rc;
             xs_src = XS + (u64)(xs_ok ? (rowidx ? rowidx[rs + r] : rs + r) : 0) * (K / 128);
         }
@@ -116,7 +117,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
         for (int j = 0; j < CA; j++) {
             const int i = tid + 128 * j;
-            if (CA * 128 > 16 * ACH && i >= 16 * ACH) break;
+            if (CA * 128 > BM * ACH && i >= BM * ACH) break;
             const bool ok = a_ok[j] && k0 + (i % ACH) * (16 / XB) < K;
             cp_async16(st + qswz<ACH>(i / ACH, i % ACH), ok ? a_src[j] + (u64)k0 * XB : X, ok ? 16 : 0);
         }
@@ -137,20 +138,23 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             const bool ok = w < Np / 8;
             cp_async4(st + Z_OFF + (tid - 64) * 4, ok ? Z + ((u64)l_e * KG + grp) * (Np / 8) + w : Z, ok ? 4 : 0);
         }
-        if (FMT == 1 && tid >= 96 && tid < 96 + XS_ROWS)
-            cp_async4(st + Z_OFF + (tid - 96) * 4, xs_src + k0 / 128, xs_ok ? 4 : 0);
+        if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS)
+            cp_async4(st + Z_OFF + (tid - 64) * 4, xs_src + k0 / 128, xs_ok ? 4 : 0);
         if (++l_kt == KTI) {
             l_kt = 0;
             if (++l_it < i1) set_item();
         }
     };
     set_item();
-    float acc[NT][4], part[NT][4];
+    float acc[MT][NT][4], part[MT][NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) acc[nt][q] = 0.f;
-    // This lane's ldmatrix rows of the A tile, per k16 step (AWQ) or 32-channel unit (FP8).
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
+    // This lane's ldmatrix rows of the first 16-row A tile, per k16 step (AWQ) or 32-channel unit
+    // (FP8); the swizzle repeats every 8 rows, so tile mt is MT_BYTES further.
     int a_off[2 * KU];
 #pragma unroll
     for (int j = 0; j < 2 * KU; j++)
@@ -170,9 +174,11 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const unsigned char* st = qsm + cs * STAGE;
         const u32* sb = reinterpret_cast<const u32*>(st + A_BYTES);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int q = 0; q < 4; q++) part[nt][q] = 0.f;
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) part[mt][nt][q] = 0.f;
         if (FMT == 0) {
             const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
             u32 zz[NT];
@@ -180,15 +186,23 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero((sz[cw / 8 + nt] >> (4 * g)) & 0xfu);
 #pragma unroll
             for (int u = 0; u < KU; u++) {
-                u32 af[2][4];
+                u32 af[MT][2][4];
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    ldsm_x4(af[h][0], af[h][1], af[h][2], af[h][3], st + a_off[2 * u + h]);
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        ldsm_x4(af[mt][h][0], af[mt][h][1], af[mt][h][2], af[mt][h][3], st + a_off[2 * u + h] + mt * MT_BYTES);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const u32 w = sb[((cw / 8 + nt) * KU + u) * 32 + lane];
-                    mma_bf16(part[nt], af[0][0], af[0][1], af[0][2], af[0][3], awq_pair(w, 0, zz[nt]), awq_pair(w, 1, zz[nt]));
-                    mma_bf16(part[nt], af[1][0], af[1][1], af[1][2], af[1][3], awq_pair(w, 2, zz[nt]), awq_pair(w, 3, zz[nt]));
+                    u32 b[4];
+#pragma unroll
+                    for (int p = 0; p < 4; p++) b[p] = awq_pair(w, p, zz[nt]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_bf16(part[mt][nt], af[mt][0][0], af[mt][0][1], af[mt][0][2], af[mt][0][3], b[0], b[1]);
+                        mma_bf16(part[mt][nt], af[mt][1][0], af[mt][1][1], af[mt][1][2], af[mt][1][3], b[2], b[3]);
+                    }
                 }
             }
             const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
@@ -196,29 +210,38 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             for (int nt = 0; nt < NT; nt++) {
                 const int c = cw + nt * 8 + 2 * t4;
                 const float s0 = h2f(ss[c]), s1 = h2f(ss[c + 1]);
-                acc[nt][0] += s0 * part[nt][0], acc[nt][1] += s1 * part[nt][1];
-                acc[nt][2] += s0 * part[nt][2], acc[nt][3] += s1 * part[nt][3];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    acc[mt][nt][0] += s0 * part[mt][nt][0], acc[mt][nt][1] += s1 * part[mt][nt][1];
+                    acc[mt][nt][2] += s0 * part[mt][nt][2], acc[mt][nt][3] += s1 * part[mt][nt][3];
+                }
             }
         } else {
 #pragma unroll
             for (int u = 0; u < KU; u++) {
-                u32 af[4];
-                ldsm_x4(af[0], af[1], af[2], af[3], st + a_off[2 * u]);
+                u32 af[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    ldsm_x4(af[mt][0], af[mt][1], af[mt][2], af[mt][3], st + a_off[2 * u] + mt * MT_BYTES);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const uint2 b = *reinterpret_cast<const uint2*>(sb + (((cw / 8 + nt) * KU + u) * 32 + lane) * 2);
-                    mma_e4m3(part[nt], af, b.x, b.y);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) mma_e4m3(part[mt][nt], af[mt], b.x, b.y);
                 }
             }
             const float* ss = reinterpret_cast<const float*>(st + S_OFF);
             const float* sx = reinterpret_cast<const float*>(st + Z_OFF);
-            const float x0 = sx[g], x1 = sx[g + 8];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int c = cw + nt * 8 + 2 * t4;
                 const float s0 = ss[c], s1 = ss[c + 1];
-                acc[nt][0] += x0 * s0 * part[nt][0], acc[nt][1] += x0 * s1 * part[nt][1];
-                acc[nt][2] += x1 * s0 * part[nt][2], acc[nt][3] += x1 * s1 * part[nt][3];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const float x0 = sx[16 * mt + g], x1 = sx[16 * mt + g + 8];
+                    acc[mt][nt][0] += x0 * s0 * part[mt][nt][0], acc[mt][nt][1] += x0 * s1 * part[mt][nt][1];
+                    acc[mt][nt][2] += x1 * s0 * part[mt][nt][2], acc[mt][nt][3] += x1 * s1 * part[mt][nt][3];
+                }
             }
         }
         cs = cs + 1 == ST ? 0 : cs + 1;
@@ -230,19 +253,22 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         tile_rows(t, e, rs, rc);
         float* yz = reinterpret_cast<float*>(Y) + (u64)z * M * N;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int col = cb * BN + cw + nt * 8 + 2 * t4;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                if (g + 8 * hh >= rc) continue;
-                if (splits > 1)
-                    gg_store<0>(yz, (u64)(rs + g + 8 * hh), col, N, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-                else
-                    gg_store<EPI>(Y, (u64)(rs + g + 8 * hh), col, N, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+            for (int nt = 0; nt < NT; nt++) {
+                const int col = cb * BN + cw + nt * 8 + 2 * t4;
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = 16 * mt + g + 8 * hh;
+                    if (r >= rc) continue;
+                    if (splits > 1)
+                        gg_store<0>(yz, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                    else
+                        gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
             }
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[nt][q] = 0.f;
-        }
         c_it++;
     }
     cp_async_wait<0>();
@@ -252,35 +278,40 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     const void *X, const float *XS, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y,       \
         const int *tiles, const int *meta, int M, int N, int K, int Np, int Kp, int G, int splits
 #define QGP_PASS X, XS, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, splits
-// Names: qgp_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu>; ops/qdecode.rs (QGP_KERNELS) mirrors them.
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 64, 64, 8, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_silu(QGP_ARGS) { qg_persistent<0, 64, 64, 8, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_f32(QGP_ARGS) { qg_persistent<0, 64, 128, 4, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_silu(QGP_ARGS) { qg_persistent<0, 64, 128, 4, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_6_f32(QGP_ARGS) { qg_persistent<0, 64, 128, 6, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_6_silu(QGP_ARGS) { qg_persistent<0, 64, 128, 6, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 128, 64, 6, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 128, 64, 6, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_f32(QGP_ARGS) { qg_persistent<0, 32, 128, 6, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_silu(QGP_ARGS) { qg_persistent<0, 32, 128, 6, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_4_f32(QGP_ARGS) { qg_persistent<0, 128, 64, 4, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_4_silu(QGP_ARGS) { qg_persistent<0, 128, 64, 4, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_f32(QGP_ARGS) { qg_persistent<0, 128, 64, 8, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_silu(QGP_ARGS) { qg_persistent<0, 128, 64, 8, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_f32(QGP_ARGS) { qg_persistent<0, 128, 128, 4, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_silu(QGP_ARGS) { qg_persistent<0, 128, 128, 4, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 256, 64, 4, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 256, 64, 4, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 64, 128, 4, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 64, 128, 4, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_f32(QGP_ARGS) { qg_persistent<1, 64, 128, 6, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_silu(QGP_ARGS) { qg_persistent<1, 64, 128, 6, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_f32(QGP_ARGS) { qg_persistent<1, 128, 128, 4, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_silu(QGP_ARGS) { qg_persistent<1, 128, 128, 4, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_f32(QGP_ARGS) { qg_persistent<1, 32, 128, 8, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_silu(QGP_ARGS) { qg_persistent<1, 32, 128, 8, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_f32(QGP_ARGS) { qg_persistent<1, 64, 64, 8, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_silu(QGP_ARGS) { qg_persistent<1, 64, 64, 8, 1>(QGP_PASS); }
+// Names: qgp[64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp64: row tiles of 64); ops/qdecode.rs
+// (QGP_KERNELS) mirrors them.
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_silu(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_silu(QGP_ARGS) { qg_persistent<0, 1, 64, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_6_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 128, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_6_silu(QGP_ARGS) { qg_persistent<0, 1, 64, 128, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_f32(QGP_ARGS) { qg_persistent<0, 1, 32, 128, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_32_128_6_silu(QGP_ARGS) { qg_persistent<0, 1, 32, 128, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 8, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_silu(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 1, 64, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 128, 6, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_silu(QGP_ARGS) { qg_persistent<1, 1, 64, 128, 6, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_f32(QGP_ARGS) { qg_persistent<1, 1, 128, 128, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_silu(QGP_ARGS) { qg_persistent<1, 1, 128, 128, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_f32(QGP_ARGS) { qg_persistent<1, 1, 32, 128, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_silu(QGP_ARGS) { qg_persistent<1, 1, 32, 128, 8, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 64, 8, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_silu(QGP_ARGS) { qg_persistent<1, 1, 64, 64, 8, 1>(QGP_PASS); }
 
 // Two floats to packed e4m3x2, rounded to nearest even and saturated to +-448; `lo` in the low byte.
 __device__ __forceinline__ u32 e4m3x2(float lo, float hi) {

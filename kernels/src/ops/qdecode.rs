@@ -8,31 +8,35 @@ use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, I32};
 
-/// A persistent compressed-GEMM configuration: columns per work item, input channels per k-tile
+/// A persistent compressed-GEMM configuration: rows and columns per work item (rows: 16, or 64 for
+/// dense GEMMs of more rows, unpacking each weight once for four MMAs), input channels per k-tile
 /// and pipeline stages (one compiled kernel per format and epilogue).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QPersist {
+    pub bm: usize,
     pub bn: usize,
     pub bk: usize,
     pub stages: usize,
 }
 
-/// (format, bn, bk, stages, f32 kernel, silu kernel) of every compiled shape (qdecode.cu's QGP list).
-const QGP_KERNELS: [(QFormat, usize, usize, usize, &str, &str); 14] = [
-    (QFormat::AwqInt4, 64, 64, 8, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
-    (QFormat::AwqInt4, 64, 128, 4, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
-    (QFormat::AwqInt4, 64, 128, 6, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
-    (QFormat::AwqInt4, 128, 64, 6, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
-    (QFormat::AwqInt4, 32, 128, 6, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
-    (QFormat::AwqInt4, 128, 64, 4, "qgp_awq_128_64_4_f32", "qgp_awq_128_64_4_silu"),
-    (QFormat::AwqInt4, 128, 64, 8, "qgp_awq_128_64_8_f32", "qgp_awq_128_64_8_silu"),
-    (QFormat::AwqInt4, 128, 128, 4, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
-    (QFormat::AwqInt4, 256, 64, 4, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
-    (QFormat::Fp8E4m3, 64, 128, 4, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
-    (QFormat::Fp8E4m3, 64, 128, 6, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
-    (QFormat::Fp8E4m3, 128, 128, 4, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
-    (QFormat::Fp8E4m3, 32, 128, 8, "qgp_fp8_32_128_8_f32", "qgp_fp8_32_128_8_silu"),
-    (QFormat::Fp8E4m3, 64, 64, 8, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
+/// (format, bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled shape (qdecode.cu's list).
+const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 16] = [
+    (QFormat::AwqInt4, 16, 64, 64, 8, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
+    (QFormat::AwqInt4, 16, 64, 128, 4, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
+    (QFormat::AwqInt4, 16, 64, 128, 6, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 6, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
+    (QFormat::AwqInt4, 16, 32, 128, 6, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 4, "qgp_awq_128_64_4_f32", "qgp_awq_128_64_4_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 8, "qgp_awq_128_64_8_f32", "qgp_awq_128_64_8_silu"),
+    (QFormat::AwqInt4, 16, 128, 128, 4, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
+    (QFormat::AwqInt4, 16, 256, 64, 4, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 64, 64, 64, 4, "qgp64_awq_64_64_4_f32", "qgp64_awq_64_64_4_silu"),
+    (QFormat::Fp8E4m3, 64, 64, 128, 4, "qgp64_fp8_64_128_4_f32", "qgp64_fp8_64_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 128, 4, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 128, 6, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
+    (QFormat::Fp8E4m3, 16, 128, 128, 4, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 32, 128, 8, "qgp_fp8_32_128_8_f32", "qgp_fp8_32_128_8_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 64, 8, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
 ];
 
 /// The functions of qdecode.cu; the `qgp_*` GEMMs get the opt-in dynamic shared memory.
@@ -55,6 +59,10 @@ pub const QDECODE_KERNELS: &[&str] = &[
     "qgp_awq_128_128_4_silu",
     "qgp_awq_256_64_4_f32",
     "qgp_awq_256_64_4_silu",
+    "qgp64_awq_64_64_4_f32",
+    "qgp64_awq_64_64_4_silu",
+    "qgp64_fp8_64_128_4_f32",
+    "qgp64_fp8_64_128_4_silu",
     "qgp_fp8_64_128_4_f32",
     "qgp_fp8_64_128_4_silu",
     "qgp_fp8_64_128_6_f32",
@@ -73,16 +81,19 @@ pub const QDECODE_KERNELS: &[&str] = &[
 impl QPersist {
     /// Every compiled shape for `format`.
     pub fn compiled(format: QFormat) -> impl Iterator<Item = QPersist> {
-        QGP_KERNELS.iter().filter(move |k| k.0 == format).map(|k| QPersist { bn: k.1, bk: k.2, stages: k.3 })
+        QGP_KERNELS.iter().filter(move |k| k.0 == format).map(|k| QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4 })
     }
 
     /// The default shape for `format` with groups of `group` channels, if it takes them (a k-tile
     /// must lie in one group): the fastest of `kernels-check --stages qgemm_tune` on the V3 expert
     /// shapes at 16 and 64 tokens on an H200 (run 25; kernels/bench/results/run25-*).
-    pub fn default_for(format: QFormat, group: usize) -> Option<QPersist> {
-        let pick = match format {
-            QFormat::AwqInt4 => QPersist { bn: 256, bk: 64, stages: 4 },
-            QFormat::Fp8E4m3 => QPersist { bn: 128, bk: 128, stages: 4 },
+    /// Row tiles of 64 (`bm` 64) are for dense GEMMs of more than 16 rows.
+    pub fn default_for(format: QFormat, group: usize, bm: usize) -> Option<QPersist> {
+        let pick = match (format, bm) {
+            (QFormat::AwqInt4, 64) => QPersist { bm, bn: 64, bk: 64, stages: 4 },
+            (QFormat::Fp8E4m3, 64) => QPersist { bm, bn: 64, bk: 128, stages: 4 },
+            (QFormat::AwqInt4, _) => QPersist { bm: 16, bn: 256, bk: 64, stages: 4 },
+            (QFormat::Fp8E4m3, _) => QPersist { bm: 16, bn: 128, bk: 128, stages: 4 },
         };
         pick.takes(format, group).then_some(pick)
     }
@@ -95,8 +106,8 @@ impl QPersist {
     fn kernel(&self, format: QFormat, silu: bool) -> Result<&'static str> {
         QGP_KERNELS
             .iter()
-            .find(|k| (k.0, k.1, k.2, k.3) == (format, self.bn, self.bk, self.stages))
-            .map(|k| if silu { k.5 } else { k.4 })
+            .find(|k| (k.0, k.1, k.2, k.3, k.4) == (format, self.bm, self.bn, self.bk, self.stages))
+            .map(|k| if silu { k.6 } else { k.5 })
             .ok_or_else(|| KernelError::Invalid(format!("persistent {} GEMM shape {self} is not compiled", format.name())))
     }
 
@@ -108,9 +119,9 @@ impl QPersist {
         };
         let tail = match format {
             QFormat::AwqInt4 => self.bn / 8,
-            QFormat::Fp8E4m3 => 16,
+            QFormat::Fp8E4m3 => self.bm,
         };
-        16 * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4
+        self.bm * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4
     }
 
     pub fn smem_bytes(&self, format: QFormat) -> usize {
@@ -119,7 +130,11 @@ impl QPersist {
 }
 
 impl std::fmt::Display for QPersist {
+    /// `BN/BK/STAGES`, prefixed `BMx` for row tiles other than 16.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.bm != 16 {
+            write!(f, "{}x", self.bm)?;
+        }
         write!(f, "{}/{}/{}", self.bn, self.bk, self.stages)
     }
 }
@@ -127,13 +142,18 @@ impl std::fmt::Display for QPersist {
 impl std::str::FromStr for QPersist {
     type Err = KernelError;
 
-    /// `BN/BK/STAGES`, e.g. `64/128/6`; the shape must be compiled for some format.
+    /// `[BMx]BN/BK/STAGES`, e.g. `64/128/6` or `64x64/64/4`; the shape must be compiled for some
+    /// format.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected BN/BK/STAGES"));
-        let v: Vec<usize> = s.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
+        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [BMx]BN/BK/STAGES"));
+        let (bm, rest) = match s.split_once('x') {
+            Some((bm, rest)) => (bm.trim().parse().map_err(|_| bad())?, rest),
+            None => (16, s),
+        };
+        let v: Vec<usize> = rest.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
         let [bn, bk, stages] = v[..] else { return Err(bad()) };
-        let cfg = QPersist { bn, bk, stages };
-        if !QGP_KERNELS.iter().any(|k| (k.1, k.2, k.3) == (bn, bk, stages)) {
+        let cfg = QPersist { bm, bn, bk, stages };
+        if !QGP_KERNELS.iter().any(|k| (k.1, k.2, k.3, k.4) == (bm, bn, bk, stages)) {
             return Err(KernelError::Invalid(format!("persistent compressed GEMM shape {cfg} is not compiled")));
         }
         Ok(cfg)
@@ -142,7 +162,7 @@ impl std::str::FromStr for QPersist {
 
 impl Gpu {
     /// Runs [`QGemm`] over `w` with the persistent kernel `cfg`: tiles from `moe_align` with BM 16,
-    /// or 16-row tiles of `rows` dense rows. FP8 weights take the activations as `fp8_quant_mma`
+    /// or `cfg.bm`-row tiles of `rows` dense rows. FP8 weights take the activations as `fp8_quant_mma`
     /// leaves them (`g.x` e4m3, `g.x_scales`); AWQ takes bf16 `g.x`. Split-K (`g.splits`) only
     /// for dense f32 outputs, a divisor of the k-tiles ([`Gpu::qgp_splits`]).
     pub fn qgemm_persistent(&self, w: &QWeights, g: &QGemm, cfg: QPersist) -> Result<()> {
@@ -154,13 +174,13 @@ impl Gpu {
             || (g.silu && (s.n % 2 != 0 || g.splits > 1))
             || g.splits == 0
             || !kt.is_multiple_of(g.splits)
-            || (g.tiles != 0 && g.splits > 1)
+            || (g.tiles != 0 && (g.splits > 1 || cfg.bm != 16))
             || !fp8_ok
         {
             return Err(KernelError::Invalid(format!(
                 "persistent {} GEMM {cfg}: needs groups of at least {} channels, K % 8 == 0 (FP8: K % 128 == 0 and \
-                 activation scales), an even N with SiLU and splits dividing the {kt} k-tiles, dense only (got N {}, \
-                 K {}, group {}, splits {})",
+                 activation scales), an even N with SiLU and splits dividing the {kt} k-tiles, splits and row tiles \
+                 other than 16 for dense GEMMs only (got N {}, K {}, group {}, splits {})",
                 s.format.name(),
                 cfg.bk,
                 s.n,
@@ -171,7 +191,7 @@ impl Gpu {
         }
         let name = cfg.kernel(s.format, g.silu)?;
         let smem = cfg.smem_bytes(s.format);
-        let row_tiles = if g.tiles == 0 { g.rows.div_ceil(16) } else { g.max_tiles };
+        let row_tiles = if g.tiles == 0 { g.rows.div_ceil(cfg.bm) } else { g.max_tiles };
         let items = row_tiles * s.n.div_ceil(cfg.bn) * g.splits;
         let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(items).max(1);
         let args = [
@@ -200,7 +220,7 @@ impl Gpu {
     pub fn qgp_splits(&self, w: &QWeights, rows: usize, cfg: QPersist) -> Result<usize> {
         let s = w.shape;
         let kt = s.kp() / cfg.bk;
-        let items = rows.div_ceil(16) * s.n.div_ceil(cfg.bn);
+        let items = rows.div_ceil(cfg.bm) * s.n.div_ceil(cfg.bn);
         let blocks = self.resident_blocks(cfg.kernel(s.format, false)?, 128, cfg.smem_bytes(s.format))? * self.sm_count;
         Ok(split_count(kt, items, blocks))
     }
@@ -255,11 +275,16 @@ mod tests {
                 assert_eq!(cfg.to_string().parse::<QPersist>().unwrap(), cfg);
             }
         }
-        assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64).unwrap().bk, 64);
-        assert_eq!(QPersist::default_for(QFormat::AwqInt4, 128), QPersist::default_for(QFormat::AwqInt4, 64));
-        assert!(QPersist::default_for(QFormat::AwqInt4, 32).is_none());
-        assert!(QPersist::default_for(QFormat::Fp8E4m3, 128).is_some());
+        for bm in [16, 64] {
+            assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bk, 64);
+            assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bm, bm);
+            assert_eq!(QPersist::default_for(QFormat::AwqInt4, 128, bm), QPersist::default_for(QFormat::AwqInt4, 64, bm));
+            assert!(QPersist::default_for(QFormat::AwqInt4, 32, bm).is_none());
+            assert!(QPersist::default_for(QFormat::Fp8E4m3, 128, bm).is_some());
+        }
         assert!("64/128".parse::<QPersist>().is_err() && "16/16/2".parse::<QPersist>().is_err());
+        assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), QPersist { bm: 64, bn: 64, bk: 64, stages: 4 });
+        assert!("32x64/64/4".parse::<QPersist>().is_err());
     }
 
     #[test]

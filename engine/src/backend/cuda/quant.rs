@@ -257,7 +257,8 @@ impl CudaBackend {
     pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm) -> Result<()> {
         let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
-        let persistent = self.variants().qgemm.shape(format, q.shape.group).filter(|_| match format {
+        let dense_rows = (g.tiles == 0).then_some(g.rows);
+        let persistent = self.variants().qgemm.shape(format, q.shape.group, dense_rows).filter(|_| match format {
             QFormat::AwqInt4 => true,
             QFormat::Fp8E4m3 => self.variants().fp8_tensor_cores && k.is_multiple_of(BLOCK),
         });

@@ -10,7 +10,8 @@ use crate::error::{EngineError, Result};
 /// `CLEAVE_MOE_GEMM=v1|v2|persistent[:BN/BK/STAGES/PREFETCH]` (default persistent with
 /// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded),
 /// `CLEAVE_FP8_GEMM=tensor-cores|bf16` (default tensor-cores),
-/// `CLEAVE_QGEMM=persistent[:BN/BK/STAGES]|tiled` (default persistent in [`QPersist::default_for`]).
+/// `CLEAVE_QGEMM=persistent[:[BMx]BN/BK/STAGES]|tiled` (default persistent in
+/// [`QPersist::default_for`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     pub mla_v2: bool,
@@ -40,13 +41,18 @@ pub enum QuantGemm {
 
 impl QuantGemm {
     /// The persistent shape for weights of `format` grouped by `group`, if the persistent kernel
-    /// takes them (else the tiled kernel runs): a forced shape when it is compiled for the format
-    /// and fits the grouping, else the format's default.
-    pub fn shape(&self, format: QFormat, group: usize) -> Option<QPersist> {
+    /// takes them (else the tiled kernel runs), for expert tiles (`dense_rows` None) or a dense GEMM
+    /// of that many rows: a forced shape when it is compiled for the format, fits the grouping and
+    /// (experts) reads 16-row tiles, else the format's default (64-row tiles for dense GEMMs of more
+    /// than 16 rows).
+    pub fn shape(&self, format: QFormat, group: usize, dense_rows: Option<usize>) -> Option<QPersist> {
+        let bm = if dense_rows.is_some_and(|r| r > 16) { 64 } else { 16 };
         match self {
             QuantGemm::Tiled => None,
-            QuantGemm::Persistent(Some(c)) if c.takes(format, group) => Some(*c),
-            QuantGemm::Persistent(_) => QPersist::default_for(format, group),
+            QuantGemm::Persistent(Some(c)) if c.takes(format, group) && (dense_rows.is_some() || c.bm == 16) => {
+                Some(*c)
+            }
+            QuantGemm::Persistent(_) => QPersist::default_for(format, group, bm),
         }
     }
 }
@@ -118,7 +124,7 @@ impl Variants {
                 Some(cfg) => QuantGemm::Persistent(Some(
                     cfg.parse().map_err(|e| EngineError::Config(format!("CLEAVE_QGEMM: {e}")))?,
                 )),
-                None => return Err(bad("CLEAVE_QGEMM", v, "persistent, persistent:BN/BK/STAGES, tiled")),
+                None => return Err(bad("CLEAVE_QGEMM", v, "persistent, persistent:[BMx]BN/BK/STAGES, tiled")),
             },
         };
         Ok(Variants { mla_v2, gemm_v2, moe_persistent, expanded_prefill, fp8_tensor_cores, qgemm })
@@ -163,11 +169,18 @@ mod tests {
 
     #[test]
     fn compressed_gemm_shapes_follow_the_format_and_grouping() {
-        let forced = QuantGemm::Persistent(Some(QPersist { bn: 64, bk: 128, stages: 4 }));
-        assert_eq!(forced.shape(QFormat::AwqInt4, 128), Some(QPersist { bn: 64, bk: 128, stages: 4 }));
+        let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4 };
+        let forced = QuantGemm::Persistent(Some(cfg));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128, None), Some(cfg));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Some(64)), Some(cfg));
         // groups of 64 cannot take 128-channel k-tiles: the format's default instead
-        assert_eq!(forced.shape(QFormat::AwqInt4, 64), QPersist::default_for(QFormat::AwqInt4, 64));
-        assert_eq!(QuantGemm::Persistent(None).shape(QFormat::AwqInt4, 32), None);
-        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128), None);
+        assert_eq!(forced.shape(QFormat::AwqInt4, 64, None), QPersist::default_for(QFormat::AwqInt4, 64, 16));
+        let wide = QuantGemm::Persistent(Some(QPersist { bm: 64, bn: 64, bk: 64, stages: 4 }));
+        assert_eq!(wide.shape(QFormat::AwqInt4, 64, None).unwrap().bm, 16, "expert tiles are 16 rows");
+        let def = QuantGemm::Persistent(None);
+        assert_eq!(def.shape(QFormat::AwqInt4, 64, Some(16)).unwrap().bm, 16);
+        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Some(17)).unwrap().bm, 64);
+        assert_eq!(def.shape(QFormat::AwqInt4, 32, None), None);
+        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128, None), None);
     }
 }
