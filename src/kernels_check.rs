@@ -10,13 +10,13 @@ mod experts;
 mod fp8;
 mod golden;
 mod moe_tune;
-mod qdecode;
-mod qgemm_tune;
 mod nccl;
 mod ops;
 mod parallel;
 mod prefill;
 mod prefix;
+mod qdecode;
+mod qgemm_tune;
 mod quant;
 mod sample;
 

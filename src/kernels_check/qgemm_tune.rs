@@ -116,11 +116,20 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn qgemm_tune_experts(&mut self, format: QFormat, group: usize, tag: &str, summary: &mut Vec<String>) -> Result<()> {
+    fn qgemm_tune_experts(
+        &mut self,
+        format: QFormat,
+        group: usize,
+        tag: &str,
+        summary: &mut Vec<String>,
+    ) -> Result<()> {
         let g = self.cu.gpu();
         // (name, experts, hidden, moe_intermediate, top_k)
-        let shapes: &[(&str, usize, usize, usize, usize)] =
-            if self.quick { &[("small", 8, 256, 128, 3)] } else { &[("V2-Lite", 64, 2048, 1408, 6), ("V3", 256, 7168, 2048, 8)] };
+        let shapes: &[(&str, usize, usize, usize, usize)] = if self.quick {
+            &[("small", 8, 256, 128, 3)]
+        } else {
+            &[("V2-Lite", 64, 2048, 1408, 6), ("V3", 256, 7168, 2048, 8)]
+        };
         for &(name, e, h, i, top_k) in shapes {
             let gu = Synthetic::new(g, QShape { format, experts: e, n: 2 * i, k: h, group }, 4, 1)?;
             let dn = Synthetic::new(g, QShape { format, experts: e, n: h, k: i, group }, 4, 2)?;
@@ -294,7 +303,8 @@ impl Ctx<'_> {
             }
         }
         let hbm = |t: f64| 100.0 * c.bytes / (t * 1e-6) / HBM_BYTES_PER_S;
-        let best = best.map_or("none passed".to_string(), |(us, cfg)| format!("{cfg} {us:.1} us ({:.1}% HBM)", hbm(us)));
+        let best =
+            best.map_or("none passed".to_string(), |(us, cfg)| format!("{cfg} {us:.1} us ({:.1}% HBM)", hbm(us)));
         summary.push(format!("  {tag} {}: tiled {t_us:.1} us ({:.1}% HBM), persistent {best}", c.label, hbm(t_us)));
         Ok(())
     }

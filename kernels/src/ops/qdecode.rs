@@ -108,7 +108,9 @@ impl QPersist {
             .iter()
             .find(|k| (k.0, k.1, k.2, k.3, k.4) == (format, self.bm, self.bn, self.bk, self.stages))
             .map(|k| if silu { k.6 } else { k.5 })
-            .ok_or_else(|| KernelError::Invalid(format!("persistent {} GEMM shape {self} is not compiled", format.name())))
+            .ok_or_else(|| {
+                KernelError::Invalid(format!("persistent {} GEMM shape {self} is not compiled", format.name()))
+            })
     }
 
     /// Shared memory of one pipeline stage (mirrors qg_persistent's STAGE).
@@ -171,7 +173,7 @@ impl Gpu {
         let fp8_ok = s.format != QFormat::Fp8E4m3 || (s.k.is_multiple_of(128) && g.x_scales != 0);
         if !cfg.takes(s.format, s.group)
             || !s.k.is_multiple_of(8)
-            || (g.silu && (s.n % 2 != 0 || g.splits > 1))
+            || (g.silu && (!s.n.is_multiple_of(2) || g.splits > 1))
             || g.splits == 0
             || !kt.is_multiple_of(g.splits)
             || (g.tiles != 0 && (g.splits > 1 || cfg.bm != 16))
@@ -242,7 +244,16 @@ impl Gpu {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn act_quant(&self, name: &'static str, x: u64, rows: usize, rows_p: usize, k: usize, q: u64, s: u64) -> Result<()> {
+    fn act_quant(
+        &self,
+        name: &'static str,
+        x: u64,
+        rows: usize,
+        rows_p: usize,
+        k: usize,
+        q: u64,
+        s: u64,
+    ) -> Result<()> {
         if !k.is_multiple_of(crate::fp8::BLOCK) {
             return Err(KernelError::Invalid(format!("{name} needs K % 128 == 0 (K {k})")));
         }
@@ -278,7 +289,10 @@ mod tests {
         for bm in [16, 64] {
             assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bk, 64);
             assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bm, bm);
-            assert_eq!(QPersist::default_for(QFormat::AwqInt4, 128, bm), QPersist::default_for(QFormat::AwqInt4, 64, bm));
+            assert_eq!(
+                QPersist::default_for(QFormat::AwqInt4, 128, bm),
+                QPersist::default_for(QFormat::AwqInt4, 64, bm)
+            );
             assert!(QPersist::default_for(QFormat::AwqInt4, 32, bm).is_none());
             assert!(QPersist::default_for(QFormat::Fp8E4m3, 128, bm).is_some());
         }

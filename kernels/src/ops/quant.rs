@@ -92,7 +92,7 @@ impl Gpu {
     /// Runs [`QGemm`] over `w`.
     pub fn qgemm(&self, w: &QWeights, g: &QGemm) -> Result<()> {
         let s = w.shape;
-        if !QShape::supported(s.k, s.group) || (g.silu && (s.n % 2 != 0 || g.splits > 1)) || g.splits == 0 {
+        if !QShape::supported(s.k, s.group) || (g.silu && (!s.n.is_multiple_of(2) || g.splits > 1)) || g.splits == 0 {
             return Err(KernelError::Invalid(format!(
                 "qgemm needs K % 8 == 0, groups of a power of two >= 32 channels, one split and an even N with SiLU \
                  (got N {}, K {}, group {}, splits {})",

@@ -132,10 +132,15 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
             // Decode-sized tiles as the variants pick; prefill's 64-row tiles on the tiled kernel.
             if bm == 16 {
                 be.qgemm_decode(gate_up, QIn::F32(x), g)?;
-                be.qgemm_decode(down, QIn::Bf16 { ptr: ptr(&act), rows: a }, QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g })?;
+                be.qgemm_decode(
+                    down,
+                    QIn::Bf16 { ptr: ptr(&act), rows: a },
+                    QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g },
+                )?;
             } else {
                 gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }).map_err(kerr)?;
-                gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g }).map_err(kerr)?;
+                gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g })
+                    .map_err(kerr)?;
             }
         }
         ExpertData::F32 { .. } => unreachable!("reference precision returned above"),
