@@ -127,6 +127,14 @@ impl Row {
 }
 
 /// ||a - b|| / ||b|| in f64; NaN or a length mismatch is infinite.
+/// How many distinct experts `ids` route to.
+pub fn experts_touched(ids: &[u32]) -> usize {
+    let mut u = ids.to_vec();
+    u.sort_unstable();
+    u.dedup();
+    u.len()
+}
+
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     if a.len() != b.len() {
         return f64::INFINITY;
@@ -174,6 +182,17 @@ impl XRng {
         for i in (1..v.len()).rev() {
             v.swap(i, self.below(i + 1));
         }
+    }
+
+    /// Random MoE routing: `top_k` distinct experts of `experts` for each of `tokens` tokens.
+    pub fn routes(&mut self, tokens: usize, experts: usize, top_k: usize) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(tokens * top_k);
+        for _ in 0..tokens {
+            let mut all: Vec<u32> = (0..experts as u32).collect();
+            self.shuffle(&mut all);
+            ids.extend_from_slice(&all[..top_k]);
+        }
+        ids
     }
 }
 

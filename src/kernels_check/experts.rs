@@ -7,7 +7,7 @@ use cleave_engine::backend::cuda::{CudaExperts, Variants, DEFAULT_PERSISTENT};
 use cleave_engine::backend::Backend;
 
 use super::ops::{Ctx, RandomExperts};
-use super::{rel_err, Ceiling};
+use super::{experts_touched, rel_err, Ceiling};
 
 impl Ctx<'_> {
     /// The experts under the default grouped GEMM, v1, and the persistent decode kernel (on, or
@@ -53,12 +53,7 @@ impl Ctx<'_> {
         n: usize,
     ) -> Result<()> {
         let (e, h, i, k) = (s.e, s.h, s.i, s.top);
-        let mut ids = Vec::with_capacity(n * k);
-        for _ in 0..n {
-            let mut pick: Vec<u32> = (0..e as u32).collect();
-            self.rng.shuffle(&mut pick);
-            ids.extend_from_slice(&pick[..k]);
-        }
+        let ids = self.rng.routes(n, e, k);
         let w: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
         let x = self.rng.vec(n * h, 1.0);
         let xg = self.cu.upload(&x, n, h)?;
@@ -70,9 +65,7 @@ impl Ctx<'_> {
         let want = self.cpu.moe_experts(&xc, &rc, ec)?;
         let err = rel_err(&got[..check * h], &want.data);
         let us = self.time(|| self.cu.moe_experts(&xg, &rg, eg).map(drop))?;
-        let mut used = vec![false; e];
-        ids.iter().for_each(|&x| used[x as usize] = true);
-        let experts_used = used.iter().filter(|&&u| u).count();
+        let experts_used = experts_touched(&ids);
         let bytes =
             experts_used as f64 * (3 * h * i) as f64 * s.bytes_per_param + (n * k * (h * 4 + i * 2) + n * h * 8) as f64;
         let flops = 2.0 * (n * k * 3 * h * i) as f64;

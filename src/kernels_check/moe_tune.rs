@@ -11,7 +11,7 @@ use cleave_kernels::ops::{GemmKernel, GroupedGemm, PersistentGemm};
 use cleave_kernels::{ptr, Gpu};
 
 use super::ops::{kerr, Ctx};
-use super::{rel_err, Ceiling, HBM_BYTES_PER_S};
+use super::{experts_touched, rel_err, Ceiling, HBM_BYTES_PER_S};
 
 /// Prefetch distances also tried with the fastest shape of each case.
 const OTHER_PREFETCH: [usize; 3] = [0, 2, 8];
@@ -35,30 +35,16 @@ impl Ctx<'_> {
             g.fill_uniform_bf16(ptr(&down), e * h * i, 8, -0.05, 0.05)?;
             for &b in batches {
                 let a = b * top_k;
-                let mut ids = Vec::with_capacity(a);
-                for _ in 0..b {
-                    let mut all: Vec<u32> = (0..e as u32).collect();
-                    self.rng.shuffle(&mut all);
-                    ids.extend_from_slice(&all[..top_k]);
-                }
-                let id_buf = g.alloc::<u32>(a)?;
-                g.htod(&ids, ptr(&id_buf))?;
-                let max_tiles = Gpu::moe_max_tiles(a, e, 16);
-                let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
-                let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(1)?);
-                g.moe_align(ptr(&id_buf), a, top_k, e, 0, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
+                let ids = self.rng.routes(b, e, top_k);
+                let dt = DecodeTiles::new(g, &ids, e, top_k)?;
+                let (sorted, tiles, meta, max_tiles) = (&dt.sorted, &dt.tiles, &dt.meta, dt.max_tiles);
                 let mut n_tiles = [0i32];
                 g.dtoh(ptr(&meta), &mut n_tiles)?;
                 let x = g.alloc::<u16>(b * h)?;
                 g.fill_uniform_bf16(ptr(&x), b * h, 9, -1.0, 1.0)?;
                 let act = g.alloc::<u16>(a * i)?;
                 g.fill_uniform_bf16(ptr(&act), a * i, 10, -1.0, 1.0)?;
-                let touched = {
-                    let mut u = ids.clone();
-                    u.sort_unstable();
-                    u.dedup();
-                    u.len()
-                };
+                let touched = experts_touched(&ids);
                 // (op, silu, x, rowidx, w, n, k, output u16 words, weight bytes read)
                 let (s, guw, dnw) = (ptr(&sorted), ptr(&gate_up), ptr(&down));
                 let cases = [
@@ -152,5 +138,29 @@ impl Ctx<'_> {
         println!("moe_tune: the fastest persistent grouped GEMM per case (shape BN/BK/stages, prefetch)");
         summary.iter().for_each(|l| println!("{l}"));
         Ok(())
+    }
+}
+
+/// Random routing's expert row tiles of 16 on the device, as `moe_align` leaves them (the ids and
+/// the inverse map it wrote live as long as the tiles).
+pub(super) struct DecodeTiles {
+    _ids: CudaSlice<u32>,
+    pub sorted: CudaSlice<i32>,
+    _inv: CudaSlice<i32>,
+    pub tiles: CudaSlice<i32>,
+    pub meta: CudaSlice<i32>,
+    pub max_tiles: usize,
+}
+
+impl DecodeTiles {
+    pub fn new(g: &Gpu, ids: &[u32], experts: usize, top_k: usize) -> Result<Self> {
+        let a = ids.len();
+        let id_buf = g.alloc::<u32>(a)?;
+        g.htod(ids, ptr(&id_buf))?;
+        let max_tiles = Gpu::moe_max_tiles(a, experts, 16);
+        let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
+        let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(1)?);
+        g.moe_align(ptr(&id_buf), a, top_k, experts, 0, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
+        Ok(DecodeTiles { _ids: id_buf, sorted, _inv: inv, tiles, meta, max_tiles })
     }
 }

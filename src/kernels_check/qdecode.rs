@@ -9,14 +9,14 @@
 use anyhow::{ensure, Result};
 use cleave_engine::backend::cpu::CpuWeight;
 use cleave_engine::backend::cuda::{QuantGemm, Variants};
-use cleave_engine::backend::{Backend, ExpertSource};
+use cleave_engine::backend::Backend;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ptr;
 
 use super::experts::ExpertShape;
 use super::ops::{kerr, Ctx};
 use super::quant::RandomQuant;
-use super::{rel_err, Ceiling};
+use super::{experts_touched, rel_err, Ceiling};
 
 impl Ctx<'_> {
     pub fn qdecode(&mut self) -> Result<()> {
@@ -119,13 +119,8 @@ impl Ctx<'_> {
         let sizes: &[usize] = if self.quick { &[1, 5] } else { &[1, 16, 64] };
         let persistent = self.cu.variants();
         for (fmt, make) in super::quant::FORMATS {
-            let layers: Vec<[RandomQuant; 3]> = (0..e)
-                .map(|_| [make(&mut self.rng, i, h), make(&mut self.rng, i, h), make(&mut self.rng, h, i)])
-                .collect();
-            let sources: Vec<ExpertSource<'_>> = layers
-                .iter()
-                .map(|[g, u, d]| ExpertSource { gate: g.source(), up: u.source(), down: d.source() })
-                .collect();
+            let layers = RandomQuant::experts(&mut self.rng, make, e, h, i);
+            let sources = RandomQuant::expert_sources(&layers);
             let eg = self.cu.load_experts(&sources, 0)?;
             ensure!(eg.quant().is_some(), "moe_experts {fmt}: the loader expanded them to bf16");
             let shape = ExpertShape { e, h, i, top, bytes_per_param: layers[0][0].bytes_per_value() };
@@ -166,12 +161,7 @@ impl Ctx<'_> {
         n: usize,
     ) -> Result<()> {
         let (e, h, i, k) = (s.e, s.h, s.i, s.top);
-        let mut ids = Vec::with_capacity(n * k);
-        for _ in 0..n {
-            let mut pick: Vec<u32> = (0..e as u32).collect();
-            self.rng.shuffle(&mut pick);
-            ids.extend_from_slice(&pick[..k]);
-        }
+        let ids = self.rng.routes(n, e, k);
         let wts: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
         let x = self.rng.vec(n * h, 1.0);
         let xg = self.cu.upload(&x, n, h)?;
@@ -203,9 +193,7 @@ impl Ctx<'_> {
         }
         let err = rel_err(&got, &want);
         let us = self.time(|| self.cu.moe_experts(&xg, &rg, eg).map(drop))?;
-        let mut used = vec![false; e];
-        ids.iter().for_each(|&x| used[x as usize] = true);
-        let experts_used = used.iter().filter(|&&u| u).count();
+        let experts_used = experts_touched(&ids);
         let bytes = experts_used as f64 * (3 * h * i) as f64 * s.bytes_per_param;
         self.push(
             "moe_experts fp8 b128 persistent",

@@ -12,8 +12,9 @@ use cleave_kernels::ops::{QGemm, QPersist, QWeights};
 use cleave_kernels::quant::{pack, QFormat, QShape};
 use cleave_kernels::{ptr, Gpu};
 
+use super::moe_tune::DecodeTiles;
 use super::ops::{kerr, Ctx};
-use super::{rel_err, Ceiling, HBM_BYTES_PER_S};
+use super::{experts_touched, rel_err, Ceiling, HBM_BYTES_PER_S};
 
 /// A random compressed stack on the device (the buffers behind a [`QWeights`]).
 struct Synthetic {
@@ -135,24 +136,10 @@ impl Ctx<'_> {
             let dn = Synthetic::new(g, QShape { format, experts: e, n: h, k: i, group }, 4, 2)?;
             for &b in if self.quick { &[4usize][..] } else { &[16, 64][..] } {
                 let a = b * top_k;
-                let mut ids = Vec::with_capacity(a);
-                for _ in 0..b {
-                    let mut all: Vec<u32> = (0..e as u32).collect();
-                    self.rng.shuffle(&mut all);
-                    ids.extend_from_slice(&all[..top_k]);
-                }
-                let touched = {
-                    let mut u = ids.clone();
-                    u.sort_unstable();
-                    u.dedup();
-                    u.len()
-                };
-                let id_buf = g.alloc::<u32>(a)?;
-                g.htod(&ids, ptr(&id_buf))?;
-                let max_tiles = Gpu::moe_max_tiles(a, e, 16);
-                let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
-                let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(1)?);
-                g.moe_align(ptr(&id_buf), a, top_k, e, 0, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
+                let ids = self.rng.routes(b, e, top_k);
+                let touched = experts_touched(&ids);
+                let dt = DecodeTiles::new(g, &ids, e, top_k)?;
+                let (sorted, tiles, meta, max_tiles) = (&dt.sorted, &dt.tiles, &dt.meta, dt.max_tiles);
                 let x = Activations::new(g, b, h, 9)?;
                 let act = Activations::new(g, a, i, 10)?;
                 let base = QGemm {

@@ -87,6 +87,16 @@ impl RandomQuant {
         }
     }
 
+    /// `e` experts of hidden size `h` and intermediate size `i`: gate, up (`[i, h]`) and down
+    /// (`[h, i]`), made by `make`.
+    pub(super) fn experts(rng: &mut XRng, make: Maker, e: usize, h: usize, i: usize) -> Vec<[RandomQuant; 3]> {
+        (0..e).map(|_| [make(rng, i, h), make(rng, i, h), make(rng, h, i)]).collect()
+    }
+
+    pub(super) fn expert_sources(layers: &[[RandomQuant; 3]]) -> Vec<ExpertSource<'_>> {
+        layers.iter().map(|[g, u, d]| ExpertSource { gate: g.source(), up: u.source(), down: d.source() }).collect()
+    }
+
     /// Checkpoint bytes per weight value (what the GPU reads, scales included, within 1%).
     pub(super) fn bytes_per_value(&self) -> f64 {
         let values =
@@ -164,13 +174,8 @@ impl Ctx<'_> {
         let (e, h, i, top) = if self.quick { (8, 256, 128, 3) } else { (64, 2048, 1408, 6) };
         let sizes: &[usize] = if self.quick { &[1, 5, 100] } else { &[1, 16, 64, 256, 4096] };
         for (fmt, make) in FORMATS {
-            let layers: Vec<[RandomQuant; 3]> = (0..e)
-                .map(|_| [make(&mut self.rng, i, h), make(&mut self.rng, i, h), make(&mut self.rng, h, i)])
-                .collect();
-            let sources: Vec<ExpertSource<'_>> = layers
-                .iter()
-                .map(|[g, u, d]| ExpertSource { gate: g.source(), up: u.source(), down: d.source() })
-                .collect();
+            let layers = RandomQuant::experts(&mut self.rng, make, e, h, i);
+            let sources = RandomQuant::expert_sources(&layers);
             let ec = self.cpu.load_experts(&sources, 0)?;
             let eg = self.cu.load_experts(&sources, 0)?;
             ensure!(eg.quant().is_some(), "moe_experts {fmt}: the loader expanded them to bf16");

@@ -40,11 +40,11 @@ __device__ __forceinline__ int qswz(int r, int c) {
 // 4 warps, each over BN / 4 columns (NT n-tiles of 8), every k step and all MT 16-row tiles (the
 // weights are unpacked once for MT MMAs).
 template <int FMT, int MT, int BN, int BK, int ST, int EPI>
-__device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const float* __restrict__ XS,
-                                              const int* __restrict__ rowidx, const u32* __restrict__ Wq,
-                                              const void* __restrict__ S, const u32* __restrict__ Z, void* Y,
-                                              const int* __restrict__ tiles, const int* __restrict__ meta, int M,
-                                              int N, int K, int Np, int Kp, int G, int splits) {
+__device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const int* __restrict__ rowidx,
+                                              const u32* __restrict__ Wq, const void* __restrict__ S,
+                                              const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
+                                              const int* __restrict__ meta, int M, int N, int K, int Np, int Kp,
+                                              int G, const float* __restrict__ XS, int splits) {
     constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
     constexpr int BM = 16 * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
@@ -274,10 +274,11 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     cp_async_wait<0>();
 }
 
+// qgemm's operands (quant.cu), then the FP8 activation scales and the split count.
 #define QGP_ARGS                                                                                                   \
-    const void *X, const float *XS, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y,       \
-        const int *tiles, const int *meta, int M, int N, int K, int Np, int Kp, int G, int splits
-#define QGP_PASS X, XS, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, splits
+    const void *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,      \
+        const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits
+#define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits
 // Names: qgp[64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp64: row tiles of 64); ops/qdecode.rs
 // (QGP_KERNELS) mirrors them.
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 0>(QGP_PASS); }

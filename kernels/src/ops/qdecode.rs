@@ -196,24 +196,8 @@ impl Gpu {
         let row_tiles = if g.tiles == 0 { g.rows.div_ceil(cfg.bm) } else { g.max_tiles };
         let items = row_tiles * s.n.div_ceil(cfg.bn) * g.splits;
         let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(items).max(1);
-        let args = [
-            Ptr(g.x),
-            Ptr(g.x_scales),
-            Ptr(g.rowidx),
-            Ptr(w.words),
-            Ptr(w.scales),
-            Ptr(w.zeros),
-            Ptr(g.y),
-            Ptr(g.tiles),
-            Ptr(g.meta),
-            I32(g.rows as i32),
-            I32(s.n as i32),
-            I32(s.k as i32),
-            I32(s.np() as i32),
-            I32(s.kp() as i32),
-            I32(s.group as i32),
-            I32(g.splits as i32),
-        ];
+        let mut args = g.args(w).to_vec();
+        args.extend([Ptr(g.x_scales), I32(g.splits as i32)]);
         self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
     }
 

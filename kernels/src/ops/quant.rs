@@ -41,6 +41,27 @@ pub struct QGemm {
 }
 
 impl QGemm {
+    /// The operands every compressed GEMM kernel takes first, in quant.cu's order.
+    pub(super) fn args(&self, w: &QWeights) -> [Arg; 14] {
+        let s = w.shape;
+        [
+            Ptr(self.x),
+            Ptr(self.rowidx),
+            Ptr(w.words),
+            Ptr(w.scales),
+            Ptr(w.zeros),
+            Ptr(self.y),
+            Ptr(self.tiles),
+            Ptr(self.meta),
+            I32(self.rows as i32),
+            I32(s.n as i32),
+            I32(s.k as i32),
+            I32(s.np() as i32),
+            I32(s.kp() as i32),
+            I32(s.group as i32),
+        ]
+    }
+
     /// A dense GEMM of `rows` rows into f32 `y` (`x` is for the caller to set): one row tile of 16
     /// up to 16 rows, else tiles of 64 (the tiled kernel; the persistent one always takes 16).
     pub fn dense(rows: usize, y: u64) -> Self {
@@ -102,22 +123,7 @@ impl Gpu {
         let (name, _, smem) = qg_shape(g.bm, s.format, g.silu)?;
         let row_blocks = if g.tiles == 0 { g.rows.div_ceil(g.bm) } else { g.max_tiles };
         let threads = 256;
-        let args = [
-            Ptr(g.x),
-            Ptr(g.rowidx),
-            Ptr(w.words),
-            Ptr(w.scales),
-            Ptr(w.zeros),
-            Ptr(g.y),
-            Ptr(g.tiles),
-            Ptr(g.meta),
-            I32(g.rows as i32),
-            I32(s.n as i32),
-            I32(s.k as i32),
-            I32(s.np() as i32),
-            I32(s.kp() as i32),
-            I32(s.group as i32),
-        ];
+        let args = g.args(w);
         self.launch(name, (s.n.div_ceil(GG_BN) as u32, row_blocks as u32, g.splits as u32), threads, smem as u32, &args)
     }
 
