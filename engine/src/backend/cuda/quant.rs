@@ -287,9 +287,6 @@ impl CudaBackend {
         };
         let splits = match (g.tiles, persistent) {
             (0, Some(cfg)) => self.gpu.qgp_splits(&q, g.rows, cfg).map_err(kerr)?,
-            // Up to 16 rows one deep-pipelined row tile; more rows 64-row tiles, so that weights
-            // larger than L2 (V3's dense MLP: 132 MB in int4) are not streamed from HBM once per
-            // 16 rows.
             (0, None) => self.gpu.qgemm_splits(&q, g.rows, g.bm),
             _ => 1,
         };
