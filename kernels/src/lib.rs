@@ -157,9 +157,6 @@ pub struct Gpu {
     /// cuBLASLt, for the block-scaled FP8 GEMM (created at first use; first field, so that it is
     /// destroyed while the context still lives).
     lt: std::cell::OnceCell<blaslt::LtHandle>,
-    /// Split-K arrival counters of the persistent compressed GEMM (zeroed once; each launch leaves
-    /// them zeroed), made at first use.
-    qgp_flags: std::cell::OnceCell<CudaSlice<u32>>,
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub(crate) blas: cudarc::cublas::CudaBlas,
@@ -227,7 +224,6 @@ impl Gpu {
         }
         Ok(Gpu {
             lt: std::cell::OnceCell::new(),
-            qgp_flags: std::cell::OnceCell::new(),
             ctx,
             stream,
             blas,

@@ -146,7 +146,6 @@ impl Ctx<'_> {
                     silu: true,
                     x: 0,
                     x_scales: 0,
-                    partial: 0,
                     rowidx: ptr(&sorted),
                     y: 0,
                     tiles: ptr(&tiles),
@@ -265,9 +264,13 @@ impl Ctx<'_> {
         let mut best: Option<(f64, QPersist)> = None;
         for (&cfg, &splits) in shapes.iter().zip(&p_splits) {
             let run = || -> cleave_engine::Result<()> {
+                let y = if splits > 1 { ptr(&part) } else { ptr(&out) };
                 let (xp, xs) = if fp8 { (x.fp8(), x.fp8_scales()) } else { (x.bf16(), 0) };
-                let q = QGemm { x: xp, x_scales: xs, y: ptr(&out), partial: ptr(&part), splits, ..c.g };
-                g.qgemm_persistent(&w, &q, cfg).map_err(kerr)
+                g.qgemm_persistent(&w, &QGemm { x: xp, x_scales: xs, y, splits, ..c.g }, cfg).map_err(kerr)?;
+                if splits > 1 {
+                    g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows * n).map_err(kerr)?;
+                }
+                Ok(())
             };
             g.memset(ptr(&out), 0xff, c.out_words * 4)?;
             run()?;

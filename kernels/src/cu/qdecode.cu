@@ -33,9 +33,8 @@ __device__ __forceinline__ int qswz(int r, int c) {
 // rows, column block of BN, input split z): the tiles of `tiles`/`meta` (moe_align with BM; items
 // tile-major, so that consecutive items share their rows), or, when `tiles` is null, BM-row tiles
 // of M rows of matrix 0 (items column-block-major, so that consecutive items share their weights
-// through L2). `splits` (> 1 only for dense EPI 0) cuts the k-tiles into equal parts, split z
-// storing f32 partials at P + z * M * N; the last split of each (tile, column block) to finish sums
-// them into Y, counting arrivals in `flags` (zeros, one per tile and column block; left zeroed). EPI 0 stores f32, EPI 1 takes interleaved
+// through L2). `splits` (> 1 only for EPI 0) cuts the k-tiles into equal parts, split z storing
+// f32 partials at Y + z * M * N for qgemm_reduce. EPI 0 stores f32, EPI 1 takes interleaved
 // gate/up columns and stores bf16 silu(gate) * up. BK <= G (one group per k-tile); Kp % BK == 0,
 // (Kp / BK) % splits == 0. FMT 1: X holds e4m3 bytes [*, K], XS f32 scales [*, K / 128], K % 128 == 0.
 // 4 warps, each over BN / 4 columns (NT n-tiles of 8), every k step and all MT 16-row tiles (the
@@ -45,8 +44,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                                               const u32* __restrict__ Wq, const void* __restrict__ S,
                                               const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
                                               const int* __restrict__ meta, int M, int N, int K, int Np, int Kp,
-                                              int G, const float* __restrict__ XS, int splits, float* P,
-                                              u32* flags) {
+                                              int G, const float* __restrict__ XS, int splits) {
     constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
     constexpr int BM = 16 * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
@@ -57,7 +55,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
     static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= 4, "shape");
     extern __shared__ __align__(128) unsigned char qsm[];
-    __shared__ int s_last;
     const bool dense = tiles == nullptr;
     const int ntiles = dense ? (M + BM - 1) / BM : meta[0];
     const int NB = (N + BN - 1) / BN, KT = Kp / BK, KTI = KT / splits, KUT = Kp / 32, KG = (K + G - 1) / G;
@@ -254,7 +251,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         int t, cb, z, e, rs, rc;
         decode(c_it, t, cb, z);
         tile_rows(t, e, rs, rc);
-        float* yz = P + (u64)z * M * N;
+        float* yz = reinterpret_cast<float*>(Y) + (u64)z * M * N;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -272,37 +269,16 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
             }
-        if (splits > 1) {
-            // The last split of (tile, column block) to finish adds all of them, in split order,
-            // into Y and re-arms the flag: no reduction launch, and the same sums every run.
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) s_last = atomicAdd(&flags[t * NB + cb], 1u) == (u32)splits - 1;
-            __syncthreads();
-            if (s_last) {
-                float* y = reinterpret_cast<float*>(Y);
-                for (int i = tid; i < rc * BN; i += 128) {
-                    const int col = cb * BN + i % BN;
-                    if (col >= N) continue;
-                    const u64 at = (u64)(rs + i / BN) * N + col;
-                    float sum = 0.f;
-                    for (int zz = 0; zz < splits; zz++) sum += __ldcg(P + (u64)zz * M * N + at);
-                    y[at] = sum;
-                }
-                if (tid == 0) flags[t * NB + cb] = 0;
-            }
-        }
         c_it++;
     }
     cp_async_wait<0>();
 }
 
-// qgemm's operands (quant.cu), then the FP8 activation scales and split-K's count, partials and flags.
+// qgemm's operands (quant.cu), then the FP8 activation scales and the split count.
 #define QGP_ARGS                                                                                                   \
     const void *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,      \
-        const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits, float *P,       \
-        u32 *flags
-#define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits, P, flags
+        const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits
+#define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits
 // Names: qgp[64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp64: row tiles of 64); ops/qdecode.rs
 // (QGP_KERNELS) mirrors them.
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 0>(QGP_PASS); }

@@ -39,10 +39,6 @@ const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 16] = [
     (QFormat::Fp8E4m3, 16, 64, 64, 8, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
 ];
 
-/// Split-K arrival counters kept by the GPU for the persistent kernel: one per (row tile, column
-/// block) of a launch.
-const QGP_FLAGS: usize = 1 << 16;
-
 /// The functions of qdecode.cu; the `qgp_*` GEMMs get the opt-in dynamic shared memory.
 pub const QDECODE_KERNELS: &[&str] = &[
     "qgp_awq_64_64_8_f32",
@@ -200,29 +196,9 @@ impl Gpu {
         let row_tiles = if g.tiles == 0 { g.rows.div_ceil(cfg.bm) } else { g.max_tiles };
         let items = row_tiles * s.n.div_ceil(cfg.bn) * g.splits;
         let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(items).max(1);
-        let flags = if g.splits > 1 {
-            if g.partial == 0 || row_tiles * s.n.div_ceil(cfg.bn) > QGP_FLAGS {
-                return Err(KernelError::Invalid(format!(
-                    "persistent split-K GEMM needs a partial buffer and at most {QGP_FLAGS} (row tile, column block) pairs"
-                )));
-            }
-            self.qgp_flags()?
-        } else {
-            0
-        };
         let mut args = g.args(w).to_vec();
-        args.extend([Ptr(g.x_scales), I32(g.splits as i32), Ptr(g.partial), Ptr(flags)]);
+        args.extend([Ptr(g.x_scales), I32(g.splits as i32)]);
         self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
-    }
-
-    /// The zeroed split-K arrival counters (allocated and cleared at first use).
-    fn qgp_flags(&self) -> Result<u64> {
-        if let Some(f) = self.qgp_flags.get() {
-            return Ok(crate::ptr(f));
-        }
-        let f = self.alloc::<u32>(QGP_FLAGS)?;
-        self.memset(crate::ptr(&f), 0, QGP_FLAGS * 4)?;
-        Ok(crate::ptr(self.qgp_flags.get_or_init(|| f)))
     }
 
     /// Split-K count for a dense persistent GEMM of `rows` over `w`: the fewest equal splits of the

@@ -21,18 +21,14 @@ pub struct QWeights {
 /// of each expert tile of `tiles`/`meta` (from `moe_align`, with row tiles of `bm`), or, when
 /// `tiles` is 0, for rows `0..rows` of matrix 0. `rowidx` maps `p` to an input row (0: identity).
 /// `silu` takes interleaved gate/up columns and stores bf16 `[*, n/2]`, else f32 `[*, n]`.
-/// `splits > 1` splits the input channels (not with `silu`): the tiled kernel's split `z` stores
-/// f32 partials at `y + z * rows * n`, which [`Gpu::qgemm_reduce`] sums; the persistent kernel sums
-/// its partials (at `partial`) into `y` itself.
+/// `splits > 1` splits the input channels: split `z` stores f32 partials at `y + z * rows * n`,
+/// which [`Gpu::qgemm_reduce`] sums (not with `silu`).
 #[derive(Debug, Clone, Copy)]
 pub struct QGemm {
     pub silu: bool,
     pub x: u64,
     /// The activations' FP8 scales (the persistent FP8 kernel; 0 otherwise).
     pub x_scales: u64,
-    /// Where the persistent kernel keeps split-K partials (`splits * rows * n` f32) when `splits > 1`;
-    /// the tiled kernel writes them at `y` instead, for [`Gpu::qgemm_reduce`].
-    pub partial: u64,
     pub rowidx: u64,
     pub y: u64,
     pub tiles: u64,
@@ -72,20 +68,7 @@ impl QGemm {
     /// persistent kernel's tile comes with its shape).
     pub fn dense(rows: usize, y: u64) -> Self {
         let bm = if rows <= 16 { 16 } else { 64 };
-        QGemm {
-            silu: false,
-            x: 0,
-            x_scales: 0,
-            partial: 0,
-            rowidx: 0,
-            y,
-            tiles: 0,
-            meta: 0,
-            max_tiles: 0,
-            rows,
-            bm,
-            splits: 1,
-        }
+        QGemm { silu: false, x: 0, x_scales: 0, rowidx: 0, y, tiles: 0, meta: 0, max_tiles: 0, rows, bm, splits: 1 }
     }
 }
 

@@ -120,7 +120,6 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
                 silu: true,
                 x: 0,
                 x_scales: 0,
-                partial: 0,
                 rowidx: ptr(&sorted_tok),
                 y: ptr(&act),
                 tiles,

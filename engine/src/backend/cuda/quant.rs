@@ -291,15 +291,14 @@ impl CudaBackend {
             _ => 1,
         };
         let part = if splits > 1 { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
-        let partial = part.as_ref().map_or(0, |p| ptr(p));
+        let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, ..g };
         match persistent {
-            Some(cfg) => self.gpu.qgemm_persistent(&q, &QGemm { partial, splits, ..g }, cfg).map_err(kerr)?,
-            None => {
-                self.gpu.qgemm(&q, &QGemm { y: if splits > 1 { partial } else { g.y }, splits, ..g }).map_err(kerr)?;
-                if splits > 1 {
-                    self.gpu.qgemm_reduce(partial, g.y, splits, g.rows * n).map_err(kerr)?;
-                }
-            }
+            Some(cfg) => self.gpu.qgemm_persistent(&q, &run, cfg),
+            None => self.gpu.qgemm(&q, &run),
+        }
+        .map_err(kerr)?;
+        if let Some(p) = part {
+            self.gpu.qgemm_reduce(ptr(&p), g.y, splits, g.rows * n).map_err(kerr)?;
         }
         drop((bf16, fp8));
         Ok(())
