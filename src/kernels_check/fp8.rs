@@ -50,11 +50,7 @@ impl Ctx<'_> {
     /// different magnitudes, a zero row, and a row count that needs padding.
     fn act_quant_check(&mut self) -> Result<()> {
         let (rows, k) = if self.quick { (7, 256) } else { (301, 7168) };
-        let mut x = self.rng.vec(rows * k, 1.0);
-        for (r, row) in x.chunks_mut(k).enumerate() {
-            let scale = [1.0, 1e3, 1e-4, 0.0][r % 4];
-            row.iter_mut().for_each(|v| *v *= scale);
-        }
+        let x = self.act_quant_input(rows, k);
         let want = fp8::act_quant(&x, rows, k);
         let gpu = self.cu.gpu();
         let xd = gpu.alloc::<f32>(x.len())?;
@@ -69,19 +65,10 @@ impl Ctx<'_> {
         let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
         let bad = bytes.iter().zip(&want.q).filter(|(a, b)| a != b).count()
             + s.iter().zip(&want.scales).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-        let total = (want.q.len() + want.scales.len()) as f64;
+        let total = want.q.len() + want.scales.len();
         let us = self.time(|| gpu.act_quant_fp8(ptr(&xd), rows, k, ptr(&qd), ptr(&sd)).map_err(kerr))?;
         let moved = (rows * k * 4 + want.q.len() + want.scales.len() * 4) as f64;
-        self.push(
-            "act_quant_fp8 (differing)",
-            format!("{rows} x {k}"),
-            bad as f64 / total,
-            0.0,
-            us,
-            moved,
-            0.0,
-            Ceiling::Mem,
-        );
+        self.push_exact("act_quant_fp8", format!("{rows} x {k}"), bad, total, us, moved);
         Ok(())
     }
 
@@ -133,16 +120,7 @@ impl Ctx<'_> {
             let q = wg.quant().expect("compressed");
             let us = self.time(|| gpu.qbytes_fp8(&q, ptr(&w8)).map_err(kerr))?;
             let moved = 2.0 * (n * k) as f64;
-            self.push(
-                "qbytes_fp8 (differing)",
-                format!("{n} x {k}"),
-                bad as f64 / (n * k) as f64,
-                0.0,
-                us,
-                moved,
-                0.0,
-                Ceiling::Mem,
-            );
+            self.push_exact("qbytes_fp8", format!("{n} x {k}"), bad, n * k, us, moved);
             let x8 = gpu.alloc::<u32>(rows_p * k / 4)?;
             let xs = gpu.alloc::<f32>(k / BLOCK * rows_p)?;
             gpu.act_quant_fp8(xg.ptr(), rows, k, ptr(&x8), ptr(&xs))?;

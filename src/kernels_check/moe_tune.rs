@@ -39,14 +39,14 @@ impl Ctx<'_> {
                 let dt = DecodeTiles::new(g, &ids, e, top_k)?;
                 let (sorted, tiles, meta, max_tiles) = (&dt.sorted, &dt.tiles, &dt.meta, dt.max_tiles);
                 let mut n_tiles = [0i32];
-                g.dtoh(ptr(&meta), &mut n_tiles)?;
+                g.dtoh(ptr(meta), &mut n_tiles)?;
                 let x = g.alloc::<u16>(b * h)?;
                 g.fill_uniform_bf16(ptr(&x), b * h, 9, -1.0, 1.0)?;
                 let act = g.alloc::<u16>(a * i)?;
                 g.fill_uniform_bf16(ptr(&act), a * i, 10, -1.0, 1.0)?;
                 let touched = experts_touched(&ids);
                 // (op, silu, x, rowidx, w, n, k, output u16 words, weight bytes read)
-                let (s, guw, dnw) = (ptr(&sorted), ptr(&gate_up), ptr(&down));
+                let (s, guw, dnw) = (ptr(sorted), ptr(&gate_up), ptr(&down));
                 let cases = [
                     ("gate_up", true, ptr(&x), s, guw, 2 * i, h, a * i, touched * 2 * i * h * 2),
                     ("down", false, ptr(&act), 0, dnw, h, i, a * h * 2, touched * h * i * 2),
@@ -70,8 +70,8 @@ impl Ctx<'_> {
                         rowidx,
                         w: wp,
                         y: yp,
-                        tiles: ptr(&tiles),
-                        meta: ptr(&meta),
+                        tiles: ptr(tiles),
+                        meta: ptr(meta),
                         max_tiles,
                         n,
                         k,

@@ -121,6 +121,24 @@ impl Ctx<'_> {
         self.rows.push(Row { op, shape, err, tol, us, bytes, flops, ceiling });
     }
 
+    /// A bit-exact check's row: the share of `total` values that differ (tolerance 0), timed as a
+    /// memory-bound op moving `bytes`.
+    pub(super) fn push_exact(&mut self, op: &str, shape: String, differing: usize, total: usize, us: f64, bytes: f64) {
+        let share = differing as f64 / total as f64;
+        self.push(&format!("{op} (differing)"), shape, share, 0.0, us, bytes, 0.0, Ceiling::Mem);
+    }
+
+    /// `rows x k` activations for the FP8 quantization checks: random rows scaled by 1, 1e3, 1e-4
+    /// and 0 in turn, so that blocks of very different magnitudes and a zero row are covered.
+    pub(super) fn act_quant_input(&mut self, rows: usize, k: usize) -> Vec<f32> {
+        let mut x = self.rng.vec(rows * k, 1.0);
+        for (r, row) in x.chunks_mut(k).enumerate() {
+            let scale = [1.0, 1e3, 1e-4, 0.0][r % 4];
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
+        x
+    }
+
     pub(super) fn up(
         &self,
         v: &[f32],
