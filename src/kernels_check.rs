@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::backend::cuda::{CudaBackend, Precision};
+use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Precision};
 
 /// Ceilings measured on the H200 test machines (GPU.md).
 pub const HBM_BYTES_PER_S: f64 = 4.3e12;
@@ -262,12 +262,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         scale: 1.0,
         max_ctx: 1,
     };
-    println!(
-        "  {}: {} blocks per SM with {} bytes of shared memory (DeepSeek latent width 576)",
-        mla.decode_kernel(true),
-        g.mla_decode_blocks_per_sm(&mla)?,
-        mla.smem_bytes()
-    );
+    for which in [MlaDecode::V2, MlaDecode::V3(Some(16)), MlaDecode::V3(Some(32)), MlaDecode::V3(Some(64))] {
+        let k = mla.kernel(which);
+        let per_sm = g.mla_decode_blocks_per_sm(&k)?;
+        println!("  {}: {per_sm} blocks per SM with {} bytes of shared memory (DeepSeek shape)", k.name, k.smem);
+    }
     let mut failed = 0;
     if !a.no_ops {
         cu.set_poison(true);

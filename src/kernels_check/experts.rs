@@ -22,7 +22,7 @@ impl Ctx<'_> {
             (" v1", Variants { gemm_v2: false, moe_persistent: None, ..def }),
             (tag, Variants { moe_persistent: other, ..def }),
         ];
-        self.each_variant(&alts, Self::experts_all)
+        self.each_variant(" v2", &alts, Self::experts_all)
     }
 
     fn experts_all(&mut self) -> Result<()> {

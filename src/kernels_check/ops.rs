@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
-use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, Variants};
+use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, MlaDecode, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -533,22 +533,31 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Attention under the default kernels and again under the first versions (absorbed decode v1,
-    /// absorbed prefill), so that either can be the default.
+    /// Attention under the default kernels and again under the others: v3 with each other head
+    /// grouping, v2, and the first versions (absorbed decode v1, absorbed prefill).
     pub fn attention(&mut self) -> Result<()> {
         let def = self.cu.variants();
-        self.each_variant(&[(" v1", Variants { mla_v2: false, expanded_prefill: false, ..def })], Self::attention_all)
+        let mut alts: Vec<(&'static str, Variants)> = [16, 32, 64]
+            .into_iter()
+            .map(|h| MlaDecode::V3(Some(h)))
+            .filter(|&m| m != def.mla)
+            .map(|m| (mla_tag(m), Variants { mla: m, ..def }))
+            .collect();
+        alts.push((" v2", Variants { mla: MlaDecode::V2, ..def }));
+        alts.push((" v1", Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));
+        self.each_variant(mla_tag(def.mla), &alts, Self::attention_all)
     }
 
-    /// Runs `check` under the default kernels (rows tagged " v2"), then, unless checking the f32
-    /// reference precision, again under each alternative, tagging each row with its name.
+    /// Runs `check` under the default kernels (rows tagged `default_tag`), then, unless checking
+    /// the f32 reference precision, again under each alternative, tagging each row with its name.
     pub(super) fn each_variant(
         &mut self,
+        default_tag: &'static str,
         alts: &[(&'static str, Variants)],
         check: fn(&mut Self) -> Result<()>,
     ) -> Result<()> {
         let def = self.cu.variants();
-        self.tag = " v2";
+        self.tag = default_tag;
         let mut r = check(self);
         if !self.precise {
             for &(tag, v) in alts {
@@ -576,16 +585,20 @@ impl Ctx<'_> {
             256,
             true,
         )?;
+        let v3 = MlaDims { heads: 128, ..lite };
+        self.attention_case("V3 heads", v3, &[(1, 1), (1, 65), (5, 300), (1, 2000), (1, 33)], 64, false)?;
         if self.quick {
             return Ok(());
         }
-        let v3 = MlaDims { heads: 128, ..lite };
         for (label, d, b, ctx) in [
             ("decode", lite, 1, 1024),
             ("decode", lite, 64, 1024),
             ("decode", lite, 256, 1024),
             ("decode", lite, 64, 4096),
+            ("decode V3 heads", v3, 1, 4096),
             ("decode V3 heads", v3, 64, 1024),
+            ("decode V3 heads", v3, 64, 2048),
+            ("decode V3 heads", v3, 256, 1024),
         ] {
             let seqs: Vec<(usize, usize)> = (0..b).map(|_| (1, ctx)).collect();
             self.attention_case(label, d, &seqs, 16, true)?;
@@ -654,5 +667,17 @@ impl Ctx<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The row tag of an MLA decode kernel.
+fn mla_tag(m: MlaDecode) -> &'static str {
+    match m {
+        MlaDecode::V1 => " v1",
+        MlaDecode::V2 => " v2",
+        MlaDecode::V3(None) => " v3",
+        MlaDecode::V3(Some(16)) => " v3:16",
+        MlaDecode::V3(Some(32)) => " v3:32",
+        MlaDecode::V3(Some(_)) => " v3:64",
     }
 }

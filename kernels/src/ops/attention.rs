@@ -1,7 +1,7 @@
 //! MLA attention launchers: absorbed decode (v1 and v2 kernels, one argument layout), split
 //! combine, the expanded prefill (latent gather, flash attention), and the f32 reference attention.
 
-use super::{MlaLaunch, MLA_HEADS_PER_BLOCK, MLA_MAX_LATENT};
+use super::{MlaKernel, MlaLaunch, MLA_MAX_LATENT};
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
@@ -24,17 +24,17 @@ impl Gpu {
         Ok(())
     }
 
-    /// Resident blocks per SM of launch `p`'s v2 decode kernel.
-    pub fn mla_decode_blocks_per_sm(&self, p: &MlaLaunch) -> Result<usize> {
-        let f = self.func(p.decode_kernel(true))?;
-        Ok(f.occupancy_max_active_blocks_per_multiprocessor(128, p.smem_bytes(), None)? as usize)
+    /// Resident blocks per SM of decode kernel `k`.
+    pub fn mla_decode_blocks_per_sm(&self, k: &MlaKernel) -> Result<usize> {
+        self.resident_blocks(k.name, k.threads, k.smem)
     }
 
-    /// Partial attention of every row over its visible keys; see attention.cu.
+    /// Partial attention of every row over its visible keys with kernel `k` (from
+    /// [`MlaLaunch::kernel`]); see attention.cu and mla_decode.cu.
     #[allow(clippy::too_many_arguments)]
     pub fn mla_decode(
         &self,
-        v2: bool,
+        k: &MlaKernel,
         p: &MlaLaunch,
         splits: usize,
         chunk: usize,
@@ -48,39 +48,25 @@ impl Gpu {
         part_ml: u64,
     ) -> Result<()> {
         Self::mla_supported(p.kv_lora, p.rope)?;
-        let smem = p.smem_bytes();
-        if smem > self.max_smem_optin.min(200 * 1024) {
-            return Err(KernelError::Invalid(format!("MLA attention needs {smem} bytes of shared memory")));
+        if k.smem > self.max_smem_optin.min(200 * 1024) {
+            return Err(KernelError::Invalid(format!("MLA attention needs {} bytes of shared memory", k.smem)));
+        }
+        if chunk % super::MLA_TILE != 0 {
+            return Err(KernelError::Invalid(format!("mla_decode: split of {chunk} keys is not whole tiles")));
         }
         let qk = p.nope + p.rope;
-        let hg = p.heads.div_ceil(MLA_HEADS_PER_BLOCK);
-        self.launch(
-            p.decode_kernel(v2),
-            (p.rows as u32, splits as u32, hg as u32),
-            128,
-            smem as u32,
-            &[
-                Ptr(q_lat),
-                Ptr(q),
-                Ptr(cache),
-                Ptr(row_len),
-                Ptr(row_tab),
-                Ptr(tables),
-                Ptr(part_o),
-                Ptr(part_ml),
-                I32(p.heads as i32),
-                I32(p.kv_lora as i32),
-                I32(p.rope as i32),
-                I32(p.nope as i32),
-                I32(qk as i32),
-                I32(p.layers as i32),
-                I32(p.layer as i32),
-                I32(p.block_size as i32),
-                I32(chunk as i32),
-                I32(splits as i32),
-                F32(p.scale),
-            ],
-        )
+        let hg = p.heads.div_ceil(k.heads_per_block);
+        let mut args = vec![Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
+        args.push(I32(p.heads as i32));
+        if !k.fixed_shape {
+            args.extend([I32(p.kv_lora as i32), I32(p.rope as i32)]);
+        }
+        args.extend([I32(p.nope as i32), I32(qk as i32), I32(p.layers as i32), I32(p.layer as i32)]);
+        if !k.fixed_shape {
+            args.push(I32(p.block_size as i32));
+        }
+        args.extend([I32(chunk as i32), I32(splits as i32), F32(p.scale)]);
+        self.launch(k.name, (p.rows as u32, splits as u32, hg as u32), k.threads, k.smem as u32, &args)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -155,11 +155,12 @@ pub(super) fn mla_attention(
             heads,
         ))
         .map_err(kerr)?;
-        let (splits, chunk) = p.splits(gpu.sm_count);
+        let k = p.kernel(var.mla);
+        let (splits, chunk) = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
         let part_o = be.alloc_f32(rows * splits * heads * l)?;
         let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
         gpu.mla_decode(
-            var.mla_v2,
+            &k,
             &p,
             splits,
             chunk,

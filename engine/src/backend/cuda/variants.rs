@@ -1,12 +1,12 @@
 //! Kernel variants: which of the checked implementations of an op the backend launches. Every
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
-pub use cleave_kernels::ops::{PersistentGemm, QPersist};
+pub use cleave_kernels::ops::{MlaDecode, PersistentGemm, QPersist};
 use cleave_kernels::quant::QFormat;
 
 use crate::error::{EngineError, Result};
 
-/// Kernel variants, from the environment: `CLEAVE_MLA_DECODE=v1|v2` (default v2),
+/// Kernel variants, from the environment: `CLEAVE_MLA_DECODE=v1|v2|v3[:HEADS]` (default v3),
 /// `CLEAVE_MOE_GEMM=v1|v2|persistent[:BN/BK/STAGES/PREFETCH]` (default persistent with
 /// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded),
 /// `CLEAVE_FP8_GEMM=tensor-cores|bf16` (default tensor-cores),
@@ -14,7 +14,8 @@ use crate::error::{EngineError, Result};
 /// [`QPersist::default_for`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
-    pub mla_v2: bool,
+    /// The absorbed MLA decode kernel.
+    pub mla: MlaDecode,
     pub gemm_v2: bool,
     /// Decode-sized expert batches (row tiles of 16) through the persistent grouped GEMM in this
     /// configuration instead of one block per (tile, 128 columns).
@@ -67,7 +68,7 @@ pub const DEFAULT_PERSISTENT: PersistentGemm = PersistentGemm { bn: 32, bk: 64, 
 impl Variants {
     /// The first kernel versions (a fallback if the defaults regress).
     pub const FIRST: Variants = Variants {
-        mla_v2: false,
+        mla: MlaDecode::V1,
         gemm_v2: false,
         moe_persistent: None,
         expanded_prefill: false,
@@ -90,10 +91,9 @@ impl Variants {
     /// configuration error naming its variable.
     pub fn parse(mla_decode: &str, moe_gemm: &str, prefill_attn: &str, fp8_gemm: &str, qgemm: &str) -> Result<Self> {
         let bad = |var: &str, v: &str, want: &str| EngineError::Config(format!("{var}: `{v}` is not one of {want}"));
-        let mla_v2 = match mla_decode {
-            "" | "v2" => true,
-            "v1" => false,
-            v => return Err(bad("CLEAVE_MLA_DECODE", v, "v1, v2")),
+        let mla = match mla_decode {
+            "" => MlaDecode::V3(None),
+            v => v.parse().map_err(|e| EngineError::Config(format!("CLEAVE_MLA_DECODE: {e}")))?,
         };
         let (gemm_v2, moe_persistent) = match moe_gemm {
             "" | "persistent" => (true, Some(DEFAULT_PERSISTENT)),
@@ -127,7 +127,7 @@ impl Variants {
                 None => return Err(bad("CLEAVE_QGEMM", v, "persistent, persistent:[BMx]BN/BK/STAGES, tiled")),
             },
         };
-        Ok(Variants { mla_v2, gemm_v2, moe_persistent, expanded_prefill, fp8_tensor_cores, qgemm })
+        Ok(Variants { mla, gemm_v2, moe_persistent, expanded_prefill, fp8_tensor_cores, qgemm })
     }
 }
 
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(
             def,
             Variants {
-                mla_v2: true,
+                mla: MlaDecode::V3(None),
                 gemm_v2: true,
                 moe_persistent: Some(DEFAULT_PERSISTENT),
                 expanded_prefill: true,
@@ -151,10 +151,12 @@ mod tests {
         );
         assert_eq!(Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap(), Variants::FIRST);
         assert_eq!(Variants::parse("", "v2", "", "", "").unwrap().moe_persistent, None);
+        assert_eq!(Variants::parse("v3:32", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(32)));
         let custom = Variants::parse("", "persistent:16/64/4/2", "", "", "").unwrap();
         assert_eq!(custom.moe_persistent, Some(PersistentGemm { bn: 16, bk: 64, stages: 4, prefetch: 2 }));
         for (args, var) in [
-            (("v3", "", "", "", ""), "CLEAVE_MLA_DECODE"),
+            (("v4", "", "", "", ""), "CLEAVE_MLA_DECODE"),
+            (("v3:8", "", "", "", ""), "CLEAVE_MLA_DECODE"),
             (("", "fast", "", "", ""), "CLEAVE_MOE_GEMM"),
             (("", "persistent:128/64/4/0", "", "", ""), "CLEAVE_MOE_GEMM"),
             (("", "", "flash", "", ""), "CLEAVE_PREFILL_ATTN"),

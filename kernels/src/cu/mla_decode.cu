@@ -1,0 +1,215 @@
+// MLA decode v3: the absorbed attention of attention.cu's mla_decode2 (same arguments, same
+// partial outputs for mla_combine), compiled for the DeepSeek shape only (latent 512, rope 64,
+// cache block 64) and sharing each key tile among G groups of 16 heads.
+//
+// Why: v2 takes 16 heads per block, so V3's 128 heads read every key 8 times, and its score
+// MMAs load both operands from shared memory (six 32-bit loads per MMA). Here a block of
+// 4G warps holds 16G heads; each 32-key tile is copied once and read by all of them:
+// - scores: warp q of a group keeps its k-steps q, q+4, .. of the group's query (9 of the 36
+//   16-column steps) in registers for the whole kernel and multiplies them by the tile's keys
+//   (one ldmatrix per two MMAs); the four partial score tiles are summed in the softmax;
+// - P.V: each warp owns every head of the block (G m-tiles) and 16/G of the 64 8-column n-tiles
+//   of the latent, so the value tile is read from shared memory once per block.
+// A tile of 32 keys lies inside one cache block (chunks are whole tiles, blocks 64 keys), so it
+// is one contiguous run of 32 x 576 bf16 and takes one block-table lookup.
+
+#define V3_L 512
+#define V3_R 64
+#define V3_W 576
+#define V3_BS 64
+#define V3_TT 32
+#define V3_S (V3_W + 8)              // key row stride (elements): ldmatrix rows on distinct banks
+#define V3_KSTEPS (V3_W / 16)        // 36 k-steps of the score MMAs
+#define V3_QSTEPS (V3_KSTEPS / 4)    // 9 per warp of a group
+#define V3_SP (V3_TT + 8)            // partial-score row stride (floats)
+#define V3_PS (V3_TT + 8)            // probability row stride (bf16)
+#define V3_CHUNKS (V3_TT * V3_W / 8) // 16-byte copies per tile
+
+template <int G>
+__device__ __forceinline__ void mla_decode3_t(
+    const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
+    const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
+    float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer,
+    int chunk, int splits, float scale) {
+    constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);                // [2][TT][S]
+    float* sSp = reinterpret_cast<float*>(sK + 2 * V3_TT * V3_S);     // [G][4][16][SP]
+    bf16_t* sP = reinterpret_cast<bf16_t*>(sSp + G * 4 * 16 * V3_SP); // [HBK][PS]
+    float* sM = reinterpret_cast<float*>(sP + HBK * V3_PS);
+    float* sL = sM + HBK;
+    float* sSc = sL + HBK;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int grp = warp >> 2, wq = warp & 3;
+    const int mi = lane >> 3, r8 = lane & 7;
+    const int kv_len = row_len[row];
+    const int t_begin = split * chunk;
+    const int t_end = min(kv_len, t_begin + chunk);
+    const int* tab = tables + row_tab[row];
+    const u64 blk_stride = (u64)layers * V3_BS * V3_W;
+    const int ntiles = t_end > t_begin ? (t_end - t_begin + V3_TT - 1) / V3_TT : 0;
+
+    auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V3_TT) / V3_BS) : 0; };
+    auto load_tile = [&](int buf, int tile, int pg) {
+        bf16_t* dst = sK + buf * V3_TT * V3_S;
+        const int t0 = t_begin + tile * V3_TT;
+        const bf16_t* src = cache + (u64)pg * blk_stride + ((u64)layer * V3_BS + t0 % V3_BS) * V3_W;
+#pragma unroll
+        for (int u = 0; u < (V3_CHUNKS + NT - 1) / NT; u++) {
+            const int i = tid + u * NT;
+            if (V3_CHUNKS % NT == 0 || i < V3_CHUNKS) {
+                // Keys past the row's end are zero-filled; their addresses stay inside the block.
+                const int key = i / (V3_W / 8);
+                cp_async16(dst + i * 8 + key * 8, src + i * 8, t0 + key < t_end ? 16 : 0);
+            }
+        }
+    };
+    int pg = page(0);
+    if (ntiles > 0) load_tile(0, 0, pg);
+    cp_async_commit();
+    pg = page(1);
+
+    // This warp's k-steps of its group's 16 query heads as A fragments (rows = heads).
+    u32 qa[V3_QSTEPS][4];
+    {
+        const int hA = h0 + grp * 16 + g, hB = hA + 8;
+        auto qv = [&](int h, int c) -> float {
+            if (h >= heads) return 0.f;
+            return c < V3_L ? __ldg(q_lat + ((u64)row * heads + h) * V3_L + c)
+                            : __ldg(q + (u64)row * heads * qk + (u64)h * qk + nope + c - V3_L);
+        };
+#pragma unroll
+        for (int i = 0; i < V3_QSTEPS; i++) {
+            const int c = (wq + 4 * i) * 16 + 2 * t4;
+            qa[i][0] = pack_bf16(qv(hA, c), qv(hA, c + 1));
+            qa[i][1] = pack_bf16(qv(hB, c), qv(hB, c + 1));
+            qa[i][2] = pack_bf16(qv(hA, c + 8), qv(hA, c + 9));
+            qa[i][3] = pack_bf16(qv(hB, c + 8), qv(hB, c + 9));
+        }
+    }
+    if (tid < HBK) {
+        sM[tid] = NEG_INF;
+        sL[tid] = 0.f;
+        sSc[tid] = 1.f;
+    }
+    float acc[G][NJ][4];
+#pragma unroll
+    for (int m = 0; m < G; m++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
+
+    for (int it = 0; it < ntiles; it++) {
+        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1, pg);
+        cp_async_commit();
+        pg = page(it + 2);
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16_t* kb = sK + (it & 1) * V3_TT * V3_S;
+        const int t0 = t_begin + it * V3_TT;
+        // Partial scores of this warp's k-steps: 16 heads x 32 keys, NP n-tile pairs at a time
+        // (all at once needs 8 more registers than the larger blocks have).
+        {
+            constexpr int NP = G == 1 ? 2 : 1;
+            float* sp = sSp + ((grp * 4 + wq) * 16) * V3_SP;
+#pragma unroll
+            for (int p0 = 0; p0 < 2; p0 += NP) {
+                float c[2 * NP][4];
+#pragma unroll
+                for (int n = 0; n < 2 * NP; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+#pragma unroll
+                for (int i = 0; i < V3_QSTEPS; i++) {
+                    const int k0 = (wq + 4 * i) * 16 + (mi & 1) * 8;
+#pragma unroll
+                    for (int np = 0; np < NP; np++) {
+                        u32 b0, b1, b2, b3;
+                        ldsm_x4(b0, b1, b2, b3, kb + ((p0 + np) * 16 + (mi >> 1) * 8 + r8) * V3_S + k0);
+                        mma_bf16(c[2 * np], qa[i][0], qa[i][1], qa[i][2], qa[i][3], b0, b1);
+                        mma_bf16(c[2 * np + 1], qa[i][0], qa[i][1], qa[i][2], qa[i][3], b2, b3);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < 2 * NP; n++) {
+                    const int col = (2 * p0 + n) * 8 + 2 * t4;
+                    *reinterpret_cast<float2*>(sp + g * V3_SP + col) = make_float2(c[n][0], c[n][1]);
+                    *reinterpret_cast<float2*>(sp + (g + 8) * V3_SP + col) = make_float2(c[n][2], c[n][3]);
+                }
+            }
+        }
+        __syncthreads();
+        // Online softmax: warp w takes heads 4w..4w+3 of the block, lane = key.
+#pragma unroll
+        for (int rr = 0; rr < 4; rr++) {
+            const int h = warp * 4 + rr;
+            const float* sp = sSp + ((h >> 4) * 4 * 16 + (h & 15)) * V3_SP + lane;
+            const float raw = sp[0] + sp[16 * V3_SP] + sp[32 * V3_SP] + sp[48 * V3_SP];
+            const float s = t0 + lane < t_end ? raw * scale : NEG_INF;
+            const float m_old = sM[h];
+            const float m_new = fmaxf(m_old, warp_max(s));
+            const float p = (m_new == NEG_INF) ? 0.f : __expf(s - m_new);
+            const float sum = warp_sum(p);
+            if (lane == 0) {
+                const float sc = (m_new == NEG_INF) ? 1.f : __expf(m_old - m_new);
+                sSc[h] = sc;
+                sL[h] = sL[h] * sc + sum;
+                sM[h] = m_new;
+            }
+            sP[h * V3_PS + lane] = f2bf(p);
+        }
+        __syncthreads();
+        // P.V: every head of the block against this warp's n-tiles j * NW + warp.
+#pragma unroll
+        for (int m = 0; m < G; m++) {
+            const float sc0 = sSc[m * 16 + g], sc1 = sSc[m * 16 + g + 8];
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                acc[m][j][0] *= sc0;
+                acc[m][j][1] *= sc0;
+                acc[m][j][2] *= sc1;
+                acc[m][j][3] *= sc1;
+            }
+        }
+#pragma unroll
+        for (int k0 = 0; k0 < V3_TT; k0 += 16) {
+            u32 a[G][4];
+#pragma unroll
+            for (int m = 0; m < G; m++)
+                ldsm_x4(a[m][0], a[m][1], a[m][2], a[m][3], sP + (m * 16 + (mi & 1) * 8 + r8) * V3_PS + k0 + (mi >> 1) * 8);
+#pragma unroll
+            for (int j = 0; j < NJ; j += 2) {
+                const int col = ((j + (mi >> 1)) * NW + warp) * 8;
+                u32 b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, kb + (k0 + (mi & 1) * 8 + r8) * V3_S + col);
+#pragma unroll
+                for (int m = 0; m < G; m++) {
+                    mma_bf16(acc[m][j], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+                    mma_bf16(acc[m][j + 1], a[m][0], a[m][1], a[m][2], a[m][3], b2, b3);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    const u64 pbase = ((u64)row * splits + split) * heads;
+#pragma unroll
+    for (int m = 0; m < G; m++) {
+        const int hA = h0 + m * 16 + g, hB = hA + 8;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int col = (j * NW + warp) * 8 + 2 * t4;
+            if (hA < heads) *reinterpret_cast<float2*>(part_o + (pbase + hA) * V3_L + col) = make_float2(acc[m][j][0], acc[m][j][1]);
+            if (hB < heads) *reinterpret_cast<float2*>(part_o + (pbase + hB) * V3_L + col) = make_float2(acc[m][j][2], acc[m][j][3]);
+        }
+    }
+    if (tid < HBK && h0 + tid < heads) {
+        part_ml[(pbase + h0 + tid) * 2] = sM[tid];
+        part_ml[(pbase + h0 + tid) * 2 + 1] = sL[tid];
+    }
+}
+
+#define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int chunk, int splits, float scale
+#define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, chunk, splits, scale
+extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32(MLA3_ARGS) { mla_decode3_t<2>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { mla_decode3_t<4>(MLA3_PASS); }

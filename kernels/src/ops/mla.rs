@@ -1,0 +1,198 @@
+//! The absorbed MLA decode kernels' launch shapes: which kernel a launch takes, its block and
+//! shared memory, and how a context is split over blocks.
+
+use std::fmt;
+
+/// Keys per tile of every decode kernel (must match attention.cu `TT` and mla_decode.cu `V3_TT`).
+pub const MLA_TILE: usize = 32;
+/// The largest latent width the decode kernels take.
+pub const MLA_MAX_LATENT: usize = 512;
+/// Heads per block of v1 and v2 (attention.cu `HB`).
+const V12_HEADS: usize = 16;
+/// The shape v3 is compiled for: latent 512, rope 64, cache blocks of 64 keys.
+const V3_SHAPE: (usize, usize, usize) = (512, 64, 64);
+
+/// Which absorbed MLA decode kernel runs (`CLEAVE_MLA_DECODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlaDecode {
+    /// `mla_decode`: 16 heads per block, MMA operands as 32-bit shared loads.
+    V1,
+    /// `mla_decode2` (`mla_decode2_dsv` at the DeepSeek shape): 16 heads per block.
+    V2,
+    /// `mla_decode3_h{16,32,64}` at the DeepSeek shape (other shapes take v2): one key tile read
+    /// by 16, 32 or 64 heads; `None` picks by the head count ([`MlaDecode::v3_heads`]).
+    V3(Option<usize>),
+}
+
+impl MlaDecode {
+    /// Heads per block v3 takes by default: the largest of 64, 32, 16 that the heads fill.
+    pub fn v3_heads(heads: usize) -> usize {
+        [64, 32].into_iter().find(|&h| heads >= h).unwrap_or(16)
+    }
+}
+
+impl fmt::Display for MlaDecode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MlaDecode::V1 => write!(f, "v1"),
+            MlaDecode::V2 => write!(f, "v2"),
+            MlaDecode::V3(None) => write!(f, "v3"),
+            MlaDecode::V3(Some(h)) => write!(f, "v3:{h}"),
+        }
+    }
+}
+
+impl std::str::FromStr for MlaDecode {
+    type Err = String;
+    /// `v1`, `v2`, `v3` or `v3:HEADS` (16, 32 or 64 heads per block).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "v1" => Ok(MlaDecode::V1),
+            "v2" => Ok(MlaDecode::V2),
+            "v3" => Ok(MlaDecode::V3(None)),
+            _ => match s.strip_prefix("v3:").map(str::parse::<usize>) {
+                Some(Ok(h)) if [16, 32, 64].contains(&h) => Ok(MlaDecode::V3(Some(h))),
+                _ => Err(format!("`{s}` is not one of v1, v2, v3, v3:16, v3:32, v3:64")),
+            },
+        }
+    }
+}
+
+/// A decode kernel chosen for a launch: its name, block size, heads per block and dynamic shared
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaKernel {
+    pub name: &'static str,
+    pub threads: u32,
+    pub heads_per_block: usize,
+    pub smem: usize,
+    /// v3's argument list (no latent, rope or block widths: they are compiled in).
+    pub(crate) fixed_shape: bool,
+}
+
+/// MLA attention launch parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct MlaLaunch {
+    pub rows: usize,
+    pub heads: usize,
+    pub kv_lora: usize,
+    pub rope: usize,
+    pub nope: usize,
+    pub layers: usize,
+    pub layer: usize,
+    pub block_size: usize,
+    pub scale: f32,
+    /// Longest visible context of any row.
+    pub max_ctx: usize,
+}
+
+impl MlaLaunch {
+    /// The kernel `which` names for these dimensions: v3 only at the DeepSeek shape (v2 elsewhere),
+    /// v2's DeepSeek-shape build where it applies.
+    pub fn kernel(&self, which: MlaDecode) -> MlaKernel {
+        let deepseek = (self.kv_lora, self.rope, self.block_size) == V3_SHAPE;
+        match which {
+            MlaDecode::V3(h) if deepseek => {
+                let hb = h.unwrap_or_else(|| MlaDecode::v3_heads(self.heads));
+                let g = hb / 16;
+                let (w, tt) = (V3_SHAPE.0 + V3_SHAPE.1, MLA_TILE);
+                // keys [2][TT][W + 8] bf16, partial scores [G][4][16][TT + 8] f32, probabilities
+                // [16G][TT + 8] bf16, (max, sum, scale) per head
+                let smem = 2 * tt * (w + 8) * 2 + g * (4 * 16 * (tt + 8) * 4 + 16 * (tt + 8) * 2 + 3 * 16 * 4);
+                let name = match hb {
+                    64 => "mla_decode3_h64",
+                    32 => "mla_decode3_h32",
+                    _ => "mla_decode3_h16",
+                };
+                MlaKernel { name, threads: 8 * hb as u32, heads_per_block: hb, smem, fixed_shape: true }
+            }
+            _ => {
+                let name = match (which, deepseek) {
+                    (MlaDecode::V1, _) => "mla_decode",
+                    (_, true) => "mla_decode2_dsv",
+                    _ => "mla_decode2",
+                };
+                MlaKernel { name, threads: 128, heads_per_block: V12_HEADS, smem: self.v12_smem(), fixed_shape: false }
+            }
+        }
+    }
+
+    /// Dynamic shared memory of v1 and v2 for this latent width (attention.cu's layout).
+    fn v12_smem(&self) -> usize {
+        let w = self.kv_lora + self.rope;
+        let s = w.div_ceil(16) * 16 + 8;
+        let (hb, tt) = (V12_HEADS, MLA_TILE);
+        hb * s * 2 + 2 * (tt * s + 64) * 2 + hb * tt * 4 + hb * (tt + 8) * 2 + 3 * hb * 4
+    }
+
+    /// (splits, keys per split) for kernel `k` with `per_sm` resident blocks per SM: enough blocks
+    /// for one wave when the rows allow it, each split a whole number of tiles, at most 64 splits
+    /// (`mla_combine`).
+    pub fn splits(&self, k: &MlaKernel, sm_count: usize, per_sm: usize) -> (usize, usize) {
+        let tiles = self.max_ctx.div_ceil(MLA_TILE).max(1);
+        let base = self.rows * self.heads.div_ceil(k.heads_per_block);
+        let want = ((per_sm.max(1) * sm_count) / base.max(1)).max(1);
+        let splits = want.clamp(1, tiles.min(64));
+        let per = tiles.div_ceil(splits);
+        (tiles.div_ceil(per), per * MLA_TILE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lite() -> MlaLaunch {
+        MlaLaunch {
+            rows: 1,
+            heads: 16,
+            kv_lora: 512,
+            rope: 64,
+            nope: 128,
+            layers: 27,
+            layer: 0,
+            block_size: 64,
+            scale: 0.1,
+            max_ctx: 4096,
+        }
+    }
+
+    #[test]
+    fn splits_cover_the_context_in_whole_tiles() {
+        let p = lite();
+        let k = p.kernel(MlaDecode::V2);
+        assert!(k.smem < 200 * 1024);
+        let (splits, chunk) = p.splits(&k, 132, 2);
+        assert!(splits * chunk >= 4096 && chunk % MLA_TILE == 0 && splits <= 64);
+        let big = MlaLaunch { rows: 4096, ..p };
+        assert_eq!(big.splits(&k, 132, 2).0, 1);
+        let short = MlaLaunch { max_ctx: 1, ..p };
+        assert_eq!(short.splits(&k, 132, 2), (1, MLA_TILE));
+    }
+
+    #[test]
+    fn v3_takes_the_deepseek_shape_and_fills_its_blocks() {
+        let v3 = MlaLaunch { heads: 128, ..lite() };
+        let k = v3.kernel(MlaDecode::V3(None));
+        assert_eq!((k.name, k.threads, k.heads_per_block), ("mla_decode3_h64", 512, 64));
+        assert!(k.smem < 200 * 1024);
+        assert_eq!(lite().kernel(MlaDecode::V3(None)).name, "mla_decode3_h16");
+        assert_eq!(lite().kernel(MlaDecode::V3(Some(32))).threads, 256);
+        // 64 rows x 2 blocks of 64 heads on 132 SMs at one block per SM: one split
+        let b64 = MlaLaunch { rows: 64, max_ctx: 2048, ..v3 };
+        assert_eq!(b64.splits(&k, 132, 1).0, 1);
+        let odd = MlaLaunch { kv_lora: 256, ..v3 };
+        assert_eq!(odd.kernel(MlaDecode::V3(None)).name, "mla_decode2");
+        assert_eq!(lite().kernel(MlaDecode::V1).name, "mla_decode");
+    }
+
+    #[test]
+    fn settings_round_trip() {
+        for s in ["v1", "v2", "v3", "v3:16", "v3:32", "v3:64"] {
+            assert_eq!(s.parse::<MlaDecode>().unwrap().to_string(), s);
+        }
+        for bad in ["v4", "v3:8", "v3:", "v3:x"] {
+            assert!(bad.parse::<MlaDecode>().unwrap_err().contains(bad));
+        }
+    }
+}
