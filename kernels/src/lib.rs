@@ -54,7 +54,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
         include_str!("cu/attention.cu"),
         &["mla_decode", "mla_decode2", "mla_decode2_dsv", "mla_combine", "mla_ref_f32"],
     ),
-    ("mla_decode", include_str!("cu/mla_decode.cu"), &["mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64"]),
+    ("mla_decode", include_str!("cu/mla_decode.cu"), ops::MLA3_KERNELS),
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash"]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
@@ -216,8 +216,8 @@ impl Gpu {
         }
         let smem = max_smem_optin.min(200 * 1024) as i32;
         let qgemm = ops::QUANT_KERNELS.iter().chain(ops::QDECODE_KERNELS).copied().filter(|k| k.starts_with("qg"));
-        let mla = ["mla_decode", "mla_decode2", "mla_decode2_dsv", "mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64"];
-        let opt_in = mla.into_iter().chain(qgemm);
+        let mla = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].iter().chain(ops::MLA3_KERNELS).copied();
+        let opt_in = mla.chain(qgemm);
         for f in opt_in {
             let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;

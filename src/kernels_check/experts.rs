@@ -19,8 +19,8 @@ impl Ctx<'_> {
             None => (" ggp", Some(DEFAULT_PERSISTENT)),
         };
         let alts = [
-            (" v1", Variants { gemm_v2: false, moe_persistent: None, ..def }),
-            (tag, Variants { moe_persistent: other, ..def }),
+            (" v1".to_string(), Variants { gemm_v2: false, moe_persistent: None, ..def }),
+            (tag.to_string(), Variants { moe_persistent: other, ..def }),
         ];
         self.each_variant(" v2", &alts, Self::experts_all)
     }

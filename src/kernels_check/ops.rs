@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
-use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, MlaDecode, Variants};
+use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, Mla3, MlaDecode, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -24,7 +24,7 @@ pub struct Ctx<'a> {
     /// The backend runs at reference (f32) precision: tolerance 1e-3 everywhere.
     pub precise: bool,
     /// Appended to op names (the kernel variant under test).
-    pub tag: &'static str,
+    pub tag: String,
 }
 
 /// bf16 bytes of `vals` (round to nearest even) and the values they hold.
@@ -537,40 +537,41 @@ impl Ctx<'_> {
     /// grouping, v2, and the first versions (absorbed decode v1, absorbed prefill).
     pub fn attention(&mut self) -> Result<()> {
         let def = self.cu.variants();
-        let mut alts: Vec<(&'static str, Variants)> = [16, 32, 64]
-            .into_iter()
-            .map(|h| MlaDecode::V3(Some(h)))
-            .filter(|&m| m != def.mla)
-            .map(|m| (mla_tag(m), Variants { mla: m, ..def }))
-            .collect();
-        alts.push((" v2", Variants { mla: MlaDecode::V2, ..def }));
-        alts.push((" v1", Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));
-        self.each_variant(mla_tag(def.mla), &alts, Self::attention_all)
+        let mut alts: Vec<(String, Variants)> = Vec::new();
+        for heads in [16, 32, 64] {
+            for stages in [2, 3] {
+                let m = MlaDecode::V3(Some(Mla3 { heads, stages }));
+                alts.push((format!(" {m}"), Variants { mla: m, ..def }));
+            }
+        }
+        alts.push((" v2".into(), Variants { mla: MlaDecode::V2, ..def }));
+        alts.push((" v1".into(), Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));
+        self.each_variant(&format!(" {}", def.mla), &alts, Self::attention_all)
     }
 
     /// Runs `check` under the default kernels (rows tagged `default_tag`), then, unless checking
     /// the f32 reference precision, again under each alternative, tagging each row with its name.
     pub(super) fn each_variant(
         &mut self,
-        default_tag: &'static str,
-        alts: &[(&'static str, Variants)],
+        default_tag: &str,
+        alts: &[(String, Variants)],
         check: fn(&mut Self) -> Result<()>,
     ) -> Result<()> {
         let def = self.cu.variants();
-        self.tag = default_tag;
+        self.tag = default_tag.to_string();
         let mut r = check(self);
         if !self.precise {
-            for &(tag, v) in alts {
+            for (tag, v) in alts {
                 if r.is_err() {
                     break;
                 }
-                self.cu.set_variants(v);
-                self.tag = tag;
+                self.cu.set_variants(*v);
+                self.tag.clone_from(tag);
                 r = check(self);
             }
             self.cu.set_variants(def);
         }
-        self.tag = "";
+        self.tag.clear();
         r
     }
 
@@ -670,14 +671,3 @@ impl Ctx<'_> {
     }
 }
 
-/// The row tag of an MLA decode kernel.
-fn mla_tag(m: MlaDecode) -> &'static str {
-    match m {
-        MlaDecode::V1 => " v1",
-        MlaDecode::V2 => " v2",
-        MlaDecode::V3(None) => " v3",
-        MlaDecode::V3(Some(16)) => " v3:16",
-        MlaDecode::V3(Some(32)) => " v3:32",
-        MlaDecode::V3(Some(_)) => " v3:64",
-    }
-}

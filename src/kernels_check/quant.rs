@@ -121,7 +121,7 @@ impl Ctx<'_> {
         let def = self.cu.variants();
         let exact = Variants { fp8_tensor_cores: false, qgemm: QuantGemm::Persistent(None), ..def };
         self.cu.set_variants(exact);
-        let r = self.each_variant("", &[(" tiled", Variants { qgemm: QuantGemm::Tiled, ..exact })], |c| {
+        let r = self.each_variant("", &[(" tiled".to_string(), Variants { qgemm: QuantGemm::Tiled, ..exact })], |c| {
             c.quant_linear().and_then(|()| c.quant_experts())
         });
         self.cu.set_variants(def);

@@ -25,7 +25,7 @@
 #define V3_PS (V3_TT + 8)            // probability row stride (bf16)
 #define V3_CHUNKS (V3_TT * V3_W / 8) // 16-byte copies per tile
 
-template <int G>
+template <int G, int ST>
 __device__ __forceinline__ void mla_decode3_t(
     const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
@@ -34,8 +34,8 @@ __device__ __forceinline__ void mla_decode3_t(
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);                // [2][TT][S]
-    float* sSp = reinterpret_cast<float*>(sK + 2 * V3_TT * V3_S);     // [G][4][16][SP]
+    bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);                // [ST][TT][S]
+    float* sSp = reinterpret_cast<float*>(sK + ST * V3_TT * V3_S);    // [G][4][16][SP]
     bf16_t* sP = reinterpret_cast<bf16_t*>(sSp + G * 4 * 16 * V3_SP); // [HBK][PS]
     float* sM = reinterpret_cast<float*>(sP + HBK * V3_PS);
     float* sL = sM + HBK;
@@ -66,10 +66,13 @@ __device__ __forceinline__ void mla_decode3_t(
             }
         }
     };
-    int pg = page(0);
-    if (ntiles > 0) load_tile(0, 0, pg);
-    cp_async_commit();
-    pg = page(1);
+    // ST - 1 tiles in flight ahead of the one being computed.
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < ntiles) load_tile(s, s, page(s));
+        cp_async_commit();
+    }
+    int pg = page(ST - 1);
 
     // This warp's k-steps of its group's 16 query heads as A fragments (rows = heads).
     u32 qa[V3_QSTEPS][4];
@@ -101,12 +104,14 @@ __device__ __forceinline__ void mla_decode3_t(
         for (int j = 0; j < NJ; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.f;
 
     for (int it = 0; it < ntiles; it++) {
-        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1, pg);
-        cp_async_commit();
-        pg = page(it + 2);
-        cp_async_wait<1>();
+        cp_async_wait<ST - 2>();
+        // After this barrier tile `it` has landed and every warp is done with iteration it - 1:
+        // its buffer (the one refilled next), scores, probabilities and scales are free.
         __syncthreads();
-        const bf16_t* kb = sK + (it & 1) * V3_TT * V3_S;
+        if (it + ST - 1 < ntiles) load_tile((it + ST - 1) % ST, it + ST - 1, pg);
+        cp_async_commit();
+        pg = page(it + ST);
+        const bf16_t* kb = sK + (it % ST) * V3_TT * V3_S;
         const int t0 = t_begin + it * V3_TT;
         // Partial scores of this warp's k-steps: 16 heads x 32 keys, NP n-tile pairs at a time
         // (all at once needs 8 more registers than the larger blocks have).
@@ -138,24 +143,42 @@ __device__ __forceinline__ void mla_decode3_t(
             }
         }
         __syncthreads();
-        // Online softmax: warp w takes heads 4w..4w+3 of the block, lane = key.
+        // Online softmax: warp w takes heads 4w..4w+3 of the block, 8 lanes per head, 4 keys per lane.
+        {
+            const int h = warp * 4 + (lane >> 3), k0 = (lane & 7) * 4;
+            const float* sp = sSp + ((h >> 4) * 4 * 16 + (h & 15)) * V3_SP + k0;
+            float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int rr = 0; rr < 4; rr++) {
-            const int h = warp * 4 + rr;
-            const float* sp = sSp + ((h >> 4) * 4 * 16 + (h & 15)) * V3_SP + lane;
-            const float raw = sp[0] + sp[16 * V3_SP] + sp[32 * V3_SP] + sp[48 * V3_SP];
-            const float s = t0 + lane < t_end ? raw * scale : NEG_INF;
+            for (int q4 = 0; q4 < 4; q4++) {
+                const float4 v = *reinterpret_cast<const float4*>(sp + q4 * 16 * V3_SP);
+                s[0] += v.x, s[1] += v.y, s[2] += v.z, s[3] += v.w;
+            }
+            float mx = NEG_INF;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                s[u] = t0 + k0 + u < t_end ? s[u] * scale : NEG_INF;
+                mx = fmaxf(mx, s[u]);
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             const float m_old = sM[h];
-            const float m_new = fmaxf(m_old, warp_max(s));
-            const float p = (m_new == NEG_INF) ? 0.f : __expf(s - m_new);
-            const float sum = warp_sum(p);
-            if (lane == 0) {
+            const float m_new = fmaxf(m_old, mx);
+            float p[4], sum = 0.f;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                p[u] = (m_new == NEG_INF) ? 0.f : __expf(s[u] - m_new);
+                sum += p[u];
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            __syncwarp();
+            if ((lane & 7) == 0) {
                 const float sc = (m_new == NEG_INF) ? 1.f : __expf(m_old - m_new);
                 sSc[h] = sc;
                 sL[h] = sL[h] * sc + sum;
                 sM[h] = m_new;
             }
-            sP[h * V3_PS + lane] = f2bf(p);
+            *reinterpret_cast<uint2*>(sP + h * V3_PS + k0) = make_uint2(pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]));
         }
         __syncthreads();
         // P.V: every head of the block against this warp's n-tiles j * NW + warp.
@@ -188,7 +211,6 @@ __device__ __forceinline__ void mla_decode3_t(
                 }
             }
         }
-        __syncthreads();
     }
 
     const u64 pbase = ((u64)row * splits + split) * heads;
@@ -210,6 +232,10 @@ __device__ __forceinline__ void mla_decode3_t(
 
 #define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int chunk, int splits, float scale
 #define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, chunk, splits, scale
-extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32(MLA3_ARGS) { mla_decode3_t<2>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { mla_decode3_t<4>(MLA3_PASS); }
+// Kernel names: heads per block and pipeline stages.
+extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16_s2(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16_s3(MLA3_ARGS) { mla_decode3_t<1, 3>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32_s2(MLA3_ARGS) { mla_decode3_t<2, 2>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32_s3(MLA3_ARGS) { mla_decode3_t<2, 3>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64_s2(MLA3_ARGS) { mla_decode3_t<4, 2>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64_s3(MLA3_ARGS) { mla_decode3_t<4, 3>(MLA3_PASS); }
