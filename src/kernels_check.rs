@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::backend::cuda::{CudaBackend, Mla3, MlaDecode, Precision};
+use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Precision};
 
 /// Ceilings measured on the H200 test machines (GPU.md).
 pub const HBM_BYTES_PER_S: f64 = 4.3e12;
@@ -262,8 +262,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         scale: 1.0,
         max_ctx: 1,
     };
-    let v3 = [16, 32, 64].into_iter().flat_map(|heads| [2, 3].map(|stages| MlaDecode::V3(Some(Mla3 { heads, stages }))));
-    for which in std::iter::once(MlaDecode::V2).chain(v3) {
+    for which in [MlaDecode::V2, MlaDecode::V3(Some(16)), MlaDecode::V3(Some(32)), MlaDecode::V3(Some(64))] {
         let k = mla.kernel(which);
         let per_sm = g.mla_decode_blocks_per_sm(&k)?;
         println!("  {}: {per_sm} blocks per SM with {} bytes of shared memory (DeepSeek shape)", k.name, k.smem);

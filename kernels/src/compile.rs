@@ -127,6 +127,27 @@ mod tests {
         assert_eq!(fnv1a(&[]), 0xcbf29ce484222325);
     }
 
+    /// Kernels allowed to spill, and why: 512 threads per block cap them at 128 registers.
+    const SPILLS_ALLOWED: &[(&str, &str)] = &[(
+        "mla_decode3_h64",
+        "36 bytes at NVRTC 12.9: a few refills per 32-key tile against ~1,000 instructions; the \
+         fastest MLA decode at 128 heads (kernels/NOTES.md, run 33)",
+    )];
+
+    /// The kernels of a ptxas `-v` log that spill registers.
+    fn spilling(log: &str) -> Vec<String> {
+        let mut func = String::new();
+        let mut out = Vec::new();
+        for line in log.lines() {
+            if let Some(rest) = line.split("Function properties for ").nth(1) {
+                func = rest.trim().to_string();
+            } else if line.contains("spill stores") && !line.contains(" 0 bytes spill stores") {
+                out.push(func.clone());
+            }
+        }
+        out
+    }
+
     /// Compiles every module for sm_90a when libnvrtc can be opened (no GPU needed), so that
     /// syntax and PTX errors surface before a GPU run; skipped otherwise.
     #[test]
@@ -140,8 +161,16 @@ mod tests {
             let (size, log) = resource_report(name, &full, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
             eprintln!("== {name}.cu: {size} bytes of CUBIN\n{log}");
             assert!(size > 0);
-            let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
-            assert!(!spills, "{name}.cu spills registers:\n{log}")
+            let spills: Vec<String> =
+                spilling(&log).into_iter().filter(|f| !SPILLS_ALLOWED.iter().any(|(k, _)| k == f)).collect();
+            assert!(spills.is_empty(), "{name}.cu: {spills:?} spill registers:\n{log}")
         }
+    }
+
+    #[test]
+    fn spill_report_names_the_kernel() {
+        let log = "ptxas info    : Function properties for a\n    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Function properties for b\n    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n";
+        assert_eq!(spilling(log), vec!["b".to_string()]);
     }
 }

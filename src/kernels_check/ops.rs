@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
-use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, Mla3, MlaDecode, Variants};
+use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, MlaDecode, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -539,10 +539,8 @@ impl Ctx<'_> {
         let def = self.cu.variants();
         let mut alts: Vec<(String, Variants)> = Vec::new();
         for heads in [16, 32, 64] {
-            for stages in [2, 3] {
-                let m = MlaDecode::V3(Some(Mla3 { heads, stages }));
-                alts.push((format!(" {m}"), Variants { mla: m, ..def }));
-            }
+            let m = MlaDecode::V3(Some(heads));
+            alts.push((format!(" {m}"), Variants { mla: m, ..def }));
         }
         alts.push((" v2".into(), Variants { mla: MlaDecode::V2, ..def }));
         alts.push((" v1".into(), Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));

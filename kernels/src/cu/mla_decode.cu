@@ -1,4 +1,4 @@
-// MLA decode v3: the absorbed attention of attention.cu's mla_decode2 (same arguments, same
+// MLA decode v3: the absorbed attention of attention.cu's mla_decode2 (same contract, same
 // partial outputs for mla_combine), compiled for the DeepSeek shape only (latent 512, rope 64,
 // cache block 64) and sharing each key tile among G groups of 16 heads.
 //
@@ -8,8 +8,11 @@
 // - scores: warp q of a group keeps its k-steps q, q+4, .. of the group's query (9 of the 36
 //   16-column steps) in registers for the whole kernel and multiplies them by the tile's keys
 //   (one ldmatrix per two MMAs); the four partial score tiles are summed in the softmax;
+// - softmax: 8 lanes per head, 4 keys per lane (3 shuffle rounds per reduction, not 5 per head);
 // - P.V: each warp owns every head of the block (G m-tiles) and 16/G of the 64 8-column n-tiles
 //   of the latent, so the value tile is read from shared memory once per block.
+// ST - 1 tiles are in flight ahead of the one computed; each is loaded right after the barrier
+// that frees its buffer, so a tile takes three barriers.
 // A tile of 32 keys lies inside one cache block (chunks are whole tiles, blocks 64 keys), so it
 // is one contiguous run of 32 x 576 bf16 and takes one block-table lookup.
 
@@ -232,10 +235,8 @@ __device__ __forceinline__ void mla_decode3_t(
 
 #define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int chunk, int splits, float scale
 #define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, chunk, splits, scale
-// Kernel names: heads per block and pipeline stages.
-extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16_s2(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16_s3(MLA3_ARGS) { mla_decode3_t<1, 3>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32_s2(MLA3_ARGS) { mla_decode3_t<2, 2>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32_s3(MLA3_ARGS) { mla_decode3_t<2, 3>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64_s2(MLA3_ARGS) { mla_decode3_t<4, 2>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64_s3(MLA3_ARGS) { mla_decode3_t<4, 3>(MLA3_PASS); }
+// Pipeline stages by heads per block (kernels-check, run 33): 16 and 32 heads keep two stages
+// (two blocks of 16 heads fit per SM), 64 heads take three.
+extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32(MLA3_ARGS) { mla_decode3_t<2, 2>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { mla_decode3_t<4, 3>(MLA3_PASS); }

@@ -9,15 +9,8 @@ pub const MLA_TILE: usize = 32;
 pub const MLA_MAX_LATENT: usize = 512;
 /// Heads per block of v1 and v2 (attention.cu `HB`).
 const V12_HEADS: usize = 16;
-/// The v3 kernels (mla_decode.cu), one per heads per block and stages.
-pub const MLA3_KERNELS: &[&str] = &[
-    "mla_decode3_h16_s2",
-    "mla_decode3_h16_s3",
-    "mla_decode3_h32_s2",
-    "mla_decode3_h32_s3",
-    "mla_decode3_h64_s2",
-    "mla_decode3_h64_s3",
-];
+/// The v3 kernels (mla_decode.cu), by heads per block.
+pub const MLA3_KERNELS: &[&str] = &["mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64"];
 /// The shape v3 is compiled for: latent 512, rope 64, cache blocks of 64 keys.
 const V3_SHAPE: (usize, usize, usize) = (512, 64, 64);
 
@@ -28,39 +21,15 @@ pub enum MlaDecode {
     V1,
     /// `mla_decode2` (`mla_decode2_dsv` at the DeepSeek shape): 16 heads per block.
     V2,
-    /// `mla_decode3_h{16,32,64}_s{2,3}` at the DeepSeek shape (other shapes take v2): one key
-    /// tile read by 16, 32 or 64 heads; `None` picks by the head count ([`Mla3::default_for`]).
-    V3(Option<Mla3>),
+    /// `mla_decode3_h{16,32,64}` at the DeepSeek shape (other shapes take v2): one key tile read
+    /// by 16, 32 or 64 heads; `None` picks by the head count ([`MlaDecode::v3_heads`]).
+    V3(Option<usize>),
 }
 
-/// A v3 shape: heads per block (16, 32 or 64) and pipeline stages (2 or 3), written
-/// `HEADS/STAGES`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mla3 {
-    pub heads: usize,
-    pub stages: usize,
-}
-
-impl Mla3 {
-    /// The shape v3 takes for `heads` query heads: the largest block of 64, 32, 16 heads they
-    /// fill, with its default stages.
-    pub fn default_for(heads: usize) -> Mla3 {
-        let hb = [64, 32].into_iter().find(|&h| heads >= h).unwrap_or(16);
-        Mla3 { heads: hb, stages: Self::default_stages(hb) }
-    }
-
-    fn default_stages(heads: usize) -> usize {
-        if heads == 16 {
-            2
-        } else {
-            3
-        }
-    }
-}
-
-impl fmt::Display for Mla3 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.heads, self.stages)
+impl MlaDecode {
+    /// Heads per block v3 takes by default: the largest of 64, 32, 16 that the heads fill.
+    pub fn v3_heads(heads: usize) -> usize {
+        [64, 32].into_iter().find(|&h| heads >= h).unwrap_or(16)
     }
 }
 
@@ -70,33 +39,23 @@ impl fmt::Display for MlaDecode {
             MlaDecode::V1 => write!(f, "v1"),
             MlaDecode::V2 => write!(f, "v2"),
             MlaDecode::V3(None) => write!(f, "v3"),
-            MlaDecode::V3(Some(c)) => write!(f, "v3:{c}"),
+            MlaDecode::V3(Some(h)) => write!(f, "v3:{h}"),
         }
     }
 }
 
 impl std::str::FromStr for MlaDecode {
     type Err = String;
-    /// `v1`, `v2`, `v3` or `v3:HEADS[/STAGES]` (16, 32 or 64 heads per block; 2 or 3 stages).
+    /// `v1`, `v2`, `v3` or `v3:HEADS` (16, 32 or 64 heads per block).
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("`{s}` is not one of v1, v2, v3, v3:HEADS[/STAGES] (heads 16, 32 or 64; stages 2 or 3)");
         match s {
             "v1" => Ok(MlaDecode::V1),
             "v2" => Ok(MlaDecode::V2),
             "v3" => Ok(MlaDecode::V3(None)),
-            _ => {
-                let cfg = s.strip_prefix("v3:").ok_or_else(bad)?;
-                let (h, st) = cfg.split_once('/').map_or((cfg, None), |(h, st)| (h, Some(st)));
-                let heads: usize = h.parse().map_err(|_| bad())?;
-                let stages = match st {
-                    Some(st) => st.parse().map_err(|_| bad())?,
-                    None => Mla3::default_stages(heads),
-                };
-                if ![16, 32, 64].contains(&heads) || ![2, 3].contains(&stages) {
-                    return Err(bad());
-                }
-                Ok(MlaDecode::V3(Some(Mla3 { heads, stages })))
-            }
+            _ => match s.strip_prefix("v3:").map(str::parse::<usize>) {
+                Some(Ok(h)) if [16, 32, 64].contains(&h) => Ok(MlaDecode::V3(Some(h))),
+                _ => Err(format!("`{s}` is not one of v1, v2, v3, v3:16, v3:32, v3:64")),
+            },
         }
     }
 }
@@ -135,22 +94,18 @@ impl MlaLaunch {
     pub fn kernel(&self, which: MlaDecode) -> MlaKernel {
         let deepseek = (self.kv_lora, self.rope, self.block_size) == V3_SHAPE;
         match which {
-            MlaDecode::V3(c) if deepseek => {
-                let c = c.unwrap_or_else(|| Mla3::default_for(self.heads));
-                let g = c.heads / 16;
-                let (w, tt) = (V3_SHAPE.0 + V3_SHAPE.1, MLA_TILE);
-                // keys [STAGES][TT][W + 8] bf16, partial scores [G][4][16][TT + 8] f32,
-                // probabilities [16G][TT + 8] bf16, (max, sum, scale) per head
-                let smem = c.stages * tt * (w + 8) * 2 + g * (4 * 16 * (tt + 8) * 4 + 16 * (tt + 8) * 2 + 3 * 16 * 4);
-                let name = match (c.heads, c.stages) {
-                    (64, 3) => "mla_decode3_h64_s3",
-                    (64, _) => "mla_decode3_h64_s2",
-                    (32, 3) => "mla_decode3_h32_s3",
-                    (32, _) => "mla_decode3_h32_s2",
-                    (_, 3) => "mla_decode3_h16_s3",
-                    _ => "mla_decode3_h16_s2",
+            MlaDecode::V3(h) if deepseek => {
+                let hb = h.unwrap_or_else(|| MlaDecode::v3_heads(self.heads));
+                let (name, stages) = match hb {
+                    64 => ("mla_decode3_h64", 3),
+                    32 => ("mla_decode3_h32", 2),
+                    _ => ("mla_decode3_h16", 2),
                 };
-                MlaKernel { name, threads: 8 * c.heads as u32, heads_per_block: c.heads, smem, fixed_shape: true }
+                let (g, w, tt) = (hb / 16, V3_SHAPE.0 + V3_SHAPE.1, MLA_TILE);
+                // keys [stages][TT][W + 8] bf16, partial scores [G][4][16][TT + 8] f32,
+                // probabilities [16G][TT + 8] bf16, (max, sum, scale) per head
+                let smem = stages * tt * (w + 8) * 2 + g * (4 * 16 * (tt + 8) * 4 + 16 * (tt + 8) * 2 + 3 * 16 * 4);
+                MlaKernel { name, threads: 8 * hb as u32, heads_per_block: hb, smem, fixed_shape: true }
             }
             _ => {
                 let name = match (which, deepseek) {
@@ -220,11 +175,10 @@ mod tests {
     fn v3_takes_the_deepseek_shape_and_fills_its_blocks() {
         let v3 = MlaLaunch { heads: 128, ..lite() };
         let k = v3.kernel(MlaDecode::V3(None));
-        assert_eq!((k.name, k.threads, k.heads_per_block), ("mla_decode3_h64_s3", 512, 64));
+        assert_eq!((k.name, k.threads, k.heads_per_block), ("mla_decode3_h64", 512, 64));
         assert!(k.smem < 200 * 1024);
-        assert_eq!(lite().kernel(MlaDecode::V3(None)).name, "mla_decode3_h16_s2");
-        let h32 = MlaDecode::V3(Some(Mla3 { heads: 32, stages: 2 }));
-        assert_eq!((lite().kernel(h32).threads, lite().kernel(h32).name), (256, "mla_decode3_h32_s2"));
+        assert_eq!(lite().kernel(MlaDecode::V3(None)).name, "mla_decode3_h16");
+        assert_eq!(lite().kernel(MlaDecode::V3(Some(32))).threads, 256);
         // 64 rows x 2 blocks of 64 heads on 132 SMs at one block per SM: one split
         let b64 = MlaLaunch { rows: 64, max_ctx: 2048, ..v3 };
         assert_eq!(b64.splits(&k, 132, 1).0, 1);
@@ -235,11 +189,10 @@ mod tests {
 
     #[test]
     fn settings_round_trip() {
-        for s in ["v1", "v2", "v3", "v3:16/2", "v3:32/3", "v3:64/2"] {
+        for s in ["v1", "v2", "v3", "v3:16", "v3:32", "v3:64"] {
             assert_eq!(s.parse::<MlaDecode>().unwrap().to_string(), s);
         }
-        assert_eq!("v3:64".parse::<MlaDecode>().unwrap(), MlaDecode::V3(Some(Mla3::default_for(128))));
-        for bad in ["v4", "v3:8", "v3:", "v3:x", "v3:64/4", "v3:64/"] {
+        for bad in ["v4", "v3:8", "v3:", "v3:x", "v3:64/3"] {
             assert!(bad.parse::<MlaDecode>().unwrap_err().contains(bad));
         }
     }

@@ -12,7 +12,7 @@ mod attention;
 mod elementwise;
 mod kv;
 mod mla;
-pub use mla::{Mla3, MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
+pub use mla::{MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
 mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm};
 mod qdecode;

@@ -1,7 +1,7 @@
 //! Kernel variants: which of the checked implementations of an op the backend launches. Every
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
-pub use cleave_kernels::ops::{Mla3, MlaDecode, PersistentGemm, QPersist};
+pub use cleave_kernels::ops::{MlaDecode, PersistentGemm, QPersist};
 use cleave_kernels::quant::QFormat;
 
 use crate::error::{EngineError, Result};
@@ -151,7 +151,7 @@ mod tests {
         );
         assert_eq!(Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap(), Variants::FIRST);
         assert_eq!(Variants::parse("", "v2", "", "", "").unwrap().moe_persistent, None);
-        assert_eq!(Variants::parse("v3:32/3", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(Mla3 { heads: 32, stages: 3 })));
+        assert_eq!(Variants::parse("v3:32", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(32)));
         let custom = Variants::parse("", "persistent:16/64/4/2", "", "", "").unwrap();
         assert_eq!(custom.moe_persistent, Some(PersistentGemm { bn: 16, bk: 64, stages: 4, prefetch: 2 }));
         for (args, var) in [
