@@ -10,10 +10,11 @@ use anyhow::{ensure, Result};
 use cleave_engine::backend::cuda::{QuantGemm, Variants};
 use cleave_engine::backend::{Backend, ExpertSource};
 use cleave_engine::weights::{pack_int4, AwqSource, LinearSource, RawTensor};
+use cleave_kernels::ptr;
 use safetensors::tensor::Dtype;
 
 use super::experts::ExpertShape;
-use super::ops::Ctx;
+use super::ops::{kerr, Ctx};
 use super::{Ceiling, XRng};
 
 /// One random quantized linear layer's checkpoint tensors.
@@ -125,7 +126,45 @@ impl Ctx<'_> {
             c.quant_linear().and_then(|()| c.quant_experts())
         });
         self.cu.set_variants(def);
-        r
+        r.and_then(|()| self.quant_expand())
+    }
+
+    /// The AWQ expansion of prefill by k-tiles (`qdequant_awq_tiles`) equals the per-value
+    /// reference bit for bit; both timed (bytes: the packed weights read, bf16 written).
+    fn quant_expand(&mut self) -> Result<()> {
+        // (out, in): V2-Lite q_proj, V3 q_b_proj and the V3 dense MLP's gate/up.
+        let shapes: &[(usize, usize)] =
+            if self.quick { &[(136, 384), (256, 640)] } else { &[(3072, 2048), (24576, 1536), (36864, 7168)] };
+        for (fmt, make) in &FORMATS[..2] {
+            for &(n, k) in shapes {
+                let w = make(&mut self.rng, n, k);
+                let wg = self.cu.load_linear(&[w.source()])?;
+                let q = wg.quant().ok_or_else(|| anyhow::anyhow!("linear {fmt} {n}x{k}: the loader expanded it"))?;
+                let gpu = self.cu.gpu();
+                let (a, b) = (gpu.alloc::<u16>(n * k)?, gpu.alloc::<u16>(n * k)?);
+                gpu.memset(ptr(&b), 0xff, n * k * 2)?;
+                gpu.qdequant_with(&q, ptr(&a), true)?;
+                gpu.qdequant_with(&q, ptr(&b), false)?;
+                let (mut va, mut vb) = (vec![0u16; n * k], vec![0u16; n * k]);
+                gpu.dtoh(ptr(&a), &mut va)?;
+                gpu.dtoh(ptr(&b), &mut vb)?;
+                let bad = va.iter().zip(&vb).filter(|(x, y)| x != y).count();
+                let bytes = (n * k) as f64 * (w.bytes_per_value() + 2.0);
+                for (reference, label) in [(true, "reference"), (false, "k-tiles")] {
+                    let us = self.time(|| gpu.qdequant_with(&q, ptr(&b), reference).map_err(kerr))?;
+                    let differing = if reference { 0 } else { bad };
+                    self.push_exact(
+                        &format!("expand {fmt} {label}"),
+                        format!("{n} x {k}"),
+                        differing,
+                        n * k,
+                        us,
+                        bytes,
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     fn quant_linear(&mut self) -> Result<()> {

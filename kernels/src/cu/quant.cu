@@ -292,6 +292,36 @@ __device__ __forceinline__ void qdequant(const u32* __restrict__ Wq, const void*
 extern "C" __global__ void qdequant_awq(QD_ARGS) { qdequant<0>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 extern "C" __global__ void qdequant_fp8(QD_ARGS) { qdequant<1>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 
+// The AWQ expansion of prefill, 32 weights per thread: thread (e, n, kt) reads the four packed words
+// of row n in k-tile kt (one 16-byte load; word t holds k = 8a + 2t + b as nibble a + 4b) and
+// writes the tile's 32 bf16 values as four 16-byte stores, so consecutive threads write
+// consecutive 64-byte runs. Groups must be multiples of 32 (a k-tile inside one group) and
+// K % 32 == 0; the values equal qdequant's (the same f32 product, rounded once).
+extern "C" __global__ void qdequant_awq_tiles(QD_ARGS) {
+    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G;
+    const u64 total = (u64)E * N * KT;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int kt = (int)(i % KT), n = (int)((i / KT) % N), e = (int)(i / ((u64)N * KT));
+        const int grp = kt * 32 / G;
+        const uint4 w = *reinterpret_cast<const uint4*>(Wq + (((u64)e * (Np / 8) + (n >> 3)) * KUT + kt) * 32 + (n & 7) * 4);
+        const float z = (float)((Z[((u64)e * KG + grp) * (Np / 8) + (n >> 3)] >> (4 * (n & 7))) & 0xfu);
+        const float sc = h2f(reinterpret_cast<const unsigned short*>(S)[((u64)e * KG + grp) * Np + n]);
+        const u32 ws[4] = {w.x, w.y, w.z, w.w};
+        bf16_t* o = out + ((u64)e * N + n) * K + kt * 32;
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            u32 pk[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float v0 = ((float)((ws[t] >> (4 * a)) & 0xfu) - z) * sc;
+                const float v1 = ((float)((ws[t] >> (4 * (a + 4))) & 0xfu) - z) * sc;
+                pk[t] = pack_bf16(v0, v1);
+            }
+            *reinterpret_cast<uint4*>(o + 8 * a) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        }
+    }
+}
+
 // Matrix 0 of an FP8 stack as row-major e4m3 bytes `[N, K]` (K % 4 == 0), for the block-scaled
 // tensor-core GEMM of prefill: four bytes per thread.
 extern "C" __global__ void qbytes_fp8(const u32* __restrict__ Wq, u32* __restrict__ out, int N, int K, int Np, int Kp) {

@@ -56,7 +56,8 @@ impl Gpu {
         }
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(k.heads_per_block);
-        let mut args = vec![Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
+        let mut args =
+            vec![Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
         args.push(I32(p.heads as i32));
         if !k.fixed_shape {
             args.extend([I32(p.kv_lora as i32), I32(p.rope as i32)]);

@@ -92,6 +92,7 @@ pub const QUANT_KERNELS: &[&str] = &[
     "qg64_fp8_silu",
     "qgemm_reduce",
     "qdequant_awq",
+    "qdequant_awq_tiles",
     "qdequant_fp8",
     "qbytes_fp8",
 ];
@@ -149,14 +150,34 @@ impl Gpu {
         )
     }
 
-    /// Expands `w` to bf16 `[experts * n, k]` at `out`.
+    /// Expands `w` to bf16 `[experts * n, k]` at `out`: AWQ with groups and inputs of a multiple
+    /// of 32 by k-tiles of 32 (`qdequant_awq_tiles`), anything else by the per-value reference.
     pub fn qdequant(&self, w: &QWeights, out: u64) -> Result<()> {
+        self.qdequant_with(w, out, !Self::awq_tiles(w))
+    }
+
+    fn awq_tiles(w: &QWeights) -> bool {
         let s = w.shape;
-        let name = match s.format {
-            QFormat::AwqInt4 => "qdequant_awq",
-            QFormat::Fp8E4m3 => "qdequant_fp8",
+        s.format == QFormat::AwqInt4 && s.group.is_multiple_of(32) && s.k.is_multiple_of(32)
+    }
+
+    /// [`Gpu::qdequant`] with the per-value reference kernel (`reference`) or the k-tile one
+    /// (AWQ, groups and inputs of a multiple of 32), for kernels-check to compare them.
+    pub fn qdequant_with(&self, w: &QWeights, out: u64, reference: bool) -> Result<()> {
+        let s = w.shape;
+        let (name, total) = match (s.format, reference) {
+            (QFormat::AwqInt4, false) if Self::awq_tiles(w) => {
+                ("qdequant_awq_tiles", (s.experts * s.n * s.k / 32) as u64)
+            }
+            (QFormat::AwqInt4, false) => {
+                return Err(KernelError::Invalid(format!(
+                    "qdequant_awq_tiles: group {} or input {} is not a multiple of 32",
+                    s.group, s.k
+                )))
+            }
+            (QFormat::AwqInt4, true) => ("qdequant_awq", (s.experts * s.n * s.k) as u64),
+            (QFormat::Fp8E4m3, _) => ("qdequant_fp8", (s.experts * s.n * s.k) as u64),
         };
-        let total = (s.experts * s.n * s.k) as u64;
         let args = [
             Ptr(w.words),
             Ptr(w.scales),
