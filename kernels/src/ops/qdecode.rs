@@ -20,7 +20,7 @@ pub struct QPersist {
 }
 
 /// (format, bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled shape (qdecode.cu's list).
-const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 17] = [
+const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 16] = [
     (QFormat::AwqInt4, 16, 64, 64, 8, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
     (QFormat::AwqInt4, 16, 64, 128, 4, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
     (QFormat::AwqInt4, 16, 64, 128, 6, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
@@ -31,7 +31,6 @@ const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 17] = [
     (QFormat::AwqInt4, 16, 128, 128, 4, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
     (QFormat::AwqInt4, 16, 256, 64, 4, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
     (QFormat::AwqInt4, 64, 64, 64, 4, "qgp64_awq_64_64_4_f32", "qgp64_awq_64_64_4_silu"),
-    (QFormat::AwqInt4, 64, 128, 64, 4, "qgp64_awq_128_64_4_f32", "qgp64_awq_128_64_4_silu"),
     (QFormat::Fp8E4m3, 64, 64, 128, 4, "qgp64_fp8_64_128_4_f32", "qgp64_fp8_64_128_4_silu"),
     (QFormat::Fp8E4m3, 16, 64, 128, 4, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
     (QFormat::Fp8E4m3, 16, 64, 128, 6, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
@@ -62,8 +61,6 @@ pub const QDECODE_KERNELS: &[&str] = &[
     "qgp_awq_256_64_4_silu",
     "qgp64_awq_64_64_4_f32",
     "qgp64_awq_64_64_4_silu",
-    "qgp64_awq_128_64_4_f32",
-    "qgp64_awq_128_64_4_silu",
     "qgp64_fp8_64_128_4_f32",
     "qgp64_fp8_64_128_4_silu",
     "qgp_fp8_64_128_4_f32",
