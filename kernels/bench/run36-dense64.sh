@@ -1,5 +1,6 @@
 #!/bin/bash
-# run 36 (one GPU), issue 12: dense AWQ linears of 64 rows with 128-column items (qgp64 128/64/4,
+# run 36 (one GPU), issue 12 (the shape was reverted after it: kernels/NOTES.md): dense AWQ
+# linears of 64 rows with 128-column items (qgp64 128/64/4,
 # half the activation re-reads of 64/64/4): `kernels-check --stages qgemm_tune` (every shape
 # checked against the tiled kernel and timed; the summary lines of 64-row dense AWQ cases), then
 # four V3 layers (AWQ) at batch 64 under the default and with the dense shape forced.
