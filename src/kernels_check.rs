@@ -262,7 +262,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         scale: 1.0,
         max_ctx: 1,
     };
-    for which in [MlaDecode::V2, MlaDecode::V3(Some(16)), MlaDecode::V3(Some(32)), MlaDecode::V3(Some(64))] {
+    let v3 = MlaDecode::V3_HEADS.map(|h| MlaDecode::V3(Some(h)));
+    for which in std::iter::once(MlaDecode::V2).chain(v3) {
         let k = mla.kernel(which);
         let per_sm = g.mla_decode_blocks_per_sm(&k)?;
         println!("  {}: {per_sm} blocks per SM with {} bytes of shared memory (DeepSeek shape)", k.name, k.smem);

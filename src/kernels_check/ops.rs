@@ -538,7 +538,7 @@ impl Ctx<'_> {
     pub fn attention(&mut self) -> Result<()> {
         let def = self.cu.variants();
         let mut alts: Vec<(String, Variants)> = Vec::new();
-        for heads in [16, 32, 64] {
+        for heads in MlaDecode::V3_HEADS {
             let m = MlaDecode::V3(Some(heads));
             alts.push((format!(" {m}"), Variants { mla: m, ..def }));
         }

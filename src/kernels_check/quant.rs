@@ -135,7 +135,7 @@ impl Ctx<'_> {
         // (out, in): V2-Lite q_proj, V3 q_b_proj and the V3 dense MLP's gate/up.
         let shapes: &[(usize, usize)] =
             if self.quick { &[(136, 384), (256, 640)] } else { &[(3072, 2048), (24576, 1536), (36864, 7168)] };
-        for (fmt, make) in &FORMATS[..2] {
+        for (fmt, make) in FORMATS.iter().filter(|(fmt, _)| fmt.starts_with("awq")) {
             for &(n, k) in shapes {
                 let w = make(&mut self.rng, n, k);
                 let wg = self.cu.load_linear(&[w.source()])?;

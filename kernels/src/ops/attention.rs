@@ -1,5 +1,5 @@
-//! MLA attention launchers: absorbed decode (v1 and v2 kernels, one argument layout), split
-//! combine, the expanded prefill (latent gather, flash attention), and the f32 reference attention.
+//! MLA attention launchers: absorbed decode (v1, v2 and v3; v3 takes no latent, rope or block
+//! widths, they are compiled in), split combine, the expanded prefill (latent gather, flash attention), and the f32 reference attention.
 
 use super::{MlaKernel, MlaLaunch, MLA_MAX_LATENT};
 use crate::{Arg, Gpu, KernelError, Result};
@@ -16,7 +16,7 @@ const PREFILL_MAX_V: usize = 128;
 impl Gpu {
     /// Checks the shapes `mla_decode` supports.
     pub fn mla_supported(kv_lora: usize, rope: usize) -> Result<()> {
-        if (kv_lora + rope) % 8 != 0 || kv_lora > MLA_MAX_LATENT || kv_lora == 0 {
+        if !(kv_lora + rope).is_multiple_of(8) || kv_lora > MLA_MAX_LATENT || kv_lora == 0 {
             return Err(KernelError::Invalid(format!(
                 "MLA attention needs kv_lora_rank + qk_rope_head_dim divisible by 8 and kv_lora_rank <= {MLA_MAX_LATENT} (got {kv_lora} + {rope})"
             )));
@@ -51,22 +51,22 @@ impl Gpu {
         if k.smem > self.max_smem_optin.min(200 * 1024) {
             return Err(KernelError::Invalid(format!("MLA attention needs {} bytes of shared memory", k.smem)));
         }
-        if chunk % super::MLA_TILE != 0 {
+        if !chunk.is_multiple_of(super::MLA_TILE) {
             return Err(KernelError::Invalid(format!("mla_decode: split of {chunk} keys is not whole tiles")));
         }
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(k.heads_per_block);
-        let mut args =
-            vec![Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
-        args.push(I32(p.heads as i32));
-        if !k.fixed_shape {
-            args.extend([I32(p.kv_lora as i32), I32(p.rope as i32)]);
-        }
-        args.extend([I32(p.nope as i32), I32(qk as i32), I32(p.layers as i32), I32(p.layer as i32)]);
-        if !k.fixed_shape {
-            args.push(I32(p.block_size as i32));
-        }
-        args.extend([I32(chunk as i32), I32(splits as i32), F32(p.scale)]);
+        let ptrs = [Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
+        let (heads, nope, qk) = (I32(p.heads as i32), I32(p.nope as i32), I32(qk as i32));
+        let (layers, layer) = (I32(p.layers as i32), I32(p.layer as i32));
+        let tail = [I32(chunk as i32), I32(splits as i32), F32(p.scale)];
+        let dims: Vec<Arg> = if k.fixed_shape {
+            vec![heads, nope, qk, layers, layer]
+        } else {
+            let (l, r, bs) = (I32(p.kv_lora as i32), I32(p.rope as i32), I32(p.block_size as i32));
+            vec![heads, l, r, nope, qk, layers, layer, bs]
+        };
+        let args: Vec<Arg> = ptrs.into_iter().chain(dims).chain(tail).collect();
         self.launch(k.name, (p.rows as u32, splits as u32, hg as u32), k.threads, k.smem as u32, &args)
     }
 
@@ -107,7 +107,7 @@ impl Gpu {
         bs: usize,
         width: usize,
     ) -> Result<()> {
-        if width % 8 != 0 {
+        if !width.is_multiple_of(8) {
             return Err(KernelError::Invalid(format!("gather_latent: width {width} not divisible by 8")));
         }
         self.launch_flat(

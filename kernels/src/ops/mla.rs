@@ -27,9 +27,12 @@ pub enum MlaDecode {
 }
 
 impl MlaDecode {
+    /// The heads per block v3 is compiled for.
+    pub const V3_HEADS: [usize; 3] = [16, 32, 64];
+
     /// Heads per block v3 takes by default: the largest of 64, 32, 16 that the heads fill.
     pub fn v3_heads(heads: usize) -> usize {
-        [64, 32].into_iter().find(|&h| heads >= h).unwrap_or(16)
+        Self::V3_HEADS.into_iter().rev().find(|&h| heads >= h).unwrap_or(16)
     }
 }
 
@@ -53,7 +56,7 @@ impl std::str::FromStr for MlaDecode {
             "v2" => Ok(MlaDecode::V2),
             "v3" => Ok(MlaDecode::V3(None)),
             _ => match s.strip_prefix("v3:").map(str::parse::<usize>) {
-                Some(Ok(h)) if [16, 32, 64].contains(&h) => Ok(MlaDecode::V3(Some(h))),
+                Some(Ok(h)) if Self::V3_HEADS.contains(&h) => Ok(MlaDecode::V3(Some(h))),
                 _ => Err(format!("`{s}` is not one of v1, v2, v3, v3:16, v3:32, v3:64")),
             },
         }
@@ -95,11 +98,11 @@ impl MlaLaunch {
         let deepseek = (self.kv_lora, self.rope, self.block_size) == V3_SHAPE;
         match which {
             MlaDecode::V3(h) if deepseek => {
-                let hb = h.unwrap_or_else(|| MlaDecode::v3_heads(self.heads));
-                let (name, stages) = match hb {
-                    64 => ("mla_decode3_h64", 3),
-                    32 => ("mla_decode3_h32", 2),
-                    _ => ("mla_decode3_h16", 2),
+                // (an uncompiled head count, only constructible in code, takes 16)
+                let (name, hb, stages) = match h.unwrap_or_else(|| MlaDecode::v3_heads(self.heads)) {
+                    64 => ("mla_decode3_h64", 64, 3),
+                    32 => ("mla_decode3_h32", 32, 2),
+                    _ => ("mla_decode3_h16", 16, 2),
                 };
                 let (g, w, tt) = (hb / 16, V3_SHAPE.0 + V3_SHAPE.1, MLA_TILE);
                 // keys [stages][TT][W + 8] bf16, partial scores [G][4][16][TT + 8] f32,
@@ -179,6 +182,8 @@ mod tests {
         assert!(k.smem < 200 * 1024);
         assert_eq!(lite().kernel(MlaDecode::V3(None)).name, "mla_decode3_h16");
         assert_eq!(lite().kernel(MlaDecode::V3(Some(32))).threads, 256);
+        let odd_heads = lite().kernel(MlaDecode::V3(Some(48)));
+        assert_eq!((odd_heads.name, odd_heads.threads, odd_heads.heads_per_block), ("mla_decode3_h16", 128, 16));
         // 64 rows x 2 blocks of 64 heads on 132 SMs at one block per SM: one split
         let b64 = MlaLaunch { rows: 64, max_ctx: 2048, ..v3 };
         assert_eq!(b64.splits(&k, 132, 1).0, 1);
