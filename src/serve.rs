@@ -116,8 +116,8 @@ pub struct Args {
     /// variant is read too), the only format cleave's models write.
     #[arg(long, value_enum)]
     tool_call_parser: Option<ToolCallParser>,
-    /// cleave runs every step eagerly today (it captures no CUDA graphs yet), which is what
-    /// this flag asks for; accepted so vLLM command lines run unchanged.
+    /// Capture no CUDA graphs: every step runs eagerly (by default CUDA ranks capture their
+    /// decode steps at start-up). Sets `enforce_eager` of the config.
     #[arg(long)]
     enforce_eager: bool,
     /// cleave never runs code from a checkpoint; accepted so vLLM command lines run unchanged.
@@ -190,6 +190,7 @@ impl Args {
                 (true, _) => Some(true),
                 _ => None,
             },
+            enforce_eager: self.enforce_eager,
             host: self.host.clone(),
             port: self.port,
             max_num_seqs: self.max_num_seqs,

@@ -209,6 +209,7 @@ impl Cluster {
                 num_blocks,
                 max_model_len: Some(info.max_model_len),
                 enable_prefix_caching: cfg.enable_prefix_caching,
+                enforce_eager: cfg.enforce_eager,
             }
         };
         let infos: Vec<RankInfo> = groups

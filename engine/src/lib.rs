@@ -5,6 +5,7 @@
 pub mod backend;
 mod engine;
 pub mod error;
+pub mod graphs;
 pub mod group;
 pub mod kv_cache;
 pub mod kv_port;

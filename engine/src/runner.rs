@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::backend::{Backend, KvLayout, SampleRow};
 use crate::error::{EngineError, Result};
+use crate::graphs::{CaptureReport, DecodeGraphs};
 use crate::kv_port::KvPort;
 use crate::model::{Model, StepInput};
 use crate::parallel::{Collectives, RankCoord};
@@ -66,9 +67,12 @@ pub struct ModelRunner<B: Backend> {
     model: Model<B>,
     cache: B::KvCache,
     num_blocks: usize,
+    block_size: usize,
     comm: Option<Box<dyn Collectives<B>>>,
     /// This rank's end of the KV links between groups (disaggregated serving).
     port: Option<Box<dyn KvPort<B>>>,
+    /// Captured decode steps, when captured ([`ModelRunner::capture_graphs`]).
+    graphs: Option<DecodeGraphs<B>>,
 }
 
 impl<B: Backend> ModelRunner<B> {
@@ -85,7 +89,16 @@ impl<B: Backend> ModelRunner<B> {
             width: mc.latent_dim(),
         };
         let cache = be.alloc_kv_cache(layout)?;
-        Ok(ModelRunner { be, model, cache, num_blocks: size.num_blocks, comm, port: None })
+        Ok(ModelRunner {
+            be,
+            model,
+            cache,
+            num_blocks: size.num_blocks,
+            block_size: size.block_size,
+            comm,
+            port: None,
+            graphs: None,
+        })
     }
 
     /// Loads rank `coord`'s part of the checkpoint in `dir` and allocates its cache.
@@ -166,7 +179,18 @@ impl<B: Backend> ModelRunner<B> {
             .get(self.coord().dp)
             .ok_or_else(|| EngineError::Backend(format!("a step plan without DP rank {}", self.coord().dp)))?;
         let comm = self.comm.as_deref();
-        let logits = self.model.forward(&self.be, &mut self.cache, comm, &b.input)?;
+        let replayed = match &self.graphs {
+            Some(g) => g.run(&self.be, &b.input)?,
+            None => None,
+        };
+        let eager;
+        let logits = match replayed {
+            Some(l) => Some(l),
+            None => {
+                eager = self.model.forward(&self.be, &mut self.cache, comm, &b.input)?;
+                eager.as_ref()
+            }
+        };
         if let Some(c) = comm {
             c.settle(&self.be)?;
         }
@@ -175,7 +199,7 @@ impl<B: Backend> ModelRunner<B> {
             return Ok(self.coord().samples().then(RankOutput::default));
         };
         let device = if b.masked.is_empty() {
-            self.be.sample(&logits, &b.device, &[])?
+            self.be.sample(logits, &b.device, &[])?
         } else {
             // The GPU runs the forward pass meanwhile: wait for the masks only now.
             let board = plan.masks.wait();
@@ -190,11 +214,42 @@ impl<B: Backend> ModelRunner<B> {
                     }
                 }
             }
-            self.be.sample(&logits, &rows, &bits)?
+            self.be.sample(logits, &rows, &bits)?
         };
         let host =
-            if b.host.is_empty() { Vec::new() } else { self.be.download(&self.be.gather_rows(&logits, &b.host)?)? };
+            if b.host.is_empty() { Vec::new() } else { self.be.download(&self.be.gather_rows(logits, &b.host)?)? };
         Ok(Some(RankOutput { device, host }))
+    }
+
+    /// Captures decode steps of `sizes` rows (see [`crate::graphs`]); later decode steps of at most
+    /// the largest size replay them. Replaces graphs captured before.
+    pub fn capture_graphs(&mut self, sizes: &[usize]) -> Result<CaptureReport> {
+        self.graphs = None;
+        let (g, report) =
+            DecodeGraphs::capture(&self.be, &self.model, &mut self.cache, sizes, self.block_size, self.num_blocks)?;
+        self.graphs = Some(g);
+        Ok(report)
+    }
+
+    /// Whether this rank can capture decode steps (its backend captures graphs, it has no
+    /// collectives).
+    pub fn can_capture(&self) -> bool {
+        self.be.can_capture() && self.comm.is_none()
+    }
+
+    /// Drops the captured steps: every step runs eagerly.
+    pub fn drop_graphs(&mut self) {
+        self.graphs = None;
+    }
+
+    /// Decode steps that replayed a captured graph so far.
+    pub fn graph_replays(&self) -> u64 {
+        self.graphs.as_ref().map_or(0, DecodeGraphs::replays)
+    }
+
+    /// The captured batch sizes (empty without graphs).
+    pub fn graph_sizes(&self) -> Vec<usize> {
+        self.graphs.as_ref().map(DecodeGraphs::sizes).unwrap_or_default()
     }
 
     /// Makes the group's pending and future collectives fail at once (this rank failed).

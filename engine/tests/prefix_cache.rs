@@ -22,6 +22,7 @@ fn cfg(caching: bool, num_blocks: usize) -> EngineConfig {
         num_blocks,
         max_model_len: Some(512),
         enable_prefix_caching: caching,
+        ..EngineConfig::default()
     }
 }
 

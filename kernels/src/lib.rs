@@ -9,6 +9,7 @@ pub mod blas;
 pub mod blaslt;
 pub mod compile;
 pub mod fp8;
+pub mod graph;
 pub mod nccl;
 pub mod ops;
 pub mod quant;
@@ -120,6 +121,10 @@ pub enum KernelError {
     /// This GPU or library version has no kernel for the operation (the caller may fall back).
     #[error("not supported here: {0}")]
     Unsupported(String),
+    /// A call that cannot be part of a CUDA graph was made while one was being captured, or the
+    /// capture failed.
+    #[error("CUDA graph capture: {0}")]
+    Capture(String),
 }
 
 pub type Result<T> = std::result::Result<T, KernelError>;
@@ -161,6 +166,10 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub(crate) blas: cudarc::cublas::CudaBlas,
+    /// cuBLAS's workspace (see [`graph`]); after `blas`, so that it outlives the handle.
+    blas_ws: RefCell<Option<CudaSlice<u8>>>,
+    /// A graph capture is open on the stream ([`Gpu::capture`]).
+    capturing: Cell<bool>,
     funcs: HashMap<&'static str, CudaFunction>,
     _modules: Vec<Arc<CudaModule>>,
     pub sm_count: usize,
@@ -224,11 +233,13 @@ impl Gpu {
             // All of the unified L1/shared memory as shared, so that two blocks fit per SM.
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
         }
-        Ok(Gpu {
+        let gpu = Gpu {
             lt: std::cell::OnceCell::new(),
             ctx,
             stream,
             blas,
+            blas_ws: RefCell::new(None),
+            capturing: Cell::new(false),
             funcs,
             _modules: modules,
             sm_count,
@@ -239,7 +250,9 @@ impl Gpu {
             prof: RefCell::new(None),
             xfer: RefCell::new(None),
             allocs: Cell::new(0),
-        })
+        };
+        gpu.set_blas_workspace()?;
+        Ok(gpu)
     }
 
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -320,6 +333,7 @@ impl Gpu {
 
     /// Waits for all queued work; surfaces asynchronous kernel faults.
     pub fn sync(&self) -> Result<()> {
+        self.no_capture("synchronize")?;
         self.stream.synchronize()?;
         Ok(())
     }
@@ -332,6 +346,7 @@ impl Gpu {
     /// `n` uninitialized elements (at least one, so that empty tensors have an address).
     /// Counted in [`Gpu::device_allocs`].
     pub fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.no_capture("allocate device memory")?;
         let s = unsafe { self.stream.alloc::<T>(n.max(1)) }?;
         self.allocs.set(self.allocs.get() + 1);
         Ok(s)
@@ -353,6 +368,7 @@ impl Gpu {
 
     /// Host -> device copy of raw values to `ptr` (ordered on the stream).
     pub fn htod<T>(&self, src: &[T], ptr: u64) -> Result<()> {
+        self.no_capture("copy from the host")?;
         if !src.is_empty() {
             self.ctx.bind_to_thread()?;
             unsafe { drv::memcpy_htod_async(ptr, src, self.stream.cu_stream()) }?;
@@ -362,6 +378,7 @@ impl Gpu {
 
     /// Device -> host copy into `dst`, then waits for it.
     pub fn dtoh<T>(&self, ptr: u64, dst: &mut [T]) -> Result<()> {
+        self.no_capture("copy to the host")?;
         if !dst.is_empty() {
             self.ctx.bind_to_thread()?;
             unsafe { drv::memcpy_dtoh_async(dst, ptr, self.stream.cu_stream()) }?;

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::Context;
 use cleave_engine::backend::cuda::{CudaBackend, PersistentGemm, Variants, DEFAULT_PERSISTENT};
 use cleave_engine::backend::{AttnSeq, Backend, KvLayout, SampleRow};
+use cleave_engine::graphs::DecodeGraphs;
 use cleave_engine::model::{Model, ModelConfig, Quantization, StepInput};
 
 use super::{XRng, HBM_BYTES_PER_S, TC_FLOPS};
@@ -79,6 +80,48 @@ fn profile(cu: &CudaBackend, label: &str, mut f: impl FnMut() -> cleave_engine::
     let list: Vec<String> = rows.iter().take(9).map(|(n, t, c)| format!("{n} {t:.2}ms/{c}")).collect();
     println!("  profile {label}: kernels {total:.2} ms: {}", list.join(", "));
     Ok(())
+}
+
+/// A decode step replayed from a CUDA graph.
+struct GraphStep {
+    /// Median step (replay and sampling) in seconds.
+    step: f64,
+    capture: f64,
+    /// Largest logit difference from the eager step.
+    diff: f64,
+    /// Device allocations over the replays after the first.
+    allocs: u64,
+}
+
+/// Captures `input`'s step as a graph (the engine's decode path), checks its logits against the
+/// eager forward pass and times replay + sampling.
+fn graph_step(
+    cu: &CudaBackend,
+    model: &Model<CudaBackend>,
+    cache: &mut <CudaBackend as Backend>::KvCache,
+    input: &StepInput,
+    greedy: &[SampleRow],
+    (block_size, num_blocks): (usize, usize),
+) -> anyhow::Result<GraphStep> {
+    let t = Instant::now();
+    let b = input.ids.len();
+    let (graphs, _) = DecodeGraphs::capture(cu, model, cache, &[b], block_size, num_blocks)?;
+    cu.sync()?;
+    let capture = t.elapsed().as_secs_f64();
+    let eager = cu.download(&model.forward(cu, cache, None, input)?.context("no logits")?)?;
+    let replayed = cu.download(graphs.run(cu, input)?.context("the decode step did not replay its graph")?)?;
+    let diff = eager.iter().zip(&replayed).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
+    let (mut ts, allocs0, n) = (Vec::new(), cu.device_allocs(), 12);
+    for i in 0..n {
+        let t = Instant::now();
+        let logits = graphs.run(cu, input)?.context("no replay")?;
+        cu.sample(logits, greedy, &[])?;
+        if i >= 2 {
+            ts.push(t.elapsed().as_secs_f64());
+        }
+    }
+    let allocs = cu.device_allocs() - allocs0;
+    Ok(GraphStep { step: median(ts), capture, diff, allocs })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -240,6 +283,20 @@ pub fn run(
             println!("{:>6} fastest: {} at {:.3} ms ({pct:.1}% of HBM)", "", show(*c), t * 1e3);
         }
         println!("{:>6} host time to enqueue the forward pass: {:.3} ms (of {:.3} ms)", "", enqueue * 1e3, bare * 1e3);
+        let g = graph_step(cu, &model, &mut cache, &input, &greedy, (bs, num_blocks))?;
+        println!(
+            "{:>6} CUDA graph: step {:.3} ms ({:.1}% of HBM; eager {:.3} ms), capture {:.0} ms, logits max|d| vs eager {:.1e}, allocations in 12 replays {}",
+            "",
+            g.step * 1e3,
+            100.0 * bytes_full / g.step / HBM_BYTES_PER_S,
+            full * 1e3,
+            g.capture * 1e3,
+            g.diff,
+            g.allocs
+        );
+        if g.allocs > 0 {
+            allocating.push(b);
+        }
         if allocs == 0 {
             println!("{:>6} allocations per decode step: 0", "");
         } else {

@@ -18,6 +18,8 @@ pub struct ServeFlags {
     pub max_model_len: Option<usize>,
     /// vLLM's `--enable-prefix-caching` / `--no-enable-prefix-caching`.
     pub enable_prefix_caching: Option<bool>,
+    /// vLLM's `--enforce-eager` (given: on).
+    pub enforce_eager: bool,
     /// vLLM's `--chat-template` (a file or the template itself).
     pub chat_template: Option<String>,
     pub host: Option<String>,
@@ -121,6 +123,7 @@ impl ServeFlags {
             cfg.max_model_len = self.max_model_len;
         }
         set(&mut cfg.enable_prefix_caching, &self.enable_prefix_caching);
+        cfg.enforce_eager |= self.enforce_eager;
         if self.chat_template.is_some() {
             cfg.chat_template = self.chat_template.clone();
         }

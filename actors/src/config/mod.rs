@@ -6,6 +6,7 @@
 //! device: cpu                      # cpu | cuda
 //! max_model_len: 2048              # optional; default: the model's max_position_embeddings
 //! enable_prefix_caching: true      # reuse the KV of cached prompt prefixes (vLLM's default)
+//! enforce_eager: false             # true: capture no CUDA graphs (decode steps run eagerly)
 //! chat_template: examples/tool_chat_template_deepseekr1.jinja  # optional: replaces the model's (a file or the template)
 //! server: {host: 127.0.0.1, port: 8000, max_concurrent_requests: 256}
 //! prefill: {ranks: [0], tensor_parallel_size: 1, max_num_batched_tokens: 8192}
@@ -116,6 +117,10 @@ pub struct DeployConfig {
     /// Automatic prefix caching on every rank, and cache-aware routing (default on).
     #[serde(default = "yes")]
     pub enable_prefix_caching: bool,
+    /// vLLM's `--enforce-eager`: capture no CUDA graphs, run every step eagerly (default off:
+    /// CUDA ranks of groups of one capture their decode steps at start-up).
+    #[serde(default)]
+    pub enforce_eager: bool,
     /// vLLM's `--chat-template`: a Jinja file, or the template itself, used instead of the
     /// checkpoint's (e.g. one that renders `tools` for DeepSeek-R1).
     #[serde(default)]
@@ -325,6 +330,7 @@ impl DeployConfig {
             dtype: Dtype::default(),
             max_model_len: None,
             enable_prefix_caching: true,
+            enforce_eager: false,
             chat_template: None,
             server: ServerConfig::default(),
             prefill: PrefillConfig::default(),

@@ -181,7 +181,17 @@ impl RankFactory for CudaRankFactory {
         }
         let mut engine = Engine::new(be, model, Some(info.tokenizer.clone()), cfg).map_err(load)?;
         engine.set_port(Box::new(link)).map_err(load)?;
-        tracing::info!(rank, pool = info.role.as_str(), ms = t0.elapsed().as_millis() as u64, "cuda rank loaded");
+        let runner = engine.local_runner();
+        let graphs = runner.graph_sizes().len();
+        let graph_mib = runner.backend().graph_bytes() >> 20;
+        tracing::info!(
+            rank,
+            pool = info.role.as_str(),
+            graphs,
+            graph_mib,
+            ms = t0.elapsed().as_millis() as u64,
+            "cuda rank loaded"
+        );
         Ok(engine)
     }
 }

@@ -21,6 +21,9 @@ pub struct AttnSeq {
     pub block_table: Vec<u32>,
 }
 
+/// A cache slot that [`Backend::write_kv`] skips: the padding rows of a captured decode step.
+pub const NO_SLOT: u32 = u32::MAX;
+
 /// Attention metadata for one forward step.
 #[derive(Debug, Clone, Default)]
 pub struct AttnBatch {
@@ -75,6 +78,31 @@ impl KvLayout {
     }
 }
 
+/// What the fixed input buffers of captured decode steps hold (see [`Backend::capture_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphLimits {
+    /// Rows of the largest captured step.
+    pub max_rows: usize,
+    /// Longest context a row may have: attention is split for it.
+    pub max_ctx: usize,
+    /// Cache blocks a row's block table may list.
+    pub max_blocks: usize,
+}
+
+/// The per-step index inputs of a decode step, as a captured step reads them: everything of a
+/// [`crate::model::StepInput`] that the forward pass uploads.
+#[derive(Debug, Clone, Copy)]
+pub struct StepIndices<'a> {
+    pub ids: &'a [u32],
+    pub positions: &'a [u32],
+    pub slots: &'a [u32],
+    pub attn: &'a AttnBatch,
+    pub sample_rows: &'a [u32],
+}
+
+/// The graph type of a backend that captures nothing (it has no values).
+pub enum NoGraph {}
+
 /// The operations of the DeepSeek-V3 forward pass on one device.
 pub trait Backend {
     /// Activations `[rows, cols]`; also used for norm weights and tables.
@@ -87,6 +115,8 @@ pub trait Backend {
     type Routing;
     /// The paged latent KV cache of every layer.
     type KvCache;
+    /// A captured step, replayed with new inputs ([`NoGraph`] where the backend captures none).
+    type Graph;
 
     /// Short name for logs (`cpu`, `cuda:0`).
     fn name(&self) -> String;
@@ -140,7 +170,8 @@ pub trait Backend {
         interleaved: bool,
     ) -> Result<()>;
 
-    /// Writes each row of `latent` `[n, width]` into cache slot `slots[i]` (block * block_size + offset) of `layer`.
+    /// Writes each row of `latent` `[n, width]` into cache slot `slots[i]` (block * block_size +
+    /// offset) of `layer`; rows whose slot is [`NO_SLOT`] are not written.
     fn write_kv(&self, cache: &mut Self::KvCache, layer: usize, latent: &Self::Tensor, slots: &[u32]) -> Result<()>;
     /// Causal MLA attention of `q` `[n, heads * (nope + rope)]` over the cached latents of `layer`,
     /// with `kv_b` `[heads * (nope + v), kv_lora]` expanding latents to keys and values.
@@ -171,4 +202,33 @@ pub trait Backend {
     fn export_blocks(&self, cache: &Self::KvCache, blocks: &[u32]) -> Result<Vec<f32>>;
     /// Writes blocks exported by [`Backend::export_blocks`] into `blocks`.
     fn import_blocks(&self, cache: &mut Self::KvCache, blocks: &[u32], data: &[f32]) -> Result<()>;
+
+    /// Whether [`Backend::capture_step`] can work here.
+    fn can_capture(&self) -> bool {
+        false
+    }
+
+    /// Captures the step `f` enqueues as a graph: `f` runs twice in graph mode, once to set up
+    /// every buffer it needs and once under capture, and must run the same step both times. In
+    /// graph mode the step's index inputs come from fixed buffers sized by `limits` (rewritten
+    /// by [`Backend::stage_step`] before each replay) and attention is split for
+    /// `limits.max_ctx`. Returns the graph and what the captured run returned, whose buffers each
+    /// replay writes again.
+    fn capture_step<T>(&self, limits: GraphLimits, f: &mut dyn FnMut() -> Result<T>) -> Result<(Self::Graph, T)> {
+        let _ = (limits, f);
+        Err(crate::error::EngineError::Backend(format!("{}: this backend captures no graphs", self.name())))
+    }
+
+    /// Writes a step's index inputs where captured steps read them. The caller has validated them
+    /// (a replay checks nothing on the device).
+    fn stage_step(&self, s: &StepIndices<'_>) -> Result<()> {
+        let _ = s;
+        Err(crate::error::EngineError::Backend(format!("{}: this backend captures no graphs", self.name())))
+    }
+
+    /// Enqueues one replay of `g` (after [`Backend::stage_step`]).
+    fn replay(&self, g: &Self::Graph) -> Result<()> {
+        let _ = g;
+        Err(crate::error::EngineError::Backend(format!("{}: this backend captures no graphs", self.name())))
+    }
 }

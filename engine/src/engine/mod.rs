@@ -32,6 +32,10 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// Reuse the KV of cached prompt prefixes (on by default, as in vLLM).
     pub enable_prefix_caching: bool,
+    /// Run every step eagerly: capture no CUDA graphs (vLLM's name). Off by default: a rank
+    /// whose backend captures graphs and that has no collectives captures decode steps of
+    /// [`crate::graphs::capture_sizes`]`(max_num_seqs)` rows at start-up.
+    pub enforce_eager: bool,
 }
 
 impl Default for EngineConfig {
@@ -43,6 +47,7 @@ impl Default for EngineConfig {
             num_blocks: 512,
             max_model_len: None,
             enable_prefix_caching: true,
+            enforce_eager: false,
         }
     }
 }
@@ -228,11 +233,23 @@ impl<B: Backend> Engine<B> {
         Self::from_group(RankGroup::single(runner), tokenizer, cfg)
     }
 
-    fn from_group(group: RankGroup<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
+    fn from_group(mut group: RankGroup<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
+        check_limits(&cfg, group.local().model().max_len())?;
+        if !cfg.enforce_eager && group.local().can_capture() {
+            let t0 = std::time::Instant::now();
+            match group.local_mut().capture_graphs(&crate::graphs::capture_sizes(cfg.max_num_seqs)) {
+                Ok(r) => tracing::info!(
+                    graphs = r.sizes.len(),
+                    largest = r.sizes.last().copied().unwrap_or(0),
+                    ms = t0.elapsed().as_millis() as u64,
+                    "captured decode steps (CUDA graphs; enforce_eager turns them off)"
+                ),
+                Err(e) => tracing::warn!(error = %e, "CUDA graph capture failed: every step runs eagerly"),
+            }
+        }
         let model = group.local().model();
         let mc = model.config();
         let max_len = model.max_len();
-        check_limits(&cfg, max_len)?;
         let mut eos = mc.eos_token_ids.clone();
         if let Some(id) = tokenizer.as_ref().and_then(|t| t.eos_token().and_then(|e| t.token_to_id(e))) {
             if !eos.contains(&id) {

@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
     const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers,
-    int layer, int bs, int chunk, int splits, float scale) {
+    int layer, int bs, int splits, float scale) {
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HB;
     const int W = L + R, Wp = (W + 15) & ~15, S = Wp + 8;
     const int KBUF = TT * S + 64;
@@ -64,8 +64,8 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int kv_len = row_len[row];
-    const int t_begin = split * chunk;
-    const int t_end = min(kv_len, t_begin + chunk);
+    int t_begin, t_end;
+    split_keys(kv_len, split, splits, TT, t_begin, t_end);
     const int* tab = tables + row_tab[row];
     const u64 blk_stride = (u64)layers * bs * W;
 
@@ -315,7 +315,7 @@ __device__ __forceinline__ void mla_decode2_t(
     const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers,
-    int layer, int bs, int chunk, int splits, float scale) {
+    int layer, int bs, int splits, float scale) {
     if (LC > 0) L = LC, R = RC, bs = BSC;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HB;
     const int W = L + R, Wp = (W + 15) & ~15, S = Wp + 8;
@@ -332,8 +332,8 @@ __device__ __forceinline__ void mla_decode2_t(
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int kv_len = row_len[row];
-    const int t_begin = split * chunk;
-    const int t_end = min(kv_len, t_begin + chunk);
+    int t_begin, t_end;
+    split_keys(kv_len, split, splits, TT, t_begin, t_end);
     const int* tab = tables + row_tab[row];
     const u64 blk_stride = (u64)layers * bs * W;
     const int ntiles = t_end > t_begin ? (t_end - t_begin + TT - 1) / TT : 0;
@@ -486,7 +486,7 @@ __device__ __forceinline__ void mla_decode2_t(
     store_partial(acc, nt, sM, sL, part_o, part_ml, ((u64)row * splits + split) * heads, h0, heads, L);
 }
 
-#define MLA2_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers, int layer, int bs, int chunk, int splits, float scale
-#define MLA2_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, L, R, nope, qk, layers, layer, bs, chunk, splits, scale
+#define MLA2_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers, int layer, int bs, int splits, float scale
+#define MLA2_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, L, R, nope, qk, layers, layer, bs, splits, scale
 extern "C" __global__ void __launch_bounds__(128) mla_decode2(MLA2_ARGS) { mla_decode2_t<0, 0, 0>(MLA2_PASS); }
 extern "C" __global__ void __launch_bounds__(128) mla_decode2_dsv(MLA2_ARGS) { mla_decode2_t<512, 64, 64>(MLA2_PASS); }

@@ -4,6 +4,17 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 #define NEG_INF __int_as_float(0xff800000)
+// A cache slot that writes nothing (ops/kv.rs `NO_SLOT`).
+#define NO_SLOT 0xffffffffu
+
+// The keys [begin, end) that split `split` of `splits` takes of a row of `len` keys: the row's
+// tiles of `tile` keys dealt evenly, so that a launch's shape does not depend on its rows' lengths
+// (a captured decode step replays with any contexts). Splits past the row's end are empty.
+__device__ __forceinline__ void split_keys(int len, int split, int splits, int tile, int& begin, int& end) {
+    const int per = ((len + tile - 1) / tile + splits - 1) / splits * tile;
+    begin = min(len, split * per);
+    end = min(len, begin + per);
+}
 
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
 __device__ __forceinline__ bf16_t f2bf(float f) {

@@ -108,6 +108,7 @@ __device__ __forceinline__ void write_kv(const float* latent, const u32* slots, 
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / width, c = i % width;
         const u32 slot = slots[r];
+        if (slot == NO_SLOT) continue;  // a padding row of a captured step
         const u64 blk = slot / bs, off = slot % bs;
         store_as(&cache[((blk * layers + layer) * bs + off) * width + c], latent[i]);
     }

@@ -33,7 +33,7 @@ __device__ __forceinline__ void mla_decode3_t(
     const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer,
-    int chunk, int splits, float scale) {
+    int splits, float scale) {
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -48,8 +48,8 @@ __device__ __forceinline__ void mla_decode3_t(
     const int grp = warp >> 2, wq = warp & 3;
     const int mi = lane >> 3, r8 = lane & 7;
     const int kv_len = row_len[row];
-    const int t_begin = split * chunk;
-    const int t_end = min(kv_len, t_begin + chunk);
+    int t_begin, t_end;
+    split_keys(kv_len, split, splits, V3_TT, t_begin, t_end);
     const int* tab = tables + row_tab[row];
     const u64 blk_stride = (u64)layers * V3_BS * V3_W;
     const int ntiles = t_end > t_begin ? (t_end - t_begin + V3_TT - 1) / V3_TT : 0;
@@ -233,8 +233,8 @@ __device__ __forceinline__ void mla_decode3_t(
     }
 }
 
-#define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int chunk, int splits, float scale
-#define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, chunk, splits, scale
+#define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int splits, float scale
+#define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, splits, scale
 // Pipeline stages by heads per block (kernels-check, run 33): 16 and 32 heads keep two stages
 // (two blocks of 16 heads fit per SM), 64 heads take three.
 extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }

@@ -37,7 +37,6 @@ impl Gpu {
         k: &MlaKernel,
         p: &MlaLaunch,
         splits: usize,
-        chunk: usize,
         q_lat: u64,
         q: u64,
         cache: u64,
@@ -51,15 +50,15 @@ impl Gpu {
         if k.smem > self.max_smem_optin.min(200 * 1024) {
             return Err(KernelError::Invalid(format!("MLA attention needs {} bytes of shared memory", k.smem)));
         }
-        if !chunk.is_multiple_of(super::MLA_TILE) {
-            return Err(KernelError::Invalid(format!("mla_decode: split of {chunk} keys is not whole tiles")));
+        if splits == 0 || splits > 64 {
+            return Err(KernelError::Invalid(format!("mla_decode: {splits} splits (1 to 64)")));
         }
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(k.heads_per_block);
         let ptrs = [Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
         let (heads, nope, qk) = (I32(p.heads as i32), I32(p.nope as i32), I32(qk as i32));
         let (layers, layer) = (I32(p.layers as i32), I32(p.layer as i32));
-        let tail = [I32(chunk as i32), I32(splits as i32), F32(p.scale)];
+        let tail = [I32(splits as i32), F32(p.scale)];
         let dims: Vec<Arg> = if k.fixed_shape {
             vec![heads, nope, qk, layers, layer]
         } else {

@@ -5,6 +5,9 @@ use crate::{Arg, Gpu, Result};
 
 use Arg::{Ptr, I32, U64};
 
+/// A cache slot that [`Gpu::write_kv`] skips: the padding rows of a captured decode step.
+pub const NO_SLOT: u32 = u32::MAX;
+
 impl Gpu {
     pub fn kv_export(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
         self.kv_blocks("kv_export_f32", cache, blocks, out, nb, per_block)
@@ -22,8 +25,8 @@ impl Gpu {
         self.kv_blocks("kv_scatter_f32", input, blocks, cache, nb, per_block)
     }
 
-    /// Writes `n` latent rows `width` wide into their cache slots, of a bf16 cache or (`f32_cache`)
-    /// the f32 reference-precision one.
+    /// Writes `n` latent rows `width` wide into their cache slots (a row whose slot is
+    /// [`NO_SLOT`] is not written), of a bf16 cache or (`f32_cache`) the f32 reference-precision one.
     #[allow(clippy::too_many_arguments)]
     pub fn write_kv(
         &self,

@@ -87,7 +87,7 @@ pub struct MlaLaunch {
     pub layer: usize,
     pub block_size: usize,
     pub scale: f32,
-    /// Longest visible context of any row.
+    /// Longest context any row may have: the step's longest, or the bound a captured step serves.
     pub max_ctx: usize,
 }
 
@@ -129,16 +129,15 @@ impl MlaLaunch {
         hb * s * 2 + 2 * (tt * s + 64) * 2 + hb * tt * 4 + hb * (tt + 8) * 2 + 3 * hb * 4
     }
 
-    /// (splits, keys per split) for kernel `k` with `per_sm` resident blocks per SM: enough blocks
-    /// for one wave when the rows allow it, each split a whole number of tiles, at most 64 splits
-    /// (`mla_combine`).
-    pub fn splits(&self, k: &MlaKernel, sm_count: usize, per_sm: usize) -> (usize, usize) {
+    /// How many splits each row's keys are dealt over (each split a whole number of tiles of
+    /// the row, found by the kernel from the row's own length) for kernel `k` with `per_sm`
+    /// resident blocks per SM: enough blocks for one wave when the rows allow it, no more splits
+    /// than `max_ctx` has tiles, at most 64 (`mla_combine`).
+    pub fn splits(&self, k: &MlaKernel, sm_count: usize, per_sm: usize) -> usize {
         let tiles = self.max_ctx.div_ceil(MLA_TILE).max(1);
         let base = self.rows * self.heads.div_ceil(k.heads_per_block);
         let want = ((per_sm.max(1) * sm_count) / base.max(1)).max(1);
-        let splits = want.clamp(1, tiles.min(64));
-        let per = tiles.div_ceil(splits);
-        (tiles.div_ceil(per), per * MLA_TILE)
+        want.clamp(1, tiles.min(64))
     }
 }
 
@@ -162,16 +161,17 @@ mod tests {
     }
 
     #[test]
-    fn splits_cover_the_context_in_whole_tiles() {
+    fn splits_fill_one_wave_within_the_context() {
         let p = lite();
         let k = p.kernel(MlaDecode::V2);
         assert!(k.smem < 200 * 1024);
-        let (splits, chunk) = p.splits(&k, 132, 2);
-        assert!(splits * chunk >= 4096 && chunk % MLA_TILE == 0 && splits <= 64);
+        assert_eq!(p.splits(&k, 132, 2), 64);
         let big = MlaLaunch { rows: 4096, ..p };
-        assert_eq!(big.splits(&k, 132, 2).0, 1);
+        assert_eq!(big.splits(&k, 132, 2), 1);
         let short = MlaLaunch { max_ctx: 1, ..p };
-        assert_eq!(short.splits(&k, 132, 2), (1, MLA_TILE));
+        assert_eq!(short.splits(&k, 132, 2), 1);
+        let b16 = MlaLaunch { rows: 16, ..p };
+        assert_eq!(b16.splits(&k, 132, 2), 16);
     }
 
     #[test]
@@ -186,7 +186,7 @@ mod tests {
         assert_eq!((odd_heads.name, odd_heads.threads, odd_heads.heads_per_block), ("mla_decode3_h16", 128, 16));
         // 64 rows x 2 blocks of 64 heads on 132 SMs at one block per SM: one split
         let b64 = MlaLaunch { rows: 64, max_ctx: 2048, ..v3 };
-        assert_eq!(b64.splits(&k, 132, 1).0, 1);
+        assert_eq!(b64.splits(&k, 132, 1), 1);
         let odd = MlaLaunch { kv_lora: 256, ..v3 };
         assert_eq!(odd.kernel(MlaDecode::V3(None)).name, "mla_decode2");
         assert_eq!(lite().kernel(MlaDecode::V1).name, "mla_decode");

@@ -11,6 +11,7 @@ use crate::{Arg, Gpu, Result};
 mod attention;
 mod elementwise;
 mod kv;
+pub use kv::NO_SLOT;
 mod mla;
 pub use mla::{MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
 mod moe;

@@ -7,7 +7,7 @@ mod moe;
 
 use rayon::prelude::*;
 
-use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams, SampleRow};
+use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, NoGraph, RouterParams, SampleRow, NO_SLOT};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 
@@ -103,6 +103,7 @@ impl Backend for CpuBackend {
     type Experts = CpuExperts;
     type Routing = CpuRouting;
     type KvCache = CpuKvCache;
+    type Graph = NoGraph;
 
     fn name(&self) -> String {
         "cpu".into()
@@ -220,9 +221,16 @@ impl Backend for CpuBackend {
     }
 
     fn write_kv(&self, cache: &mut CpuKvCache, layer: usize, latent: &CpuTensor, slots: &[u32]) -> Result<()> {
-        let w = cache.layout.width;
-        let buf = &mut cache.layers[layer];
-        for (r, &slot) in slots.iter().enumerate() {
+        let l = cache.layout;
+        let slots_held = l.num_blocks * l.block_size;
+        if latent.cols != l.width || slots.len() != latent.rows || layer >= l.layers {
+            return Err(EngineError::Backend("write_kv: latent shape, slots or layer disagree with the cache".into()));
+        }
+        if let Some(&s) = slots.iter().find(|&&s| s != NO_SLOT && s as usize >= slots_held) {
+            return Err(EngineError::Backend(format!("write_kv: slot {s} outside the cache")));
+        }
+        let (w, buf) = (l.width, &mut cache.layers[layer]);
+        for (r, &slot) in slots.iter().enumerate().filter(|(_, &s)| s != NO_SLOT) {
             buf[slot as usize * w..(slot as usize + 1) * w].copy_from_slice(latent.row(r));
         }
         Ok(())

@@ -82,10 +82,6 @@ pub(super) fn mla_attention(
     let precise = cache.f32.is_some() || kv_b.f32_ptr().is_some();
     let flash = Gpu::mla_prefill_supported(d.nope, d.rope, d.v, l).is_ok();
     let expand = |s: &AttnSeq| !precise && flash && var.expanded_prefill && s.q_len >= EXPAND_MIN_ROWS;
-    // Per-row metadata, packed: [visible keys per row | block-table offset per row | tables].
-    // Rows of expanded sequences get 0 visible keys here (the absorbed kernel skips them).
-    let mut meta = vec![0u32; 2 * rows];
-    let (mut max_ctx, mut absorbed_rows) = (0, 0);
     for s in &batch.seqs {
         if s.q_start + s.q_len > rows || s.ctx_len < s.q_len || s.block_table.len() * lay.block_size < s.ctx_len {
             return Err(EngineError::Backend(
@@ -95,17 +91,10 @@ pub(super) fn mla_attention(
         if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= lay.num_blocks) {
             return Err(EngineError::Backend(format!("mla_attention: block {b} outside the cache")));
         }
-        let off = meta.len() - 2 * rows;
-        meta.extend_from_slice(&s.block_table);
-        for i in 0..s.q_len {
-            meta[s.q_start + i] = if expand(s) { 0 } else { (s.ctx_len - s.q_len + i + 1) as u32 };
-            meta[rows + s.q_start + i] = off as u32;
-        }
-        if !expand(s) {
-            max_ctx = max_ctx.max(s.ctx_len);
-            absorbed_rows += s.q_len;
-        }
     }
+    let (meta, step_ctx, absorbed_rows) = absorbed_meta(batch, rows, expand);
+    // A captured step serves any context up to its bound.
+    let max_ctx = be.graphs.max_ctx().unwrap_or(step_ctx);
     let mp = be.upload_u32("attn", &meta)?;
     let (row_len, row_tab, tables) = (mp, mp + 4 * rows as u64, mp + 8 * rows as u64);
     let gpu = be.gpu();
@@ -156,14 +145,13 @@ pub(super) fn mla_attention(
         ))
         .map_err(kerr)?;
         let k = p.kernel(var.mla);
-        let (splits, chunk) = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
+        let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
         let part_o = be.alloc_f32(rows * splits * heads * l)?;
         let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
         gpu.mla_decode(
             &k,
             &p,
             splits,
-            chunk,
             ptr(&q_lat),
             q.ptr(),
             ptr(&cache.buf),
@@ -201,6 +189,32 @@ pub(super) fn mla_attention(
         expanded(be, &q_bf, cache, layer, kv_b, s, d, tab, &out)?;
     }
     Ok(out)
+}
+
+/// Per-row metadata of the absorbed kernel, packed: [visible keys per row | block-table offset
+/// per row | block tables], with the longest absorbed context and the absorbed rows. Rows of the
+/// sequences `expand` picks get 0 visible keys (the absorbed kernel skips them).
+pub(super) fn absorbed_meta(
+    batch: &AttnBatch,
+    rows: usize,
+    expand: impl Fn(&AttnSeq) -> bool,
+) -> (Vec<u32>, usize, usize) {
+    let mut meta = vec![0u32; 2 * rows];
+    let (mut max_ctx, mut absorbed_rows) = (0, 0);
+    for s in &batch.seqs {
+        let off = meta.len() - 2 * rows;
+        meta.extend_from_slice(&s.block_table);
+        let expanded = expand(s);
+        for i in 0..s.q_len {
+            meta[s.q_start + i] = if expanded { 0 } else { (s.ctx_len - s.q_len + i + 1) as u32 };
+            meta[rows + s.q_start + i] = off as u32;
+        }
+        if !expanded {
+            max_ctx = max_ctx.max(s.ctx_len);
+            absorbed_rows += s.q_len;
+        }
+    }
+    (meta, max_ctx, absorbed_rows)
 }
 
 /// One prefill chunk in the expanded form, writing its rows of `out`.

@@ -15,6 +15,7 @@
 
 mod attention;
 pub mod collectives;
+mod graph;
 mod kv;
 mod load;
 mod moe;
@@ -32,9 +33,12 @@ use std::rc::Rc;
 pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
-use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, RouterParams, SampleRow};
+use super::{
+    AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, RouterParams, SampleRow, StepIndices, NO_SLOT,
+};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
+pub use graph::CudaGraph;
 pub use kv::CudaKvCache;
 use pool::{class_bytes, Buf, Elem, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
@@ -130,6 +134,8 @@ type Upload = (Vec<u32>, Buf<u32>);
 pub struct CudaBackend {
     /// Idle activation and scratch buffers (declared first: dropped while `gpu` still lives).
     ws: Rc<Workspace>,
+    /// Graph mode, the fixed inputs and the workspace of captured steps (graph.rs).
+    graphs: graph::GraphState,
     gpu: Gpu,
     precision: Precision,
     variants: Cell<Variants>,
@@ -159,6 +165,7 @@ impl CudaBackend {
         let variants = Variants::from_env()?;
         Ok(CudaBackend {
             ws: Workspace::new(),
+            graphs: graph::GraphState::new(),
             gpu: Gpu::new(ordinal).map_err(kerr)?,
             precision,
             variants: Cell::new(variants),
@@ -221,6 +228,11 @@ impl CudaBackend {
         self.ws.set_cap(bytes)
     }
 
+    /// Device bytes held for captured steps (their workspace and fixed inputs).
+    pub fn graph_bytes(&self) -> usize {
+        self.graphs.bytes()
+    }
+
     /// Frees every idle workspace buffer; returns the bytes freed.
     pub fn trim_workspace(&self) -> usize {
         self.ws.clear()
@@ -274,8 +286,9 @@ impl CudaBackend {
     #[track_caller]
     fn buf<T: Elem>(&self, n: usize) -> Result<Buf<T>> {
         let class = class_bytes(n.max(1) * std::mem::size_of::<T>());
-        if let Some(s) = self.ws.take::<T>(class) {
-            return Ok(Buf::pooled(s, class, &self.ws));
+        let ws = if self.graphs.active() { &self.graphs.ws } else { &self.ws };
+        if let Some(s) = ws.take::<T>(class) {
+            return Ok(Buf::pooled(s, class, ws));
         }
         let len = class / std::mem::size_of::<T>();
         let mut misses = self.misses.borrow_mut();
@@ -289,7 +302,7 @@ impl CudaBackend {
             Err(_) if self.ws.clear() > 0 => self.gpu.alloc::<T>(len).map_err(kerr)?,
             Err(e) => return Err(kerr(e)),
         };
-        Ok(Buf::pooled(s, class, &self.ws))
+        Ok(Buf::pooled(s, class, ws))
     }
 
     /// `buf`, filled with NaN (all ones) first when poisoning (kernels-check).
@@ -330,6 +343,9 @@ impl CudaBackend {
     /// Device copy of `data` under `key`, uploaded only when it differs from the last one, into
     /// the key's buffer while it is large enough.
     fn upload_u32(&self, key: &'static str, data: &[u32]) -> Result<u64> {
+        if self.graphs.active() {
+            return self.graph_upload(key, data);
+        }
         let mut up = self.uploads.borrow_mut();
         if let Some((v, buf)) = up.get_mut(key) {
             if v.as_slice() == data {
@@ -394,6 +410,7 @@ impl Backend for CudaBackend {
     type Experts = CudaExperts;
     type Routing = CudaRouting;
     type KvCache = CudaKvCache;
+    type Graph = CudaGraph;
 
     fn name(&self) -> String {
         format!("cuda:{}", self.gpu.ctx.ordinal())
@@ -571,7 +588,7 @@ impl Backend for CudaBackend {
         if latent.cols != l.width || slots.len() != latent.rows || layer >= l.layers {
             return Err(EngineError::Backend("write_kv: latent shape, slots or layer disagree with the cache".into()));
         }
-        if let Some(&s) = slots.iter().find(|&&s| s as usize >= l.num_blocks * l.block_size) {
+        if let Some(&s) = slots.iter().find(|&&s| s != NO_SLOT && s as usize >= l.num_blocks * l.block_size) {
             return Err(EngineError::Backend(format!("write_kv: slot {s} outside the cache")));
         }
         let sp = self.upload_u32("slots", slots)?;
@@ -620,5 +637,21 @@ impl Backend for CudaBackend {
 
     fn import_blocks(&self, cache: &mut CudaKvCache, blocks: &[u32], data: &[f32]) -> Result<()> {
         kv::import(self, cache, blocks, data)
+    }
+
+    fn can_capture(&self) -> bool {
+        true
+    }
+
+    fn capture_step<T>(&self, limits: GraphLimits, f: &mut dyn FnMut() -> Result<T>) -> Result<(CudaGraph, T)> {
+        graph::capture(self, limits, f)
+    }
+
+    fn stage_step(&self, s: &StepIndices<'_>) -> Result<()> {
+        graph::stage(self, s)
+    }
+
+    fn replay(&self, g: &CudaGraph) -> Result<()> {
+        graph::replay(self, g)
     }
 }
