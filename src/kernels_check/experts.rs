@@ -10,8 +10,8 @@ use super::ops::{Ctx, RandomExperts};
 use super::{experts_touched, rel_err, Ceiling};
 
 impl Ctx<'_> {
-    /// The experts under the default grouped GEMM, v1, and the persistent decode kernel (on, or
-    /// off when it is the default).
+    /// The experts under the default grouped GEMM, v1, the persistent decode kernel (on, or off
+    /// when it is the default) and without its 32-row tiles.
     pub fn experts(&mut self) -> Result<()> {
         let def = self.cu.variants();
         let (tag, other) = match def.moe_persistent {
@@ -21,6 +21,7 @@ impl Ctx<'_> {
         let alts = [
             (" v1".to_string(), Variants { gemm_v2: false, moe_persistent: None, ..def }),
             (tag.to_string(), Variants { moe_persistent: other, ..def }),
+            (" no-r32".to_string(), Variants { moe_rows32: None, ..def }),
         ];
         self.each_variant(" v2", &alts, Self::experts_all)
     }

@@ -398,14 +398,15 @@ extern "C" __global__ void moe_f32_down(const float* act, const int* row_expert,
     }
 }
 
-// Persistent decode grouped GEMM (row tiles of at most 16 rows from moe_align with BM 16): the
+// Persistent decode grouped GEMM (row tiles of at most BM = 16 or 32 rows from moe_align): the
 // products and epilogues of `grouped_gemm`, over work items (tile, column block of BN) in
 // tile-major order. The grid is one wave of resident blocks; block b takes the items
 // [b T / G, (b + 1) T / G) of T = meta[0] * ceil(N / BN) and runs one ST-stage cp.async pipeline
 // over its flattened (item, k-tile) sequence, so the next item's first k-tiles load while the
 // current item's last ones are multiplied; an item's epilogue runs right after its last k-tile.
 // 4 warps: WN over the item's columns x WK over the k16 steps of each k-tile (WK 2 sums the halves
-// through shared memory). Stages are unpadded, 16-byte chunks XOR-swizzled (conflict-free
+// through shared memory; BM 16 only). BM 32 serves 16-32 rows per expert with one read of its
+// weights where two 16-row tiles would read them twice. Stages are unpadded, 16-byte chunks XOR-swizzled (conflict-free
 // ldmatrix). pf > 0 prefetches weight lines into L2 pf k-tiles past the loader (also into the next
 // item of the same tile). K % 8 == 0; EPI 1 needs BN even (column pairs stay in one item).
 template <int BK>
@@ -414,13 +415,14 @@ __device__ __forceinline__ int swz(int r, int k) {
     return r * BK + (((k >> 3) ^ ((CH >= 8 ? r : r >> 1) & (CH >= 8 ? 7 : CH - 1))) << 3);
 }
 
-template <int BN, int BK, int ST, int WK, int EPI>
+template <int BM, int BN, int BK, int ST, int WK, int EPI>
 __device__ __forceinline__ void gg_persistent(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
                                              const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
                                              const int* __restrict__ meta, int N, int K, int pf) {
-    constexpr int BM = 16, CH = BK / 8, WN = 4 / WK, NT = BN / WN / 8;
+    constexpr int MT = BM / 16, CH = BK / 8, WN = 4 / WK, NT = BN / WN / 8;
     constexpr int CA = (BM * CH + 127) / 128, CB = (BN * CH + 127) / 128;  // 16-byte chunks per thread
     static_assert((BK == 32 || BK == 64) && WN * WK == 4 && NT * WN * 8 == BN && BK % (16 * WK) == 0, "shape");
+    static_assert((BM == 16 || BM == 32) && (BM == 16 || WK == 1), "rows");
     __shared__ __align__(128) bf16_t sA[ST][BM * BK];
     __shared__ __align__(128) bf16_t sB[ST][BN * BK];
     __shared__ float sR[WK > 1 ? (WK - 1) * WN * NT * 4 * 32 : 1];
@@ -495,9 +497,14 @@ __device__ __forceinline__ void gg_persistent(const bf16_t* __restrict__ X, cons
     };
     set_tile();
     set_cols();
-    float acc[1][NT][4];
+    float acc[MT][NT][4];
+    auto clear = [&]() {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+    };
+    clear();
     int c_tile = i0 / NB, c_n0 = (i0 % NB) * BN, c_kt = 0, cs = 0, ls = ST - 1;
 #pragma unroll 1
     for (int s = 0; s < ST - 1; s++) {
@@ -538,15 +545,18 @@ __device__ __forceinline__ void gg_persistent(const bf16_t* __restrict__ X, cons
         if (wk == 0) {
             const int rs = tiles[3 * c_tile + 1], rc = tiles[3 * c_tile + 2];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int col = c_n0 + wn * (BN / WN) + nt * 8 + 2 * t4;
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    if (g + 8 * hh < rc) gg_store<EPI>(Y, (u64)(rs + g + 8 * hh), col, N, acc[0][nt][2 * hh], acc[0][nt][2 * hh + 1]);
-            }
+                for (int nt = 0; nt < NT; nt++) {
+                    const int col = c_n0 + wn * (BN / WN) + nt * 8 + 2 * t4;
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int r = mt * 16 + g + 8 * hh;
+                        if (r < rc) gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                    }
+                }
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.f;
+        clear();
         c_n0 += BN;
         if (c_n0 >= N) c_n0 = 0, c_tile++;
     }
@@ -556,23 +566,32 @@ __device__ __forceinline__ void gg_persistent(const bf16_t* __restrict__ X, cons
 // Names: ggp<BN>_<BK>_<ST>_{f32,silu}; BN 16 splits each k-tile's k16 steps over two warp pairs.
 #define GGP_ARGS GG_ARGS, int pf
 #define GGP_PASS GG_PASS, pf
-extern "C" __global__ void __launch_bounds__(128) ggp16_32_8_f32(GGP_ARGS) { gg_persistent<16, 32, 8, 2, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp16_32_8_silu(GGP_ARGS) { gg_persistent<16, 32, 8, 2, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp16_64_4_f32(GGP_ARGS) { gg_persistent<16, 64, 4, 2, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp16_64_4_silu(GGP_ARGS) { gg_persistent<16, 64, 4, 2, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp16_64_8_f32(GGP_ARGS) { gg_persistent<16, 64, 8, 2, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp16_64_8_silu(GGP_ARGS) { gg_persistent<16, 64, 8, 2, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_32_4_f32(GGP_ARGS) { gg_persistent<32, 32, 4, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_32_4_silu(GGP_ARGS) { gg_persistent<32, 32, 4, 1, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_32_8_f32(GGP_ARGS) { gg_persistent<32, 32, 8, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_32_8_silu(GGP_ARGS) { gg_persistent<32, 32, 8, 1, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_64_4_f32(GGP_ARGS) { gg_persistent<32, 64, 4, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_64_4_silu(GGP_ARGS) { gg_persistent<32, 64, 4, 1, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_64_6_f32(GGP_ARGS) { gg_persistent<32, 64, 6, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_64_6_silu(GGP_ARGS) { gg_persistent<32, 64, 6, 1, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp64_32_4_f32(GGP_ARGS) { gg_persistent<64, 32, 4, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp64_32_4_silu(GGP_ARGS) { gg_persistent<64, 32, 4, 1, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp64_32_6_f32(GGP_ARGS) { gg_persistent<64, 32, 6, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp64_32_6_silu(GGP_ARGS) { gg_persistent<64, 32, 6, 1, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp64_32_8_f32(GGP_ARGS) { gg_persistent<64, 32, 8, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp64_32_8_silu(GGP_ARGS) { gg_persistent<64, 32, 8, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp16_32_8_f32(GGP_ARGS) { gg_persistent<16, 16, 32, 8, 2, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp16_32_8_silu(GGP_ARGS) { gg_persistent<16, 16, 32, 8, 2, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp16_64_4_f32(GGP_ARGS) { gg_persistent<16, 16, 64, 4, 2, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp16_64_4_silu(GGP_ARGS) { gg_persistent<16, 16, 64, 4, 2, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp16_64_8_f32(GGP_ARGS) { gg_persistent<16, 16, 64, 8, 2, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp16_64_8_silu(GGP_ARGS) { gg_persistent<16, 16, 64, 8, 2, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_32_4_f32(GGP_ARGS) { gg_persistent<16, 32, 32, 4, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_32_4_silu(GGP_ARGS) { gg_persistent<16, 32, 32, 4, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_32_8_f32(GGP_ARGS) { gg_persistent<16, 32, 32, 8, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_32_8_silu(GGP_ARGS) { gg_persistent<16, 32, 32, 8, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_64_4_f32(GGP_ARGS) { gg_persistent<16, 32, 64, 4, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_64_4_silu(GGP_ARGS) { gg_persistent<16, 32, 64, 4, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_64_6_f32(GGP_ARGS) { gg_persistent<16, 32, 64, 6, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp32_64_6_silu(GGP_ARGS) { gg_persistent<16, 32, 64, 6, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp64_32_4_f32(GGP_ARGS) { gg_persistent<16, 64, 32, 4, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp64_32_4_silu(GGP_ARGS) { gg_persistent<16, 64, 32, 4, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp64_32_6_f32(GGP_ARGS) { gg_persistent<16, 64, 32, 6, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp64_32_6_silu(GGP_ARGS) { gg_persistent<16, 64, 32, 6, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp64_32_8_f32(GGP_ARGS) { gg_persistent<16, 64, 32, 8, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggp64_32_8_silu(GGP_ARGS) { gg_persistent<16, 64, 32, 8, 1, 1>(GGP_PASS); }
+// 32-row tiles (16-32 rows per expert): ggpr32_<BN>_<BK>_<ST>_{f32,silu}.
+extern "C" __global__ void __launch_bounds__(128) ggpr32_32_64_4_f32(GGP_ARGS) { gg_persistent<32, 32, 64, 4, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggpr32_32_64_4_silu(GGP_ARGS) { gg_persistent<32, 32, 64, 4, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggpr32_32_64_5_f32(GGP_ARGS) { gg_persistent<32, 32, 64, 5, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggpr32_32_64_5_silu(GGP_ARGS) { gg_persistent<32, 32, 64, 5, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggpr32_64_32_6_f32(GGP_ARGS) { gg_persistent<32, 64, 32, 6, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggpr32_64_32_6_silu(GGP_ARGS) { gg_persistent<32, 64, 32, 6, 1, 1>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggpr32_64_64_3_f32(GGP_ARGS) { gg_persistent<32, 64, 64, 3, 1, 0>(GGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggpr32_64_64_3_silu(GGP_ARGS) { gg_persistent<32, 64, 64, 3, 1, 1>(GGP_PASS); }

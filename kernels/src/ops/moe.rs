@@ -6,18 +6,22 @@ use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
 
-/// (bn, bk, stages, f32 kernel, silu kernel) of every compiled persistent grouped-GEMM shape.
-const GGP_KERNELS: [(usize, usize, usize, &str, &str); 10] = [
-    (16, 32, 8, "ggp16_32_8_f32", "ggp16_32_8_silu"),
-    (16, 64, 4, "ggp16_64_4_f32", "ggp16_64_4_silu"),
-    (16, 64, 8, "ggp16_64_8_f32", "ggp16_64_8_silu"),
-    (32, 32, 4, "ggp32_32_4_f32", "ggp32_32_4_silu"),
-    (32, 32, 8, "ggp32_32_8_f32", "ggp32_32_8_silu"),
-    (32, 64, 4, "ggp32_64_4_f32", "ggp32_64_4_silu"),
-    (32, 64, 6, "ggp32_64_6_f32", "ggp32_64_6_silu"),
-    (64, 32, 4, "ggp64_32_4_f32", "ggp64_32_4_silu"),
-    (64, 32, 6, "ggp64_32_6_f32", "ggp64_32_6_silu"),
-    (64, 32, 8, "ggp64_32_8_f32", "ggp64_32_8_silu"),
+/// (bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled persistent grouped-GEMM shape.
+const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
+    (16, 16, 32, 8, "ggp16_32_8_f32", "ggp16_32_8_silu"),
+    (16, 16, 64, 4, "ggp16_64_4_f32", "ggp16_64_4_silu"),
+    (16, 16, 64, 8, "ggp16_64_8_f32", "ggp16_64_8_silu"),
+    (16, 32, 32, 4, "ggp32_32_4_f32", "ggp32_32_4_silu"),
+    (16, 32, 32, 8, "ggp32_32_8_f32", "ggp32_32_8_silu"),
+    (16, 32, 64, 4, "ggp32_64_4_f32", "ggp32_64_4_silu"),
+    (16, 32, 64, 6, "ggp32_64_6_f32", "ggp32_64_6_silu"),
+    (16, 64, 32, 4, "ggp64_32_4_f32", "ggp64_32_4_silu"),
+    (16, 64, 32, 6, "ggp64_32_6_f32", "ggp64_32_6_silu"),
+    (16, 64, 32, 8, "ggp64_32_8_f32", "ggp64_32_8_silu"),
+    (32, 32, 64, 4, "ggpr32_32_64_4_f32", "ggpr32_32_64_4_silu"),
+    (32, 32, 64, 5, "ggpr32_32_64_5_f32", "ggpr32_32_64_5_silu"),
+    (32, 64, 32, 6, "ggpr32_64_32_6_f32", "ggpr32_64_32_6_silu"),
+    (32, 64, 64, 3, "ggpr32_64_64_3_f32", "ggpr32_64_64_3_silu"),
 ];
 
 /// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
@@ -40,17 +44,19 @@ pub struct GroupedGemm {
 
 /// Which grouped-GEMM kernel runs: one block per (tile of `bm` rows, 128 columns), v1 or v2, or
 /// the persistent decode kernel (`gg_persistent` in moe.cu: one wave of resident blocks, each
-/// streaming a balanced range of (16-row tile, `bn` columns) items through one cp.async pipeline).
+/// streaming a balanced range of (row tile, `bn` columns) items through one cp.async pipeline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemmKernel {
     Tiled { v2: bool, bm: usize },
     Persistent(PersistentGemm),
 }
 
-/// A persistent decode grouped-GEMM configuration: columns per work item, k-tile width, pipeline
-/// stages (together one compiled kernel) and the L2 prefetch distance in k-tiles (0: none).
+/// A persistent decode grouped-GEMM configuration: rows per tile (16, or 32 for 16-32 rows per
+/// expert: `moe_align` must tile by it), columns per work item, k-tile width, pipeline stages
+/// (together one compiled kernel) and the L2 prefetch distance in k-tiles (0: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PersistentGemm {
+    pub bm: usize,
     pub bn: usize,
     pub bk: usize,
     pub stages: usize,
@@ -63,12 +69,21 @@ impl PersistentGemm {
 
     /// Every compiled shape with the default prefetch distance.
     pub fn compiled() -> impl Iterator<Item = PersistentGemm> {
-        GGP_KERNELS.iter().map(|k| PersistentGemm { bn: k.0, bk: k.1, stages: k.2, prefetch: Self::DEFAULT_PREFETCH })
+        GGP_KERNELS.iter().map(|k| PersistentGemm {
+            bm: k.0,
+            bn: k.1,
+            bk: k.2,
+            stages: k.3,
+            prefetch: Self::DEFAULT_PREFETCH,
+        })
     }
 }
 
 impl std::fmt::Display for PersistentGemm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.bm != 16 {
+            write!(f, "{}x", self.bm)?;
+        }
         write!(f, "{}/{}/{}/{}", self.bn, self.bk, self.stages, self.prefetch)
     }
 }
@@ -76,12 +91,18 @@ impl std::fmt::Display for PersistentGemm {
 impl std::str::FromStr for PersistentGemm {
     type Err = KernelError;
 
-    /// `BN/BK/STAGES/PREFETCH`, e.g. `32/64/4/4`; the shape must be compiled.
+    /// `[BMx]BN/BK/STAGES/PREFETCH`, e.g. `32/64/4/4` (16-row tiles) or `32x32/64/5/0`; the shape
+    /// must be compiled.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || KernelError::Invalid(format!("persistent grouped GEMM `{s}`: expected BN/BK/STAGES/PREFETCH"));
-        let v: Vec<usize> = s.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
+        let bad =
+            || KernelError::Invalid(format!("persistent grouped GEMM `{s}`: expected [BMx]BN/BK/STAGES/PREFETCH"));
+        let (bm, rest) = match s.split_once('x') {
+            Some((bm, rest)) => (bm.trim().parse().map_err(|_| bad())?, rest),
+            None => (16, s),
+        };
+        let v: Vec<usize> = rest.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
         let [bn, bk, stages, prefetch] = v[..] else { return Err(bad()) };
-        let cfg = PersistentGemm { bn, bk, stages, prefetch };
+        let cfg = PersistentGemm { bm, bn, bk, stages, prefetch };
         Gpu::persistent_kernel(cfg, false)?;
         Ok(cfg)
     }
@@ -182,8 +203,7 @@ impl Gpu {
     }
 
     /// Grouped GEMM over expert row tiles (see moe.cu) with `kernel`. Both kernels take the same
-    /// operands; the tiled ones read tiles from `moe_align` with their `bm`, the persistent one
-    /// with BM 16.
+    /// operands; each reads tiles from `moe_align` with its `bm`.
     pub fn grouped_gemm(&self, kernel: GemmKernel, g: &GroupedGemm) -> Result<()> {
         let (n, k) = (g.n, g.k);
         if k % 8 != 0 || (g.silu && n % 2 != 0) || n > i32::MAX as usize || k > i32::MAX as usize {
@@ -222,8 +242,8 @@ impl Gpu {
     fn persistent_kernel(cfg: PersistentGemm, silu: bool) -> Result<&'static str> {
         GGP_KERNELS
             .iter()
-            .find(|k| (k.0, k.1, k.2) == (cfg.bn, cfg.bk, cfg.stages))
-            .map(|k| if silu { k.4 } else { k.3 })
+            .find(|k| (k.0, k.1, k.2, k.3) == (cfg.bm, cfg.bn, cfg.bk, cfg.stages))
+            .map(|k| if silu { k.5 } else { k.4 })
             .ok_or_else(|| KernelError::Invalid(format!("persistent grouped GEMM shape {cfg} is not compiled")))
     }
 
@@ -292,10 +312,14 @@ mod tests {
                 let name = Gpu::persistent_kernel(cfg, silu).expect("compiled");
                 assert!(moe.2.contains(&name), "{name} is not in MODULES");
                 let epi = if silu { "silu" } else { "f32" };
-                assert_eq!(name, format!("ggp{}_{}_{}_{epi}", cfg.bn, cfg.bk, cfg.stages));
+                let rows = if cfg.bm == 16 { String::new() } else { format!("r{}_", cfg.bm) };
+                assert_eq!(name, format!("ggp{rows}{}_{}_{}_{epi}", cfg.bn, cfg.bk, cfg.stages));
             }
             assert_eq!(cfg.to_string().parse::<PersistentGemm>().unwrap(), cfg);
         }
+        let r32: PersistentGemm = "32x32/64/5/0".parse().unwrap();
+        assert_eq!((r32.bm, r32.bn, r32.stages), (32, 32, 5));
+        assert!("32x32/64/6/0".parse::<PersistentGemm>().is_err(), "not compiled with 32-row tiles");
         assert!("128/32/4/4".parse::<PersistentGemm>().is_err());
         assert!("32/64/4".parse::<PersistentGemm>().is_err());
         assert!("a/64/4/4".parse::<PersistentGemm>().is_err());

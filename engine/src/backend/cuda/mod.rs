@@ -43,7 +43,9 @@ pub use kv::CudaKvCache;
 use pool::{class_bytes, Buf, Elem, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
 pub use quant::Fp8Out;
-pub use variants::{MlaDecode, PersistentGemm, QuantGemm, Variants, DEFAULT_PERSISTENT, EXPAND_MIN_ROWS};
+pub use variants::{
+    MlaDecode, PersistentGemm, QuantGemm, Variants, DEFAULT_PERSISTENT, DEFAULT_ROWS32, EXPAND_MIN_ROWS, ROWS32_MIN_AVG,
+};
 pub use weights::{CudaExperts, CudaWeight};
 use weights::{ExpertData, WeightData};
 

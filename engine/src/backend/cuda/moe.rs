@@ -6,7 +6,7 @@ use cleave_kernels::ops::{GemmKernel, GroupedGemm, QGemm};
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::QIn;
-use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData};
+use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, ROWS32_MIN_AVG};
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
 
@@ -54,8 +54,20 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     }
     let gpu = be.gpu();
     let a = n * k;
-    // Row tiles of 64 once experts average 32 rows or more (prefill), else 16 (decode).
-    let bm = if a >= 32 * e { 64 } else { 16 };
+    let v = be.variants();
+    // Row tiles of 64 once experts average 32 rows or more (prefill), 32 from ROWS32_MIN_AVG rows
+    // (bf16 experts on the persistent kernel), else 16 (decode).
+    let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {
+        (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if a >= ROWS32_MIN_AVG * e => Some(cfg),
+        _ => None,
+    };
+    let bm = if a >= 32 * e {
+        64
+    } else if rows32.is_some() {
+        32
+    } else {
+        16
+    };
     let max_tiles = Gpu::moe_max_tiles(a, e, bm);
     let sorted_tok = be.buf::<i32>(a)?;
     let inv = be.buf::<i32>(a)?;
@@ -93,9 +105,9 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let (tiles, meta) = (ptr(&tiles), ptr(&meta));
     match &ex.data {
         ExpertData::Bf16 { gate_up, down } => {
-            let v = be.variants();
-            let kernel = match v.moe_persistent {
-                Some(cfg) if bm == 16 => GemmKernel::Persistent(cfg),
+            let kernel = match (v.moe_persistent, rows32) {
+                (_, Some(cfg)) if bm == 32 => GemmKernel::Persistent(cfg),
+                (Some(cfg), _) if bm == 16 => GemmKernel::Persistent(cfg),
                 _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },
             };
             let gate_up = GroupedGemm {

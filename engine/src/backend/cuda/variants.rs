@@ -11,7 +11,8 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded),
 /// `CLEAVE_FP8_GEMM=tensor-cores|bf16` (default tensor-cores),
 /// `CLEAVE_QGEMM=persistent[:[BMx]BN/BK/STAGES]|tiled` (default persistent in
-/// [`QPersist::default_for`]).
+/// [`QPersist::default_for`]), `CLEAVE_MOE_ROWS32=off|32xBN/BK/STAGES/PREFETCH` (default
+/// [`DEFAULT_ROWS32`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -20,6 +21,10 @@ pub struct Variants {
     /// Decode-sized expert batches (row tiles of 16) through the persistent grouped GEMM in this
     /// configuration instead of one block per (tile, 128 columns).
     pub moe_persistent: Option<PersistentGemm>,
+    /// Expert batches of [`ROWS32_MIN_AVG`] to 32 rows per expert on average: 32-row tiles through
+    /// the persistent grouped GEMM in this configuration (with `moe_persistent`), so that an
+    /// expert's weights are read once where two 16-row tiles read them twice.
+    pub moe_rows32: Option<PersistentGemm>,
     /// Prefill chunks of at least [`EXPAND_MIN_ROWS`] rows: expanded keys/values and cuBLAS
     /// attention instead of the absorbed kernel.
     pub expanded_prefill: bool,
@@ -63,7 +68,17 @@ pub const EXPAND_MIN_ROWS: usize = 64;
 /// The default persistent grouped-GEMM configuration: the fastest in `kernels-check --stages
 /// moe_tune` at the V2-Lite and V3 decode shapes of 16 and 64 tokens (82-98% of HBM bandwidth on
 /// an H200, kernels/bench/results/run6-tune.txt) and in whole V2-Lite decode steps.
-pub const DEFAULT_PERSISTENT: PersistentGemm = PersistentGemm { bn: 32, bk: 64, stages: 6, prefetch: 0 };
+pub const DEFAULT_PERSISTENT: PersistentGemm = PersistentGemm { bm: 16, bn: 32, bk: 64, stages: 6, prefetch: 0 };
+
+/// The default 32-row configuration (`gg_persistent` with BM 32): the fastest of the compiled
+/// 32-row shapes in the V2-Lite batch-256 step (15.44 ms against 16.15-19.99, run 41; 64
+/// columns per item halve the activation tile's re-reads).
+pub const DEFAULT_ROWS32: PersistentGemm = PersistentGemm { bm: 32, bn: 64, bk: 64, stages: 3, prefetch: 0 };
+
+/// Average rows per expert from which expert batches take 32-row tiles (when configured): at 12
+/// (V2-Lite batch 128) 16-row tiles were still 7% faster over the whole step, at 24 (batch 256)
+/// 32-row ones 26% (run 40).
+pub const ROWS32_MIN_AVG: usize = 16;
 
 impl Variants {
     /// The first kernel versions (a fallback if the defaults regress).
@@ -71,6 +86,7 @@ impl Variants {
         mla: MlaDecode::V1,
         gemm_v2: false,
         moe_persistent: None,
+        moe_rows32: None,
         expanded_prefill: false,
         fp8_tensor_cores: false,
         qgemm: QuantGemm::Tiled,
@@ -78,13 +94,30 @@ impl Variants {
 
     pub fn from_env() -> Result<Self> {
         let var = |k: &str| std::env::var(k).unwrap_or_default();
-        Self::parse(
+        let mut v = Self::parse(
             &var("CLEAVE_MLA_DECODE"),
             &var("CLEAVE_MOE_GEMM"),
             &var("CLEAVE_PREFILL_ATTN"),
             &var("CLEAVE_FP8_GEMM"),
             &var("CLEAVE_QGEMM"),
-        )
+        )?;
+        v.moe_rows32 = Self::parse_rows32(&var("CLEAVE_MOE_ROWS32"))?;
+        Ok(v)
+    }
+
+    /// `CLEAVE_MOE_ROWS32`: empty (the default), `off`, or a 32-row configuration.
+    pub fn parse_rows32(v: &str) -> Result<Option<PersistentGemm>> {
+        let cfg = match v {
+            "" => return Ok(Some(DEFAULT_ROWS32)),
+            "off" => return Ok(None),
+            v => v.parse::<PersistentGemm>().map_err(|e| EngineError::Config(format!("CLEAVE_MOE_ROWS32: {e}")))?,
+        };
+        if cfg.bm != 32 {
+            return Err(EngineError::Config(format!(
+                "CLEAVE_MOE_ROWS32: `{v}` is not a 32-row (32x...) configuration"
+            )));
+        }
+        Ok(Some(cfg))
     }
 
     /// The variants the five settings name (empty: the default); an unknown value is a
@@ -127,7 +160,8 @@ impl Variants {
                 None => return Err(bad("CLEAVE_QGEMM", v, "persistent, persistent:[BMx]BN/BK/STAGES, tiled")),
             },
         };
-        Ok(Variants { mla, gemm_v2, moe_persistent, expanded_prefill, fp8_tensor_cores, qgemm })
+        let moe_rows32 = moe_persistent.map(|_| DEFAULT_ROWS32);
+        Ok(Variants { mla, gemm_v2, moe_persistent, moe_rows32, expanded_prefill, fp8_tensor_cores, qgemm })
     }
 }
 
@@ -144,6 +178,7 @@ mod tests {
                 mla: MlaDecode::V3(None),
                 gemm_v2: true,
                 moe_persistent: Some(DEFAULT_PERSISTENT),
+                moe_rows32: Some(DEFAULT_ROWS32),
                 expanded_prefill: true,
                 fp8_tensor_cores: true,
                 qgemm: QuantGemm::Persistent(None),
@@ -153,7 +188,11 @@ mod tests {
         assert_eq!(Variants::parse("", "v2", "", "", "").unwrap().moe_persistent, None);
         assert_eq!(Variants::parse("v3:32", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(32)));
         let custom = Variants::parse("", "persistent:16/64/4/2", "", "", "").unwrap();
-        assert_eq!(custom.moe_persistent, Some(PersistentGemm { bn: 16, bk: 64, stages: 4, prefetch: 2 }));
+        assert_eq!(custom.moe_persistent, Some(PersistentGemm { bm: 16, bn: 16, bk: 64, stages: 4, prefetch: 2 }));
+        assert_eq!(Variants::parse_rows32("off").unwrap(), None);
+        assert_eq!(Variants::parse_rows32("32x64/32/6/0").unwrap().map(|c| c.bn), Some(64));
+        assert!(Variants::parse_rows32("32/64/6/0").unwrap_err().to_string().contains("CLEAVE_MOE_ROWS32"));
+        assert!(Variants::parse_rows32("32x16/32/8/0").unwrap_err().to_string().contains("CLEAVE_MOE_ROWS32"));
         for (args, var) in [
             (("v4", "", "", "", ""), "CLEAVE_MLA_DECODE"),
             (("v3:8", "", "", "", ""), "CLEAVE_MLA_DECODE"),
