@@ -127,7 +127,7 @@ impl Gpu {
         if experts > 256
             || n_group == 0
             || n_group > 32
-            || experts % n_group != 0
+            || !experts.is_multiple_of(n_group)
             || top_k == 0
             || top_k > 32
             || top_k > experts
