@@ -223,10 +223,12 @@ impl<B: Backend> ModelRunner<B> {
 
     /// Captures decode steps of `sizes` rows (see [`crate::graphs`]); later decode steps of at most
     /// the largest size replay them. Replaces graphs captured before.
+    /// On failure no graph is kept and their workspace is freed.
     pub fn capture_graphs(&mut self, sizes: &[usize]) -> Result<CaptureReport> {
-        self.graphs = None;
-        let (g, report) =
-            DecodeGraphs::capture(&self.be, &self.model, &mut self.cache, sizes, self.block_size, self.num_blocks)?;
+        self.drop_graphs();
+        let captured =
+            DecodeGraphs::capture(&self.be, &self.model, &mut self.cache, sizes, self.block_size, self.num_blocks);
+        let (g, report) = captured.inspect_err(|_| self.be.release_graphs())?;
         self.graphs = Some(g);
         Ok(report)
     }
@@ -237,9 +239,11 @@ impl<B: Backend> ModelRunner<B> {
         self.be.can_capture() && self.comm.is_none()
     }
 
-    /// Drops the captured steps: every step runs eagerly.
+    /// Drops the captured steps and frees their workspace: every step runs eagerly.
     pub fn drop_graphs(&mut self) {
-        self.graphs = None;
+        if self.graphs.take().is_some() {
+            self.be.release_graphs();
+        }
     }
 
     /// Decode steps that replayed a captured graph so far.

@@ -252,6 +252,7 @@ impl Backend for CudaRef<'_> {
         can_capture() -> bool;
         stage_step(s: &cleave_engine::backend::StepIndices<'_>) -> cleave_engine::Result<()>;
         replay(g: &Self::Graph) -> cleave_engine::Result<()>;
+        release_graphs() -> ();
     }
 
     fn capture_step<T>(

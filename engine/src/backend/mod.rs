@@ -226,6 +226,9 @@ pub trait Backend {
         Err(crate::error::EngineError::Backend(format!("{}: this backend captures no graphs", self.name())))
     }
 
+    /// Frees what captured steps held (their workspace); called once no graph is left.
+    fn release_graphs(&self) {}
+
     /// Enqueues one replay of `g` (after [`Backend::stage_step`]).
     fn replay(&self, g: &Self::Graph) -> Result<()> {
         let _ = g;

@@ -552,6 +552,10 @@ impl Backend for CudaBackend {
         graph::stage(self, s)
     }
 
+    fn release_graphs(&self) {
+        self.graphs.ws.clear();
+    }
+
     fn replay(&self, g: &CudaGraph) -> Result<()> {
         graph::replay(self, g)
     }
