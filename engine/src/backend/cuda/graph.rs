@@ -23,9 +23,6 @@ use super::{kerr, CudaBackend, Upload};
 use crate::backend::{GraphLimits, StepIndices};
 use crate::error::{EngineError, Result};
 
-/// The keys the forward pass uploads per step and [`stage`] writes before a replay.
-pub(super) const STAGED: [&str; 5] = ["ids", "positions", "slots", "attn", "gather"];
-
 /// A captured decode step.
 pub struct CudaGraph {
     graph: Graph,
@@ -77,7 +74,8 @@ impl GraphState {
     }
 }
 
-/// Values each key's buffer must hold for steps within `l`.
+/// The keys the forward pass uploads per step, which [`stage`] writes before a replay, and the
+/// values each key's buffer must hold for steps within `l`.
 fn capacities(l: GraphLimits) -> [(&'static str, usize); 5] {
     let rows = l.max_rows;
     [("ids", rows), ("positions", rows), ("slots", rows), ("attn", rows * (2 + l.max_blocks)), ("gather", rows)]
@@ -145,7 +143,7 @@ pub(super) fn capture<T>(be: &CudaBackend, l: GraphLimits, f: &mut dyn FnMut() -
     let misses = be.graphs.ws.stats().misses;
     let ((graph, out), used) = in_graph_mode(be, l.max_ctx, || be.gpu.capture(|| Ok(f())).map_err(kerr))?;
     let out = out?;
-    if let Some(k) = used.iter().find(|k| !STAGED.contains(k)) {
+    if let Some(k) = used.iter().find(|k| !capacities(l).iter().any(|(staged, _)| staged == *k)) {
         return Err(EngineError::Backend(format!("graph capture: the step uploads `{k}`, which replays do not stage")));
     }
     if be.graphs.ws.stats().misses != misses {
