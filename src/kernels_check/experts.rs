@@ -30,17 +30,38 @@ impl Ctx<'_> {
         let (e, h, i, k) = if self.quick { (8, 64, 40, 3) } else { (64, 2048, 1408, 6) };
         let weights = RandomExperts::new(&mut self.rng, e, h, i);
         let sources = weights.sources();
-        let ec = self.cpu.load_experts(&sources, 0)?;
-        let eg = self.cu.load_experts(&sources, 0)?;
+        let ec = self.cpu.load_experts(&sources, 0, 0)?;
+        let eg = self.cu.load_experts(&sources, 0, 0)?;
         let sizes: &[usize] = if self.quick { &[1, 5, 40] } else { &[1, 16, 64, 256, 512, 4096] };
-        let shape = ExpertShape { e, h, i, top: k, bytes_per_param: 2.0 };
+        let shape = ExpertShape { e, h, i, top: k, shared: 0, bytes_per_param: 2.0 };
         for &n in sizes {
             self.check_experts("moe_experts", &ec, &eg, shape, n)?;
         }
         // An expert-parallel rank's half: tokens routed to the other half are skipped on both.
         let half = &sources[e / 2..];
-        let (ec, eg) = (self.cpu.load_experts(half, e / 2)?, self.cu.load_experts(half, e / 2)?);
+        let (ec, eg) = (self.cpu.load_experts(half, e / 2, 0)?, self.cu.load_experts(half, e / 2, 0)?);
         self.check_experts("moe_experts ep-half", &ec, &eg, shape, sizes[sizes.len() / 2])?;
+        self.shared_experts("moe_experts shared", &sources, shape, &[1, 64, 256, 4096])
+    }
+
+    /// The last two experts as shared experts folded in: every token takes them at weight 1 (the
+    /// CPU computes them as plain experts); prefill sizes run them as dense GEMMs over their slots.
+    pub(super) fn shared_experts(
+        &mut self,
+        op: &str,
+        sources: &[cleave_engine::backend::ExpertSource<'_>],
+        shape: ExpertShape,
+        full_sizes: &[usize],
+    ) -> Result<()> {
+        let shape = ExpertShape { shared: 2, ..shape };
+        let ec = self.cpu.load_experts(sources, 0, 0)?;
+        let eg = self.cu.load_experts(sources, 0, shape.shared)?;
+        // Quick sizes: decode, and enough rows for the prefill path (32 per routed expert).
+        let prefill = (32 * (shape.e - shape.shared)).div_ceil(shape.top) + 1;
+        let sizes = if self.quick { vec![3, prefill] } else { full_sizes.to_vec() };
+        for n in sizes {
+            self.check_experts(op, &ec, &eg, shape, n)?;
+        }
         Ok(())
     }
 
@@ -53,9 +74,12 @@ impl Ctx<'_> {
         s: ExpertShape,
         n: usize,
     ) -> Result<()> {
-        let (e, h, i, k) = (s.e, s.h, s.i, s.top);
-        let ids = self.rng.routes(n, e, k);
-        let w: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
+        let (e, h, i) = (s.e, s.h, s.i);
+        let k = s.top + s.shared;
+        let routed = self.rng.routes(n, e - s.shared, s.top);
+        let ids: Vec<u32> =
+            routed.chunks(s.top).flat_map(|t| t.iter().copied().chain((e - s.shared..e).map(|x| x as u32))).collect();
+        let w: Vec<f32> = (0..n * k).map(|j| if j % k >= s.top { 1.0 } else { 0.1 + self.rng.unit() }).collect();
         let x = self.rng.vec(n * h, 1.0);
         let xg = self.cu.upload(&x, n, h)?;
         let rg = self.cu.routing_from_host(&ids, &w, k)?;
@@ -70,11 +94,12 @@ impl Ctx<'_> {
         let bytes =
             experts_used as f64 * (3 * h * i) as f64 * s.bytes_per_param + (n * k * (h * 4 + i * 2) + n * h * 8) as f64;
         let flops = 2.0 * (n * k * 3 * h * i) as f64;
-        let ceil = if n * k >= 32 * e { Ceiling::Tc } else { Ceiling::Mem };
+        let ceil = if n * s.top >= 32 * (e - s.shared) { Ceiling::Tc } else { Ceiling::Mem };
         let checked = if check < n { format!(", {check} rows checked") } else { String::new() };
+        let shared = if s.shared > 0 { format!(" + {} shared", s.shared) } else { String::new() };
         self.push(
             op,
-            format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used{checked}"),
+            format!("{n} tokens, {e}x(3 x {h}x{i}), top {}{shared}, {experts_used} experts used{checked}", s.top),
             err,
             1e-2,
             us,
@@ -94,5 +119,7 @@ pub struct ExpertShape {
     pub h: usize,
     pub i: usize,
     pub top: usize,
+    /// Of the `e` experts, the last this many are shared experts folded in.
+    pub shared: usize,
     pub bytes_per_param: f64,
 }

@@ -232,7 +232,8 @@ impl Backend for CudaRef<'_> {
         download(t: &Self::Tensor) -> cleave_engine::Result<Vec<f32>>;
         dims(t: &Self::Tensor) -> (usize, usize);
         load_linear(parts: &[cleave_engine::weights::LinearSource<'_>]) -> cleave_engine::Result<Self::Weight>;
-        load_experts(experts: &[cleave_engine::backend::ExpertSource<'_>], first: usize) -> cleave_engine::Result<Self::Experts>;
+        load_experts(experts: &[cleave_engine::backend::ExpertSource<'_>], first: usize, shared: usize) -> cleave_engine::Result<Self::Experts>;
+        folds_shared_experts() -> bool;
         alloc_kv_cache(layout: cleave_engine::backend::KvLayout) -> cleave_engine::Result<Self::KvCache>;
         embedding(table: &Self::Tensor, ids: &[u32]) -> cleave_engine::Result<Self::Tensor>;
         rms_norm(x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> cleave_engine::Result<Self::Tensor>;

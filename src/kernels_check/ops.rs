@@ -420,7 +420,7 @@ impl Ctx<'_> {
         self.push_check("bf16 shadow: silu_mul -> linear", format!("{n} x 2*{i} -> {m}"), err);
         // the routed experts read the shadow of their (normed) input too
         let (e, h, i, k) = (8, 64, 40, 3);
-        let eg = self.cu.load_experts(&RandomExperts::new(&mut self.rng, e, h, i).sources(), 0)?;
+        let eg = self.cu.load_experts(&RandomExperts::new(&mut self.rng, e, h, i).sources(), 0, 0)?;
         let ids: Vec<u32> = (0..n * k).map(|j| ((j * 5 + j / k) % e) as u32).collect();
         let wts: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
         let rg = self.cu.routing_from_host(&ids, &wts, k)?;
@@ -617,6 +617,7 @@ impl Ctx<'_> {
                     top_k: 6,
                     norm_topk_prob: false,
                     scaling: 1.0,
+                    shared: 2,
                 },
             ),
             (
@@ -628,11 +629,20 @@ impl Ctx<'_> {
                     top_k: 8,
                     norm_topk_prob: true,
                     scaling: 2.5,
+                    shared: 1,
                 },
             ),
             (
                 "odd",
-                RouterParams { n_experts: 12, n_group: 4, topk_group: 2, top_k: 4, norm_topk_prob: true, scaling: 2.5 },
+                RouterParams {
+                    n_experts: 12,
+                    n_group: 4,
+                    topk_group: 2,
+                    top_k: 4,
+                    norm_topk_prob: true,
+                    scaling: 2.5,
+                    shared: 0,
+                },
             ),
         ];
         let sizes: &[usize] = if self.quick { &[7] } else { &[1, 64, 4096] };
@@ -644,10 +654,12 @@ impl Ctx<'_> {
                 let (bc, bg) = self.up(&bias, 1, p.n_experts)?;
                 let want = self.cpu.moe_route(&lc, &bc, p)?;
                 let (ids, w) = self.cu.routing_to_host(&self.cu.moe_route(&lg, &bg, p)?)?;
+                // Per token and expert (shared ones included), the weight given.
+                let (k, width) = (p.top_k + p.shared, p.n_experts + p.shared);
                 let dense = |ids: &[u32], w: &[f32]| {
-                    let mut d = vec![0f32; n * p.n_experts];
+                    let mut d = vec![0f32; n * width];
                     for (i, (&e, &x)) in ids.iter().zip(w).enumerate() {
-                        d[(i / p.top_k) * p.n_experts + (e as usize).min(p.n_experts - 1)] += x;
+                        d[(i / k) * width + (e as usize).min(width - 1)] += x;
                     }
                     d
                 };
@@ -655,7 +667,7 @@ impl Ctx<'_> {
                 let us = self.time(|| self.cu.moe_route(&lg, &bg, p).map(drop))?;
                 self.push(
                     "moe_route",
-                    format!("{label}: {n} tokens, {} experts, top {}", p.n_experts, p.top_k),
+                    format!("{label}: {n} tokens, {} experts, top {}, {} shared", p.n_experts, p.top_k, p.shared),
                     err,
                     1e-3,
                     us,

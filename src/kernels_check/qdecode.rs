@@ -109,9 +109,9 @@ impl Ctx<'_> {
         for (fmt, make) in super::quant::FORMATS {
             let layers = RandomQuant::experts(&mut self.rng, make, e, h, i);
             let sources = RandomQuant::expert_sources(&layers);
-            let eg = self.cu.load_experts(&sources, 0)?;
+            let eg = self.cu.load_experts(&sources, 0, 0)?;
             ensure!(eg.quant().is_some(), "moe_experts {fmt}: the loader expanded them to bf16");
-            let shape = ExpertShape { e, h, i, top, bytes_per_param: layers[0][0].bytes_per_value() };
+            let shape = ExpertShape { e, h, i, top, shared: 0, bytes_per_param: layers[0][0].bytes_per_value() };
             if fmt.starts_with("fp8") {
                 let per_expert: Vec<[CpuWeight; 3]> = layers
                     .iter()
@@ -124,13 +124,13 @@ impl Ctx<'_> {
                     self.fp8_experts_check(&per_expert, &eg, shape, n)?;
                 }
             } else {
-                let ec = self.cpu.load_experts(&sources, 0)?;
+                let ec = self.cpu.load_experts(&sources, 0, 0)?;
                 for &n in sizes {
                     self.check_experts(&format!("moe_experts {fmt} persistent"), &ec, &eg, shape, n)?;
                 }
             }
             self.cu.set_variants(Variants { qgemm: QuantGemm::Tiled, fp8_tensor_cores: false, ..def });
-            let ec = self.cpu.load_experts(&sources, 0)?;
+            let ec = self.cpu.load_experts(&sources, 0, 0)?;
             for &n in sizes {
                 self.check_experts(&format!("moe_experts {fmt} tiled"), &ec, &eg, shape, n)?;
             }

@@ -215,13 +215,14 @@ impl Ctx<'_> {
         for (fmt, make) in FORMATS {
             let layers = RandomQuant::experts(&mut self.rng, make, e, h, i);
             let sources = RandomQuant::expert_sources(&layers);
-            let ec = self.cpu.load_experts(&sources, 0)?;
-            let eg = self.cu.load_experts(&sources, 0)?;
+            let ec = self.cpu.load_experts(&sources, 0, 0)?;
+            let eg = self.cu.load_experts(&sources, 0, 0)?;
             ensure!(eg.quant().is_some(), "moe_experts {fmt}: the loader expanded them to bf16");
-            let shape = ExpertShape { e, h, i, top, bytes_per_param: layers[0][0].bytes_per_value() };
+            let shape = ExpertShape { e, h, i, top, shared: 0, bytes_per_param: layers[0][0].bytes_per_value() };
             for &n in sizes {
                 self.check_experts(&format!("moe_experts {fmt}"), &ec, &eg, shape, n)?;
             }
+            self.shared_experts(&format!("moe_experts {fmt} shared"), &sources, shape, &[1, 64, 4096])?;
         }
         Ok(())
     }

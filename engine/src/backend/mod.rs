@@ -50,6 +50,10 @@ pub struct RouterParams {
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub scaling: f32,
+    /// Shared experts folded into the routed ones (see [`Backend::folds_shared_experts`]): each
+    /// token's routing lists them after its `top_k` experts, as experts `n_experts..n_experts +
+    /// shared` of weight 1. 0 when the shared experts run as a dense MLP.
+    pub shared: usize,
 }
 
 /// One routed expert's three projections.
@@ -129,8 +133,15 @@ pub trait Backend {
     /// Loads a linear weight; several sources are stacked along the output dimension.
     fn load_linear(&self, parts: &[LinearSource<'_>]) -> Result<Self::Weight>;
     /// Loads routed experts; `experts[0]` is expert `first` of the layer (a rank of an
-    /// expert-parallel group holds a range), and tokens routed to other experts are skipped.
-    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize) -> Result<Self::Experts>;
+    /// expert-parallel group holds a range), and tokens routed to other experts are skipped. The
+    /// last `shared` of them are shared experts folded in (routed to every token).
+    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize, shared: usize) -> Result<Self::Experts>;
+    /// Whether the model should fold the shared experts into the routed ones (the shared MLP cut
+    /// into `n_shared_experts` experts of `moe_intermediate_size`, chosen for every token), so
+    /// that one grouped GEMM computes both. The CPU reference keeps them apart unless asked.
+    fn folds_shared_experts(&self) -> bool {
+        false
+    }
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache>;
 
     /// Rows of `table` picked by token id.

@@ -29,9 +29,19 @@ pub(super) struct Dense<B: Backend> {
     pub down: B::Weight,
 }
 
+/// A MoE layer's shared experts.
+pub(super) enum SharedExperts<B: Backend> {
+    None,
+    /// A dense MLP of `n_shared_experts * moe_intermediate_size` (this rank's slice of it).
+    Dense(Dense<B>),
+    /// Cut into this many experts at the end of the routed experts' stack, routed to every token
+    /// ([`Backend::folds_shared_experts`]).
+    Folded(usize),
+}
+
 pub(super) enum Mlp<B: Backend> {
     Dense(Dense<B>),
-    Moe { gate: B::Weight, bias: B::Tensor, experts: B::Experts, shared: Option<Dense<B>> },
+    Moe { gate: B::Weight, bias: B::Tensor, experts: B::Experts, shared: SharedExperts<B> },
 }
 
 pub(super) struct Layer<B: Backend> {
@@ -139,6 +149,7 @@ impl<B: Backend> Model<B> {
             top_k: cfg.num_experts_per_tok,
             norm_topk_prob: cfg.norm_topk_prob,
             scaling: cfg.routed_scaling_factor,
+            shared: 0,
         };
         Ok(Model { embed, layers, norm, lm_head, cos_sin, max_len, dims, router, cfg, coord })
     }
@@ -249,9 +260,14 @@ impl<B: Backend> Model<B> {
                     }
                     _ => x,
                 };
-                let routing = be.moe_route(&be.linear(xs, gate)?, bias, self.router)?;
+                let folded = match shared {
+                    SharedExperts::Folded(n) => *n,
+                    _ => 0,
+                };
+                let routing =
+                    be.moe_route(&be.linear(xs, gate)?, bias, RouterParams { shared: folded, ..self.router })?;
                 let mut y = be.moe_experts(xs, &routing, experts)?;
-                if let Some(s) = shared {
+                if let SharedExperts::Dense(s) = shared {
                     be.add_assign(&mut y, &dense(s, xs)?)?;
                 }
                 step.reduce(be, Axis::World, &mut y)?;

@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::config::ModelConfig;
-use super::deepseek::{Attention, Dense, Layer, Mlp, QProj};
+use super::deepseek::{Attention, Dense, Layer, Mlp, QProj, SharedExperts};
 use crate::backend::{Backend, ExpertSource};
 use crate::error::Result;
 use crate::parallel::{ExpertShard, RankCoord};
@@ -110,7 +110,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             ExpertShard::Inter(inter) => (0..e, inter),
         };
         let first = ids.start;
-        let parts = ids
+        let mut parts = ids
             .map(|x| {
                 let ep = format!("{p}.experts.{x}");
                 Ok([
@@ -120,32 +120,79 @@ impl<'a, B: Backend> Loader<'a, B> {
                 ])
             })
             .collect::<Result<Vec<_>>>()?;
+        let shared_prefix = format!("{p}.shared_experts");
+        let folded = self.folded_shared(&shared_prefix, &parts[0][0].src)?;
+        let n_folded = folded.as_ref().map_or(0, Vec::len);
+        parts.extend(folded.into_iter().flatten());
         // Whole experts are read straight from the mapping; slices are copied out (this layer only).
-        let owned = if inter.len() == i {
-            Vec::new()
-        } else {
-            parts.iter().map(|e| Ok([e[0].owned()?, e[1].owned()?, e[2].owned()?])).collect::<Result<Vec<_>>>()?
-        };
-        let sources: Vec<ExpertSource<'_>> = if owned.is_empty() {
-            parts.iter().map(|e| ExpertSource { gate: e[0].src, up: e[1].src, down: e[2].src }).collect()
-        } else {
-            owned.iter().map(|o| ExpertSource { gate: o[0].view(), up: o[1].view(), down: o[2].view() }).collect()
-        };
+        let owned = parts
+            .iter()
+            .map(|e| match e.iter().all(Part::is_whole) {
+                true => Ok(None),
+                false => Ok(Some([e[0].owned()?, e[1].owned()?, e[2].owned()?])),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sources: Vec<ExpertSource<'_>> = parts
+            .iter()
+            .zip(&owned)
+            .map(|(e, o)| match o {
+                Some(o) => ExpertSource { gate: o[0].view(), up: o[1].view(), down: o[2].view() },
+                None => ExpertSource { gate: e[0].src, up: e[1].src, down: e[2].src },
+            })
+            .collect();
         let gate = self.linear(&format!("{p}.gate"), e, h)?;
         let bias_name = format!("{p}.gate.e_score_correction_bias");
         let bias = if self.ck.contains(&bias_name) { self.ck.f32(&bias_name, &[e])? } else { vec![0.0; e] };
         let shared_inter = i * c.n_shared_experts;
+        let shared = if n_folded > 0 {
+            SharedExperts::Folded(n_folded)
+        } else if c.n_shared_experts > 0 {
+            let slice = self.coord.world_slice(shared_inter);
+            SharedExperts::Dense(self.dense(&shared_prefix, shared_inter, slice)?)
+        } else {
+            SharedExperts::None
+        };
         Ok(Mlp::Moe {
             gate,
             bias: self.be.upload(&bias, 1, e)?,
-            experts: self.be.load_experts(&sources, first)?,
-            shared: if c.n_shared_experts > 0 {
-                let slice = self.coord.world_slice(shared_inter);
-                Some(self.dense(&format!("{p}.shared_experts"), shared_inter, slice)?)
-            } else {
-                None
-            },
+            experts: self.be.load_experts(&sources, first, n_folded)?,
+            shared,
         })
+    }
+
+    /// The shared MLP at `prefix` cut into `n_shared_experts` experts of `moe_intermediate_size`,
+    /// when the backend folds shared experts and this rank can: it holds the whole shared MLP (a
+    /// group of one), the cuts fall on the format's blocks or groups, and the shared weights are
+    /// stored like the routed expert `routed` (so they stack with the routed experts).
+    fn folded_shared(&self, prefix: &str, routed: &LinearSource<'_>) -> Result<Option<Vec<[Part<'a>; 3]>>> {
+        let c = self.cfg;
+        let (h, i, n) = (c.hidden_size, c.moe_intermediate_size, c.n_shared_experts);
+        if n == 0 || !self.be.folds_shared_experts() || self.coord.par.world() > 1 {
+            return Ok(None);
+        }
+        let src = |name: &str, out, inp| self.source(&format!("{prefix}.{name}"), out, inp);
+        let (gate, up, down) = (src("gate_proj", n * i, h)?, src("up_proj", n * i, h)?, src("down_proj", h, n * i)?);
+        // Cuts inside the matrix (there are none for one shared expert) must fall on units.
+        let on_units = |unit: usize| n == 1 || i.is_multiple_of(unit);
+        let fits = [gate, up, down].iter().all(|s| s.grouping() == routed.grouping())
+            && [gate, up].iter().all(|s| on_units(s.cut_units().0))
+            && on_units(down.cut_units().1);
+        if !fits {
+            tracing::debug!(prefix, "shared experts run as a dense MLP: they do not cut into routed experts' shapes");
+            return Ok(None);
+        }
+        let cut = |j: usize| j * i..(j + 1) * i;
+        Ok(Some(
+            (0..n)
+                .map(|j| {
+                    [
+                        Part { src: gate, out: cut(j), inp: 0..h },
+                        Part { src: up, out: cut(j), inp: 0..h },
+                        Part { src: down, out: 0..h, inp: cut(j) },
+                    ]
+                })
+                .collect(),
+        ))
     }
 
     pub fn layer(&self, i: usize) -> Result<Layer<B>> {

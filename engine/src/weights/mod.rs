@@ -57,6 +57,17 @@ pub enum LinearSource<'a> {
     Awq(AwqSource<'a>),
 }
 
+/// How a linear layer's stored values share their scales ([`LinearSource::grouping`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouping {
+    /// Floats, no scales.
+    Plain,
+    /// FP8 with a scale per `[rows, columns]` block.
+    Fp8Blocks([usize; 2]),
+    /// AWQ int4 with a scale and zero point per this many input channels.
+    AwqGroups(usize),
+}
+
 /// An AutoAWQ "gemm" linear layer (REFERENCE.md section 4): `qweight` i32 `[in, out/8]`,
 /// `qzeros` i32 `[in/group, out/8]`, `scales` f16 `[in/group, out]`; nibble `i` of a packed
 /// word holds column `8 * word + AWQ_ORDER[i]`, and `W[n, k] = (q[k, n] - z[k/g, n]) * s[k/g, n]`.
@@ -341,6 +352,16 @@ impl<'a> LinearSource<'a> {
         match self {
             LinearSource::Dense { weight, .. } => (weight.shape[0], weight.shape[1]),
             LinearSource::Awq(a) => (a.out(), a.inp()),
+        }
+    }
+
+    /// How the stored values are grouped under their scales: weights stack into one matrix of
+    /// a compressed format only when this is equal.
+    pub fn grouping(&self) -> Grouping {
+        match self {
+            LinearSource::Dense { scale_inv: Some((_, block)), .. } => Grouping::Fp8Blocks(*block),
+            LinearSource::Dense { scale_inv: None, .. } => Grouping::Plain,
+            LinearSource::Awq(a) => Grouping::AwqGroups(a.group()),
         }
     }
 

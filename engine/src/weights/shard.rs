@@ -86,25 +86,37 @@ fn in_units(t: &RawTensor<'_>, range: &Range<usize>, full: usize, unit: usize, w
 }
 
 impl LinearSource<'_> {
+    /// The units (output rows, input columns) [`LinearSource::shard`] can cut this weight on:
+    /// FP8 scale blocks, AWQ packed words and groups, single values of plain weights.
+    pub fn cut_units(&self) -> (usize, usize) {
+        match self {
+            LinearSource::Dense { scale_inv: Some((_, [b0, b1])), .. } => (*b0, *b1),
+            LinearSource::Dense { scale_inv: None, .. } => (1, 1),
+            LinearSource::Awq(a) => (8, a.group()),
+        }
+    }
+
     /// Output features `out` and input features `inp` of this `[out, in]` weight, in its stored
     /// format.
     pub fn shard(&self, out: Range<usize>, inp: Range<usize>) -> Result<OwnedLinear> {
         let (o, i) = self.dims();
         match self {
             LinearSource::Dense { weight, scale_inv } => {
+                let (b0, b1) = self.cut_units();
                 let scale_inv = match scale_inv {
-                    Some((s, [b0, b1])) => {
-                        let rows = in_units(weight, &out, o, *b0, "FP8 scale blocks")?;
-                        let cols = in_units(weight, &inp, i, *b1, "FP8 scale blocks")?;
-                        Some((cut(s, rows, cols)?, [*b0, *b1]))
+                    Some((s, block)) => {
+                        let rows = in_units(weight, &out, o, b0, "FP8 scale blocks")?;
+                        let cols = in_units(weight, &inp, i, b1, "FP8 scale blocks")?;
+                        Some((cut(s, rows, cols)?, *block))
                     }
                     None => None,
                 };
                 Ok(OwnedLinear::Dense { weight: cut(weight, out, inp)?, scale_inv })
             }
             LinearSource::Awq(a) => {
-                let words = in_units(&a.qweight, &out, o, 8, "AWQ packed words")?;
-                let groups = in_units(&a.qweight, &inp, i, a.group(), "AWQ groups")?;
+                let (word, group) = self.cut_units();
+                let words = in_units(&a.qweight, &out, o, word, "AWQ packed words")?;
+                let groups = in_units(&a.qweight, &inp, i, group, "AWQ groups")?;
                 Ok(OwnedLinear::Awq {
                     qweight: cut(&a.qweight, inp, words.clone())?,
                     qzeros: cut(&a.qzeros, groups.clone(), words)?,

@@ -54,13 +54,16 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __re
 }
 
 // y = silu(gate) * up per row of [gate | up]; with `yb` non-null also y as bf16.
-extern "C" __global__ void silu_mul_f32(const float* x, float* y, bf16_t* yb, int rows, int half) {
+// Rows of [gate | up] (or, `pairs`, of interleaved gate/up columns: the experts' layout) to
+// silu(gate) * up; `y` (f32) and `yb` (bf16) are each written when non-null.
+extern "C" __global__ void silu_mul_f32(const float* x, float* y, bf16_t* yb, int rows, int half, int pairs) {
     const u64 n = (u64)rows * half;
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / half, c = i % half;
-        const float g = x[r * 2 * half + c], u = x[r * 2 * half + half + c];
+        const float* row = x + r * 2 * half;
+        const float g = pairs ? row[2 * c] : row[c], u = pairs ? row[2 * c + 1] : row[half + c];
         const float v = g / (1.0f + expf(-g)) * u;
-        y[i] = v;
+        if (y) y[i] = v;
         if (yb) yb[i] = f2bf(v);
     }
 }

@@ -3,9 +3,11 @@
 // launch, and the weighted combine. Nothing here needs the host to know how many tokens each
 // expert received.
 
-// One warp per token; E <= 256 (8 experts per lane), n_group <= 32, top_k <= 32.
+// One warp per token; E <= 256 (8 experts per lane), n_group <= 32, top_k + shared <= 32. Each
+// token's row of ids/wts holds its top_k routed experts, then the `shared` always-chosen experts
+// E..E+shared-1 with weight 1 (shared experts folded into the grouped GEMMs).
 extern "C" __global__ void moe_route(const float* logits, const float* bias, u32* ids, float* wts, int n, int E, int n_group,
-                                     int topk_group, int top_k, int norm, float scaling) {
+                                     int topk_group, int top_k, int shared, int norm, float scaling) {
     const int tok = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (tok >= n) return;
@@ -120,9 +122,13 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
     }
     const float total = warp_sum(lane < top_k ? my_w : 0.f);
     if (norm) my_w /= total + 1e-20f;
+    const int kk = top_k + shared;
     if (lane < top_k) {
-        ids[(u64)tok * top_k + lane] = my_id;
-        wts[(u64)tok * top_k + lane] = my_w * scaling;
+        ids[(u64)tok * kk + lane] = my_id;
+        wts[(u64)tok * kk + lane] = my_w * scaling;
+    } else if (lane < kk) {
+        ids[(u64)tok * kk + lane] = (u32)(E + lane - top_k);
+        wts[(u64)tok * kk + lane] = 1.0f;
     }
 }
 

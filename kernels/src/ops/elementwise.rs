@@ -38,9 +38,12 @@ impl Gpu {
         )
     }
 
-    /// `y = silu(gate) * up` over rows `[gate | up]` of `2 * half`; with `yb != 0` also `y` as bf16.
-    pub fn silu_mul(&self, x: u64, y: u64, yb: u64, rows: usize, half: usize) -> Result<()> {
-        self.launch_flat("silu_mul_f32", rows * half, &[Ptr(x), Ptr(y), Ptr(yb), I32(rows as i32), I32(half as i32)])
+    /// `silu(gate) * up` over f32 rows of `2 * half`: `[gate | up]`, or with `pairs` gate and up
+    /// interleaved column by column (the experts' gate/up layout). Written as f32 to `y` and as
+    /// bf16 to `yb`, each when non-zero.
+    pub fn silu_mul(&self, x: u64, y: u64, yb: u64, rows: usize, half: usize, pairs: bool) -> Result<()> {
+        let args = [Ptr(x), Ptr(y), Ptr(yb), I32(rows as i32), I32(half as i32), I32(pairs as i32)];
+        self.launch_flat("silu_mul_f32", rows * half, &args)
     }
 
     pub fn add(&self, a: u64, b: u64, n: usize) -> Result<()> {

@@ -109,6 +109,8 @@ impl std::str::FromStr for PersistentGemm {
 }
 
 impl Gpu {
+    /// Routes `n` tokens: `ids`/`wts` get `top_k + shared` entries per token, the routed experts
+    /// then the shared experts `experts..experts + shared` with weight 1.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_route(
         &self,
@@ -121,6 +123,7 @@ impl Gpu {
         n_group: usize,
         topk_group: usize,
         top_k: usize,
+        shared: usize,
         norm: bool,
         scaling: f32,
     ) -> Result<()> {
@@ -129,12 +132,12 @@ impl Gpu {
             || n_group > 32
             || !experts.is_multiple_of(n_group)
             || top_k == 0
-            || top_k > 32
+            || top_k + shared > 32
             || top_k > experts
             || topk_group == 0
         {
             return Err(KernelError::Invalid(format!(
-                "moe_route supports up to 256 experts in up to 32 equal groups and top_k <= 32 (got {experts} experts, {n_group} groups, top_k {top_k}, topk_group {topk_group})"
+                "moe_route supports up to 256 experts in up to 32 equal groups and top_k + shared experts <= 32 (got {experts} experts, {n_group} groups, top_k {top_k}, {shared} shared, topk_group {topk_group})"
             )));
         }
         self.launch(
@@ -152,6 +155,7 @@ impl Gpu {
                 I32(n_group as i32),
                 I32(topk_group as i32),
                 I32(top_k as i32),
+                I32(shared as i32),
                 I32(norm as i32),
                 F32(scaling),
             ],

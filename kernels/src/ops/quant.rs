@@ -17,6 +17,23 @@ pub struct QWeights {
     pub zeros: u64,
 }
 
+impl QWeights {
+    /// Matrix `e` of the stack, as a stack of one (`None` past the last).
+    pub fn matrix(&self, e: usize) -> Option<QWeights> {
+        let s = self.shape;
+        if e >= s.experts {
+            return None;
+        }
+        let zeros = if self.zeros == 0 { 0 } else { self.zeros + (e * s.zero_words_per_matrix() * 4) as u64 };
+        Some(QWeights {
+            shape: QShape { experts: 1, ..s },
+            words: self.words + (e * s.words_per_matrix() * 4) as u64,
+            scales: self.scales + (e * s.scales_per_matrix() * s.format.scale_bytes()) as u64,
+            zeros,
+        })
+    }
+}
+
 /// The operands of a GEMM over [`QWeights`]: `Y[p, :n] = X[row(p), :k] W[e]^T` for the rows `p`
 /// of each expert tile of `tiles`/`meta` (from `moe_align`, with row tiles of `bm`), or, when
 /// `tiles` is 0, for rows `0..rows` of matrix 0. `rowidx` maps `p` to an input row (0: identity).

@@ -128,7 +128,8 @@ impl Backend for CpuBackend {
         load_stacked(parts)
     }
 
-    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize) -> Result<CpuExperts> {
+    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize, _shared: usize) -> Result<CpuExperts> {
+        // Shared experts folded in are experts like the others here; routing lists them.
         CpuExperts::load(experts, first)
     }
 

@@ -6,7 +6,8 @@ use super::{load_stacked, matmul_t, CpuTensor, CpuWeight};
 use crate::backend::{ExpertSource, RouterParams};
 use crate::error::Result;
 
-/// For each token, `top_k` expert ids and their weights.
+/// For each token, `top_k` expert ids and their weights (the routed experts, then any shared
+/// experts folded in).
 #[derive(Debug, Clone)]
 pub struct CpuRouting {
     pub top_k: usize,
@@ -45,20 +46,24 @@ pub fn route_token(logits: &[f32], bias: &[f32], p: RouterParams) -> (Vec<u32>, 
         w.iter_mut().for_each(|x| *x /= denom);
     }
     w.iter_mut().for_each(|x| *x *= p.scaling);
-    (ids.into_iter().map(|i| i as u32).collect(), w)
+    let mut ids: Vec<u32> = ids.into_iter().map(|i| i as u32).collect();
+    ids.extend((0..p.shared).map(|s| (p.n_experts + s) as u32));
+    w.resize(ids.len(), 1.0);
+    (ids, w)
 }
 
 impl CpuRouting {
     pub(super) fn route(logits: &CpuTensor, bias: &[f32], p: RouterParams) -> CpuRouting {
         let per_token: Vec<(Vec<u32>, Vec<f32>)> =
             (0..logits.rows).into_par_iter().map(|r| route_token(logits.row(r), bias, p)).collect();
-        let mut ids = Vec::with_capacity(logits.rows * p.top_k);
-        let mut weights = Vec::with_capacity(logits.rows * p.top_k);
+        let k = p.top_k + p.shared;
+        let mut ids = Vec::with_capacity(logits.rows * k);
+        let mut weights = Vec::with_capacity(logits.rows * k);
         for (i, w) in per_token {
             ids.extend(i);
             weights.extend(w);
         }
-        CpuRouting { top_k: p.top_k, ids, weights }
+        CpuRouting { top_k: k, ids, weights }
     }
 }
 
@@ -129,7 +134,15 @@ mod tests {
     fn dropped_groups_never_win_even_against_negative_scores() {
         // 4 experts in 2 groups; the bias pushes every choice score below zero and only group 1
         // is kept. A 0.0 fill (old transformers) would pick group 0's experts here.
-        let p = RouterParams { n_experts: 4, n_group: 2, topk_group: 1, top_k: 2, norm_topk_prob: true, scaling: 2.5 };
+        let p = RouterParams {
+            n_experts: 4,
+            n_group: 2,
+            topk_group: 1,
+            top_k: 2,
+            norm_topk_prob: true,
+            scaling: 2.5,
+            shared: 0,
+        };
         let logits = [0.0, 0.0, 0.0, 0.0];
         let bias = [-0.9, -0.9, -0.7, -0.8];
         let (ids, w) = route_token(&logits, &bias, p);
@@ -139,12 +152,24 @@ mod tests {
 
     #[test]
     fn group_limit_and_weights() {
-        let p = RouterParams { n_experts: 8, n_group: 4, topk_group: 2, top_k: 3, norm_topk_prob: false, scaling: 1.0 };
+        let p = RouterParams {
+            n_experts: 8,
+            n_group: 4,
+            topk_group: 2,
+            top_k: 3,
+            norm_topk_prob: false,
+            scaling: 1.0,
+            shared: 0,
+        };
         let logits = [3.0, -1.0, 2.5, 2.4, -3.0, -3.0, 0.0, 1.0];
         let (ids, w) = route_token(&logits, &[0.0; 8], p);
         // Group scores (sums of sigmoids): [3,-1] 1.222, [2.5,2.4] 1.841, [-3,-3] 0.095,
         // [0,1] 1.231: groups 1 and 3 are kept, so expert 0 (the best single score) is out.
         assert_eq!(ids, vec![2, 3, 7]);
         assert!((w[0] - 1.0 / (1.0 + (-2.5f32).exp())).abs() < 1e-6);
+        // Two shared experts folded in follow the routed ones, at weight 1.
+        let (ids, w) = route_token(&logits, &[0.0; 8], RouterParams { shared: 2, ..p });
+        assert_eq!(ids, vec![2, 3, 7, 8, 9]);
+        assert_eq!(&w[3..], &[1.0, 1.0]);
     }
 }

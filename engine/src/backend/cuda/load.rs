@@ -112,18 +112,26 @@ pub(super) fn linear(be: &CudaBackend, parts: &[LinearSource<'_>]) -> Result<Cud
     Ok(CudaWeight { data: WeightData::Bf16(buf), out, inp })
 }
 
-pub(super) fn experts(be: &CudaBackend, sources: &[ExpertSource<'_>], first: usize) -> Result<CudaExperts> {
+pub(super) fn experts(
+    be: &CudaBackend,
+    sources: &[ExpertSource<'_>],
+    first: usize,
+    shared: usize,
+) -> Result<CudaExperts> {
     let Some(e0) = sources.first() else {
         return Err(EngineError::Backend("a MoE layer without experts".into()));
     };
     let (inter, hidden) = e0.gate.dims();
     let e = sources.len();
+    if shared >= e {
+        return Err(EngineError::Backend(format!("{shared} shared experts of {e}: no routed expert left")));
+    }
     for (i, s) in sources.iter().enumerate() {
         if s.gate.dims() != (inter, hidden) || s.up.dims() != (inter, hidden) || s.down.dims() != (hidden, inter) {
             return Err(EngineError::Backend(format!("expert {i}: projection shapes differ from expert 0")));
         }
     }
-    let done = |data| Ok(CudaExperts { data, experts: e, first, hidden, inter });
+    let done = |data| Ok(CudaExperts { data, experts: e, shared, first, hidden, inter });
     if be.precision() == Precision::F32 {
         let (mut gu, mut dn) = (Vec::with_capacity(e * 2 * inter * hidden), Vec::with_capacity(e * hidden * inter));
         for s in sources {

@@ -355,8 +355,12 @@ impl Backend for CudaBackend {
         load::linear(self, parts)
     }
 
-    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize) -> Result<CudaExperts> {
-        load::experts(self, experts, first)
+    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize, shared: usize) -> Result<CudaExperts> {
+        load::experts(self, experts, first, shared)
+    }
+
+    fn folds_shared_experts(&self) -> bool {
+        self.variants().fold_shared
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
@@ -434,7 +438,7 @@ impl Backend for CudaBackend {
         let h = x.cols / 2;
         let y = self.tensor_shadowed(x.rows, h)?;
         let yb = y.bf16_ptr().unwrap_or(0);
-        self.gpu.silu_mul(x.ptr(), y.ptr(), yb, x.rows, h).map_err(kerr)?;
+        self.gpu.silu_mul(x.ptr(), y.ptr(), yb, x.rows, h, false).map_err(kerr)?;
         Ok(y)
     }
 

@@ -19,10 +19,10 @@ pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p:
             p.n_experts
         )));
     }
-    let n = logits.rows;
+    let (n, k) = (logits.rows, p.top_k + p.shared);
     let gpu = be.gpu();
-    let ids = be.scratch::<u32>(n * p.top_k)?;
-    let weights = be.alloc_f32(n * p.top_k)?;
+    let ids = be.scratch::<u32>(n * k)?;
+    let weights = be.alloc_f32(n * k)?;
     gpu.moe_route(
         logits.ptr(),
         bias.ptr(),
@@ -33,11 +33,12 @@ pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p:
         p.n_group,
         p.topk_group,
         p.top_k,
+        p.shared,
         p.norm_topk_prob,
         p.scaling,
     )
     .map_err(kerr)?;
-    Ok(CudaRouting { ids, weights, rows: n, top_k: p.top_k })
+    Ok(CudaRouting { ids, weights, rows: n, top_k: k })
 }
 
 pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &CudaExperts) -> Result<CudaTensor> {
@@ -55,20 +56,30 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let gpu = be.gpu();
     let a = n * k;
     let v = be.variants();
-    // Row tiles of 64 once experts average 32 rows or more (prefill), 32 from ROWS32_MIN_AVG rows
-    // (bf16 experts on the persistent kernel), else 16 (decode).
+    // Row tiles of 64 once routed experts average 32 rows or more (prefill), 32 from
+    // ROWS32_MIN_AVG rows (bf16 experts on the persistent kernel), else 16 (decode).
+    let s = ex.shared;
+    if k <= s {
+        return Err(EngineError::Backend(format!("moe_experts: {k} experts per token, {s} of them shared")));
+    }
+    let prefill = n * (k - s) >= 32 * (e - s);
+    // At prefill sizes, shared experts folded in run as dense GEMMs over their slots of the stack
+    // (cuBLAS there beats the grouped GEMM's 64-row tiles): aligning only the routed experts
+    // gives their assignments no row and no weight in the combine.
+    let dense_shared = prefill && s > 0 && !matches!(ex.data, ExpertData::F32 { .. });
+    let aligned = if dense_shared { e - s } else { e };
     let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {
         (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if a >= ROWS32_MIN_AVG * e => Some(cfg),
         _ => None,
     };
-    let bm = if a >= 32 * e {
+    let bm = if prefill {
         64
     } else if rows32.is_some() {
         32
     } else {
         16
     };
-    let max_tiles = Gpu::moe_max_tiles(a, e, bm);
+    let max_tiles = Gpu::moe_max_tiles(a, aligned, bm);
     let sorted_tok = be.buf::<i32>(a)?;
     let inv = be.buf::<i32>(a)?;
     let tiles = be.buf::<i32>(3 * max_tiles)?;
@@ -96,7 +107,7 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
         return Ok(out);
     }
-    gpu.moe_align(ptr(&r.ids), a, k, e, ex.first, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0)
+    gpu.moe_align(ptr(&r.ids), a, k, aligned, ex.first, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0)
         .map_err(kerr)?;
     // The input's bf16 shadow (an RMSNorm output) when it has one.
     let xb = be.bf16_in(x)?;
@@ -158,11 +169,50 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         ExpertData::F32 { .. } => unreachable!("reference precision returned above"),
     }
     gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
+    if dense_shared {
+        shared_dense(be, x, ex, &out)?;
+    }
     if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
+        // Routed experts only (the shared ones run for every token).
         let (ids, _) = be.routing_to_host(r)?;
-        let mut used = vec![false; e];
-        ids.iter().for_each(|&id| used[(id as usize).min(e - 1)] = true);
+        let routed = e - s;
+        let mut used = vec![false; routed];
+        ids.iter().filter(|&&id| (id as usize) < routed).for_each(|&id| used[id as usize] = true);
         stats.push(used.iter().filter(|&&u| u).count());
     }
     Ok(out)
+}
+
+/// `out += shared(x)` for the shared experts folded into the last slots of `ex`, as dense GEMMs
+/// over those slots: cuBLAS on bf16 slots, compressed slots expanded to bf16 one at a time.
+fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: &CudaTensor) -> Result<()> {
+    let (n, h, i, gpu) = (x.rows, ex.hidden, ex.inter, be.gpu());
+    let xb = be.bf16_in(x)?;
+    let gu = be.alloc_f32(n * 2 * i)?;
+    let act = be.alloc_u16(n * i)?;
+    let y = be.alloc_f32(n * h)?;
+    for slot in ex.experts - ex.shared..ex.experts {
+        let expanded;
+        let (wgu, wdn) = match &ex.data {
+            ExpertData::Bf16 { gate_up, down } => {
+                (ptr(gate_up) + (slot * 2 * i * h * 2) as u64, ptr(down) + (slot * h * i * 2) as u64)
+            }
+            ExpertData::Quant { gate_up, down } => {
+                let missing = || EngineError::Backend(format!("shared expert slot {slot} is not in the stack"));
+                let (qgu, qdn) =
+                    (gate_up.view().matrix(slot).ok_or_else(missing)?, down.view().matrix(slot).ok_or_else(missing)?);
+                let (bgu, bdn) = (be.buf::<u16>(2 * i * h)?, be.buf::<u16>(h * i)?);
+                gpu.qdequant(&qgu, ptr(&bgu)).map_err(kerr)?;
+                gpu.qdequant(&qdn, ptr(&bdn)).map_err(kerr)?;
+                expanded = (bgu, bdn);
+                (ptr(&expanded.0), ptr(&expanded.1))
+            }
+            ExpertData::F32 { .. } => unreachable!("reference precision folds shared experts at every size"),
+        };
+        gpu.linear_bf16(xb.ptr(), wgu, ptr(&gu), n, 2 * i, h).map_err(kerr)?;
+        gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, i, true).map_err(kerr)?;
+        gpu.linear_bf16(ptr(&act), wdn, ptr(&y), n, h, i).map_err(kerr)?;
+        gpu.add(out.ptr(), ptr(&y), n * h).map_err(kerr)?;
+    }
+    Ok(())
 }

@@ -12,7 +12,8 @@ use crate::error::{EngineError, Result};
 /// `CLEAVE_FP8_GEMM=tensor-cores|bf16` (default tensor-cores),
 /// `CLEAVE_QGEMM=persistent[:[BMx]BN/BK/STAGES]|tiled` (default persistent in
 /// [`QPersist::default_for`]), `CLEAVE_MOE_ROWS32=off|32xBN/BK/STAGES/PREFETCH` (default
-/// [`DEFAULT_ROWS32`]).
+/// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
+/// model loads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -34,6 +35,10 @@ pub struct Variants {
     pub fp8_tensor_cores: bool,
     /// Decode GEMMs over compressed weights.
     pub qgemm: QuantGemm,
+    /// Shared experts folded into the routed experts' grouped GEMMs (where the model can: a
+    /// rank holding the whole shared MLP, cut on its format's blocks) instead of a dense MLP of
+    /// their own; prefill-sized batches still run them as dense GEMMs, reading the folded copy.
+    pub fold_shared: bool,
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -90,6 +95,7 @@ impl Variants {
         expanded_prefill: false,
         fp8_tensor_cores: false,
         qgemm: QuantGemm::Tiled,
+        fold_shared: false,
     };
 
     pub fn from_env() -> Result<Self> {
@@ -102,6 +108,13 @@ impl Variants {
             &var("CLEAVE_QGEMM"),
         )?;
         v.moe_rows32 = Self::parse_rows32(&var("CLEAVE_MOE_ROWS32"))?;
+        v.fold_shared = match var("CLEAVE_SHARED_EXPERTS").as_str() {
+            "" | "folded" => true,
+            "separate" => false,
+            v => {
+                return Err(EngineError::Config(format!("CLEAVE_SHARED_EXPERTS: `{v}` is not one of folded, separate")))
+            }
+        };
         Ok(v)
     }
 
@@ -161,7 +174,16 @@ impl Variants {
             },
         };
         let moe_rows32 = moe_persistent.map(|_| DEFAULT_ROWS32);
-        Ok(Variants { mla, gemm_v2, moe_persistent, moe_rows32, expanded_prefill, fp8_tensor_cores, qgemm })
+        Ok(Variants {
+            mla,
+            gemm_v2,
+            moe_persistent,
+            moe_rows32,
+            expanded_prefill,
+            fp8_tensor_cores,
+            qgemm,
+            fold_shared: true,
+        })
     }
 }
 
@@ -182,9 +204,11 @@ mod tests {
                 expanded_prefill: true,
                 fp8_tensor_cores: true,
                 qgemm: QuantGemm::Persistent(None),
+                fold_shared: true,
             }
         );
-        assert_eq!(Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap(), Variants::FIRST);
+        let first = Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap();
+        assert_eq!(first, Variants { fold_shared: true, ..Variants::FIRST });
         assert_eq!(Variants::parse("", "v2", "", "", "").unwrap().moe_persistent, None);
         assert_eq!(Variants::parse("v3:32", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(32)));
         let custom = Variants::parse("", "persistent:16/64/4/2", "", "", "").unwrap();

@@ -55,9 +55,11 @@ impl CudaWeight {
 
 /// Routed experts, stacked: `gate_up` `[E, 2I, H]` with gate and up rows interleaved (row 2j is
 /// gate j, row 2j+1 up j) and `down` `[E, H, I]`; bf16, f32 (reference precision) or compressed.
+/// The last `shared` of the stack are shared experts folded in.
 pub struct CudaExperts {
     pub(super) data: ExpertData,
     pub experts: usize,
+    pub shared: usize,
     /// The layer's id of the first expert held (expert parallelism).
     pub first: usize,
     pub hidden: usize,

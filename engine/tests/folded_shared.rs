@@ -1,0 +1,105 @@
+//! Shared experts folded into the routed experts (the CUDA backend's layout: the shared MLP cut
+//! into experts of `moe_intermediate_size` at the end of the stack, routed to every token at
+//! weight 1) against the CPU reference's dense shared MLP, on every golden checkpoint: bf16,
+//! f32 with two shared experts, FP8 blocks, AWQ with the cut on its groups.
+
+use std::cell::Cell;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use cleave_engine::backend::cpu::CpuBackend;
+use cleave_engine::backend::{AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, RouterParams};
+use cleave_engine::backend::{SampleRow, StepIndices};
+use cleave_engine::weights::LinearSource;
+use cleave_engine::{Engine, EngineConfig, Result};
+
+/// The CPU backend, folding shared experts; counts the shared experts it was given per layer.
+struct Folding {
+    cpu: CpuBackend,
+    folded: Rc<Cell<usize>>,
+}
+
+macro_rules! fwd {
+    ($($name:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {
+        $(fn $name(&self, $($a: $t),*) -> $r { self.cpu.$name($($a),*) })*
+    };
+}
+
+impl Backend for Folding {
+    type Tensor = <CpuBackend as Backend>::Tensor;
+    type Weight = <CpuBackend as Backend>::Weight;
+    type Experts = <CpuBackend as Backend>::Experts;
+    type Routing = <CpuBackend as Backend>::Routing;
+    type KvCache = <CpuBackend as Backend>::KvCache;
+    type Graph = <CpuBackend as Backend>::Graph;
+    fwd! {
+        name() -> String;
+        upload(data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+        download(t: &Self::Tensor) -> Result<Vec<f32>>;
+        dims(t: &Self::Tensor) -> (usize, usize);
+        load_linear(parts: &[LinearSource<'_>]) -> Result<Self::Weight>;
+        alloc_kv_cache(layout: KvLayout) -> Result<Self::KvCache>;
+        embedding(table: &Self::Tensor, ids: &[u32]) -> Result<Self::Tensor>;
+        rms_norm(x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+        add_rms_norm(residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+        linear(x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
+        silu_mul(x: &Self::Tensor) -> Result<Self::Tensor>;
+        add_assign(a: &mut Self::Tensor, b: &Self::Tensor) -> Result<()>;
+        gather_rows(x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
+        rope(x: &mut Self::Tensor, cos_sin: &Self::Tensor, positions: &[u32], heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> Result<()>;
+        write_kv(cache: &mut Self::KvCache, layer: usize, latent: &Self::Tensor, slots: &[u32]) -> Result<()>;
+        mla_attention(q: &Self::Tensor, cache: &Self::KvCache, layer: usize, kv_b: &Self::Weight, batch: &AttnBatch, dims: MlaDims) -> Result<Self::Tensor>;
+        moe_route(logits: &Self::Tensor, bias: &Self::Tensor, params: RouterParams) -> Result<Self::Routing>;
+        moe_experts(x: &Self::Tensor, routing: &Self::Routing, experts: &Self::Experts) -> Result<Self::Tensor>;
+        sample(logits: &Self::Tensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>>;
+        export_blocks(cache: &Self::KvCache, blocks: &[u32]) -> Result<Vec<f32>>;
+        import_blocks(cache: &mut Self::KvCache, blocks: &[u32], data: &[f32]) -> Result<()>;
+        stage_step(s: &StepIndices<'_>) -> Result<()>;
+        replay(g: &Self::Graph) -> Result<()>;
+    }
+
+    fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize, shared: usize) -> Result<Self::Experts> {
+        self.folded.set(shared);
+        self.cpu.load_experts(experts, first, shared)
+    }
+
+    fn folds_shared_experts(&self) -> bool {
+        true
+    }
+
+    fn capture_step<T>(&self, limits: GraphLimits, f: &mut dyn FnMut() -> Result<T>) -> Result<(Self::Graph, T)> {
+        self.cpu.capture_step(limits, f)
+    }
+}
+
+fn case_dir(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/golden").join(case)
+}
+
+fn generate<B: Backend>(be: B, case: &str) -> Vec<Vec<(u32, f32)>> {
+    let cfg = EngineConfig { max_num_seqs: 4, ..EngineConfig::default() };
+    let mut engine = Engine::load(be, &case_dir(case), cfg).expect("load");
+    let prompts: Vec<Vec<u32>> = vec![(1..40).collect(), vec![5, 9, 2, 7], (3..20).rev().collect()];
+    let out = engine.generate_greedy(&prompts, &[6, 6, 6]).expect("generate");
+    assert_eq!(engine.stats().used_blocks, 0, "blocks leaked");
+    out.into_iter().map(|seq| seq.into_iter().map(|t| (t.token, t.logprob)).collect()).collect()
+}
+
+#[test]
+fn folded_shared_experts_generate_what_the_dense_shared_mlp_does() {
+    // (case, its n_shared_experts)
+    for (case, shared) in
+        [("bf16-qlora", 1), ("f32-noqlora", 2), ("fp8-blocks", 1), ("awq-g128", 1), ("awq-g64-attn16", 2)]
+    {
+        let want = generate(CpuBackend, case);
+        let folded = Rc::new(Cell::new(0));
+        let got = generate(Folding { cpu: CpuBackend, folded: folded.clone() }, case);
+        assert_eq!(folded.get(), shared, "{case}: shared experts folded per layer");
+        for (w, g) in want.iter().zip(&got) {
+            let ids = |s: &[(u32, f32)]| s.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(ids(w), ids(g), "{case}: greedy tokens");
+            let d = w.iter().zip(g).map(|(a, b)| (a.1 - b.1).abs()).fold(0f32, f32::max);
+            assert!(d < 1e-4, "{case}: logprobs differ by {d}");
+        }
+    }
+}
