@@ -10,6 +10,12 @@ use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData,
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
 
+/// Rows up to which shared experts folded in are computed in the routed experts' grouped GEMM.
+/// Beyond, their row tiles (16 or 32 rows each) re-read their weights once per tile: V2-Lite's
+/// bf16 step (run 44, CUDA graphs) went from 14.79 to 15.14 ms at batch 256 folded, where batch 1
+/// gained 8% (3.52 -> 3.25 ms) and batch 64 1% (11.34 -> 11.19 ms).
+const FOLDED_SHARED_MAX_ROWS: usize = 64;
+
 pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
     if logits.cols != p.n_experts || bias.len() != p.n_experts {
         return Err(EngineError::Backend(format!(
@@ -63,13 +69,14 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         return Err(EngineError::Backend(format!("moe_experts: {k} experts per token, {s} of them shared")));
     }
     let prefill = n * (k - s) >= 32 * (e - s);
-    // At prefill sizes, shared experts folded in run as dense GEMMs over their slots of the stack
-    // (cuBLAS there beats the grouped GEMM's 64-row tiles): aligning only the routed experts
-    // gives their assignments no row and no weight in the combine.
-    let dense_shared = prefill && s > 0 && !matches!(ex.data, ExpertData::F32 { .. });
-    let aligned = if dense_shared { e - s } else { e };
+    // Shared experts folded in run as dense GEMMs over their slots of the stack at prefill sizes
+    // (cuBLAS there beats the grouped GEMM's 64-row tiles) and beyond FOLDED_SHARED_MAX_ROWS
+    // rows; aligning only the routed experts gives their assignments no row and no weight in the
+    // combine.
+    let dense_shared = s > 0 && (prefill || n > FOLDED_SHARED_MAX_ROWS) && !matches!(ex.data, ExpertData::F32 { .. });
+    let (aligned, routed_a) = if dense_shared { (e - s, n * (k - s)) } else { (e, a) };
     let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {
-        (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if a >= ROWS32_MIN_AVG * e => Some(cfg),
+        (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if routed_a >= ROWS32_MIN_AVG * aligned => Some(cfg),
         _ => None,
     };
     let bm = if prefill {
