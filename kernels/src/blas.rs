@@ -165,4 +165,28 @@ impl Gpu {
             c_bf16: false,
         })
     }
+
+    /// Row-major `Y[n, m] += X[n, k] W[m, k]^T` (X, W bf16; Y f32) where X's rows lie `ldx`
+    /// values apart (a column block of a wider matrix).
+    pub fn linear_bf16_acc(&self, x: u64, ldx: usize, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
+        self.gemm(&Gemm {
+            trans_a: true,
+            trans_b: false,
+            m,
+            n,
+            k,
+            a: w,
+            lda: k,
+            stride_a: 0,
+            b: x,
+            ldb: ldx,
+            stride_b: 0,
+            c: y,
+            ldc: m,
+            stride_c: 0,
+            batch: 1,
+            beta: 1.0,
+            c_bf16: false,
+        })
+    }
 }

@@ -18,18 +18,19 @@ pub struct QWeights {
 }
 
 impl QWeights {
-    /// Matrix `e` of the stack, as a stack of one (`None` past the last).
-    pub fn matrix(&self, e: usize) -> Option<QWeights> {
+    /// Matrices `first..first + count` of the stack, as a stack of their own (`None` past the
+    /// last).
+    pub fn matrices(&self, first: usize, count: usize) -> Option<QWeights> {
         let s = self.shape;
-        if e >= s.experts {
+        if first + count > s.experts {
             return None;
         }
-        let zeros = if self.zeros == 0 { 0 } else { self.zeros + (e * s.zero_words_per_matrix() * 4) as u64 };
+        let at = |base: u64, per: usize| if base == 0 { 0 } else { base + (first * per) as u64 };
         Some(QWeights {
-            shape: QShape { experts: 1, ..s },
-            words: self.words + (e * s.words_per_matrix() * 4) as u64,
-            scales: self.scales + (e * s.scales_per_matrix() * s.format.scale_bytes()) as u64,
-            zeros,
+            shape: QShape { experts: count, ..s },
+            words: at(self.words, s.words_per_matrix() * 4),
+            scales: at(self.scales, s.scales_per_matrix() * s.format.scale_bytes()),
+            zeros: at(self.zeros, s.zero_words_per_matrix() * 4),
         })
     }
 }

@@ -10,10 +10,10 @@ use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData,
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
 
-/// Rows up to which shared experts folded in are computed in the routed experts' grouped GEMM.
-/// Beyond, their row tiles (16 or 32 rows each) re-read their weights once per tile: V2-Lite's
-/// bf16 step (run 44, CUDA graphs) went from 14.79 to 15.14 ms at batch 256 folded, where batch 1
-/// gained 8% (3.52 -> 3.25 ms) and batch 64 1% (11.34 -> 11.19 ms).
+/// Rows up to which bf16 shared experts folded in are computed in the routed experts' grouped
+/// GEMM. Beyond, their row tiles (16 or 32 rows each) re-read their weights once per tile:
+/// V2-Lite's bf16 step (run 44, CUDA graphs) went from 14.79 to 15.14 ms at batch 256 folded,
+/// where batch 1 gained 8% (3.52 -> 3.25 ms) and batch 64 1% (11.34 -> 11.19 ms).
 const FOLDED_SHARED_MAX_ROWS: usize = 64;
 
 pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
@@ -70,9 +70,10 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     }
     let prefill = n * (k - s) >= 32 * (e - s);
     // Shared experts folded in run as dense GEMMs over their slots of the stack at prefill sizes
-    // (cuBLAS there beats the grouped GEMM's 64-row tiles) and beyond FOLDED_SHARED_MAX_ROWS
-    // rows; aligning only the routed experts gives their assignments no row and no weight in the
-    // combine.
+    // (cuBLAS there beats the grouped GEMM's 64-row tiles) and, in bf16, beyond
+    // FOLDED_SHARED_MAX_ROWS rows (compressed weights would be expanded per step there; their
+    // grouped kernels, bound by unpacking, lose little to re-reading a tile's weights). Aligning
+    // only the routed experts gives the shared assignments no row and no weight in the combine.
     let dense_shared = s > 0 && (prefill || n > FOLDED_SHARED_MAX_ROWS) && !matches!(ex.data, ExpertData::F32 { .. });
     let (aligned, routed_a) = if dense_shared { (e - s, n * (k - s)) } else { (e, a) };
     let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {
@@ -191,35 +192,39 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
 }
 
 /// `out += shared(x)` for the shared experts folded into the last slots of `ex`, as dense GEMMs
-/// over those slots: cuBLAS on bf16 slots, compressed slots expanded to bf16 one at a time.
+/// over those slots (compressed ones expanded to bf16 first): one GEMM for every slot's
+/// interleaved gate/up rows, SiLU-mul over the pairs, then each slot's down projection
+/// accumulated into `out`.
 fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: &CudaTensor) -> Result<()> {
-    let (n, h, i, gpu) = (x.rows, ex.hidden, ex.inter, be.gpu());
+    let (n, h, i, s, gpu) = (x.rows, ex.hidden, ex.inter, ex.shared, be.gpu());
+    let first = ex.experts - s;
+    let expanded;
+    let (wgu, wdn) = match &ex.data {
+        ExpertData::Bf16 { gate_up, down } => {
+            (ptr(gate_up) + (first * 2 * i * h * 2) as u64, ptr(down) + (first * h * i * 2) as u64)
+        }
+        ExpertData::Quant { gate_up, down } => {
+            let slots = |q: &super::quant::QuantWeight| {
+                q.view().matrices(first, s).ok_or_else(|| {
+                    EngineError::Backend(format!("{s} shared experts from slot {first}: not in the stack"))
+                })
+            };
+            let (bgu, bdn) = (be.buf::<u16>(s * 2 * i * h)?, be.buf::<u16>(s * h * i)?);
+            gpu.qdequant(&slots(gate_up)?, ptr(&bgu)).map_err(kerr)?;
+            gpu.qdequant(&slots(down)?, ptr(&bdn)).map_err(kerr)?;
+            expanded = (bgu, bdn);
+            (ptr(&expanded.0), ptr(&expanded.1))
+        }
+        ExpertData::F32 { .. } => unreachable!("reference precision folds shared experts at every size"),
+    };
     let xb = be.bf16_in(x)?;
-    let gu = be.alloc_f32(n * 2 * i)?;
-    let act = be.alloc_u16(n * i)?;
-    let y = be.alloc_f32(n * h)?;
-    for slot in ex.experts - ex.shared..ex.experts {
-        let expanded;
-        let (wgu, wdn) = match &ex.data {
-            ExpertData::Bf16 { gate_up, down } => {
-                (ptr(gate_up) + (slot * 2 * i * h * 2) as u64, ptr(down) + (slot * h * i * 2) as u64)
-            }
-            ExpertData::Quant { gate_up, down } => {
-                let missing = || EngineError::Backend(format!("shared expert slot {slot} is not in the stack"));
-                let (qgu, qdn) =
-                    (gate_up.view().matrix(slot).ok_or_else(missing)?, down.view().matrix(slot).ok_or_else(missing)?);
-                let (bgu, bdn) = (be.buf::<u16>(2 * i * h)?, be.buf::<u16>(h * i)?);
-                gpu.qdequant(&qgu, ptr(&bgu)).map_err(kerr)?;
-                gpu.qdequant(&qdn, ptr(&bdn)).map_err(kerr)?;
-                expanded = (bgu, bdn);
-                (ptr(&expanded.0), ptr(&expanded.1))
-            }
-            ExpertData::F32 { .. } => unreachable!("reference precision folds shared experts at every size"),
-        };
-        gpu.linear_bf16(xb.ptr(), wgu, ptr(&gu), n, 2 * i, h).map_err(kerr)?;
-        gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, i, true).map_err(kerr)?;
-        gpu.linear_bf16(ptr(&act), wdn, ptr(&y), n, h, i).map_err(kerr)?;
-        gpu.add(out.ptr(), ptr(&y), n * h).map_err(kerr)?;
+    let gu = be.alloc_f32(n * s * 2 * i)?;
+    let act = be.alloc_u16(n * s * i)?;
+    gpu.linear_bf16(xb.ptr(), wgu, ptr(&gu), n, s * 2 * i, h).map_err(kerr)?;
+    gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, s * i, true).map_err(kerr)?;
+    for j in 0..s {
+        let (a, w) = (ptr(&act) + (j * i * 2) as u64, wdn + (j * h * i * 2) as u64);
+        gpu.linear_bf16_acc(a, s * i, w, out.ptr(), n, h, i).map_err(kerr)?;
     }
     Ok(())
 }
