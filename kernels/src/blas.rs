@@ -145,30 +145,28 @@ impl Gpu {
 
     /// Row-major `Y[n, m] = X[n, k] W[m, k]^T` (X, W bf16; Y f32): the linear layer.
     pub fn linear_bf16(&self, x: u64, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
-        self.gemm(&Gemm {
-            trans_a: true,
-            trans_b: false,
-            m,
-            n,
-            k,
-            a: w,
-            lda: k,
-            stride_a: 0,
-            b: x,
-            ldb: k,
-            stride_b: 0,
-            c: y,
-            ldc: m,
-            stride_c: 0,
-            batch: 1,
-            beta: 0.0,
-            c_bf16: false,
-        })
+        self.linear_bf16_strided(x, k, w, y, n, m, k, 0.0)
     }
 
     /// Row-major `Y[n, m] += X[n, k] W[m, k]^T` (X, W bf16; Y f32) where X's rows lie `ldx`
     /// values apart (a column block of a wider matrix).
+    #[allow(clippy::too_many_arguments)]
     pub fn linear_bf16_acc(&self, x: u64, ldx: usize, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
+        self.linear_bf16_strided(x, ldx, w, y, n, m, k, 1.0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn linear_bf16_strided(
+        &self,
+        x: u64,
+        ldx: usize,
+        w: u64,
+        y: u64,
+        n: usize,
+        m: usize,
+        k: usize,
+        beta: f32,
+    ) -> Result<()> {
         self.gemm(&Gemm {
             trans_a: true,
             trans_b: false,
@@ -185,7 +183,7 @@ impl Gpu {
             ldc: m,
             stride_c: 0,
             batch: 1,
-            beta: 1.0,
+            beta,
             c_bf16: false,
         })
     }

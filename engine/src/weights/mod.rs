@@ -219,10 +219,10 @@ impl Checkpoint {
             ));
         }
         let group = cfg.group_size;
-        if out % 8 != 0 {
+        if !out.is_multiple_of(8) {
             return bad(format!("{out} output features are not a multiple of 8 (AWQ packs 8 per int32)"));
         }
-        if inp % group != 0 {
+        if !inp.is_multiple_of(group) {
             return bad(format!("`quantization_config.group_size` {group} does not divide the {inp} input features"));
         }
         qweight.expect_shape(&[inp, out / 8])?;

@@ -71,7 +71,7 @@ fn cut(t: &RawTensor<'_>, rows: Range<usize>, cols: Range<usize>) -> Result<Owne
 
 /// `range / unit`, failing unless both ends are multiples of `unit` (or the end is `full`).
 fn in_units(t: &RawTensor<'_>, range: &Range<usize>, full: usize, unit: usize, what: &str) -> Result<Range<usize>> {
-    let aligned = |x: usize| x % unit == 0 || x == full;
+    let aligned = |x: usize| x.is_multiple_of(unit) || x == full;
     if !aligned(range.start) || !aligned(range.end) {
         return Err(EngineError::checkpoint(
             t.path,
