@@ -121,7 +121,10 @@ impl<'a, B: Backend> Loader<'a, B> {
             })
             .collect::<Result<Vec<_>>>()?;
         let shared_prefix = format!("{p}.shared_experts");
-        let folded = self.folded_shared(&shared_prefix, &parts[0][0].src)?;
+        let folded = match parts.first() {
+            Some(e0) => self.folded_shared(&shared_prefix, &e0[0].src)?,
+            None => None,
+        };
         let n_folded = folded.as_ref().map_or(0, Vec::len);
         parts.extend(folded.into_iter().flatten());
         // Whole experts are read straight from the mapping; slices are copied out (this layer only).

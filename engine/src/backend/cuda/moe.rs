@@ -10,8 +10,8 @@ use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData,
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
 
-/// Rows up to which bf16 shared experts folded in are computed in the routed experts' grouped
-/// GEMM. Beyond, their row tiles (16 or 32 rows each) re-read their weights once per tile:
+/// Rows up to which shared experts folded in are computed in the routed experts' grouped GEMM
+/// (every format; measured on bf16). Beyond, their row tiles (16 or 32 rows each) re-read their weights once per tile:
 /// V2-Lite's bf16 step (run 44, CUDA graphs) went from 14.79 to 15.14 ms at batch 256 folded,
 /// where batch 1 gained 8% (3.52 -> 3.25 ms) and batch 64 1% (11.34 -> 11.19 ms).
 const FOLDED_SHARED_MAX_ROWS: usize = 64;
@@ -70,10 +70,9 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     }
     let prefill = n * (k - s) >= 32 * (e - s);
     // Shared experts folded in run as dense GEMMs over their slots of the stack at prefill sizes
-    // (cuBLAS there beats the grouped GEMM's 64-row tiles) and, in bf16, beyond
-    // FOLDED_SHARED_MAX_ROWS rows (compressed weights would be expanded per step there; their
-    // grouped kernels, bound by unpacking, lose little to re-reading a tile's weights). Aligning
-    // only the routed experts gives the shared assignments no row and no weight in the combine.
+    // (cuBLAS there beats the grouped GEMM's 64-row tiles) and beyond FOLDED_SHARED_MAX_ROWS
+    // rows (compressed slots are then expanded to bf16 per call). Aligning only the routed
+    // experts gives the shared assignments no row and no weight in the combine.
     let dense_shared = s > 0 && (prefill || n > FOLDED_SHARED_MAX_ROWS) && !matches!(ex.data, ExpertData::F32 { .. });
     let (aligned, routed_a) = if dense_shared { (e - s, n * (k - s)) } else { (e, a) };
     let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {

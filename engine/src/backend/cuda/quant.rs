@@ -212,11 +212,12 @@ pub(super) fn upload(
                 gpu.sync().map_err(kerr)?;
                 blocks = Some(Box::new(dev));
             }
-            let e = c * 16 + i;
-            gpu.htod(&p.words, ptr(&words) + (e * shape.words_per_matrix() * 4) as u64).map_err(kerr)?;
-            gpu.htod(&p.scales, ptr(&scales) + (e * p.scales.len()) as u64).map_err(kerr)?;
+            let stack = QWeights { shape, words: ptr(&words), scales: ptr(&scales), zeros: ptr(&zeros) };
+            let dst = stack.matrices(c * 16 + i, 1).expect("a matrix of the stack");
+            gpu.htod(&p.words, dst.words).map_err(kerr)?;
+            gpu.htod(&p.scales, dst.scales).map_err(kerr)?;
             if !p.zeros.is_empty() {
-                gpu.htod(&p.zeros, ptr(&zeros) + (e * shape.zero_words_per_matrix() * 4) as u64).map_err(kerr)?;
+                gpu.htod(&p.zeros, dst.zeros).map_err(kerr)?;
             }
         }
         // The host buffers above must outlive their asynchronous copies.
