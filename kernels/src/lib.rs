@@ -48,6 +48,8 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
             "write_kv_f32",
             "kv_gather_f32",
             "kv_scatter_f32",
+            "mla_prologue_bf16",
+            "mla_prologue_f32",
         ],
     ),
     (
@@ -58,6 +60,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ("mla_decode", include_str!("cu/mla_decode.cu"), ops::MLA3_KERNELS),
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash"]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
+    ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
     ("qdecode", include_str!("cu/qdecode.cu"), ops::QDECODE_KERNELS),
     (

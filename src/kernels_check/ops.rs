@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use anyhow::Result;
-use cleave_engine::backend::cpu::{CpuBackend, CpuTensor, CpuWeight};
-use cleave_engine::backend::cuda::{CudaBackend, CudaTensor, CudaWeight, MlaDecode, Variants};
+use cleave_engine::backend::cpu::{CpuBackend, CpuTensor};
+use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -282,158 +282,6 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    pub fn linear(&mut self) -> Result<()> {
-        let shapes: &[(usize, usize, usize)] = if self.quick {
-            &[(5, 48, 72), (64, 3072, 2048)]
-        } else {
-            &[
-                (1, 3072, 2048),
-                (64, 3072, 2048),
-                (256, 21888, 2048),
-                (4096, 3072, 2048),
-                (4096, 2048, 10944),
-                (8192, 8192, 8192),
-            ]
-        };
-        // The router gate (by its checkpoint name) runs in f32: tolerance 1e-3.
-        let router: &[(usize, usize, usize)] =
-            if self.quick { &[(7, 12, 72)] } else { &[(64, 64, 2048), (4096, 256, 7168)] };
-        for (i, &(n, m, k)) in shapes.iter().chain(router).enumerate() {
-            let gate = i >= shapes.len();
-            let name = if gate { "model.layers.1.mlp.gate.weight" } else { "random" };
-            let wv = self.rng.vec(m * k, (3.0 / k as f32).sqrt());
-            let (wb, _) = bf16_bytes(&wv);
-            let shape = [m, k];
-            let wc = self.cpu.load_linear(&[named(name, &wb, &shape)])?;
-            let wg = self.cu.load_linear(&[named(name, &wb, &shape)])?;
-            let (err, us, check) = self.compare_linear(&wc, &wg, n, k, m)?;
-            let bytes = (m * k * 2 + n * k * 6 + n * m * 4) as f64;
-            let flops = 2.0 * (n * m * k) as f64;
-            let ceil = if n >= 1024 { Ceiling::Tc } else { Ceiling::Mem };
-            let note = if check < n { format!(" ({check} rows checked)") } else { String::new() };
-            let (op, tol) = if gate { ("linear f32 (router)", 1e-3) } else { ("linear bf16", 1e-2) };
-            self.push(op, format!("{n} x {k} -> {m}{note}"), err, tol, us, bytes, flops, ceil);
-        }
-        self.shadows()
-    }
-
-    /// `linear` on `rows` random rows of `k` inputs into `n` outputs, CUDA against the CPU: the
-    /// relative error (over the first 64 rows at most, the rows checked), and the median time.
-    pub(super) fn compare_linear(
-        &mut self,
-        wc: &CpuWeight,
-        wg: &CudaWeight,
-        rows: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<(f64, f64, usize)> {
-        let x = self.rng.vec(rows * k, 1.0);
-        let xg = self.cu.upload(&x, rows, k)?;
-        let got = self.cu.download(&self.cu.linear(&xg, wg)?)?;
-        let check = rows.min(64);
-        let xc = self.cpu.upload(&x[..check * k], check, k)?;
-        let want = self.cpu.linear(&xc, wc)?;
-        let err = rel_err(&got[..check * n], &want.data);
-        let us = self.time(|| self.cu.linear(&xg, wg).map(drop))?;
-        Ok((err, us, check))
-    }
-
-    /// 0 when `t`'s bf16 shadow holds exactly its f32 values rounded to bf16 (at f32 precision:
-    /// when it has none); else the fraction of values that differ, infinite when it is missing.
-    fn shadow_err(&self, t: &CudaTensor) -> Result<f64> {
-        let sh = self.cu.download_bf16_shadow(t)?;
-        if self.precise {
-            return Ok(if sh.is_none() { 0.0 } else { f64::INFINITY });
-        }
-        let Some(sh) = sh else {
-            return Ok(f64::INFINITY);
-        };
-        let (want, _) = bf16_bytes(&self.cu.download(t)?);
-        let bad = sh.iter().zip(want.chunks(2)).filter(|(s, w)| s.to_le_bytes() != [w[0], w[1]]).count();
-        Ok(bad as f64 / sh.len().max(1) as f64)
-    }
-
-    /// A copy of `t`'s values without a shadow.
-    fn plain(&self, t: &CudaTensor) -> Result<CudaTensor> {
-        let (r, c) = self.cu.dims(t);
-        Ok(self.cu.upload(&self.cu.download(t)?, r, c)?)
-    }
-
-    /// Relative difference of `linear` over `t` (through its shadow, if any) and over its plain copy.
-    fn linear_same(&self, t: &CudaTensor, w: &CudaWeight) -> Result<f64> {
-        let a = self.cu.download(&self.cu.linear(t, w)?)?;
-        let b = self.cu.download(&self.cu.linear(&self.plain(t)?, w)?)?;
-        Ok(rel_err(&a, &b))
-    }
-
-    fn push_check(&mut self, op: &str, shape: String, err: f64) {
-        self.push(op, shape, err, 1e-6, f64::NAN, 0.0, 0.0, Ceiling::None);
-    }
-
-    /// The fused bf16 copies of RMSNorm / add-RMSNorm / SiLU-mul outputs ("shadows", bf16
-    /// precision only): bit-equal to casting the f32 output (pass-through tail included), GEMMs
-    /// over them equal to GEMMs over the same values without one, and dropped by every in-place
-    /// change (rope, add_assign, add_rms_norm's residual).
-    fn shadows(&mut self) -> Result<()> {
-        let n = if self.quick { 5 } else { 64 };
-        let gone = |has: bool| if has { f64::INFINITY } else { 0.0 };
-        let (cols, wc, m) = (576, 512, 320);
-        let x = self.rng.vec(n * cols, 2.0);
-        let w: Vec<f32> = (0..cols).map(|_| 0.5 + self.rng.unit()).collect();
-        let xg = self.cu.upload(&x, n, cols)?;
-        let (wg, wfull) = (self.cu.upload(&w[..wc], 1, wc)?, self.cu.upload(&w, 1, cols)?);
-        let (lb, _) = bf16_bytes(&self.rng.vec(m * cols, (3.0 / cols as f32).sqrt()));
-        let lshape = [m, cols];
-        let lw = self.cu.load_linear(&[source(&lb, &lshape)])?;
-        let y = self.cu.rms_norm(&xg, &wg, 1e-6)?;
-        let err = self.shadow_err(&y)?.max(self.linear_same(&y, &lw)?);
-        self.push_check("bf16 shadow: rms_norm -> linear", format!("{n} x {cols} (norm {wc}) -> {m}"), err);
-        // in-place changes drop the shadow (a stale one would make the linears differ)
-        let mut t = self.cu.rms_norm(&xg, &wg, 1e-6)?;
-        let cs = self.cu.upload(&self.rng.vec(16 * 64, 1.0), 16, 64)?;
-        let pos: Vec<u32> = (0..n).map(|i| (i % 16) as u32).collect();
-        self.cu.rope(&mut t, &cs, &pos, 1, wc, 0, 64, true)?;
-        let err = gone(t.has_bf16()).max(self.linear_same(&t, &lw)?);
-        self.push_check("bf16 shadow: dropped by rope", format!("{n} x {cols}"), err);
-        let mut t = self.cu.rms_norm(&xg, &wg, 1e-6)?;
-        let b = self.cu.upload(&self.rng.vec(n * cols, 1.0), n, cols)?;
-        self.cu.add_assign(&mut t, &b)?;
-        let err = gone(t.has_bf16()).max(self.linear_same(&t, &lw)?);
-        self.push_check("bf16 shadow: dropped by add_assign", format!("{n} x {cols}"), err);
-        // add_rms_norm: the output has one, the residual (changed in place) loses its own
-        let mut res = self.cu.rms_norm(&xg, &wg, 1e-6)?;
-        let y = self.cu.add_rms_norm(&mut res, &b, &wfull, 1e-6)?;
-        let err = self
-            .shadow_err(&y)?
-            .max(gone(res.has_bf16()))
-            .max(self.linear_same(&y, &lw)?)
-            .max(self.linear_same(&res, &lw)?);
-        self.push_check("bf16 shadow: add_rms_norm -> linear", format!("{n} x {cols} -> {m}"), err);
-        // silu_mul -> linear (the dense MLP's down projection)
-        let i = if self.quick { 40 } else { 1408 };
-        let xs = self.cu.upload(&self.rng.vec(n * 2 * i, 3.0), n, 2 * i)?;
-        let (db, _) = bf16_bytes(&self.rng.vec(m * i, (3.0 / i as f32).sqrt()));
-        let dshape = [m, i];
-        let dw = self.cu.load_linear(&[source(&db, &dshape)])?;
-        let y = self.cu.silu_mul(&xs)?;
-        let err = self.shadow_err(&y)?.max(self.linear_same(&y, &dw)?);
-        self.push_check("bf16 shadow: silu_mul -> linear", format!("{n} x 2*{i} -> {m}"), err);
-        // the routed experts read the shadow of their (normed) input too
-        let (e, h, i, k) = (8, 64, 40, 3);
-        let eg = self.cu.load_experts(&RandomExperts::new(&mut self.rng, e, h, i).sources(), 0, 0)?;
-        let ids: Vec<u32> = (0..n * k).map(|j| ((j * 5 + j / k) % e) as u32).collect();
-        let wts: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
-        let rg = self.cu.routing_from_host(&ids, &wts, k)?;
-        let xh = self.cu.upload(&self.rng.vec(n * h, 2.0), n, h)?;
-        let wh = self.cu.upload(&w[..h], 1, h)?;
-        let y = self.cu.rms_norm(&xh, &wh, 1e-6)?;
-        let a = self.cu.download(&self.cu.moe_experts(&y, &rg, &eg)?)?;
-        let b = self.cu.download(&self.cu.moe_experts(&self.plain(&y)?, &rg, &eg)?)?;
-        let err = self.shadow_err(&y)?.max(rel_err(&a, &b));
-        self.push_check("bf16 shadow: rms_norm -> moe_experts", format!("{n} x {h}, {e} experts, top {k}"), err);
-        Ok(())
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn attention_case(
         &mut self,
@@ -544,7 +392,8 @@ impl Ctx<'_> {
         }
         alts.push((" v2".into(), Variants { mla: MlaDecode::V2, ..def }));
         alts.push((" v1".into(), Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));
-        self.each_variant(&format!(" {}", def.mla), &alts, Self::attention_all)
+        self.each_variant(&format!(" {}", def.mla), &alts, Self::attention_all)?;
+        self.mla_prologue()
     }
 
     /// Runs `check` under the default kernels (rows tagged `default_tag`), then, unless checking

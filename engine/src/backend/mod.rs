@@ -41,6 +41,44 @@ pub struct MlaDims {
     pub scale: f32,
 }
 
+/// The rotary angles of one step: the `[max_pos, rope]` table (`rope/2` cosines then `rope/2`
+/// sines per position), each row's position, and whether rotated pairs are interleaved.
+pub struct Rotary<'a, T> {
+    pub cos_sin: &'a T,
+    pub positions: &'a [u32],
+    pub interleaved: bool,
+}
+
+// By hand: a derive would ask `T: Copy`.
+impl<T> Clone for Rotary<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Rotary<'_, T> {}
+
+/// MLA's step between the projections and attention, as separate ops: what
+/// [`Backend::mla_prologue`] does unless a backend fuses it.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_prologue_ops<B: Backend + ?Sized>(
+    be: &B,
+    q: &mut B::Tensor,
+    kv: &B::Tensor,
+    norm: &B::Tensor,
+    eps: f32,
+    rot: Rotary<'_, B::Tensor>,
+    cache: &mut B::KvCache,
+    layer: usize,
+    slots: &[u32],
+    d: MlaDims,
+) -> Result<()> {
+    let (cs, pos, il) = (rot.cos_sin, rot.positions, rot.interleaved);
+    be.rope(q, cs, pos, d.heads, d.nope, d.nope + d.rope, d.rope, il)?;
+    let mut latent = be.rms_norm(kv, norm, eps)?;
+    be.rope(&mut latent, cs, pos, 1, d.kv_lora, 0, d.rope, il)?;
+    be.write_kv(cache, layer, &latent, slots)
+}
+
 /// Static router parameters for `noaux_tc` group-limited routing.
 #[derive(Debug, Clone, Copy)]
 pub struct RouterParams {
@@ -158,6 +196,17 @@ pub trait Backend {
     ) -> Result<Self::Tensor>;
     /// `x @ W^T`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
+    /// `(linear(x, a), linear(x, b))`: two projections of one input (MLA's q and kv_a), which a
+    /// backend may compute in one pass.
+    fn linear_pair(
+        &self,
+        x: &Self::Tensor,
+        a: &Self::Weight,
+        b: &Self::Weight,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        Ok((self.linear(x, a)?, self.linear(x, b)?))
+    }
+
     /// `[n, 2i] -> [n, i]`: `silu(x[:, :i]) * x[:, i:]`.
     fn silu_mul(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
     /// `a += b`.
@@ -184,6 +233,26 @@ pub trait Backend {
     /// Writes each row of `latent` `[n, width]` into cache slot `slots[i]` (block * block_size +
     /// offset) of `layer`; rows whose slot is [`NO_SLOT`] are not written.
     fn write_kv(&self, cache: &mut Self::KvCache, layer: usize, latent: &Self::Tensor, slots: &[u32]) -> Result<()>;
+    /// MLA's step between the projections and attention: RoPE on the rope columns of each of
+    /// `q`'s heads (`[n, heads * (nope + rope)]`), and `kv` (kv_a's output, `[n, kv_lora +
+    /// rope]`) RMS-normalized by `norm` over its first `kv_lora` columns, its rope key rotated,
+    /// written into `layer` of the cache at `slots` ([`Backend::write_kv`]'s rules).
+    #[allow(clippy::too_many_arguments)]
+    fn mla_prologue(
+        &self,
+        q: &mut Self::Tensor,
+        kv: &Self::Tensor,
+        norm: &Self::Tensor,
+        eps: f32,
+        rot: Rotary<'_, Self::Tensor>,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        slots: &[u32],
+        dims: MlaDims,
+    ) -> Result<()> {
+        mla_prologue_ops(self, q, kv, norm, eps, rot, cache, layer, slots, dims)
+    }
+
     /// Causal MLA attention of `q` `[n, heads * (nope + rope)]` over the cached latents of `layer`,
     /// with `kv_b` `[heads * (nope + v), kv_lora]` expanding latents to keys and values.
     /// Returns `[n, heads * v]`.

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::config::ModelConfig;
 use super::load::Loader;
 use super::rope::cos_sin_table;
-use crate::backend::{AttnBatch, Backend, MlaDims, RouterParams};
+use crate::backend::{AttnBatch, Backend, MlaDims, Rotary, RouterParams};
 use crate::error::{EngineError, Result};
 use crate::parallel::{Axis, Collectives, RankCoord};
 use crate::weights::Checkpoint;
@@ -227,15 +227,15 @@ impl<B: Backend> Model<B> {
     ) -> Result<B::Tensor> {
         let (c, input) = (&self.cfg, step.input);
         let d = self.dims;
-        let mut q = match &a.q {
-            QProj::Lora { a: qa, norm, b } => be.linear(&be.rms_norm(&be.linear(x, qa)?, norm, c.rms_norm_eps)?, b)?,
-            QProj::Plain(w) => be.linear(x, w)?,
+        let (mut q, kv) = match &a.q {
+            QProj::Lora { a: qa, norm, b } => {
+                let (q_lat, kv) = be.linear_pair(x, qa, &a.kv_a)?;
+                (be.linear(&be.rms_norm(&q_lat, norm, c.rms_norm_eps)?, b)?, kv)
+            }
+            QProj::Plain(w) => be.linear_pair(x, w, &a.kv_a)?,
         };
-        let qk = d.nope + d.rope;
-        be.rope(&mut q, &self.cos_sin, &input.positions, d.heads, d.nope, qk, d.rope, c.rope_interleave)?;
-        let mut latent = be.rms_norm(&be.linear(x, &a.kv_a)?, &a.kv_a_norm, c.rms_norm_eps)?;
-        be.rope(&mut latent, &self.cos_sin, &input.positions, 1, d.kv_lora, 0, d.rope, c.rope_interleave)?;
-        be.write_kv(cache, layer, &latent, &input.slots)?;
+        let rot = Rotary { cos_sin: &self.cos_sin, positions: &input.positions, interleaved: c.rope_interleave };
+        be.mla_prologue(&mut q, &kv, &a.kv_a_norm, c.rms_norm_eps, rot, cache, layer, &input.slots, d)?;
         let o = be.mla_attention(&q, cache, layer, &a.kv_b, &input.attn, d)?;
         let mut y = be.linear(&o, &a.o)?;
         step.reduce(be, Axis::Tp, &mut y)?;

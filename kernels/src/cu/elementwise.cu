@@ -209,3 +209,59 @@ extern "C" __global__ void kv_scatter_f32(const float* in, const u32* blocks, fl
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x)
         cache[(u64)blocks[i / per_block] * per_block + i % per_block] = in[i];
 }
+
+// MLA's step between the projections and attention, one block per token (replaces rope_f32 on q,
+// rms_norm_f32, rope_f32 on the latent and write_kv, with their arithmetic): RoPE in place on the
+// `rope` columns at qoff + h * qstride of each of q's `heads`; the latent row (`lora` values, then
+// the shared rope key) RMS-normalized by `w` over its first `lora` columns, its key rotated, and
+// written to the cache at the token's slot (nothing for NO_SLOT). With `qb` non-null, also
+// writes q's rotated row as bf16 there (the absorbed attention's GEMM operand).
+template <typename T>
+__device__ __forceinline__ void mla_prologue(float* q, bf16_t* qb, int qcols, int heads, int qoff, int qstride, const float* kv,
+                                             const float* w, float eps, const float* cos_sin, const u32* pos,
+                                             const u32* slots, T* cache, int lora, int rope, int layers, int layer,
+                                             int bs, int interleaved) {
+    const int r = blockIdx.x, t = threadIdx.x, half = rope / 2, width = lora + rope;
+    const float* cs = cos_sin + (u64)pos[r] * rope;
+    float* qr = q + (u64)r * qcols + qoff;
+    for (int i = t; i < heads * half; i += blockDim.x) {
+        const int h = i / half, p = i % half;
+        const int a = interleaved ? 2 * p : p, b = interleaved ? 2 * p + 1 : p + half;
+        float* v = qr + (u64)h * qstride;
+        const float c = cs[p], s = cs[half + p], x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x1 * c + x0 * s;
+    }
+    if (qb) {
+        __syncthreads();
+        const float* qrow = q + (u64)r * qcols;
+        bf16_t* brow = qb + (u64)r * qcols;
+        for (int c = t; c < qcols; c += blockDim.x) brow[c] = f2bf(qrow[c]);
+    }
+    const float* kr = kv + (u64)r * width;
+    float ss = 0.f;
+    for (int c = t; c < lora; c += blockDim.x) ss += kr[c] * kr[c];
+    ss = block_sum(ss);
+    const u32 slot = slots[r];
+    if (slot == NO_SLOT) return;  // a padding row of a captured step
+    const float inv = 1.0f / sqrtf(ss / (float)lora + eps);
+    T* dst = cache + (((u64)(slot / bs) * layers + layer) * bs + slot % bs) * width;
+    for (int c = t; c < lora; c += blockDim.x) store_as(&dst[c], kr[c] * inv * w[c]);
+    for (int p = t; p < half; p += blockDim.x) {
+        const int a = interleaved ? 2 * p : p, b = interleaved ? 2 * p + 1 : p + half;
+        const float c = cs[p], s = cs[half + p], x0 = kr[lora + a], x1 = kr[lora + b];
+        store_as(&dst[lora + a], x0 * c - x1 * s);
+        store_as(&dst[lora + b], x1 * c + x0 * s);
+    }
+}
+
+#define MLA_PROLOGUE(NAME, T)                                                                                        \
+    extern "C" __global__ void NAME(float* q, bf16_t* qb, int qcols, int heads, int qoff, int qstride,               \
+                                    const float* kv, const float* w, float eps, const float* cos_sin, const u32* pos, \
+                                    const u32* slots, T* cache, int lora, int rope, int layers, int layer, int bs,   \
+                                    int interleaved) {                                                               \
+        mla_prologue(q, qb, qcols, heads, qoff, qstride, kv, w, eps, cos_sin, pos, slots, cache, lora, rope, layers, \
+                     layer, bs, interleaved);                                                                        \
+    }
+MLA_PROLOGUE(mla_prologue_bf16, bf16_t)
+MLA_PROLOGUE(mla_prologue_f32, float)

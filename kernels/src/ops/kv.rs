@@ -3,12 +3,76 @@
 
 use crate::{Arg, Gpu, Result};
 
-use Arg::{Ptr, I32, U64};
+use Arg::{Ptr, F32, I32, U64};
 
 /// A cache slot that [`Gpu::write_kv`] skips: the padding rows of a captured decode step.
 pub const NO_SLOT: u32 = u32::MAX;
 
+/// One [`Gpu::mla_prologue`]: device addresses and shapes.
+#[derive(Debug, Clone, Copy)]
+pub struct MlaPrologue {
+    pub rows: usize,
+    /// `[rows, q_cols]` f32, rotated in place: `heads` heads of `nope + rope` columns.
+    pub q: u64,
+    /// Where the rotated q is also written as bf16 (0: not written).
+    pub q_bf16: u64,
+    pub q_cols: usize,
+    pub heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    /// `[rows, lora + rope]` f32: kv_a's output.
+    pub kv: u64,
+    pub lora: usize,
+    /// `lora` f32 RMSNorm weights.
+    pub norm: u64,
+    pub eps: f32,
+    /// `[max_pos, rope]` f32 and each row's position (u32).
+    pub cos_sin: u64,
+    pub positions: u64,
+    pub interleaved: bool,
+    /// Each row's cache slot (u32, [`NO_SLOT`] to skip) and the cache (`f32_cache`: f32, else
+    /// bf16) of `layers` layers in blocks of `block_size`.
+    pub slots: u64,
+    pub cache: u64,
+    pub f32_cache: bool,
+    pub layers: usize,
+    pub layer: usize,
+    pub block_size: usize,
+}
+
 impl Gpu {
+    /// RoPE on q's rope columns, and kv_a's output RMS-normalized, its key rotated and written
+    /// into the cache: one block per row.
+    ///
+    /// # Safety
+    /// Every address is a live device allocation of this context holding what [`MlaPrologue`]
+    /// describes; positions index `cos_sin`, slots lie in the cache (or are [`NO_SLOT`]).
+    pub unsafe fn mla_prologue(&self, m: &MlaPrologue) -> Result<()> {
+        let args = [
+            Ptr(m.q),
+            Ptr(m.q_bf16),
+            I32(m.q_cols as i32),
+            I32(m.heads as i32),
+            I32(m.nope as i32),
+            I32((m.nope + m.rope) as i32),
+            Ptr(m.kv),
+            Ptr(m.norm),
+            F32(m.eps),
+            Ptr(m.cos_sin),
+            Ptr(m.positions),
+            Ptr(m.slots),
+            Ptr(m.cache),
+            I32(m.lora as i32),
+            I32(m.rope as i32),
+            I32(m.layers as i32),
+            I32(m.layer as i32),
+            I32(m.block_size as i32),
+            I32(m.interleaved as i32),
+        ];
+        let name = if m.f32_cache { "mla_prologue_f32" } else { "mla_prologue_bf16" };
+        self.launch_rows(name, m.rows, 256, &args)
+    }
+
     pub fn kv_export(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
         self.kv_blocks("kv_export_f32", cache, blocks, out, nb, per_block)
     }

@@ -10,8 +10,10 @@ use crate::{Arg, Gpu, Result};
 
 mod attention;
 mod elementwise;
+mod gemv;
+pub use gemv::{GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS};
 mod kv;
-pub use kv::NO_SLOT;
+pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
 pub use mla::{MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
 mod moe;

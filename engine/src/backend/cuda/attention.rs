@@ -8,12 +8,80 @@
 //! backend's function; f32 precision runs the reference kernel.
 
 use cleave_kernels::blas::Gemm;
-use cleave_kernels::ops::MlaLaunch;
+use cleave_kernels::ops::{MlaLaunch, MlaPrologue};
 use cleave_kernels::{ptr, Gpu};
 
-use super::{kerr, CudaBackend, CudaKvCache, CudaTensor, CudaWeight, EXPAND_MIN_ROWS};
-use crate::backend::{AttnBatch, AttnSeq, MlaDims};
+use super::{
+    check_positions, check_slots, kerr, CudaBackend, CudaKvCache, CudaTensor, CudaWeight, Precision, EXPAND_MIN_ROWS,
+};
+use crate::backend::{AttnBatch, AttnSeq, MlaDims, Rotary};
 use crate::error::{EngineError, Result};
+
+/// [`crate::backend::Backend::mla_prologue`] as one kernel (`mla_prologue_*`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn prologue(
+    be: &CudaBackend,
+    q: &mut CudaTensor,
+    kv: &CudaTensor,
+    norm: &CudaTensor,
+    eps: f32,
+    rot: Rotary<'_, CudaTensor>,
+    cache: &mut CudaKvCache,
+    layer: usize,
+    slots: &[u32],
+    d: MlaDims,
+) -> Result<()> {
+    check_positions(q.rows, rot.cos_sin, rot.positions)?;
+    check_slots(cache, layer, kv, slots)?;
+    if q.rows != kv.rows
+        || q.cols < d.heads * (d.nope + d.rope)
+        || norm.len() != d.kv_lora
+        || rot.cos_sin.cols != d.rope
+        || cache.layout.width != d.kv_lora + d.rope
+    {
+        return Err(EngineError::Backend(format!(
+            "mla_prologue: q {}x{}, kv {}x{}, norm {} disagree with {d:?} or the rotary table",
+            q.rows,
+            q.cols,
+            kv.rows,
+            kv.cols,
+            norm.len()
+        )));
+    }
+    if q.rows == 0 {
+        return Ok(());
+    }
+    let l = cache.layout;
+    let q_bf16 = if be.precision == Precision::Bf16 { Some(be.alloc_u16(q.len())?) } else { None };
+    let m = MlaPrologue {
+        rows: q.rows,
+        q: q.ptr_mut(),
+        q_bf16: q_bf16.as_ref().map_or(0, |b| ptr(b)),
+        q_cols: q.cols,
+        heads: d.heads,
+        nope: d.nope,
+        rope: d.rope,
+        kv: kv.ptr(),
+        lora: d.kv_lora,
+        norm: norm.ptr(),
+        eps,
+        cos_sin: rot.cos_sin.ptr(),
+        positions: be.upload_u32("positions", rot.positions)?,
+        interleaved: rot.interleaved,
+        slots: be.upload_u32("slots", slots)?,
+        cache: cache.base(),
+        f32_cache: cache.f32.is_some(),
+        layers: l.layers,
+        layer,
+        block_size: l.block_size,
+    };
+    // SAFETY: q, kv, norm and the table are this backend's tensors of the shapes checked above,
+    // positions index the table, slots lie in the cache (or are NO_SLOT), layer < layers.
+    unsafe { be.gpu.mla_prologue(&m) }.map_err(kerr)?;
+    // Set after the in-place change (ptr_mut dropped the old one): the rotated values.
+    q.bf16 = q_bf16;
+    Ok(())
+}
 
 #[allow(clippy::too_many_arguments)]
 fn gemm(
@@ -122,7 +190,8 @@ pub(super) fn mla_attention(
         .bf16_ptr()
         .ok_or_else(|| EngineError::Backend("mla_attention: kv_b_proj must be loaded as bf16 or f32".into()))?;
     Gpu::mla_supported(l, d.rope).map_err(kerr)?;
-    let q_bf = be.to_bf16(q)?;
+    // The prologue's bf16 copy of the rotated q when it wrote one.
+    let q_bf = be.bf16_in(q)?;
     if absorbed_rows > 0 {
         let q_lat = be.alloc_f32(rows * heads * l)?;
         let a = (d.nope + d.v) * l;
@@ -134,7 +203,7 @@ pub(super) fn mla_attention(
             l,
             a,
             false,
-            ptr(&q_bf),
+            q_bf.ptr(),
             heads * qk,
             qk,
             false,
@@ -186,7 +255,7 @@ pub(super) fn mla_attention(
     }
     for s in batch.seqs.iter().filter(|s| expand(s)) {
         let tab = tables + 4 * meta[rows + s.q_start] as u64;
-        expanded(be, &q_bf, cache, layer, kv_b, s, d, tab, &out)?;
+        expanded(be, q_bf.ptr(), cache, layer, kv_b, s, d, tab, &out)?;
     }
     Ok(out)
 }
@@ -221,7 +290,7 @@ pub(super) fn absorbed_meta(
 #[allow(clippy::too_many_arguments)]
 fn expanded(
     be: &CudaBackend,
-    q_bf: &cleave_kernels::cudarc::driver::CudaSlice<u16>,
+    q_bf: u64,
     cache: &CudaKvCache,
     layer: usize,
     kv_b: u64,
@@ -243,7 +312,7 @@ fn expanded(
     gpu.gemm(&g).map_err(kerr)?;
     let (q0, o0) = (s.q_start * heads * qk * 2, s.q_start * heads * d.v * 4);
     gpu.mla_prefill_flash(
-        ptr(q_bf) + q0 as u64,
+        q_bf + q0 as u64,
         heads * qk,
         ptr(&kv),
         heads * kvw,

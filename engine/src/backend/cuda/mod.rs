@@ -31,11 +31,13 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use cleave_kernels::ops::{GemvOut, GemvWeight};
 pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
 use super::{
-    AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, RouterParams, SampleRow, StepIndices, NO_SLOT,
+    mla_prologue_ops, AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, Rotary, RouterParams,
+    SampleRow, StepIndices, NO_SLOT,
 };
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
@@ -421,6 +423,9 @@ impl Backend for CudaBackend {
         if x.rows == 0 {
             return Ok(y);
         }
+        if self.gemv(x, &[(w, &y)])? {
+            return Ok(y);
+        }
         match &w.data {
             WeightData::F32(w32) => {
                 self.gpu.linear_f32(x.ptr(), ptr(w32), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?
@@ -432,6 +437,16 @@ impl Backend for CudaBackend {
             WeightData::Quant(q) => self.linear_quant(x, q, &y)?,
         }
         Ok(y)
+    }
+
+    fn linear_pair(&self, x: &CudaTensor, a: &CudaWeight, b: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
+        if x.cols == a.inp && x.cols == b.inp && x.rows > 0 {
+            let (ya, yb) = (self.tensor(x.rows, a.out)?, self.tensor(x.rows, b.out)?);
+            if self.gemv(x, &[(a, &ya), (b, &yb)])? {
+                return Ok((ya, yb));
+            }
+        }
+        Ok((self.linear(x, a)?, self.linear(x, b)?))
     }
 
     fn silu_mul(&self, x: &CudaTensor) -> Result<CudaTensor> {
@@ -469,15 +484,7 @@ impl Backend for CudaBackend {
         rope: usize,
         interleaved: bool,
     ) -> Result<()> {
-        if positions.len() != x.rows {
-            return Err(EngineError::Backend(format!("rope: {} positions for {} rows", positions.len(), x.rows)));
-        }
-        if let Some(&p) = positions.iter().find(|&&p| p as usize >= cos_sin.rows) {
-            return Err(EngineError::InvalidRequest(format!(
-                "position {p} is beyond the rotary table of {}",
-                cos_sin.rows
-            )));
-        }
+        check_positions(x.rows, cos_sin, positions)?;
         if heads > 0 && offset + (heads - 1) * stride + rope > x.cols {
             return Err(EngineError::Backend("rope: rotated columns run past the row".into()));
         }
@@ -490,12 +497,7 @@ impl Backend for CudaBackend {
 
     fn write_kv(&self, cache: &mut CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[u32]) -> Result<()> {
         let l = cache.layout;
-        if latent.cols != l.width || slots.len() != latent.rows || layer >= l.layers {
-            return Err(EngineError::Backend("write_kv: latent shape, slots or layer disagree with the cache".into()));
-        }
-        if let Some(&s) = slots.iter().find(|&&s| s != NO_SLOT && s as usize >= l.num_blocks * l.block_size) {
-            return Err(EngineError::Backend(format!("write_kv: slot {s} outside the cache")));
-        }
+        check_slots(cache, layer, latent, slots)?;
         let sp = self.upload_u32("slots", slots)?;
         self.gpu
             .write_kv(
@@ -510,6 +512,24 @@ impl Backend for CudaBackend {
                 l.block_size,
             )
             .map_err(kerr)
+    }
+
+    fn mla_prologue(
+        &self,
+        q: &mut CudaTensor,
+        kv: &CudaTensor,
+        norm: &CudaTensor,
+        eps: f32,
+        rot: Rotary<'_, CudaTensor>,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        slots: &[u32],
+        dims: MlaDims,
+    ) -> Result<()> {
+        if !self.variants().fused_prologue {
+            return mla_prologue_ops(self, q, kv, norm, eps, rot, cache, layer, slots, dims);
+        }
+        attention::prologue(self, q, kv, norm, eps, rot, cache, layer, slots, dims)
     }
 
     fn mla_attention(
@@ -562,5 +582,61 @@ impl Backend for CudaBackend {
 
     fn replay(&self, g: &CudaGraph) -> Result<()> {
         graph::replay(self, g)
+    }
+}
+
+/// Rows' positions must index the rotary table.
+fn check_positions(rows: usize, cos_sin: &CudaTensor, positions: &[u32]) -> Result<()> {
+    if positions.len() != rows {
+        return Err(EngineError::Backend(format!("rope: {} positions for {rows} rows", positions.len())));
+    }
+    if let Some(&p) = positions.iter().find(|&&p| p as usize >= cos_sin.rows) {
+        return Err(EngineError::InvalidRequest(format!(
+            "position {p} is beyond the rotary table of {}",
+            cos_sin.rows
+        )));
+    }
+    Ok(())
+}
+
+/// `latent`'s rows must fit the cache's width, one slot each, inside the cache (or [`NO_SLOT`]).
+fn check_slots(cache: &CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[u32]) -> Result<()> {
+    let l = cache.layout;
+    if latent.cols != l.width || slots.len() != latent.rows || layer >= l.layers {
+        return Err(EngineError::Backend("write_kv: latent shape, slots or layer disagree with the cache".into()));
+    }
+    if let Some(&s) = slots.iter().find(|&&s| s != NO_SLOT && s as usize >= l.num_blocks * l.block_size) {
+        return Err(EngineError::Backend(format!("write_kv: slot {s} outside the cache")));
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    /// `y = linear(x, w)` for each `(w, y)` as one GEMV launch, when the variants pick the GEMV
+    /// for `x`'s rows and it takes them (one weight type, uncompressed, aligned): false, with
+    /// nothing launched, otherwise.
+    fn gemv(&self, x: &CudaTensor, outs: &[(&CudaWeight, &CudaTensor)]) -> Result<bool> {
+        let xb = x.bf16_ptr().unwrap_or(0);
+        let mut parts = Vec::with_capacity(outs.len());
+        for (w, y) in outs {
+            let g = match &w.data {
+                WeightData::F32(w32) => GemvWeight::F32(ptr(w32)),
+                WeightData::Bf16(b) => GemvWeight::Bf16(ptr(b)),
+                WeightData::Quant(_) => return Ok(false),
+            };
+            let aligned = [x.ptr(), xb, g.ptr()].iter().all(|p| p.is_multiple_of(16));
+            if !aligned || w.inp != x.cols || !Gpu::gemv_takes(g, x.rows, x.cols, x.cols) {
+                return Ok(false);
+            }
+            parts.push(GemvOut { w: g, y: y.ptr(), n: w.out });
+        }
+        let one_type = parts.windows(2).all(|p| std::mem::discriminant(&p[0].w) == std::mem::discriminant(&p[1].w));
+        if x.rows > self.variants().gemv_rows || !one_type {
+            return Ok(false);
+        }
+        // SAFETY: x holds rows x cols f32 (its shadow, when non-zero, the same in bf16), each
+        // weight out x cols values and each y rows x out f32: all allocations of this backend.
+        unsafe { self.gpu.gemv(x.ptr(), xb, x.cols, x.rows, x.cols, &parts, 0.0) }.map_err(kerr)?;
+        Ok(true)
     }
 }

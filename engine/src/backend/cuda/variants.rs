@@ -1,7 +1,7 @@
 //! Kernel variants: which of the checked implementations of an op the backend launches. Every
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
-pub use cleave_kernels::ops::{MlaDecode, PersistentGemm, QPersist};
+pub use cleave_kernels::ops::{MlaDecode, PersistentGemm, QPersist, GEMV_MAX_ROWS};
 use cleave_kernels::quant::QFormat;
 
 use crate::error::{EngineError, Result};
@@ -13,7 +13,8 @@ use crate::error::{EngineError, Result};
 /// `CLEAVE_QGEMM=persistent[:[BMx]BN/BK/STAGES]|tiled` (default persistent in
 /// [`QPersist::default_for`]), `CLEAVE_MOE_ROWS32=off|32xBN/BK/STAGES/PREFETCH` (default
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
-/// model loads).
+/// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`GEMV_MAX_ROWS`]),
+/// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -39,6 +40,12 @@ pub struct Variants {
     /// rank holding the whole shared MLP, cut on its format's blocks) instead of a dense MLP of
     /// their own; prefill-sized batches still run them as dense GEMMs, reading the folded copy.
     pub fold_shared: bool,
+    /// Dense linears over bf16 or f32 weights of at most this many rows (up to
+    /// [`GEMV_MAX_ROWS`]) through the GEMV kernel instead of cuBLAS; 0: never.
+    pub gemv_rows: usize,
+    /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
+    /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
+    pub fused_prologue: bool,
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -96,6 +103,8 @@ impl Variants {
         fp8_tensor_cores: false,
         qgemm: QuantGemm::Tiled,
         fold_shared: false,
+        gemv_rows: 0,
+        fused_prologue: false,
     };
 
     pub fn from_env() -> Result<Self> {
@@ -115,7 +124,27 @@ impl Variants {
                 return Err(EngineError::Config(format!("CLEAVE_SHARED_EXPERTS: `{v}` is not one of folded, separate")))
             }
         };
+        v.gemv_rows = Self::parse_gemv(&var("CLEAVE_DENSE_GEMV"))?;
+        v.fused_prologue = match var("CLEAVE_MLA_PROLOGUE").as_str() {
+            "" | "fused" => true,
+            "separate" => false,
+            v => return Err(EngineError::Config(format!("CLEAVE_MLA_PROLOGUE: `{v}` is not one of fused, separate"))),
+        };
         Ok(v)
+    }
+
+    /// `CLEAVE_DENSE_GEMV`: empty (the default, [`GEMV_MAX_ROWS`]), `off`, or the most rows.
+    pub fn parse_gemv(v: &str) -> Result<usize> {
+        match v {
+            "" => Ok(GEMV_MAX_ROWS),
+            "off" => Ok(0),
+            v => match v.parse::<usize>() {
+                Ok(n) if (1..=GEMV_MAX_ROWS).contains(&n) => Ok(n),
+                _ => Err(EngineError::Config(format!(
+                    "CLEAVE_DENSE_GEMV: `{v}` is not off or a row count from 1 to {GEMV_MAX_ROWS}"
+                ))),
+            },
+        }
     }
 
     /// `CLEAVE_MOE_ROWS32`: empty (the default), `off`, or a 32-row configuration.
@@ -183,6 +212,8 @@ impl Variants {
             fp8_tensor_cores,
             qgemm,
             fold_shared: true,
+            gemv_rows: GEMV_MAX_ROWS,
+            fused_prologue: true,
         })
     }
 }
@@ -205,10 +236,18 @@ mod tests {
                 fp8_tensor_cores: true,
                 qgemm: QuantGemm::Persistent(None),
                 fold_shared: true,
+                gemv_rows: GEMV_MAX_ROWS,
+                fused_prologue: true,
             }
         );
         let first = Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap();
-        assert_eq!(first, Variants { fold_shared: true, ..Variants::FIRST });
+        let later = Variants { fold_shared: true, gemv_rows: GEMV_MAX_ROWS, fused_prologue: true, ..Variants::FIRST };
+        assert_eq!(first, later);
+        assert_eq!(Variants::parse_gemv("off").unwrap(), 0);
+        assert_eq!(Variants::parse_gemv("4").unwrap(), 4);
+        for bad in ["0", "9", "fast"] {
+            assert!(Variants::parse_gemv(bad).unwrap_err().to_string().contains("CLEAVE_DENSE_GEMV"));
+        }
         assert_eq!(Variants::parse("", "v2", "", "", "").unwrap().moe_persistent, None);
         assert_eq!(Variants::parse("v3:32", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(32)));
         let custom = Variants::parse("", "persistent:16/64/4/2", "", "", "").unwrap();

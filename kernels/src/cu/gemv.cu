@@ -1,0 +1,128 @@
+// Dense linears of a few rows (decode at small batches): y[r, n] = x[r, :] . w[n, :] (+ beta y).
+// Memory bound on w, where cuBLAS's GEMMs at one to eight rows reach a fraction of HBM. A block of
+// GEMV_THREADS threads owns GEMV_COLS output columns; its warps split K, each thread reading 16
+// bytes of every one of its columns per pass (GEMV_COLS independent loads in flight), summed by
+// shuffles and then across warps in shared memory. One launch, no workspace and no atomics.
+// With bf16 weights, x is rounded to bf16 first (read from `xb`, its bf16 shadow, when there is
+// one): the same products as the cuBLAS GEMM over the cast operand, summed in another order.
+// f32 weights (the MoE router) take x as it is.
+#define GEMV_COLS 8
+#define GEMV_THREADS 256
+
+// 16 bytes of weights as floats: eight bf16 or four f32.
+__device__ __forceinline__ void gemv_unpack(const uint4& u, float* f, const bf16_t*) {
+    const u32 v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(v[i] << 16);
+        f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void gemv_unpack(const uint4& u, float* f, const float*) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+
+// The V inputs of row r at channel k0 (as the GEMM reads them: rounded to bf16 for bf16 weights).
+template <int V, bool ROUND>
+__device__ __forceinline__ void gemv_x(const float* x, const bf16_t* xb, int ldx, int r, int k0, float* f) {
+    const u64 at = (u64)r * ldx + k0;
+    if constexpr (ROUND) {
+        if (xb) {
+            gemv_unpack(*reinterpret_cast<const uint4*>(xb + at), f, xb);
+            return;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < V; i += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + at + i);
+        f[i] = ROUND ? bf2f(f2bf(v.x)) : v.x;
+        f[i + 1] = ROUND ? bf2f(f2bf(v.y)) : v.y;
+        f[i + 2] = ROUND ? bf2f(f2bf(v.z)) : v.z;
+        f[i + 3] = ROUND ? bf2f(f2bf(v.w)) : v.w;
+    }
+}
+
+// R: the rows this instance is compiled for (rows <= R). Needs k and ldx multiples of V and
+// 16-byte aligned x, xb and w (checked by the launcher).
+// Two weights over the same x may share the launch (MLA's q and kv_a projections): the blocks
+// past the first weight's (n) columns compute the second's (w2, y2, n2).
+template <typename W, int R>
+__device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* __restrict__ xb, int ldx,
+                                     const W* __restrict__ w, float* __restrict__ y, int n, const W* __restrict__ w2,
+                                     float* __restrict__ y2, int n2, int rows, int k, float beta) {
+    constexpr int V = 16 / sizeof(W);
+    constexpr bool ROUND = sizeof(W) == 2;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, first = (n + GEMV_COLS - 1) / GEMV_COLS;
+    int col0 = blockIdx.x * GEMV_COLS;
+    if ((int)blockIdx.x >= first) {
+        w = w2;
+        y = y2;
+        col0 = (blockIdx.x - first) * GEMV_COLS;
+        n = n2;
+    }
+    float acc[R][GEMV_COLS];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < GEMV_COLS; c++) acc[r][c] = 0.f;
+    for (int k0 = t * V; k0 < k; k0 += GEMV_THREADS * V) {
+        uint4 wr[GEMV_COLS];
+#pragma unroll
+        for (int c = 0; c < GEMV_COLS; c++) {
+            // Columns past n read the last one (valid memory); their sums are dropped.
+            const int col = min(col0 + c, n - 1);
+            wr[c] = __ldg(reinterpret_cast<const uint4*>(w + (u64)col * k + k0));
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r < rows) {
+                float xv[V];
+                gemv_x<V, ROUND>(x, xb, ldx, r, k0, xv);
+#pragma unroll
+                for (int c = 0; c < GEMV_COLS; c++) {
+                    float wv[V];
+                    gemv_unpack(wr[c], wv, w);
+#pragma unroll
+                    for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[i], wv[i], acc[r][c]);
+                }
+            }
+        }
+    }
+    __shared__ float part[GEMV_THREADS / 32][R * GEMV_COLS];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < GEMV_COLS; c++) {
+            const float s = warp_sum(acc[r][c]);
+            if (lane == 0) part[warp][r * GEMV_COLS + c] = s;
+        }
+    __syncthreads();
+    if (t < R * GEMV_COLS) {
+        const int r = t / GEMV_COLS, col = col0 + t % GEMV_COLS;
+        if (r < rows && col < n) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < GEMV_THREADS / 32; i++) s += part[i][t];
+            float* o = y + (u64)r * n + col;
+            *o = beta != 0.f ? s + beta * *o : s;
+        }
+    }
+}
+
+#define GEMV_KERNEL(NAME, W, R)                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                           \
+        NAME(const float* x, const bf16_t* xb, int ldx, const W* w, float* y, int n, const W* w2, float* y2, \
+             int n2, int rows, int k, float beta) {                                                      \
+        gemv<W, R>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);                                      \
+    }
+GEMV_KERNEL(gemv_bf16_r1, bf16_t, 1)
+GEMV_KERNEL(gemv_bf16_r2, bf16_t, 2)
+GEMV_KERNEL(gemv_bf16_r4, bf16_t, 4)
+GEMV_KERNEL(gemv_bf16_r8, bf16_t, 8)
+GEMV_KERNEL(gemv_f32_r1, float, 1)
+GEMV_KERNEL(gemv_f32_r2, float, 2)
+GEMV_KERNEL(gemv_f32_r4, float, 4)
+GEMV_KERNEL(gemv_f32_r8, float, 8)

@@ -1,0 +1,142 @@
+//! Dense linears of one to eight rows (`gemv.cu`): memory-bound decode GEMVs over bf16 or f32
+//! weights, in place of cuBLAS GEMMs at those sizes.
+
+use crate::{Arg, Gpu, KernelError, Result};
+
+use Arg::{Ptr, F32, I32};
+
+/// Kernel names by weight type and compiled row count (1, 2, 4, 8).
+pub const GEMV_KERNELS: &[&str] = &[
+    "gemv_bf16_r1",
+    "gemv_bf16_r2",
+    "gemv_bf16_r4",
+    "gemv_bf16_r8",
+    "gemv_f32_r1",
+    "gemv_f32_r2",
+    "gemv_f32_r4",
+    "gemv_f32_r8",
+];
+
+/// The most rows one launch takes.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// Output columns per block (`GEMV_COLS` in gemv.cu).
+const GEMV_COLS: usize = 8;
+
+/// One output of a [`Gpu::gemv`]: `y[rows, n]` f32 from weights `[n, k]`.
+#[derive(Debug, Clone, Copy)]
+pub struct GemvOut {
+    pub w: GemvWeight,
+    pub y: u64,
+    pub n: usize,
+}
+
+/// The weights of a [`Gpu::gemv`]: `[n, k]` row-major.
+#[derive(Debug, Clone, Copy)]
+pub enum GemvWeight {
+    Bf16(u64),
+    F32(u64),
+}
+
+impl GemvWeight {
+    /// The weights' device address.
+    pub fn ptr(self) -> u64 {
+        match self {
+            GemvWeight::Bf16(p) | GemvWeight::F32(p) => p,
+        }
+    }
+
+    /// Values per 16-byte load: `k` and the activations' row stride must be multiples of it.
+    pub fn lanes(self) -> usize {
+        match self {
+            GemvWeight::Bf16(_) => 8,
+            GemvWeight::F32(_) => 4,
+        }
+    }
+}
+
+impl Gpu {
+    /// Whether [`Gpu::gemv`] takes `rows` rows of `k` inputs (row stride `ldx`) over `w`.
+    pub fn gemv_takes(w: GemvWeight, rows: usize, k: usize, ldx: usize) -> bool {
+        (1..=GEMV_MAX_ROWS).contains(&rows) && k > 0 && k.is_multiple_of(w.lanes()) && ldx.is_multiple_of(w.lanes())
+    }
+
+    /// Row-major `y[rows, n] = x[rows, k] w[n, k]^T + beta y` for each of `outs` (one or two
+    /// weights of one type over the same `x`, one launch), f32 out. `x` is f32 with rows `ldx`
+    /// apart; over bf16 weights it is rounded to bf16 (as the GEMM operand would be), read from
+    /// `xb` (its bf16 copy, same layout) when non-zero.
+    ///
+    /// # Safety
+    /// `x` (and `xb` when non-zero) hold `rows` rows of `ldx >= k` values; each output's `w`
+    /// holds `n * k` weights and its `y` `rows * n` f32: device addresses of this context.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemv(
+        &self,
+        x: u64,
+        xb: u64,
+        ldx: usize,
+        rows: usize,
+        k: usize,
+        outs: &[GemvOut],
+        beta: f32,
+    ) -> Result<()> {
+        let (first, second) = match outs {
+            [a] => (*a, GemvOut { w: a.w, y: 0, n: 0 }),
+            [a, b] if std::mem::discriminant(&a.w) == std::mem::discriminant(&b.w) => (*a, *b),
+            _ => return Err(KernelError::Invalid("gemv: one or two outputs over weights of one type".into())),
+        };
+        let w = first.w;
+        if !Self::gemv_takes(w, rows, k, ldx) || ldx < k {
+            return Err(KernelError::Invalid(format!(
+                "gemv: {rows} rows of {k} (stride {ldx}) over {w:?}: needs 1..={GEMV_MAX_ROWS} rows and k, \
+                 stride multiples of {}",
+                w.lanes()
+            )));
+        }
+        if ![x, xb, first.w.ptr(), second.w.ptr()].iter().all(|p| p.is_multiple_of(16)) {
+            return Err(KernelError::Invalid("gemv: x, xb and the weights must be 16-byte aligned".into()));
+        }
+        let r = rows.next_power_of_two();
+        let name = GEMV_KERNELS[(r.trailing_zeros() as usize) + if matches!(w, GemvWeight::F32(_)) { 4 } else { 0 }];
+        let args = [
+            Ptr(x),
+            Ptr(xb),
+            I32(ldx as i32),
+            Ptr(first.w.ptr()),
+            Ptr(first.y),
+            I32(first.n as i32),
+            Ptr(second.w.ptr()),
+            Ptr(second.y),
+            I32(second.n as i32),
+            I32(rows as i32),
+            I32(k as i32),
+            F32(beta),
+        ];
+        let blocks = first.n.div_ceil(GEMV_COLS) + second.n.div_ceil(GEMV_COLS);
+        self.launch(name, (blocks as u32, 1, 1), 256, 0, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_only_what_the_kernel_can_read() {
+        let b = GemvWeight::Bf16(0);
+        assert!(Gpu::gemv_takes(b, 1, 2048, 2048));
+        assert!(Gpu::gemv_takes(b, 8, 72, 72));
+        assert!(!Gpu::gemv_takes(b, 9, 2048, 2048));
+        assert!(!Gpu::gemv_takes(b, 0, 2048, 2048));
+        assert!(!Gpu::gemv_takes(b, 1, 2044, 2044), "k not a multiple of 8 bf16");
+        assert!(Gpu::gemv_takes(GemvWeight::F32(0), 3, 2044, 2044));
+        assert!(!Gpu::gemv_takes(b, 2, 2048, 2052), "row stride");
+    }
+
+    #[test]
+    fn rows_pick_the_next_compiled_instance() {
+        for (rows, want) in [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3)] {
+            assert_eq!((rows as usize).next_power_of_two().trailing_zeros(), want);
+        }
+    }
+}
