@@ -255,13 +255,17 @@ __device__ __forceinline__ void mla_prologue(float* q, bf16_t* qb, int qcols, in
     }
 }
 
-#define MLA_PROLOGUE(NAME, T)                                                                                        \
-    extern "C" __global__ void NAME(float* q, bf16_t* qb, int qcols, int heads, int qoff, int qstride,               \
-                                    const float* kv, const float* w, float eps, const float* cos_sin, const u32* pos, \
-                                    const u32* slots, T* cache, int lora, int rope, int layers, int layer, int bs,   \
-                                    int interleaved) {                                                               \
-        mla_prologue(q, qb, qcols, heads, qoff, qstride, kv, w, eps, cos_sin, pos, slots, cache, lora, rope, layers, \
-                     layer, bs, interleaved);                                                                        \
-    }
-MLA_PROLOGUE(mla_prologue_bf16, bf16_t)
-MLA_PROLOGUE(mla_prologue_f32, float)
+extern "C" __global__ void mla_prologue_bf16(float* q, bf16_t* qb, int qcols, int heads, int qoff, int qstride,
+                                  const float* kv, const float* w, float eps, const float* cos_sin, const u32* pos,
+                                  const u32* slots, bf16_t* cache, int lora, int rope, int layers, int layer, int bs,
+                                  int interleaved) {
+    mla_prologue(q, qb, qcols, heads, qoff, qstride, kv, w, eps, cos_sin, pos, slots, cache, lora, rope, layers, layer,
+                 bs, interleaved);
+}
+extern "C" __global__ void mla_prologue_f32(float* q, bf16_t* qb, int qcols, int heads, int qoff, int qstride,
+                                  const float* kv, const float* w, float eps, const float* cos_sin, const u32* pos,
+                                  const u32* slots, float* cache, int lora, int rope, int layers, int layer, int bs,
+                                  int interleaved) {
+    mla_prologue(q, qb, qcols, heads, qoff, qstride, kv, w, eps, cos_sin, pos, slots, cache, lora, rope, layers, layer,
+                 bs, interleaved);
+}

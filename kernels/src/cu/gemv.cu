@@ -112,17 +112,35 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
     }
 }
 
-#define GEMV_KERNEL(NAME, W, R)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                           \
-        NAME(const float* x, const bf16_t* xb, int ldx, const W* w, float* y, int n, const W* w2, float* y2, \
-             int n2, int rows, int k, float beta) {                                                      \
-        gemv<W, R>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);                                      \
-    }
-GEMV_KERNEL(gemv_bf16_r1, bf16_t, 1)
-GEMV_KERNEL(gemv_bf16_r2, bf16_t, 2)
-GEMV_KERNEL(gemv_bf16_r4, bf16_t, 4)
-GEMV_KERNEL(gemv_bf16_r8, bf16_t, 8)
-GEMV_KERNEL(gemv_f32_r1, float, 1)
-GEMV_KERNEL(gemv_f32_r2, float, 2)
-GEMV_KERNEL(gemv_f32_r4, float, 4)
-GEMV_KERNEL(gemv_f32_r8, float, 8)
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r1(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 1>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r2(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 2>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r4(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 4>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r8(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 8>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r1(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 1>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r2(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 2>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r4(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 4>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r8(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 8>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
