@@ -195,6 +195,8 @@ pub struct Gpu {
     xfer: RefCell<Option<Arc<CudaStream>>>,
     /// Device allocations made through [`Gpu::alloc`] so far.
     allocs: Cell<u64>,
+    /// Kernels of [`ops::PDL_KERNELS`] are launched with programmatic dependent launch.
+    pdl: Cell<bool>,
 }
 
 impl Gpu {
@@ -261,9 +263,16 @@ impl Gpu {
             prof: RefCell::new(None),
             xfer: RefCell::new(None),
             allocs: Cell::new(0),
+            pdl: Cell::new(false),
         };
         gpu.set_blas_workspace()?;
         Ok(gpu)
+    }
+
+    /// Launches the kernels that support it ([`ops::PDL_KERNELS`]) with programmatic dependent
+    /// launch (each may start while the kernel before it finishes), or none.
+    pub fn set_pdl(&self, on: bool) {
+        self.pdl.set(on);
     }
 
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -288,9 +297,33 @@ impl Gpu {
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         self.ctx.bind_to_thread()?;
         let t = self.prof_mark()?;
-        unsafe {
-            drv::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
-        }?;
+        if self.pdl.get() && ops::PDL_KERNELS.contains(&name) {
+            // SAFETY: zeroed is a valid value of this plain C union/struct; the attribute lives
+            // until the call returns.
+            let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = drv_sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: `params` holds one pointer per kernel parameter, in order (as for
+            // cuLaunchKernel); the kernel opens with pdl_wait (ops::PDL_KERNELS).
+            unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()?;
+        } else {
+            unsafe {
+                drv::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
+            }?;
+        }
         self.prof_end(name, t)
     }
 

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::CpuWeight;
-use cleave_engine::backend::cuda::{CudaTensor, CudaWeight, Variants};
+use cleave_engine::backend::cuda::{CudaTensor, CudaWeight, Variants, GEMV_MAX_ROWS};
 use cleave_engine::backend::Backend;
 
 use super::ops::{bf16_bytes, named, source, Ctx, RandomExperts};
@@ -14,7 +14,10 @@ impl Ctx<'_> {
     /// cuBLAS at every size, then the shadows.
     pub fn linear(&mut self) -> Result<()> {
         let def = self.cu.variants();
-        let alts = [(" cublas".to_string(), Variants { gemv_rows: 0, ..def })];
+        let mut alts = vec![(" cublas".to_string(), Variants { gemv_rows: 0, ..def })];
+        if def.gemv_rows < GEMV_MAX_ROWS {
+            alts.push((format!(" gemv{GEMV_MAX_ROWS}"), Variants { gemv_rows: GEMV_MAX_ROWS, ..def }));
+        }
         self.each_variant("", &alts, Self::linear_shapes)?;
         self.shadows()
     }
@@ -22,7 +25,7 @@ impl Ctx<'_> {
     fn linear_shapes(&mut self) -> Result<()> {
         // Few-row shapes (the GEMV's): V2-Lite q, kv_a, o and lm_head, V3's fused q_a + kv_a.
         let shapes: &[(usize, usize, usize)] = if self.quick {
-            &[(5, 48, 72), (1, 576, 2048), (64, 3072, 2048)]
+            &[(5, 48, 72), (1, 576, 2048), (2, 24, 64), (64, 3072, 2048)]
         } else {
             &[
                 (1, 3072, 2048),

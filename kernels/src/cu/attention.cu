@@ -183,6 +183,7 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
 
 // Merges the splits of each (row, head): o_lat = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s, as bf16.
 extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L, int splits) {
+    pdl_enter();
     const int row = blockIdx.x, h = blockIdx.y;
     __shared__ float wts[64];
     __shared__ float inv_denom;

@@ -16,6 +16,26 @@ __device__ __forceinline__ void split_keys(int len, int split, int splits, int t
     end = min(len, begin + per);
 }
 
+// Programmatic dependent launch (Hopper): a kernel launched with it (ops::PDL_KERNELS) may be
+// scheduled while the kernel before it on the stream still runs. pdl_wait() returns once that
+// kernel has finished and its writes are visible: call it before reading or writing anything an
+// earlier kernel touches (a buffer freed by an earlier op may be this kernel's output).
+// pdl_trigger() then lets the next kernel be scheduled. Without the launch attribute both return
+// at once.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_trigger();
+}
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
 __device__ __forceinline__ bf16_t f2bf(float f) {
     bf16_t r;

@@ -17,6 +17,7 @@ extern "C" __global__ void embedding_f32(const float* table, const u32* ids, flo
 #define RMS_PER_THREAD 16
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __restrict__ res, const float* __restrict__ w,
                                         float* __restrict__ y, bf16_t* __restrict__ yb, int cols, int wc, float eps) {
+    pdl_enter();
     const int r = blockIdx.x, nt = blockDim.x;
     const float* xr = x + (u64)r * cols;
     float* yr = y + (u64)r * cols;
@@ -221,6 +222,7 @@ __device__ __forceinline__ void mla_prologue(float* q, bf16_t* qb, int qcols, in
                                              const float* w, float eps, const float* cos_sin, const u32* pos,
                                              const u32* slots, T* cache, int lora, int rope, int layers, int layer,
                                              int bs, int interleaved) {
+    pdl_enter();
     const int r = blockIdx.x, t = threadIdx.x, half = rope / 2, width = lora + rope;
     const float* cs = cos_sin + (u64)pos[r] * rope;
     float* qr = q + (u64)r * qcols + qoff;

@@ -68,6 +68,7 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int c = 0; c < GEMV_COLS; c++) acc[r][c] = 0.f;
+    bool waited = false;
     for (int k0 = t * V; k0 < k; k0 += GEMV_THREADS * V) {
         uint4 wr[GEMV_COLS];
 #pragma unroll
@@ -75,6 +76,12 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
             // Columns past n read the last one (valid memory); their sums are dropped.
             const int col = min(col0 + c, n - 1);
             wr[c] = __ldg(reinterpret_cast<const uint4*>(w + (u64)col * k + k0));
+        }
+        // Weights are never written during a step: the first ones are in flight while the kernel
+        // before this one (launched with programmatic dependent launch) finishes.
+        if (!waited) {
+            pdl_enter();
+            waited = true;
         }
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -91,6 +98,7 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
             }
         }
     }
+    if (!waited) pdl_enter();
     __shared__ float part[GEMV_THREADS / 32][R * GEMV_COLS];
 #pragma unroll
     for (int r = 0; r < R; r++)

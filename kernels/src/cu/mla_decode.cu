@@ -34,6 +34,7 @@ __device__ __forceinline__ void mla_decode3_t(
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer,
     int splits, float scale) {
+    pdl_enter();
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
     extern __shared__ __align__(16) unsigned char smem_raw[];

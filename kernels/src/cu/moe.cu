@@ -8,6 +8,7 @@
 // E..E+shared-1 with weight 1 (shared experts folded into the grouped GEMMs).
 extern "C" __global__ void moe_route(const float* logits, const float* bias, u32* ids, float* wts, int n, int E, int n_group,
                                      int topk_group, int top_k, int shared, int norm, float scaling) {
+    pdl_enter();
     const int tok = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (tok >= n) return;
@@ -140,6 +141,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
 // token 0 of local expert 0 (computed, never combined).
 extern "C" __global__ void moe_align(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok, int* inv,
                                      int* tiles, int* meta, int* row_expert) {
+    pdl_enter();
     extern __shared__ int sh[];
     int* cnt = sh;
     int* off = sh + E;
@@ -347,6 +349,7 @@ extern "C" __global__ void __launch_bounds__(128) gg64_silu_v2(GG_ARGS) { groupe
 // independent of each other (float4 when H % 4 == 0).
 extern "C" __global__ void moe_combine(const float* __restrict__ Y, const int* __restrict__ inv,
                                        const float* __restrict__ wts, float* __restrict__ out, int n, int top_k, int H) {
+    pdl_enter();
     const int t = blockIdx.y, c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (t >= n || c >= H) return;
     float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -425,6 +428,7 @@ template <int BM, int BN, int BK, int ST, int WK, int EPI>
 __device__ __forceinline__ void gg_persistent(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
                                              const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
                                              const int* __restrict__ meta, int N, int K, int pf) {
+    pdl_enter();
     constexpr int MT = BM / 16, CH = BK / 8, WN = 4 / WK, NT = BN / WN / 8;
     constexpr int CA = (BM * CH + 127) / 128, CB = (BN * CH + 127) / 128;  // 16-byte chunks per thread
     static_assert((BK == 32 || BK == 64) && WN * WK == 4 && NT * WN * 8 == BN && BK % (16 * WK) == 0, "shape");

@@ -25,6 +25,58 @@ pub use quant::{QGemm, QWeights, QUANT_KERNELS};
 mod sample;
 pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 
+/// Kernels that open with `pdl_wait` (common.cuh), so that they may be launched with
+/// programmatic dependent launch ([`Gpu::set_pdl`]): the ops of a decode step after the
+/// embedding, except cuBLAS's.
+pub const PDL_KERNELS: &[&str] = &[
+    "rms_norm_f32",
+    "gemv_bf16_r1",
+    "gemv_bf16_r2",
+    "gemv_bf16_r4",
+    "gemv_bf16_r8",
+    "gemv_f32_r1",
+    "gemv_f32_r2",
+    "gemv_f32_r4",
+    "gemv_f32_r8",
+    "mla_prologue_bf16",
+    "mla_prologue_f32",
+    "mla_decode3_h16",
+    "mla_decode3_h32",
+    "mla_decode3_h64",
+    "mla_combine",
+    "moe_route",
+    "moe_align",
+    "moe_combine",
+    "ggp16_32_8_f32",
+    "ggp16_32_8_silu",
+    "ggp16_64_4_f32",
+    "ggp16_64_4_silu",
+    "ggp16_64_8_f32",
+    "ggp16_64_8_silu",
+    "ggp32_32_4_f32",
+    "ggp32_32_4_silu",
+    "ggp32_32_8_f32",
+    "ggp32_32_8_silu",
+    "ggp32_64_4_f32",
+    "ggp32_64_4_silu",
+    "ggp32_64_6_f32",
+    "ggp32_64_6_silu",
+    "ggp64_32_4_f32",
+    "ggp64_32_4_silu",
+    "ggp64_32_6_f32",
+    "ggp64_32_6_silu",
+    "ggp64_32_8_f32",
+    "ggp64_32_8_silu",
+    "ggpr32_32_64_4_f32",
+    "ggpr32_32_64_4_silu",
+    "ggpr32_32_64_5_f32",
+    "ggpr32_32_64_5_silu",
+    "ggpr32_64_32_6_f32",
+    "ggpr32_64_32_6_silu",
+    "ggpr32_64_64_3_f32",
+    "ggpr32_64_64_3_silu",
+];
+
 /// Output columns per grouped-GEMM block (must match moe.cu).
 pub const GG_BN: usize = 128;
 
@@ -78,6 +130,22 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pdl_kernels_are_loaded_and_wait() {
+        for k in PDL_KERNELS {
+            let (name, src, _) = crate::MODULES
+                .iter()
+                .find(|(_, _, fns)| fns.contains(k))
+                .unwrap_or_else(|| panic!("{k} is in no module"));
+            assert!(src.contains("pdl_enter();"), "{name}.cu never waits for the kernel before");
+        }
+        let all: Vec<&str> =
+            moe::GGP_KERNELS.iter().flat_map(|c| [c.4, c.5]).chain(MLA3_KERNELS.iter().copied()).collect();
+        for k in all {
+            assert!(PDL_KERNELS.contains(&k), "{k}: a persistent or MLA v3 kernel (their templates wait) left out");
+        }
+    }
 
     #[test]
     fn tile_bound_covers_worst_case() {

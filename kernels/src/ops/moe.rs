@@ -7,7 +7,7 @@ use crate::{Arg, Gpu, KernelError, Result};
 use Arg::{Ptr, F32, I32};
 
 /// (bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled persistent grouped-GEMM shape.
-const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
+pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
     (16, 16, 32, 8, "ggp16_32_8_f32", "ggp16_32_8_silu"),
     (16, 16, 64, 4, "ggp16_64_4_f32", "ggp16_64_4_silu"),
     (16, 16, 64, 8, "ggp16_64_8_f32", "ggp16_64_8_silu"),

@@ -47,7 +47,8 @@ use pool::{Buf, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
 pub use quant::Fp8Out;
 pub use variants::{
-    MlaDecode, PersistentGemm, QuantGemm, Variants, DEFAULT_PERSISTENT, DEFAULT_ROWS32, EXPAND_MIN_ROWS, ROWS32_MIN_AVG,
+    MlaDecode, PersistentGemm, QuantGemm, Variants, DEFAULT_GEMV_ROWS, DEFAULT_PERSISTENT, DEFAULT_ROWS32,
+    EXPAND_MIN_ROWS, GEMV_MAX_ROWS, ROWS32_MIN_AVG,
 };
 pub use weights::{CudaExperts, CudaWeight};
 use weights::{ExpertData, WeightData};
@@ -168,10 +169,12 @@ impl CudaBackend {
 
     pub fn with_precision(ordinal: usize, precision: Precision) -> Result<Self> {
         let variants = Variants::from_env()?;
+        let gpu = Gpu::new(ordinal).map_err(kerr)?;
+        gpu.set_pdl(variants.pdl);
         Ok(CudaBackend {
             ws: Workspace::new(),
             graphs: graph::GraphState::new(),
-            gpu: Gpu::new(ordinal).map_err(kerr)?,
+            gpu,
             precision,
             variants: Cell::new(variants),
             pinned: RefCell::new(None),
@@ -196,6 +199,7 @@ impl CudaBackend {
     }
 
     pub fn set_variants(&self, v: Variants) {
+        self.gpu.set_pdl(v.pdl);
         self.variants.set(v);
     }
 

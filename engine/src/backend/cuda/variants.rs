@@ -13,8 +13,8 @@ use crate::error::{EngineError, Result};
 /// `CLEAVE_QGEMM=persistent[:[BMx]BN/BK/STAGES]|tiled` (default persistent in
 /// [`QPersist::default_for`]), `CLEAVE_MOE_ROWS32=off|32xBN/BK/STAGES/PREFETCH` (default
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
-/// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`GEMV_MAX_ROWS`]),
-/// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused).
+/// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
+/// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=on|off` (default on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -41,11 +41,15 @@ pub struct Variants {
     /// their own; prefill-sized batches still run them as dense GEMMs, reading the folded copy.
     pub fold_shared: bool,
     /// Dense linears over bf16 or f32 weights of at most this many rows (up to
-    /// [`GEMV_MAX_ROWS`]) through the GEMV kernel instead of cuBLAS; 0: never.
+    /// [`GEMV_MAX_ROWS`]) through the GEMV kernel instead of cuBLAS (the first of two projections
+    /// of one input, MLA's q and kv_a, in one launch); 0: never.
     pub gemv_rows: usize,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
+    /// Programmatic dependent launch for the kernels that take it (`ops::PDL_KERNELS`): each
+    /// may be scheduled, and a GEMV start reading its weights, while the kernel before it ends.
+    pub pdl: bool,
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -77,6 +81,11 @@ impl QuantGemm {
 
 pub const EXPAND_MIN_ROWS: usize = 64;
 
+/// Dense linears of up to this many rows run on the GEMV by default: at 8 rows its 8-row
+/// instance made the V2-Lite step slower than cuBLAS (6.85 -> 7.17 ms), at 4 faster (5.14 ->
+/// 4.95 ms; run 48).
+pub const DEFAULT_GEMV_ROWS: usize = 4;
+
 /// The default persistent grouped-GEMM configuration: the fastest in `kernels-check --stages
 /// moe_tune` at the V2-Lite and V3 decode shapes of 16 and 64 tokens (82-98% of HBM bandwidth on
 /// an H200, kernels/bench/results/run6-tune.txt) and in whole V2-Lite decode steps.
@@ -105,6 +114,7 @@ impl Variants {
         fold_shared: false,
         gemv_rows: 0,
         fused_prologue: false,
+        pdl: false,
     };
 
     pub fn from_env() -> Result<Self> {
@@ -130,13 +140,18 @@ impl Variants {
             "separate" => false,
             v => return Err(EngineError::Config(format!("CLEAVE_MLA_PROLOGUE: `{v}` is not one of fused, separate"))),
         };
+        v.pdl = match var("CLEAVE_PDL").as_str() {
+            "" | "on" => true,
+            "off" => false,
+            v => return Err(EngineError::Config(format!("CLEAVE_PDL: `{v}` is not one of on, off"))),
+        };
         Ok(v)
     }
 
-    /// `CLEAVE_DENSE_GEMV`: empty (the default, [`GEMV_MAX_ROWS`]), `off`, or the most rows.
+    /// `CLEAVE_DENSE_GEMV`: empty (the default, [`DEFAULT_GEMV_ROWS`]), `off`, or the most rows.
     pub fn parse_gemv(v: &str) -> Result<usize> {
         match v {
-            "" => Ok(GEMV_MAX_ROWS),
+            "" => Ok(DEFAULT_GEMV_ROWS),
             "off" => Ok(0),
             v => match v.parse::<usize>() {
                 Ok(n) if (1..=GEMV_MAX_ROWS).contains(&n) => Ok(n),
@@ -212,8 +227,9 @@ impl Variants {
             fp8_tensor_cores,
             qgemm,
             fold_shared: true,
-            gemv_rows: GEMV_MAX_ROWS,
+            gemv_rows: DEFAULT_GEMV_ROWS,
             fused_prologue: true,
+            pdl: true,
         })
     }
 }
@@ -236,12 +252,19 @@ mod tests {
                 fp8_tensor_cores: true,
                 qgemm: QuantGemm::Persistent(None),
                 fold_shared: true,
-                gemv_rows: GEMV_MAX_ROWS,
+                gemv_rows: DEFAULT_GEMV_ROWS,
                 fused_prologue: true,
+                pdl: true,
             }
         );
         let first = Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap();
-        let later = Variants { fold_shared: true, gemv_rows: GEMV_MAX_ROWS, fused_prologue: true, ..Variants::FIRST };
+        let later = Variants {
+            fold_shared: true,
+            gemv_rows: DEFAULT_GEMV_ROWS,
+            fused_prologue: true,
+            pdl: true,
+            ..Variants::FIRST
+        };
         assert_eq!(first, later);
         assert_eq!(Variants::parse_gemv("off").unwrap(), 0);
         assert_eq!(Variants::parse_gemv("4").unwrap(), 4);
