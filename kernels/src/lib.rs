@@ -195,8 +195,8 @@ pub struct Gpu {
     xfer: RefCell<Option<Arc<CudaStream>>>,
     /// Device allocations made through [`Gpu::alloc`] so far.
     allocs: Cell<u64>,
-    /// Kernels of [`ops::PDL_KERNELS`] are launched with programmatic dependent launch.
-    pdl: Cell<bool>,
+    /// Which kernels are launched with programmatic dependent launch.
+    pdl: Cell<ops::Pdl>,
 }
 
 impl Gpu {
@@ -263,16 +263,16 @@ impl Gpu {
             prof: RefCell::new(None),
             xfer: RefCell::new(None),
             allocs: Cell::new(0),
-            pdl: Cell::new(false),
+            pdl: Cell::new(ops::Pdl::Off),
         };
         gpu.set_blas_workspace()?;
         Ok(gpu)
     }
 
-    /// Launches the kernels that support it ([`ops::PDL_KERNELS`]) with programmatic dependent
-    /// launch (each may start while the kernel before it finishes), or none.
-    pub fn set_pdl(&self, on: bool) {
-        self.pdl.set(on);
+    /// Which of the kernels that support it ([`ops::PDL_KERNELS`]) are launched with programmatic
+    /// dependent launch (each may start while the kernel before it finishes).
+    pub fn set_pdl(&self, pdl: ops::Pdl) {
+        self.pdl.set(pdl);
     }
 
     pub(crate) fn func(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -297,7 +297,7 @@ impl Gpu {
         let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
         self.ctx.bind_to_thread()?;
         let t = self.prof_mark()?;
-        if self.pdl.get() && ops::PDL_KERNELS.contains(&name) {
+        if self.pdl.get().takes(name) {
             // SAFETY: zeroed is a valid value of this plain C union/struct; the attribute lives
             // until the call returns.
             let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };

@@ -77,6 +77,28 @@ pub const PDL_KERNELS: &[&str] = &[
     "ggpr32_64_64_3_silu",
 ];
 
+/// Which kernels [`Gpu::set_pdl`] launches with programmatic dependent launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pdl {
+    Off,
+    /// [`PDL_KERNELS`] but the persistent grouped GEMMs.
+    Light,
+    /// Every kernel of [`PDL_KERNELS`].
+    All,
+}
+
+impl Pdl {
+    /// Whether kernel `name` is launched with it.
+    pub fn takes(self, name: &str) -> bool {
+        let grouped = || moe::GGP_KERNELS.iter().any(|c| c.4 == name || c.5 == name);
+        match self {
+            Pdl::Off => false,
+            Pdl::Light => PDL_KERNELS.contains(&name) && !grouped(),
+            Pdl::All => PDL_KERNELS.contains(&name),
+        }
+    }
+}
+
 /// Output columns per grouped-GEMM block (must match moe.cu).
 pub const GG_BN: usize = 128;
 
@@ -130,6 +152,13 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pdl_levels_pick_their_kernels() {
+        assert!(Pdl::All.takes("ggp32_64_6_silu") && !Pdl::Light.takes("ggp32_64_6_silu"));
+        assert!(Pdl::Light.takes("gemv_bf16_r1") && !Pdl::Off.takes("gemv_bf16_r1"));
+        assert!(!Pdl::All.takes("sample_rows"));
+    }
 
     #[test]
     fn pdl_kernels_are_loaded_and_wait() {

@@ -1,7 +1,7 @@
 //! Kernel variants: which of the checked implementations of an op the backend launches. Every
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
-pub use cleave_kernels::ops::{MlaDecode, PersistentGemm, QPersist, GEMV_MAX_ROWS};
+pub use cleave_kernels::ops::{MlaDecode, Pdl, PersistentGemm, QPersist, GEMV_MAX_ROWS};
 use cleave_kernels::quant::QFormat;
 
 use crate::error::{EngineError, Result};
@@ -14,7 +14,8 @@ use crate::error::{EngineError, Result};
 /// [`QPersist::default_for`]), `CLEAVE_MOE_ROWS32=off|32xBN/BK/STAGES/PREFETCH` (default
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
-/// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=on|off` (default on).
+/// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
+/// [`DEFAULT_PDL`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -49,7 +50,7 @@ pub struct Variants {
     pub fused_prologue: bool,
     /// Programmatic dependent launch for the kernels that take it (`ops::PDL_KERNELS`): each
     /// may be scheduled, and a GEMV start reading its weights, while the kernel before it ends.
-    pub pdl: bool,
+    pub pdl: Pdl,
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -80,6 +81,10 @@ impl QuantGemm {
 }
 
 pub const EXPAND_MIN_ROWS: usize = 64;
+
+/// Which kernels take programmatic dependent launch by default (run 49: every listed kernel made
+/// V2-Lite batch 1 1.8% faster and batch 64 2% slower).
+pub const DEFAULT_PDL: Pdl = Pdl::Light;
 
 /// Dense linears of up to this many rows run on the GEMV by default: at 8 rows its 8-row
 /// instance made the V2-Lite step slower than cuBLAS (6.85 -> 7.17 ms), at 4 faster (5.14 ->
@@ -114,7 +119,7 @@ impl Variants {
         fold_shared: false,
         gemv_rows: 0,
         fused_prologue: false,
-        pdl: false,
+        pdl: Pdl::Off,
     };
 
     pub fn from_env() -> Result<Self> {
@@ -141,9 +146,11 @@ impl Variants {
             v => return Err(EngineError::Config(format!("CLEAVE_MLA_PROLOGUE: `{v}` is not one of fused, separate"))),
         };
         v.pdl = match var("CLEAVE_PDL").as_str() {
-            "" | "on" => true,
-            "off" => false,
-            v => return Err(EngineError::Config(format!("CLEAVE_PDL: `{v}` is not one of on, off"))),
+            "" => DEFAULT_PDL,
+            "off" => Pdl::Off,
+            "light" => Pdl::Light,
+            "all" => Pdl::All,
+            v => return Err(EngineError::Config(format!("CLEAVE_PDL: `{v}` is not one of off, light, all"))),
         };
         Ok(v)
     }
@@ -229,7 +236,7 @@ impl Variants {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             fused_prologue: true,
-            pdl: true,
+            pdl: DEFAULT_PDL,
         })
     }
 }
@@ -254,7 +261,7 @@ mod tests {
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
                 fused_prologue: true,
-                pdl: true,
+                pdl: DEFAULT_PDL,
             }
         );
         let first = Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap();
