@@ -269,7 +269,7 @@ mod tests {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             fused_prologue: true,
-            pdl: true,
+            pdl: DEFAULT_PDL,
             ..Variants::FIRST
         };
         assert_eq!(first, later);
