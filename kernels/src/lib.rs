@@ -320,6 +320,8 @@ impl Gpu {
             unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()?;
         } else {
+            // SAFETY: as above, one pointer per kernel parameter in order; a plain stream-ordered
+            // launch.
             unsafe {
                 drv::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
             }?;
