@@ -444,7 +444,8 @@ impl Backend for CudaBackend {
     }
 
     fn linear_pair(&self, x: &CudaTensor, a: &CudaWeight, b: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
-        if x.cols == a.inp && x.cols == b.inp && x.rows > 0 {
+        // Outputs are allocated only where the GEMV may take the pair (not at batch sizes above it).
+        if x.cols == a.inp && x.cols == b.inp && (1..=self.variants().gemv_rows).contains(&x.rows) {
             let (ya, yb) = (self.tensor(x.rows, a.out)?, self.tensor(x.rows, b.out)?);
             if self.gemv(x, &[(a, &ya), (b, &yb)])? {
                 return Ok((ya, yb));
