@@ -347,13 +347,21 @@ impl Gpu {
     }
 
     /// Starts timing every kernel and GEMM with events (adds overhead; for breakdowns only).
+    ///
+    /// It also opens the driver's profiler range (`cuProfilerStart`), so that `ncu
+    /// --profile-from-start off` measures exactly the kernels of a profiled step.
     pub fn profile_start(&self) {
         *self.prof.borrow_mut() = Some(Vec::new());
+        // SAFETY: takes no arguments; without a profiler attached it does nothing.
+        // Its status is of no use: the range is only a marker for an attached profiler.
+        let _ = unsafe { drv_sys::cuProfilerStart() };
     }
 
     /// Stops timing; returns (name, total ms, launches), largest first.
     pub fn profile_stop(&self) -> Result<Vec<(String, f64, usize)>> {
         self.sync()?;
+        // SAFETY: as cuProfilerStart.
+        let _ = unsafe { drv_sys::cuProfilerStop() };
         let v = self.prof.borrow_mut().take().unwrap_or_default();
         let mut by: HashMap<&str, (f64, usize)> = HashMap::new();
         for (n, a, b) in &v {

@@ -433,6 +433,8 @@ impl Ctx<'_> {
             256,
             true,
         )?;
+        // 300 rows of 16 heads fill a wave without splitting: v3 writes the output itself.
+        self.attention_case("decode, one split", lite, &[(1, 100); 300], 32, false)?;
         let v3 = MlaDims { heads: 128, ..lite };
         self.attention_case("V3 heads", v3, &[(1, 1), (1, 65), (5, 300), (1, 2000), (1, 33)], 64, false)?;
         if self.quick {

@@ -1,5 +1,6 @@
 // MLA decode v3: the absorbed attention of attention.cu's mla_decode2 (same contract, same
-// partial outputs for mla_combine), compiled for the DeepSeek shape only (latent 512, rope 64,
+// partial outputs for mla_combine; with one split and `o_lat` non-null, the bf16 output that
+// mla_combine would write, written directly), compiled for the DeepSeek shape only (latent 512, rope 64,
 // cache block 64) and sharing each key tile among G groups of 16 heads.
 //
 // Why: v2 takes 16 heads per block, so V3's 128 heads read every key 8 times, and its score
@@ -33,7 +34,7 @@ __device__ __forceinline__ void mla_decode3_t(
     const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer,
-    int splits, float scale) {
+    int splits, float scale, bf16_t* __restrict__ o_lat) {
     pdl_enter();
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
@@ -217,6 +218,26 @@ __device__ __forceinline__ void mla_decode3_t(
         }
     }
 
+    if (o_lat) {
+        // One split (the launcher's rule): the row's output itself, normalized and rounded as
+        // mla_combine would (its weight is e^0 = 1), so that no combine runs.
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < G; m++) {
+            const int hA = h0 + m * 16 + g, hB = hA + 8;
+            const float lA = sL[m * 16 + g], lB = sL[m * 16 + g + 8];
+            const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const int col = (j * NW + warp) * 8 + 2 * t4;
+                u32* dA = reinterpret_cast<u32*>(o_lat + ((u64)row * heads + hA) * V3_L + col);
+                u32* dB = reinterpret_cast<u32*>(o_lat + ((u64)row * heads + hB) * V3_L + col);
+                if (hA < heads) *dA = pack_bf16(acc[m][j][0] * iA, acc[m][j][1] * iA);
+                if (hB < heads) *dB = pack_bf16(acc[m][j][2] * iB, acc[m][j][3] * iB);
+            }
+        }
+        return;
+    }
     const u64 pbase = ((u64)row * splits + split) * heads;
 #pragma unroll
     for (int m = 0; m < G; m++) {
@@ -234,8 +255,8 @@ __device__ __forceinline__ void mla_decode3_t(
     }
 }
 
-#define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int splits, float scale
-#define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, splits, scale
+#define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int splits, float scale, bf16_t* __restrict__ o_lat
+#define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, splits, scale, o_lat
 // Pipeline stages by heads per block (kernels-check, run 33): 16 and 32 heads keep two stages
 // (two blocks of 16 heads fit per SM), 64 heads take three.
 extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }

@@ -13,6 +13,14 @@ const PREFILL_KEY_TILE: usize = 64;
 const PREFILL_MAX_QK: usize = 192;
 const PREFILL_MAX_V: usize = 128;
 
+/// Where [`Gpu::mla_decode`] writes: f32 partials per split for [`Gpu::mla_combine`], or (one
+/// split, a kernel that can) the bf16 output itself.
+#[derive(Debug, Clone, Copy)]
+pub enum MlaOut {
+    Partials { part_o: u64, part_ml: u64 },
+    Output(u64),
+}
+
 impl Gpu {
     /// Checks the shapes `mla_decode` supports.
     pub fn mla_supported(kv_lora: usize, rope: usize) -> Result<()> {
@@ -30,7 +38,10 @@ impl Gpu {
     }
 
     /// Partial attention of every row over its visible keys with kernel `k` (from
-    /// [`MlaLaunch::kernel`]); see attention.cu and mla_decode.cu.
+    /// [`MlaLaunch::kernel`]); see attention.cu and mla_decode.cu. Where
+    /// [`MlaKernel::writes_output`] holds for `splits`, `out` is the bf16 `[rows, heads,
+    /// kv_lora]` output (what [`Gpu::mla_combine`] would write; no partials), else the f32
+    /// partials `(part_o, part_ml)`.
     #[allow(clippy::too_many_arguments)]
     pub fn mla_decode(
         &self,
@@ -43,8 +54,7 @@ impl Gpu {
         row_len: u64,
         row_tab: u64,
         tables: u64,
-        part_o: u64,
-        part_ml: u64,
+        out: MlaOut,
     ) -> Result<()> {
         Self::mla_supported(p.kv_lora, p.rope)?;
         if k.smem > self.max_smem_optin.min(200 * 1024) {
@@ -55,17 +65,27 @@ impl Gpu {
         }
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(k.heads_per_block);
+        let (part_o, part_ml, o_lat) = match out {
+            MlaOut::Partials { part_o, part_ml } => (part_o, part_ml, 0),
+            MlaOut::Output(_) if !k.writes_output(splits) => {
+                return Err(KernelError::Invalid(format!(
+                    "mla_decode: {} writes its output only with one split (got {splits})",
+                    k.name
+                )))
+            }
+            MlaOut::Output(o) => (0, 0, o),
+        };
         let ptrs = [Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
         let (heads, nope, qk) = (I32(p.heads as i32), I32(p.nope as i32), I32(qk as i32));
         let (layers, layer) = (I32(p.layers as i32), I32(p.layer as i32));
         let tail = [I32(splits as i32), F32(p.scale)];
-        let dims: Vec<Arg> = if k.fixed_shape {
-            vec![heads, nope, qk, layers, layer]
+        let (dims, last): (Vec<Arg>, Vec<Arg>) = if k.fixed_shape {
+            (vec![heads, nope, qk, layers, layer], vec![Ptr(o_lat)])
         } else {
             let (l, r, bs) = (I32(p.kv_lora as i32), I32(p.rope as i32), I32(p.block_size as i32));
-            vec![heads, l, r, nope, qk, layers, layer, bs]
+            (vec![heads, l, r, nope, qk, layers, layer, bs], vec![])
         };
-        let args: Vec<Arg> = ptrs.into_iter().chain(dims).chain(tail).collect();
+        let args: Vec<Arg> = ptrs.into_iter().chain(dims).chain(tail).chain(last).collect();
         self.launch(k.name, (p.rows as u32, splits as u32, hg as u32), k.threads, k.smem as u32, &args)
     }
 

@@ -1,12 +1,15 @@
 //! Paged KV-cache launchers: writing new latents, and block export/import (bf16 fast path and
 //! the f32 reference-precision cache share one argument layout each).
 
-use crate::{Arg, Gpu, Result};
+use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32, U64};
 
 /// A cache slot that [`Gpu::write_kv`] skips: the padding rows of a captured decode step.
 pub const NO_SLOT: u32 = u32::MAX;
+
+/// Heads of q per block of [`Gpu::mla_prologue`] (`MLA_PRO_HEADS` in elementwise.cu).
+const MLA_PROLOGUE_HEADS: usize = 4;
 
 /// One [`Gpu::mla_prologue`]: device addresses and shapes.
 #[derive(Debug, Clone, Copy)]
@@ -42,7 +45,7 @@ pub struct MlaPrologue {
 
 impl Gpu {
     /// RoPE on q's rope columns, and kv_a's output RMS-normalized, its key rotated and written
-    /// into the cache: one block per row.
+    /// into the cache: per row, one block for the latent and one per four heads of q.
     ///
     /// # Safety
     /// Every address is a live device allocation of this context holding what [`MlaPrologue`]
@@ -69,8 +72,15 @@ impl Gpu {
             I32(m.block_size as i32),
             I32(m.interleaved as i32),
         ];
+        if m.q_cols != m.heads * (m.nope + m.rope) {
+            return Err(KernelError::Invalid(format!(
+                "mla_prologue: q has {} columns, not {} heads of {} + {}",
+                m.q_cols, m.heads, m.nope, m.rope
+            )));
+        }
         let name = if m.f32_cache { "mla_prologue_f32" } else { "mla_prologue_bf16" };
-        self.launch_rows(name, m.rows, 256, &args)
+        let q_blocks = m.heads.div_ceil(MLA_PROLOGUE_HEADS) as u32;
+        self.launch(name, (m.rows as u32, 1 + q_blocks, 1), 256, 0, &args)
     }
 
     pub fn kv_export(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {

@@ -75,6 +75,14 @@ pub struct MlaKernel {
     pub(crate) fixed_shape: bool,
 }
 
+impl MlaKernel {
+    /// Whether this kernel at `splits` writes the attention output itself (v3 with one split),
+    /// so that no [`crate::Gpu::mla_combine`] runs.
+    pub fn writes_output(&self, splits: usize) -> bool {
+        self.fixed_shape && splits == 1
+    }
+}
+
 /// MLA attention launch parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct MlaLaunch {

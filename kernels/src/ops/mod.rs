@@ -9,6 +9,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use crate::{Arg, Gpu, Result};
 
 mod attention;
+pub use attention::MlaOut;
 mod elementwise;
 mod gemv;
 pub use gemv::{GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS};

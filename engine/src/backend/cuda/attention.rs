@@ -8,7 +8,7 @@
 //! backend's function; f32 precision runs the reference kernel.
 
 use cleave_kernels::blas::Gemm;
-use cleave_kernels::ops::{MlaLaunch, MlaPrologue};
+use cleave_kernels::ops::{MlaLaunch, MlaOut, MlaPrologue};
 use cleave_kernels::{ptr, Gpu};
 
 use super::{
@@ -215,24 +215,19 @@ pub(super) fn mla_attention(
         .map_err(kerr)?;
         let k = p.kernel(var.mla);
         let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
-        let part_o = be.alloc_f32(rows * splits * heads * l)?;
-        let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
-        gpu.mla_decode(
-            &k,
-            &p,
-            splits,
-            ptr(&q_lat),
-            q.ptr(),
-            ptr(&cache.buf),
-            row_len,
-            row_tab,
-            tables,
-            ptr(&part_o),
-            ptr(&part_ml),
-        )
-        .map_err(kerr)?;
         let o_lat = be.alloc_u16(rows * heads * l)?;
-        gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
+        let decode = |out| {
+            gpu.mla_decode(&k, &p, splits, ptr(&q_lat), q.ptr(), ptr(&cache.buf), row_len, row_tab, tables, out)
+                .map_err(kerr)
+        };
+        if k.writes_output(splits) {
+            decode(MlaOut::Output(ptr(&o_lat)))?;
+        } else {
+            let part_o = be.alloc_f32(rows * splits * heads * l)?;
+            let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
+            decode(MlaOut::Partials { part_o: ptr(&part_o), part_ml: ptr(&part_ml) })?;
+            gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
+        }
         let kv_v = kv_b + (d.nope * l * 2) as u64;
         gpu.gemm(&gemm(
             d.v,
