@@ -152,3 +152,84 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r8(const flo
                                                                 int n2, int rows, int k, float beta) {
     gemv<float, 8>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
 }
+
+// AWQ int4 weights (quant.cu's fragment-order layout: the 32 lanes' words of a 32-channel unit are
+// the B fragments of its two m16n8k16 steps) at up to 8 rows. The split-K persistent GEMM plus
+// qgemm_reduce ran these at 27-35% of HBM (run 51: 31 us per V3 dense linear at one row).
+// A block of GEMV_Q_WARPS warps owns one 8-column block; its warps split the groups of K. Each
+// warp keeps the words of GEMV_Q_CHUNK units in flight (loaded one chunk ahead, straight from
+// global memory: no shared-memory pipeline), unpacks them to exact bf16 (q - z) in registers and
+// multiplies them on the tensor cores by x's rows, which sit in the A fragment's rows 0..rows-1
+// (lanes g < rows read them; rows 8..15 are zero). Each group's f32 partial sums are multiplied
+// by its scales when the group ends, as in qg_persistent, so the result equals an f32 GEMM on the
+// dequantized weights up to summation order. The warps' sums meet in shared memory: one launch,
+// no workspace, no atomics. xb: bf16 [rows, ldx]; y f32 [rows, n] (+ beta y).
+#define GEMV_Q_WARPS 8  // 256 threads (the launch bounds, the launcher)
+#define GEMV_Q_CHUNK 8
+extern "C" __global__ void __launch_bounds__(256) gemv_awq(const bf16_t* __restrict__ xb, int ldx, const u32* __restrict__ Wq, const unsigned short* __restrict__ S,
+             const u32* __restrict__ Z, float* __restrict__ y, int n, int np, int k, int kp, int G, int rows, float beta) {
+    const int nb = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int KUT = kp / 32, KU = (k + 31) / 32, KG = (k + G - 1) / G, ushift = __ffs(G) - 6;
+    const int u0 = (KG * warp / GEMV_Q_WARPS) << ushift, u1 = min((KG * (warp + 1) / GEMV_Q_WARPS) << ushift, KU);
+    const u32* wp = Wq + (u64)nb * KUT * 32 + lane;  // unit u's word: wp[32 u]
+    u32 wc[GEMV_Q_CHUNK];
+#pragma unroll
+    for (int j = 0; j < GEMV_Q_CHUNK; j++) wc[j] = u0 + j < u1 ? __ldg(wp + 32 * (u0 + j)) : 0u;
+    // Weights and scales are never written during a step: the first loads are in flight while
+    // the kernel before this one (programmatic dependent launch) finishes.
+    pdl_enter();
+    const bool xrow = g < rows;
+    const bf16_t* xr = xb + (u64)(xrow ? g : 0) * ldx + 2 * t4;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, part[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int u = u0; u < u1; u += GEMV_Q_CHUNK) {
+        u32 wn[GEMV_Q_CHUNK];
+#pragma unroll
+        for (int j = 0; j < GEMV_Q_CHUNK; j++) {
+            const int v = u + GEMV_Q_CHUNK + j;
+            wn[j] = v < u1 ? __ldg(wp + 32 * v) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < GEMV_Q_CHUNK; j++) {
+            const int uu = u + j;
+            if (uu >= u1) break;
+            const int grp = uu >> ushift;
+            const u32 zz = awq_zero((__ldg(Z + (u64)grp * (np / 8) + nb) >> (4 * g)) & 0xfu);
+            u32 a[4] = {0u, 0u, 0u, 0u};
+            if (xrow) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int c = 32 * uu + 8 * i;
+                    if (c + 2 * t4 < k) a[i] = ld_u32(xr + c);
+                }
+            }
+            u32 b[4];
+#pragma unroll
+            for (int p = 0; p < 4; p++) b[p] = awq_pair(wc[j], p, zz);
+            mma_bf16(part, a[0], 0u, a[1], 0u, b[0], b[1]);
+            mma_bf16(part, a[2], 0u, a[3], 0u, b[2], b[3]);
+            if (((uu + 1) & ((1 << ushift) - 1)) == 0 || uu + 1 == u1) {
+                const u32 sp = __ldg(reinterpret_cast<const u32*>(S + (u64)grp * np + nb * 8 + 2 * t4));
+                acc[0] += h2f((unsigned short)(sp & 0xffffu)) * part[0];
+                acc[1] += h2f((unsigned short)(sp >> 16)) * part[1];
+                part[0] = part[1] = part[2] = part[3] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GEMV_Q_CHUNK; j++) wc[j] = wn[j];
+    }
+    // acc[0], acc[1]: row g, columns 8 nb + 2 t4, + 1 (rows g + 8 of the MMA are padding).
+    __shared__ float red[GEMV_Q_WARPS][8][8];
+    red[warp][g][2 * t4] = acc[0];
+    red[warp][g][2 * t4 + 1] = acc[1];
+    __syncthreads();
+    if (threadIdx.x < 64) {
+        const int r = threadIdx.x >> 3, c = threadIdx.x & 7, col = nb * 8 + c;
+        if (r < rows && col < n) {
+            float s = 0.f;
+#pragma unroll
+            for (int w = 0; w < GEMV_Q_WARPS; w++) s += red[w][r][c];
+            float* o = y + (u64)r * n + col;
+            *o = beta != 0.f ? s + beta * *o : s;
+        }
+    }
+}
