@@ -116,17 +116,15 @@ pub(super) const FORMATS: [(&str, Maker); 3] = [
 
 impl Ctx<'_> {
     /// The exact paths (FP8 on FP8 tensor cores quantizes the activations: the `fp8_prefill` and
-    /// `qdecode` stages check it), with decode GEMMs on the persistent kernel (AWQ dense linears of
-    /// up to 8 rows on the AWQ GEMV) and then, tagged ` qgp` and ` tiled`, without the GEMV on the
-    /// persistent and the tiled kernel.
+    /// `qdecode` stages check it), with decode GEMMs on the persistent kernel (AWQ) and then, tagged
+    /// ` tiled`, on the tiled one.
     pub fn quant(&mut self) -> Result<()> {
         let def = self.cu.variants();
         let exact = Variants { fp8_tensor_cores: false, qgemm: QuantGemm::Persistent(None), ..def };
-        let no_gemv = Variants { awq_gemv_rows: 0, ..exact };
         self.cu.set_variants(exact);
-        let others =
-            [(" qgp".to_string(), no_gemv), (" tiled".to_string(), Variants { qgemm: QuantGemm::Tiled, ..no_gemv })];
-        let r = self.each_variant("", &others, |c| c.quant_linear().and_then(|()| c.quant_experts()));
+        let r = self.each_variant("", &[(" tiled".to_string(), Variants { qgemm: QuantGemm::Tiled, ..exact })], |c| {
+            c.quant_linear().and_then(|()| c.quant_experts())
+        });
         self.cu.set_variants(def);
         r.and_then(|()| self.quant_expand())
     }
@@ -170,18 +168,13 @@ impl Ctx<'_> {
     }
 
     fn quant_linear(&mut self) -> Result<()> {
-        // (rows, out, in): V2-Lite q_proj / o_proj and V3 q_b_proj / kv_a / o_proj at decode sizes
-        // (1-8 rows: the AWQ GEMV), plus a split-K-free 100-row case and prefill-sized expansions.
+        // (rows, out, in): V2-Lite q_proj / o_proj and V3 q_b_proj / kv_a at decode sizes, plus a
+        // split-K-free 100-row case and prefill-sized expansions.
         let shapes: &[(usize, usize, usize)] = if self.quick {
-            &[(1, 256, 256), (3, 136, 384), (8, 256, 512), (40, 136, 384), (300, 256, 256)]
+            &[(1, 256, 256), (40, 136, 384), (300, 256, 256)]
         } else {
             &[
                 (1, 3072, 2048),
-                (1, 24576, 1536),
-                (1, 7168, 16384),
-                (3, 1536, 7168),
-                (4, 7168, 16384),
-                (8, 7168, 16384),
                 (16, 2048, 2048),
                 (64, 24576, 1536),
                 (64, 576, 7168),

@@ -1,9 +1,6 @@
 //! Dense linears of one to eight rows (`gemv.cu`): memory-bound decode GEMVs over bf16 or f32
-//! weights, in place of cuBLAS GEMMs at those sizes, and over AWQ int4 weights, in place of the
-//! split-K persistent GEMM and its reduction.
+//! weights, in place of cuBLAS GEMMs at those sizes.
 
-use super::quant::QWeights;
-use crate::quant::QFormat;
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
@@ -18,7 +15,6 @@ pub const GEMV_KERNELS: &[&str] = &[
     "gemv_f32_r2",
     "gemv_f32_r4",
     "gemv_f32_r8",
-    "gemv_awq",
 ];
 
 /// The most rows one launch takes.
@@ -100,7 +96,8 @@ impl Gpu {
         if ![x, xb, first.w.ptr(), second.w.ptr()].iter().all(|p| p.is_multiple_of(16)) {
             return Err(KernelError::Invalid("gemv: x, xb and the weights must be 16-byte aligned".into()));
         }
-        let name = gemv_kernel(w, rows);
+        let r = rows.next_power_of_two();
+        let name = GEMV_KERNELS[(r.trailing_zeros() as usize) + if matches!(w, GemvWeight::F32(_)) { 4 } else { 0 }];
         let args = [
             Ptr(x),
             Ptr(xb),
@@ -118,54 +115,6 @@ impl Gpu {
         let blocks = first.n.div_ceil(GEMV_COLS) + second.n.div_ceil(GEMV_COLS);
         self.launch(name, (blocks as u32, 1, 1), 256, 0, &args)
     }
-
-    /// Whether [`Gpu::gemv_awq`] takes `rows` rows over `w` with row stride `ldx`.
-    pub fn gemv_awq_takes(w: &QWeights, rows: usize, ldx: usize) -> bool {
-        w.shape.format == QFormat::AwqInt4
-            && w.shape.experts >= 1
-            && (1..=GEMV_MAX_ROWS).contains(&rows)
-            && ldx >= w.shape.k
-            && ldx.is_multiple_of(2)
-    }
-
-    /// Row-major `y[rows, n] = xb[rows, k] W^T + beta y` over matrix 0 of AWQ weights `w`, f32
-    /// out, `xb` bf16 with rows `ldx` apart (see gemv.cu's `gemv_awq`).
-    ///
-    /// # Safety
-    /// `xb` holds `rows` rows of `ldx` bf16 values, `w` a live packed AWQ stack as
-    /// [`QWeights`] describes, `y` `rows * n` f32: device addresses of this context.
-    pub unsafe fn gemv_awq(&self, xb: u64, ldx: usize, rows: usize, w: &QWeights, y: u64, beta: f32) -> Result<()> {
-        if !Self::gemv_awq_takes(w, rows, ldx) || !xb.is_multiple_of(4) {
-            return Err(KernelError::Invalid(format!(
-                "gemv_awq: {rows} rows (stride {ldx}) over {:?}: needs AWQ weights, 1..={GEMV_MAX_ROWS} rows, \
-                 an even stride of at least k and 4-byte aligned activations",
-                w.shape
-            )));
-        }
-        let s = w.shape;
-        let args = [
-            Ptr(xb),
-            I32(ldx as i32),
-            Ptr(w.words),
-            Ptr(w.scales),
-            Ptr(w.zeros),
-            Ptr(y),
-            I32(s.n as i32),
-            I32(s.np() as i32),
-            I32(s.k as i32),
-            I32(s.kp() as i32),
-            I32(s.group as i32),
-            I32(rows as i32),
-            F32(beta),
-        ];
-        self.launch("gemv_awq", ((s.np() / 8) as u32, 1, 1), 256, 0, &args)
-    }
-}
-
-/// The compiled instance for `rows` (1..=8) over `w`: the next power of two of rows.
-fn gemv_kernel(w: GemvWeight, rows: usize) -> &'static str {
-    let r = rows.next_power_of_two().trailing_zeros() as usize;
-    GEMV_KERNELS[r + if matches!(w, GemvWeight::F32(_)) { 4 } else { 0 }]
 }
 
 #[cfg(test)]
@@ -186,25 +135,8 @@ mod tests {
 
     #[test]
     fn rows_pick_the_next_compiled_instance() {
-        let (b, f) = (GemvWeight::Bf16(0), GemvWeight::F32(0));
-        for (rows, want) in
-            [(1, "bf16_r1"), (2, "bf16_r2"), (3, "bf16_r4"), (4, "bf16_r4"), (5, "bf16_r8"), (8, "bf16_r8")]
-        {
-            assert_eq!(gemv_kernel(b, rows), format!("gemv_{want}"));
+        for (rows, want) in [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3)] {
+            assert_eq!((rows as usize).next_power_of_two().trailing_zeros(), want);
         }
-        assert_eq!(gemv_kernel(f, 1), "gemv_f32_r1");
-        assert_eq!(gemv_kernel(f, 7), "gemv_f32_r8");
-    }
-
-    #[test]
-    fn awq_gemv_takes_awq_weights_of_up_to_eight_rows() {
-        use crate::quant::QShape;
-        let shape = QShape { format: QFormat::AwqInt4, experts: 1, n: 7168, k: 2048, group: 64 };
-        let w = QWeights { shape, words: 0, scales: 0, zeros: 0 };
-        assert!(Gpu::gemv_awq_takes(&w, 1, 2048) && Gpu::gemv_awq_takes(&w, 8, 4096));
-        assert!(!Gpu::gemv_awq_takes(&w, 9, 2048) && !Gpu::gemv_awq_takes(&w, 0, 2048));
-        assert!(!Gpu::gemv_awq_takes(&w, 1, 2047), "stride below k");
-        let fp8 = QWeights { shape: QShape { format: QFormat::Fp8E4m3, ..shape }, ..w };
-        assert!(!Gpu::gemv_awq_takes(&fp8, 1, 2048));
     }
 }

@@ -39,7 +39,6 @@ pub const PDL_KERNELS: &[&str] = &[
     "gemv_f32_r2",
     "gemv_f32_r4",
     "gemv_f32_r8",
-    "gemv_awq",
     "mla_prologue_bf16",
     "mla_prologue_f32",
     "mla_decode3_h16",

@@ -6,7 +6,7 @@ use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::{QGemm, QWeights};
 use cleave_kernels::quant::{pack, QFormat, QPacked, QShape};
-use cleave_kernels::{ptr, Gpu, KernelError};
+use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
@@ -228,8 +228,7 @@ pub(super) fn upload(
 
 impl CudaBackend {
     /// `y = x W^T` over a compressed weight: up to [`QGEMM_MAX_ROWS`] rows straight from the
-    /// compressed bytes (AWQ at a few rows on the AWQ GEMV, else split over the input channels
-    /// until the GPU is full); more rows (prefill)
+    /// compressed bytes (split over the input channels until the GPU is full); more rows (prefill)
     /// on FP8 tensor cores for FP8 block-scaled weights (bf16 precision), else through a
     /// transient bf16 expansion and cuBLAS.
     pub(super) fn linear_quant(&self, x: &CudaTensor, w: &QuantWeight, y: &CudaTensor) -> Result<()> {
@@ -248,12 +247,6 @@ impl CudaBackend {
             let wb = self.buf::<u16>(n * q.shape.k)?;
             self.gpu.qdequant(&q, ptr(&wb)).map_err(kerr)?;
             return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
-        }
-        if rows <= self.variants().awq_gemv_rows && Gpu::gemv_awq_takes(&q, rows, x.cols) && x.cols == q.shape.k {
-            let xb = self.bf16_in(x)?;
-            // SAFETY: xb holds rows x cols bf16 (cols == k), q is this weight's packed stack and
-            // y holds rows x n f32: allocations of this backend.
-            return unsafe { self.gpu.gemv_awq(xb.ptr(), x.cols, rows, &q, y.ptr(), 0.0) }.map_err(kerr);
         }
         self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()))
     }

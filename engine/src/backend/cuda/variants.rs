@@ -45,9 +45,6 @@ pub struct Variants {
     /// [`GEMV_MAX_ROWS`]) through the GEMV kernel instead of cuBLAS (the first of two projections
     /// of one input, MLA's q and kv_a, in one launch); 0: never.
     pub gemv_rows: usize,
-    /// Dense linears over AWQ weights of at most this many rows (up to [`GEMV_MAX_ROWS`])
-    /// through the AWQ GEMV (`gemv_awq`) instead of the split-K persistent GEMM; 0: never.
-    pub awq_gemv_rows: usize,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
@@ -94,10 +91,6 @@ pub const DEFAULT_PDL: Pdl = Pdl::Light;
 /// 4.95 ms; run 48).
 pub const DEFAULT_GEMV_ROWS: usize = 4;
 
-/// Dense linears over AWQ weights of up to this many rows run on the AWQ GEMV by default: its
-/// tensor-core form costs the same at one row and eight.
-pub const DEFAULT_AWQ_GEMV_ROWS: usize = 8;
-
 /// The default persistent grouped-GEMM configuration: the fastest in `kernels-check --stages
 /// moe_tune` at the V2-Lite and V3 decode shapes of 16 and 64 tokens (82-98% of HBM bandwidth on
 /// an H200, kernels/bench/results/run6-tune.txt) and in whole V2-Lite decode steps.
@@ -125,7 +118,6 @@ impl Variants {
         qgemm: QuantGemm::Tiled,
         fold_shared: false,
         gemv_rows: 0,
-        awq_gemv_rows: 0,
         fused_prologue: false,
         pdl: Pdl::Off,
     };
@@ -147,8 +139,7 @@ impl Variants {
                 return Err(EngineError::Config(format!("CLEAVE_SHARED_EXPERTS: `{v}` is not one of folded, separate")))
             }
         };
-        v.gemv_rows = Self::parse_gemv("CLEAVE_DENSE_GEMV", &var("CLEAVE_DENSE_GEMV"), DEFAULT_GEMV_ROWS)?;
-        v.awq_gemv_rows = Self::parse_gemv("CLEAVE_AWQ_GEMV", &var("CLEAVE_AWQ_GEMV"), DEFAULT_AWQ_GEMV_ROWS)?;
+        v.gemv_rows = Self::parse_gemv(&var("CLEAVE_DENSE_GEMV"))?;
         v.fused_prologue = match var("CLEAVE_MLA_PROLOGUE").as_str() {
             "" | "fused" => true,
             "separate" => false,
@@ -164,16 +155,15 @@ impl Variants {
         Ok(v)
     }
 
-    /// `CLEAVE_DENSE_GEMV` or `CLEAVE_AWQ_GEMV` (`name`): empty (`default`), `off`, or the most
-    /// rows.
-    pub fn parse_gemv(name: &str, v: &str, default: usize) -> Result<usize> {
+    /// `CLEAVE_DENSE_GEMV`: empty (the default, [`DEFAULT_GEMV_ROWS`]), `off`, or the most rows.
+    pub fn parse_gemv(v: &str) -> Result<usize> {
         match v {
-            "" => Ok(default),
+            "" => Ok(DEFAULT_GEMV_ROWS),
             "off" => Ok(0),
             v => match v.parse::<usize>() {
                 Ok(n) if (1..=GEMV_MAX_ROWS).contains(&n) => Ok(n),
                 _ => Err(EngineError::Config(format!(
-                    "{name}: `{v}` is not off or a row count from 1 to {GEMV_MAX_ROWS}"
+                    "CLEAVE_DENSE_GEMV: `{v}` is not off or a row count from 1 to {GEMV_MAX_ROWS}"
                 ))),
             },
         }
@@ -245,7 +235,6 @@ impl Variants {
             qgemm,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
-            awq_gemv_rows: DEFAULT_AWQ_GEMV_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
         })
@@ -271,7 +260,6 @@ mod tests {
                 qgemm: QuantGemm::Persistent(None),
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
-                awq_gemv_rows: DEFAULT_AWQ_GEMV_ROWS,
                 fused_prologue: true,
                 pdl: DEFAULT_PDL,
             }
@@ -280,18 +268,15 @@ mod tests {
         let later = Variants {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
-            awq_gemv_rows: DEFAULT_AWQ_GEMV_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             ..Variants::FIRST
         };
         assert_eq!(first, later);
-        assert_eq!(Variants::parse_gemv("CLEAVE_DENSE_GEMV", "off", 4).unwrap(), 0);
-        assert_eq!(Variants::parse_gemv("CLEAVE_DENSE_GEMV", "4", 2).unwrap(), 4);
-        assert_eq!(Variants::parse_gemv("CLEAVE_AWQ_GEMV", "", 8).unwrap(), 8);
+        assert_eq!(Variants::parse_gemv("off").unwrap(), 0);
+        assert_eq!(Variants::parse_gemv("4").unwrap(), 4);
         for bad in ["0", "9", "fast"] {
-            let e = Variants::parse_gemv("CLEAVE_AWQ_GEMV", bad, 8).unwrap_err().to_string();
-            assert!(e.contains("CLEAVE_AWQ_GEMV"), "{e}");
+            assert!(Variants::parse_gemv(bad).unwrap_err().to_string().contains("CLEAVE_DENSE_GEMV"));
         }
         assert_eq!(Variants::parse("", "v2", "", "", "").unwrap().moe_persistent, None);
         assert_eq!(Variants::parse("v3:32", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(32)));
