@@ -212,14 +212,13 @@ extern "C" __global__ void kv_scatter_f32(const float* in, const u32* blocks, fl
 }
 
 // MLA's step between the projections and attention (replaces rope_f32 on q, rms_norm_f32, rope_f32
-// on the latent and write_kv, with their arithmetic). Grid (rows, 1 + ceil(heads / MLA_PRO_HEADS)):
-// block (r, 0) takes token r's latent row (`lora` values, then the shared rope key): RMS-normalized
+// on the latent and write_kv, with their arithmetic). Grid (rows, 1 + Q): block (r, 0) takes token r's latent row (`lora` values, then the shared rope key): RMS-normalized
 // by `w` over its first `lora` columns, its key rotated, and written to the cache at the token's
-// slot (nothing for NO_SLOT). Block (r, 1 + j) takes heads [j MLA_PRO_HEADS, ...) of q (each
+// slot (nothing for NO_SLOT). Block (r, 1 + j) takes heads [j H, (j + 1) H) of q, H = ceil(heads /
+// Q) (each
 // `qstride` = nope + rope columns, the rope ones from `qoff` on): RoPE in place and, with `qb`
 // non-null, the rotated row also written as bf16 there (the absorbed attention's GEMM operand).
 // One block per token did all of it: at 128 heads a serial 37 us (run 51).
-#define MLA_PRO_HEADS 4
 template <typename T>
 __device__ __forceinline__ void mla_prologue(float* q, bf16_t* qb, int qcols, int heads, int qoff, int qstride, const float* kv,
                                              const float* w, float eps, const float* cos_sin, const u32* pos,
@@ -229,7 +228,8 @@ __device__ __forceinline__ void mla_prologue(float* q, bf16_t* qb, int qcols, in
     const int r = blockIdx.x, t = threadIdx.x, half = rope / 2, width = lora + rope;
     const float* cs = cos_sin + (u64)pos[r] * rope;
     if (blockIdx.y > 0) {
-        const int h0 = (blockIdx.y - 1) * MLA_PRO_HEADS, nh = min(MLA_PRO_HEADS, heads - h0);
+        const int per = (heads + gridDim.y - 2) / (gridDim.y - 1);
+        const int h0 = (blockIdx.y - 1) * per, nh = min(per, heads - h0);
         float* qr = q + (u64)r * qcols + (u64)h0 * qstride;
         bf16_t* br = qb ? qb + (u64)r * qcols + (u64)h0 * qstride : nullptr;
         for (int i = t; i < nh * qstride; i += blockDim.x) {

@@ -1,25 +1,24 @@
 //! Paged KV-cache launchers: writing new latents, and block export/import (bf16 fast path and
 //! the f32 reference-precision cache share one argument layout each).
 
-use crate::{Arg, Gpu, KernelError, Result};
+use crate::{Arg, Gpu, Result};
 
 use Arg::{Ptr, F32, I32, U64};
 
 /// A cache slot that [`Gpu::write_kv`] skips: the padding rows of a captured decode step.
 pub const NO_SLOT: u32 = u32::MAX;
 
-/// Heads of q per block of [`Gpu::mla_prologue`] (`MLA_PRO_HEADS` in elementwise.cu).
+/// Heads of q per block of [`Gpu::mla_prologue`] (at most; the kernel reads it from the grid).
 const MLA_PROLOGUE_HEADS: usize = 4;
 
 /// One [`Gpu::mla_prologue`]: device addresses and shapes.
 #[derive(Debug, Clone, Copy)]
 pub struct MlaPrologue {
     pub rows: usize,
-    /// `[rows, q_cols]` f32, rotated in place: `heads` heads of `nope + rope` columns.
+    /// `[rows, heads * (nope + rope)]` f32, rotated in place.
     pub q: u64,
     /// Where the rotated q is also written as bf16 (0: not written).
     pub q_bf16: u64,
-    pub q_cols: usize,
     pub heads: usize,
     pub nope: usize,
     pub rope: usize,
@@ -54,7 +53,7 @@ impl Gpu {
         let args = [
             Ptr(m.q),
             Ptr(m.q_bf16),
-            I32(m.q_cols as i32),
+            I32((m.heads * (m.nope + m.rope)) as i32),
             I32(m.heads as i32),
             I32(m.nope as i32),
             I32((m.nope + m.rope) as i32),
@@ -72,12 +71,6 @@ impl Gpu {
             I32(m.block_size as i32),
             I32(m.interleaved as i32),
         ];
-        if m.q_cols != m.heads * (m.nope + m.rope) {
-            return Err(KernelError::Invalid(format!(
-                "mla_prologue: q has {} columns, not {} heads of {} + {}",
-                m.q_cols, m.heads, m.nope, m.rope
-            )));
-        }
         let name = if m.f32_cache { "mla_prologue_f32" } else { "mla_prologue_bf16" };
         let q_blocks = m.heads.div_ceil(MLA_PROLOGUE_HEADS) as u32;
         self.launch(name, (m.rows as u32, 1 + q_blocks, 1), 256, 0, &args)

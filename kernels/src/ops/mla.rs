@@ -201,6 +201,21 @@ mod tests {
     }
 
     #[test]
+    fn only_v3_at_one_split_writes_its_output() {
+        // kernels-check's "decode, one split" case: 300 rows of 16 heads at up to 3 blocks per SM.
+        let p = MlaLaunch { rows: 300, max_ctx: 100, ..lite() };
+        let v3 = p.kernel(MlaDecode::V3(None));
+        for per_sm in 1..=3 {
+            assert_eq!(p.splits(&v3, 132, per_sm), 1);
+        }
+        assert!(v3.writes_output(1) && !v3.writes_output(2));
+        assert!(!p.kernel(MlaDecode::V2).writes_output(1));
+        // 64 rows of 16 heads split their keys: the combine runs.
+        let b64 = MlaLaunch { rows: 64, max_ctx: 1024, ..lite() };
+        assert!(!v3.writes_output(b64.splits(&v3, 132, 2)));
+    }
+
+    #[test]
     fn settings_round_trip() {
         for s in ["v1", "v2", "v3", "v3:16", "v3:32", "v3:64"] {
             assert_eq!(s.parse::<MlaDecode>().unwrap().to_string(), s);

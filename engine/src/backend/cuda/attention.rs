@@ -34,7 +34,7 @@ pub(super) fn prologue(
     check_positions(q.rows, rot.cos_sin, rot.positions)?;
     check_slots(cache, layer, kv, slots)?;
     if q.rows != kv.rows
-        || q.cols < d.heads * (d.nope + d.rope)
+        || q.cols != d.heads * (d.nope + d.rope)
         || norm.len() != d.kv_lora
         || rot.cos_sin.cols != d.rope
         || cache.layout.width != d.kv_lora + d.rope
@@ -57,7 +57,6 @@ pub(super) fn prologue(
         rows: q.rows,
         q: q.ptr_mut(),
         q_bf16: q_bf16.as_ref().map_or(0, |b| ptr(b)),
-        q_cols: q.cols,
         heads: d.heads,
         nope: d.nope,
         rope: d.rope,
