@@ -63,6 +63,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
     ("qdecode", include_str!("cu/qdecode.cu"), ops::QDECODE_KERNELS),
+    ("wgmma", include_str!("cu/wgmma.cu"), ops::GGW_KERNELS),
     (
         "moe",
         include_str!("cu/moe.cu"),
@@ -239,7 +240,7 @@ impl Gpu {
         let smem = max_smem_optin.min(200 * 1024) as i32;
         let qgemm = ops::QUANT_KERNELS.iter().chain(ops::QDECODE_KERNELS).copied().filter(|k| k.starts_with("qg"));
         let mla = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].iter().chain(ops::MLA3_KERNELS).copied();
-        let opt_in = mla.chain(qgemm);
+        let opt_in = mla.chain(qgemm).chain(ops::GGW_KERNELS.iter().copied());
         for f in opt_in {
             let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuExperts, CpuRouting};
-use cleave_engine::backend::cuda::{CudaExperts, Variants, DEFAULT_PERSISTENT};
+use cleave_engine::backend::cuda::{CudaExperts, CudaRouting, CudaTensor, Variants, WgmmaGemm, DEFAULT_PERSISTENT, DEFAULT_WGMMA};
 use cleave_engine::backend::Backend;
 
 use super::ops::{Ctx, RandomExperts};
@@ -11,19 +11,68 @@ use super::{experts_touched, rel_err, Ceiling};
 
 impl Ctx<'_> {
     /// The experts under the default grouped GEMM, v1, the persistent decode kernel (on, or off
-    /// when it is the default) and without its 32-row tiles.
+    /// when it is the default), without its 32-row tiles and, at prefill sizes, the mma.sync
+    /// kernel in place of wgmma (or wgmma when it is off); then wgmma against mma.sync on every
+    /// row of a prefill batch.
     pub fn experts(&mut self) -> Result<()> {
         let def = self.cu.variants();
         let (tag, other) = match def.moe_persistent {
             Some(_) => (" no-ggp", None),
             None => (" ggp", Some(DEFAULT_PERSISTENT)),
         };
+        let (wtag, wother) = match def.prefill_gemm {
+            Some(_) => (" mma-prefill", None),
+            None => (" wgmma", Some(DEFAULT_WGMMA)),
+        };
         let alts = [
-            (" v1".to_string(), Variants { gemm_v2: false, moe_persistent: None, ..def }),
+            (" v1".to_string(), Variants { gemm_v2: false, moe_persistent: None, prefill_gemm: None, ..def }),
             (tag.to_string(), Variants { moe_persistent: other, ..def }),
             (" no-r32".to_string(), Variants { moe_rows32: None, ..def }),
+            (wtag.to_string(), Variants { prefill_gemm: wother, ..def }),
         ];
-        self.each_variant(" v2", &alts, Self::experts_all)
+        self.each_variant(" v2", &alts, Self::experts_all)?;
+        self.prefill_gemm_agrees()
+    }
+
+    /// The wgmma grouped GEMM (each compiled shape) against the mma.sync one on every row of a
+    /// prefill batch: partial row tiles, a partial column block and a partial k-tile in the quick
+    /// shape, V2-Lite's experts at 4096 tokens otherwise. Skipped where wgmma is not compiled in.
+    fn prefill_gemm_agrees(&mut self) -> Result<()> {
+        if self.precise || !self.cu.gpu().has_wgmma() {
+            return Ok(());
+        }
+        let (e, h, i, k, n) = if self.quick { (8, 256, 200, 3, 300) } else { (64, 2048, 1408, 6, 4096) };
+        let weights = RandomExperts::new(&mut self.rng, e, h, i);
+        let eg = self.cu.load_experts(&weights.sources(), 0, 0)?;
+        let ids = self.rng.routes(n, e, k);
+        let w: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
+        let xg = self.cu.upload(&self.rng.vec(n * h, 1.0), n, h)?;
+        let rg = self.cu.routing_from_host(&ids, &w, k)?;
+        let def = self.cu.variants();
+        let r = self.prefill_gemm_cases(def, (e, h, i, k, n), &xg, &rg, &eg);
+        self.cu.set_variants(def);
+        r
+    }
+
+    fn prefill_gemm_cases(
+        &mut self,
+        def: Variants,
+        (e, h, i, k, n): (usize, usize, usize, usize, usize),
+        xg: &CudaTensor,
+        rg: &CudaRouting,
+        eg: &CudaExperts,
+    ) -> Result<()> {
+        self.cu.set_variants(Variants { prefill_gemm: None, ..def });
+        let want = self.cu.download(&self.cu.moe_experts(xg, rg, eg)?)?;
+        for cfg in WgmmaGemm::compiled() {
+            self.cu.set_variants(Variants { prefill_gemm: Some(cfg), ..def });
+            let got = self.cu.download(&self.cu.moe_experts(xg, rg, eg)?)?;
+            let us = self.time(|| self.cu.moe_experts(xg, rg, eg).map(drop))?;
+            let flops = 2.0 * (n * k * 3 * h * i) as f64;
+            let shape = format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, all rows against mma.sync");
+            self.push(&format!("moe_experts wgmma {cfg}"), shape, rel_err(&got, &want), 1e-2, us, 0.0, flops, Ceiling::Tc);
+        }
+        Ok(())
     }
 
     fn experts_all(&mut self) -> Result<()> {

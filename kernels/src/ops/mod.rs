@@ -18,7 +18,7 @@ pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
 pub use mla::{MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
 mod moe;
-pub use moe::{GemmKernel, GroupedGemm, PersistentGemm};
+pub use moe::{GemmKernel, GroupedGemm, PersistentGemm, WgmmaGemm, GGW_KERNELS};
 mod qdecode;
 pub use qdecode::{QPersist, QDECODE_KERNELS};
 mod quant;

@@ -1,5 +1,5 @@
-//! MoE launchers: routing, expert alignment, grouped GEMM (v1 and v2 kernels, one argument
-//! layout), the weighted combine, and the f32 reference expert MLP.
+//! MoE launchers: routing, expert alignment, grouped GEMM (tiled v1/v2, persistent and wgmma
+//! kernels, one argument layout), the weighted combine, and the f32 reference expert MLP.
 
 use super::GG_BN;
 use crate::{Arg, Gpu, KernelError, Result};
@@ -24,6 +24,18 @@ pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
     (32, 64, 64, 3, "ggpr32_64_64_3_f32", "ggpr32_64_64_3_silu"),
 ];
 
+/// (bm, bn, stages) of every compiled wgmma grouped-GEMM shape (wgmma.cu); shape i is the
+/// kernels `GGW_KERNELS[2 i]` (f32) and `[2 i + 1]` (SiLU).
+const GGW_SHAPES: [(usize, usize, usize); 3] = [(128, 128, 3), (128, 128, 4), (64, 256, 3)];
+pub const GGW_KERNELS: &[&str] = &[
+    "ggw_128x128_3_f32",
+    "ggw_128x128_3_silu",
+    "ggw_128x128_4_f32",
+    "ggw_128x128_4_silu",
+    "ggw_64x256_3_f32",
+    "ggw_64x256_3_silu",
+];
+
 /// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
 /// rs..rs+rc) of `tiles`/`meta` (from `moe_align`), Y[rs + r, :n] = X[row(rs + r), :k] W[e]^T with
 /// row(p) = rowidx[p] (or p when `rowidx` is 0). `silu` takes interleaved gate/up columns and
@@ -42,13 +54,65 @@ pub struct GroupedGemm {
     pub k: usize,
 }
 
-/// Which grouped-GEMM kernel runs: one block per (tile of `bm` rows, 128 columns), v1 or v2, or
-/// the persistent decode kernel (`gg_persistent` in moe.cu: one wave of resident blocks, each
-/// streaming a balanced range of (row tile, `bn` columns) items through one cp.async pipeline).
+/// Which grouped-GEMM kernel runs: one block per (tile of `bm` rows, 128 columns), v1 or v2, the
+/// persistent decode kernel (`gg_persistent` in moe.cu: one wave of resident blocks, each
+/// streaming a balanced range of (row tile, `bn` columns) items through one cp.async pipeline),
+/// or the Hopper warpgroup-MMA kernel for prefill sizes (`gg_wgmma`, sm_90a only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemmKernel {
     Tiled { v2: bool, bm: usize },
     Persistent(PersistentGemm),
+    Wgmma(WgmmaGemm),
+}
+
+/// A wgmma grouped-GEMM shape: rows per tile (`moe_align` must tile by it), columns per block and
+/// pipeline stages of 64 channels; written `BMxBN/STAGES`, e.g. `128x128/3`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WgmmaGemm {
+    pub bm: usize,
+    pub bn: usize,
+    pub stages: usize,
+}
+
+impl WgmmaGemm {
+    /// Every compiled shape.
+    pub fn compiled() -> impl Iterator<Item = WgmmaGemm> {
+        GGW_SHAPES.iter().map(|&(bm, bn, stages)| WgmmaGemm { bm, bn, stages })
+    }
+
+    fn kernel(&self, silu: bool) -> Result<&'static str> {
+        let i = GGW_SHAPES
+            .iter()
+            .position(|&s| s == (self.bm, self.bn, self.stages))
+            .ok_or_else(|| KernelError::Invalid(format!("wgmma grouped GEMM shape {self} is not compiled")))?;
+        Ok(GGW_KERNELS[2 * i + silu as usize])
+    }
+
+    /// Dynamic shared memory per block: the stages of both operands' 128-byte rows, and 1 KB to
+    /// align them to the swizzle's 1024 bytes.
+    pub fn smem_bytes(&self) -> usize {
+        self.stages * (self.bm + self.bn) * 128 + 1024
+    }
+}
+
+impl std::fmt::Display for WgmmaGemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}/{}", self.bm, self.bn, self.stages)
+    }
+}
+
+impl std::str::FromStr for WgmmaGemm {
+    type Err = KernelError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || KernelError::Invalid(format!("wgmma grouped GEMM `{s}`: expected BMxBN/STAGES"));
+        let (bm, rest) = s.split_once('x').ok_or_else(bad)?;
+        let (bn, stages) = rest.split_once('/').ok_or_else(bad)?;
+        let num = |v: &str| v.trim().parse::<usize>().map_err(|_| bad());
+        let cfg = WgmmaGemm { bm: num(bm)?, bn: num(bn)?, stages: num(stages)? };
+        cfg.kernel(false)?;
+        Ok(cfg)
+    }
 }
 
 /// A persistent decode grouped-GEMM configuration: rows per tile (16, or 32 for 16-32 rows per
@@ -240,7 +304,19 @@ impl Gpu {
                 all.push(I32(cfg.prefetch.min(1 << 20) as i32));
                 self.launch(Self::persistent_kernel(cfg, g.silu)?, (blocks as u32, 1, 1), 128, 0, &all)
             }
+            GemmKernel::Wgmma(cfg) => {
+                if !self.has_wgmma() {
+                    return Err(KernelError::Invalid(format!("the wgmma grouped GEMM needs sm_90a, not {}", self.arch)));
+                }
+                let grid = (n.div_ceil(cfg.bn) as u32, g.max_tiles as u32, 1);
+                self.launch(cfg.kernel(g.silu)?, grid, 128, cfg.smem_bytes() as u32, &args)
+            }
         }
+    }
+
+    /// Whether the device runs Hopper's warpgroup MMA (the kernels are compiled for sm_90a).
+    pub fn has_wgmma(&self) -> bool {
+        self.arch == "sm_90a"
     }
 
     fn persistent_kernel(cfg: PersistentGemm, silu: bool) -> Result<&'static str> {
@@ -327,5 +403,23 @@ mod tests {
         assert!("128/32/4/4".parse::<PersistentGemm>().is_err());
         assert!("32/64/4".parse::<PersistentGemm>().is_err());
         assert!("a/64/4/4".parse::<PersistentGemm>().is_err());
+    }
+
+    #[test]
+    fn wgmma_shapes_are_compiled_kernels() {
+        let module = crate::MODULES.iter().find(|m| m.0 == "wgmma").expect("wgmma module");
+        assert_eq!(module.2, GGW_KERNELS);
+        assert_eq!(2 * WgmmaGemm::compiled().count(), GGW_KERNELS.len());
+        for cfg in WgmmaGemm::compiled() {
+            for silu in [false, true] {
+                let epi = if silu { "silu" } else { "f32" };
+                assert_eq!(cfg.kernel(silu).unwrap(), format!("ggw_{}x{}_{}_{epi}", cfg.bm, cfg.bn, cfg.stages));
+            }
+            assert_eq!(cfg.to_string().parse::<WgmmaGemm>().unwrap(), cfg);
+            assert!(cfg.smem_bytes() <= 200 * 1024, "{cfg}: over the opt-in limit set in Gpu::new");
+        }
+        assert!("128x128/5".parse::<WgmmaGemm>().is_err(), "not compiled");
+        assert!("128x128".parse::<WgmmaGemm>().is_err());
+        assert!("128/3".parse::<WgmmaGemm>().is_err());
     }
 }

@@ -79,7 +79,14 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if routed_a >= ROWS32_MIN_AVG * aligned => Some(cfg),
         _ => None,
     };
-    let bm = if prefill {
+    // Prefill-sized bf16 batches on Hopper's warpgroup MMA, with its row tiles.
+    let wgmma = match (&ex.data, v.prefill_gemm) {
+        (ExpertData::Bf16 { .. }, Some(cfg)) if prefill && gpu.has_wgmma() => Some(cfg),
+        _ => None,
+    };
+    let bm = if let Some(cfg) = wgmma {
+        cfg.bm
+    } else if prefill {
         64
     } else if rows32.is_some() {
         32
@@ -123,9 +130,10 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let (tiles, meta) = (ptr(&tiles), ptr(&meta));
     match &ex.data {
         ExpertData::Bf16 { gate_up, down } => {
-            let kernel = match (v.moe_persistent, rows32) {
-                (_, Some(cfg)) if bm == 32 => GemmKernel::Persistent(cfg),
-                (Some(cfg), _) if bm == 16 => GemmKernel::Persistent(cfg),
+            let kernel = match (wgmma, v.moe_persistent, rows32) {
+                (Some(cfg), _, _) => GemmKernel::Wgmma(cfg),
+                (_, _, Some(cfg)) if bm == 32 => GemmKernel::Persistent(cfg),
+                (_, Some(cfg), _) if bm == 16 => GemmKernel::Persistent(cfg),
                 _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },
             };
             let gate_up = GroupedGemm {

@@ -1,7 +1,7 @@
 //! Kernel variants: which of the checked implementations of an op the backend launches. Every
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
-pub use cleave_kernels::ops::{MlaDecode, Pdl, PersistentGemm, QPersist, GEMV_MAX_ROWS};
+pub use cleave_kernels::ops::{MlaDecode, Pdl, PersistentGemm, QPersist, WgmmaGemm, GEMV_MAX_ROWS};
 use cleave_kernels::quant::QFormat;
 
 use crate::error::{EngineError, Result};
@@ -15,12 +15,16 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
 /// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
-/// [`DEFAULT_PDL`]).
+/// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
+/// [`DEFAULT_WGMMA`] on sm_90a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
     pub mla: MlaDecode,
     pub gemm_v2: bool,
+    /// Prefill-sized bf16 expert batches through the warpgroup-MMA grouped GEMM in this shape (on
+    /// sm_90a; elsewhere, or when None, the tiled mma.sync kernel with 64-row tiles).
+    pub prefill_gemm: Option<WgmmaGemm>,
     /// Decode-sized expert batches (row tiles of 16) through the persistent grouped GEMM in this
     /// configuration instead of one block per (tile, 128 columns).
     pub moe_persistent: Option<PersistentGemm>,
@@ -106,11 +110,15 @@ pub const DEFAULT_ROWS32: PersistentGemm = PersistentGemm { bm: 32, bn: 64, bk: 
 /// 32-row ones 26% (run 40).
 pub const ROWS32_MIN_AVG: usize = 16;
 
+/// The default wgmma grouped-GEMM shape for prefill-sized expert batches.
+pub const DEFAULT_WGMMA: WgmmaGemm = WgmmaGemm { bm: 128, bn: 128, stages: 3 };
+
 impl Variants {
     /// The first kernel versions (a fallback if the defaults regress).
     pub const FIRST: Variants = Variants {
         mla: MlaDecode::V1,
         gemm_v2: false,
+        prefill_gemm: None,
         moe_persistent: None,
         moe_rows32: None,
         expanded_prefill: false,
@@ -132,6 +140,7 @@ impl Variants {
             &var("CLEAVE_QGEMM"),
         )?;
         v.moe_rows32 = Self::parse_rows32(&var("CLEAVE_MOE_ROWS32"))?;
+        v.prefill_gemm = Self::parse_prefill_gemm(&var("CLEAVE_PREFILL_GEMM"))?;
         v.fold_shared = match var("CLEAVE_SHARED_EXPERTS").as_str() {
             "" | "folded" => true,
             "separate" => false,
@@ -164,6 +173,23 @@ impl Variants {
                 Ok(n) if (1..=GEMV_MAX_ROWS).contains(&n) => Ok(n),
                 _ => Err(EngineError::Config(format!(
                     "CLEAVE_DENSE_GEMV: `{v}` is not off or a row count from 1 to {GEMV_MAX_ROWS}"
+                ))),
+            },
+        }
+    }
+
+    /// `CLEAVE_PREFILL_GEMM`: empty or `wgmma` (the default, [`DEFAULT_WGMMA`]), `mma`, or
+    /// `wgmma:BMxBN/STAGES`.
+    pub fn parse_prefill_gemm(v: &str) -> Result<Option<WgmmaGemm>> {
+        match v {
+            "" | "wgmma" => Ok(Some(DEFAULT_WGMMA)),
+            "mma" => Ok(None),
+            v => match v.strip_prefix("wgmma:") {
+                Some(cfg) => {
+                    cfg.parse().map(Some).map_err(|e| EngineError::Config(format!("CLEAVE_PREFILL_GEMM: {e}")))
+                }
+                None => Err(EngineError::Config(format!(
+                    "CLEAVE_PREFILL_GEMM: `{v}` is not one of wgmma, mma, wgmma:BMxBN/STAGES"
                 ))),
             },
         }
@@ -228,6 +254,7 @@ impl Variants {
         Ok(Variants {
             mla,
             gemm_v2,
+            prefill_gemm: Some(DEFAULT_WGMMA),
             moe_persistent,
             moe_rows32,
             expanded_prefill,
@@ -253,6 +280,7 @@ mod tests {
             Variants {
                 mla: MlaDecode::V3(None),
                 gemm_v2: true,
+                prefill_gemm: Some(DEFAULT_WGMMA),
                 moe_persistent: Some(DEFAULT_PERSISTENT),
                 moe_rows32: Some(DEFAULT_ROWS32),
                 expanded_prefill: true,
@@ -266,6 +294,7 @@ mod tests {
         );
         let first = Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap();
         let later = Variants {
+            prefill_gemm: Some(DEFAULT_WGMMA),
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             fused_prologue: true,
@@ -282,6 +311,12 @@ mod tests {
         assert_eq!(Variants::parse("v3:32", "", "", "", "").unwrap().mla, MlaDecode::V3(Some(32)));
         let custom = Variants::parse("", "persistent:16/64/4/2", "", "", "").unwrap();
         assert_eq!(custom.moe_persistent, Some(PersistentGemm { bm: 16, bn: 16, bk: 64, stages: 4, prefetch: 2 }));
+        assert_eq!(Variants::parse_prefill_gemm("mma").unwrap(), None);
+        assert_eq!(Variants::parse_prefill_gemm("").unwrap(), Some(DEFAULT_WGMMA));
+        assert_eq!(Variants::parse_prefill_gemm("wgmma:64x256/3").unwrap().map(|c| c.bn), Some(256));
+        for bad in ["wgmma:64x64/3", "fast", "wgmma:"] {
+            assert!(Variants::parse_prefill_gemm(bad).unwrap_err().to_string().contains("CLEAVE_PREFILL_GEMM"));
+        }
         assert_eq!(Variants::parse_rows32("off").unwrap(), None);
         assert_eq!(Variants::parse_rows32("32x64/32/6/0").unwrap().map(|c| c.bn), Some(64));
         assert!(Variants::parse_rows32("32/64/6/0").unwrap_err().to_string().contains("CLEAVE_MOE_ROWS32"));
