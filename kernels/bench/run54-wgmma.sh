@@ -21,7 +21,7 @@ for m in v2lite v3l4; do
     f=$OUT/run54-$m-$(echo $v | tr ':/' '__').txt
     CLEAVE_PREFILL_GEMM=$v timeout 150 $C kernels-check --no-ops --bench-model /dev/shm/$m --batches 1 --prefill 4096 > $f 2>&1
     echo "$m $v rc=$? $(( $(date +%s) - S )) s: $(grep -A1 'prefill of one' $f | tail -1)"
-    grep -E "^ +(gg|ggw)" $f | head -4 | cut -c1-150
+    grep -E "profile prefill" $f | cut -c1-300
   done
 done
 rm -rf /dev/shm/v2lite /dev/shm/v3l4
