@@ -118,8 +118,30 @@ pub fn mma_position(c: usize) -> usize {
     c - k + 16 * (k >> 4) + 4 * ((k & 7) >> 1) + 2 * ((k >> 3) & 1) + (k & 1)
 }
 
+/// Where channel `c` of a row lies in the activations of the FP8 wgmma grouped GEMM
+/// (`act_quant_fp8_mma` with `Fp8Order::Wgmma`): permuted within its 32-channel unit to the byte
+/// order in which the weights' fragment layout keeps a column's 32 bytes of the unit
+/// ([`crate::quant::pack`]).
+pub fn wgmma_position(c: usize) -> usize {
+    let k = c % 32;
+    c - k + 8 * ((k >> 1) & 3) + 2 * (k >> 3) + (k & 1)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn wgmma_positions_follow_the_weights_bytes() {
+        use crate::quant::{pack, QFormat, QShape};
+        // One column of one unit: byte b of the column's 32 holds the channel numbered b.
+        let shape = QShape { format: QFormat::Fp8E4m3, experts: 1, n: 1, k: 32, group: 32 };
+        let p = pack(&shape, |_, k| super::wgmma_position(k) as u8, |_, _| 1.0, |_, _| 0).unwrap();
+        let bytes: Vec<u8> = p.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(&bytes[..32], &(0..32u8).collect::<Vec<_>>()[..]);
+        let mut seen = [false; 64];
+        (0..64).for_each(|c| seen[super::wgmma_position(c)] = true);
+        assert!(seen.iter().all(|&s| s), "a permutation of each unit");
+    }
+
     #[test]
     fn mma_positions_permute_each_unit_to_the_weights_k_slots() {
         // Slot s of a unit holds channel 16 (s >> 4) + 2 ((s >> 2) & 3) + 8 ((s >> 1) & 1) + (s & 1):

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuExperts, CpuRouting};
-use cleave_engine::backend::cuda::{CudaExperts, CudaRouting, CudaTensor, Variants, WgmmaGemm, DEFAULT_PERSISTENT, DEFAULT_WGMMA};
+use cleave_engine::backend::cuda::{CudaExperts, Variants, WgmmaGemm, DEFAULT_PERSISTENT, DEFAULT_WGMMA};
 use cleave_engine::backend::Backend;
 
 use super::ops::{Ctx, RandomExperts};
@@ -44,33 +44,44 @@ impl Ctx<'_> {
         let (e, h, i, k, n) = if self.quick { (8, 256, 200, 3, 300) } else { (64, 2048, 1408, 6, 4096) };
         let weights = RandomExperts::new(&mut self.rng, e, h, i);
         let eg = self.cu.load_experts(&weights.sources(), 0, 0)?;
+        let def = self.cu.variants();
+        let cases: Vec<_> = WgmmaGemm::compiled()
+            .map(|cfg| (format!("moe_experts wgmma {cfg}"), Variants { prefill_gemm: Some(cfg), ..def }))
+            .collect();
+        let shape = ExpertShape { e, h, i, top: k, shared: 0, bytes_per_param: 2.0 };
+        self.variants_agree(&eg, shape, n, ("mma.sync", Variants { prefill_gemm: None, ..def }), &cases)
+    }
+
+    /// `moe_experts` on `n` tokens routed at random under each of `cases` against `base` on every
+    /// row (the CPU check compares a few rows only), timed.
+    pub(super) fn variants_agree(
+        &mut self,
+        eg: &CudaExperts,
+        s: ExpertShape,
+        n: usize,
+        base: (&str, Variants),
+        cases: &[(String, Variants)],
+    ) -> Result<()> {
+        let (e, h, i, k) = (s.e, s.h, s.i, s.top);
         let ids = self.rng.routes(n, e, k);
         let w: Vec<f32> = (0..n * k).map(|_| 0.1 + self.rng.unit()).collect();
         let xg = self.cu.upload(&self.rng.vec(n * h, 1.0), n, h)?;
         let rg = self.cu.routing_from_host(&ids, &w, k)?;
         let def = self.cu.variants();
-        let r = self.prefill_gemm_cases(def, (e, h, i, k, n), &xg, &rg, &eg);
+        let run = |v: Variants| -> Result<(Vec<f32>, f64)> {
+            self.cu.set_variants(v);
+            let y = self.cu.download(&self.cu.moe_experts(&xg, &rg, eg)?)?;
+            let us = self.time(|| self.cu.moe_experts(&xg, &rg, eg).map(drop))?;
+            Ok((y, us))
+        };
+        let r = run(base.1).and_then(|(want, _)| {
+            cases.iter().map(|(op, v)| run(*v).map(|(got, us)| (op, rel_err(&got, &want), us))).collect::<Result<Vec<_>>>()
+        });
         self.cu.set_variants(def);
-        r
-    }
-
-    fn prefill_gemm_cases(
-        &mut self,
-        def: Variants,
-        (e, h, i, k, n): (usize, usize, usize, usize, usize),
-        xg: &CudaTensor,
-        rg: &CudaRouting,
-        eg: &CudaExperts,
-    ) -> Result<()> {
-        self.cu.set_variants(Variants { prefill_gemm: None, ..def });
-        let want = self.cu.download(&self.cu.moe_experts(xg, rg, eg)?)?;
-        for cfg in WgmmaGemm::compiled() {
-            self.cu.set_variants(Variants { prefill_gemm: Some(cfg), ..def });
-            let got = self.cu.download(&self.cu.moe_experts(xg, rg, eg)?)?;
-            let us = self.time(|| self.cu.moe_experts(xg, rg, eg).map(drop))?;
-            let flops = 2.0 * (n * k * 3 * h * i) as f64;
-            let shape = format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, all rows against mma.sync");
-            self.push(&format!("moe_experts wgmma {cfg}"), shape, rel_err(&got, &want), 1e-2, us, 0.0, flops, Ceiling::Tc);
+        let flops = 2.0 * (n * k * 3 * h * i) as f64;
+        for (op, err, us) in r? {
+            let shape = format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, all rows against {}", base.0);
+            self.push(op, shape, err, 1e-2, us, 0.0, flops, Ceiling::Tc);
         }
         Ok(())
     }

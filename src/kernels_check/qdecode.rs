@@ -11,6 +11,7 @@ use cleave_engine::backend::cpu::CpuWeight;
 use cleave_engine::backend::cuda::{QuantGemm, Variants};
 use cleave_engine::backend::Backend;
 use cleave_kernels::fp8::{self, BLOCK};
+use cleave_kernels::ops::Fp8Order;
 use cleave_kernels::ptr;
 
 use super::experts::ExpertShape;
@@ -32,8 +33,8 @@ impl Ctx<'_> {
         r
     }
 
-    /// `act_quant_fp8_mma` from f32 and from bf16 equals `fp8::act_quant` byte for byte once its
-    /// bytes are put back in channel order.
+    /// `act_quant_fp8_mma` in both orders, from f32 and from bf16, equals `fp8::act_quant` byte for
+    /// byte once its bytes are put back in channel order.
     fn act_quant_mma_check(&mut self) -> Result<()> {
         let (rows, k) = if self.quick { (5, 256) } else { (64, 7168) };
         // bf16 values, so that the f32 and the bf16 inputs are the same numbers.
@@ -45,8 +46,11 @@ impl Ctx<'_> {
         gpu.htod(&x, ptr(&xf))?;
         gpu.htod(&bf, ptr(&xb))?;
         let (qd, sd) = (gpu.alloc::<u32>(rows * k / 4)?, gpu.alloc::<f32>(rows * k / BLOCK)?);
-        for (src, is_bf16, label) in [(ptr(&xf), false, "f32"), (ptr(&xb), true, "bf16")] {
-            gpu.act_quant_fp8_mma(src, is_bf16, rows, k, ptr(&qd), ptr(&sd))?;
+        let orders = [(Fp8Order::Mma, "", fp8::mma_position as fn(usize) -> usize), (Fp8Order::Wgmma, " wgmma", fp8::wgmma_position)];
+        for ((src, is_bf16, label), (order, tag, position)) in
+            [(ptr(&xf), false, "f32"), (ptr(&xb), true, "bf16")].into_iter().flat_map(|s| orders.map(|o| (s, o)))
+        {
+            gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd))?;
             let (mut q, mut s) = (vec![0u32; rows * k / 4], vec![0f32; rows * k / BLOCK]);
             gpu.dtoh(ptr(&qd), &mut q)?;
             gpu.dtoh(ptr(&sd), &mut s)?;
@@ -54,16 +58,16 @@ impl Ctx<'_> {
             let mut bad = 0usize;
             for r in 0..rows {
                 for c in 0..k {
-                    bad += (bytes[r * k + fp8::mma_position(c)] != want.q[r * k + c]) as usize;
+                    bad += (bytes[r * k + position(c)] != want.q[r * k + c]) as usize;
                 }
                 for b in 0..k / BLOCK {
                     bad += (s[r * (k / BLOCK) + b].to_bits() != want.scales[b * want.rows_p + r].to_bits()) as usize;
                 }
             }
-            let us = self.time(|| gpu.act_quant_fp8_mma(src, is_bf16, rows, k, ptr(&qd), ptr(&sd)).map_err(kerr))?;
+            let us = self.time(|| gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd)).map_err(kerr))?;
             let moved = (rows * k * if is_bf16 { 3 } else { 5 }) as f64;
             let total = rows * k + rows * k / BLOCK;
-            self.push_exact(&format!("act_quant_fp8_mma {label}"), format!("{rows} x {k}"), bad, total, us, moved);
+            self.push_exact(&format!("act_quant_fp8_mma{tag} {label}"), format!("{rows} x {k}"), bad, total, us, moved);
         }
         Ok(())
     }

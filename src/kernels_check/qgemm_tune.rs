@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 use cleave_kernels::cudarc::driver::CudaSlice;
-use cleave_kernels::ops::{QGemm, QPersist, QWeights};
+use cleave_kernels::ops::{Fp8Order, QGemm, QPersist, QWeights};
 use cleave_kernels::quant::{pack, QFormat, QShape};
 use cleave_kernels::{ptr, Gpu};
 
@@ -311,7 +311,7 @@ impl Activations {
         let fp8 = g.alloc::<u32>((rows * k).div_ceil(4))?;
         let scales = g.alloc::<f32>((rows * k.div_ceil(128)).max(1))?;
         if k.is_multiple_of(128) {
-            g.act_quant_fp8_mma(ptr(&bf16), true, rows, k, ptr(&fp8), ptr(&scales))?;
+            g.act_quant_fp8_mma(Fp8Order::Mma, ptr(&bf16), true, rows, k, ptr(&fp8), ptr(&scales))?;
         }
         Ok(Activations { bf16, fp8, scales })
     }

@@ -19,9 +19,6 @@ __device__ __forceinline__ void mma_e4m3(float* c, const u32 (&a)[4], u32 b0, u3
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
-}
 // Byte offset of 16-byte chunk c of row r in rows of CH chunks, XOR-swizzled so that ldmatrix over
 // eight consecutive rows touches distinct banks.
 template <int CH>
@@ -329,7 +326,10 @@ __device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
 //   PERM 1 (qg_persistent): Q [M, K] permuted within each 32-channel unit (channel k at position
 //          16 (k >> 4) + 4 ((k & 7) >> 1) + 2 ((k >> 3) & 1) + (k & 1), the inverse of pi above);
 //          S f32 [M, K / 128]; Mp == M.
-template <bool BF16, bool PERM>
+//   PERM 2 (the FP8 wgmma grouped GEMM, wgmma.cu): as PERM 1 with channel k at position
+//          8 ((k >> 1) & 3) + 2 (k >> 3) + (k & 1), where the weights' fragment layout keeps it in
+//          a column's 32 bytes of the unit.
+template <bool BF16, int PERM>
 __device__ __forceinline__ void act_quant(const void* __restrict__ X, unsigned char* __restrict__ Q,
                                           float* __restrict__ S, int M, int Mp, int K) {
     const int KB = K / 128, lane = threadIdx.x & 31;
@@ -357,7 +357,10 @@ __device__ __forceinline__ void act_quant(const void* __restrict__ X, unsigned c
         // Channels 4 lane .. 4 lane + 3: unit lane / 8, offsets o .. o + 3 (o = 4 (lane % 8)); the
         // pairs (o, o + 1) and (o + 2, o + 3) stay adjacent.
         const int unit = lane >> 3, o = 4 * (lane & 7);
-        auto pos = [](int k) { return 16 * (k >> 4) + 4 * ((k & 7) >> 1) + 2 * ((k >> 3) & 1) + (k & 1); };
+        auto pos = [](int k) {
+            return PERM == 1 ? 16 * (k >> 4) + 4 * ((k & 7) >> 1) + 2 * ((k >> 3) & 1) + (k & 1)
+                             : 8 * ((k >> 1) & 3) + 2 * (k >> 3) + (k & 1);
+        };
         unsigned short* d = reinterpret_cast<unsigned short*>(row + unit * 32);
         d[pos(o) >> 1] = (unsigned short)(q & 0xffffu);
         d[pos(o + 2) >> 1] = (unsigned short)(q >> 16);
@@ -368,6 +371,8 @@ __device__ __forceinline__ void act_quant(const void* __restrict__ X, unsigned c
     }
 }
 #define AQ_ARGS const void *X, unsigned char *Q, float *S, int M, int Mp, int K
-extern "C" __global__ void act_quant_fp8(AQ_ARGS) { act_quant<false, false>(X, Q, S, M, Mp, K); }
-extern "C" __global__ void act_quant_fp8_mma_f32(AQ_ARGS) { act_quant<false, true>(X, Q, S, M, Mp, K); }
-extern "C" __global__ void act_quant_fp8_mma_bf16(AQ_ARGS) { act_quant<true, true>(X, Q, S, M, Mp, K); }
+extern "C" __global__ void act_quant_fp8(AQ_ARGS) { act_quant<false, 0>(X, Q, S, M, Mp, K); }
+extern "C" __global__ void act_quant_fp8_mma_f32(AQ_ARGS) { act_quant<false, 1>(X, Q, S, M, Mp, K); }
+extern "C" __global__ void act_quant_fp8_mma_bf16(AQ_ARGS) { act_quant<true, 1>(X, Q, S, M, Mp, K); }
+extern "C" __global__ void act_quant_fp8_wg_f32(AQ_ARGS) { act_quant<false, 2>(X, Q, S, M, Mp, K); }
+extern "C" __global__ void act_quant_fp8_wg_bf16(AQ_ARGS) { act_quant<true, 2>(X, Q, S, M, Mp, K); }

@@ -1,7 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) for the prefill-sized grouped GEMM over expert row tiles.
-// One warpgroup (128 threads) per block computes a BM x BN tile (BM = 64 MW, BN = 128 NW) as MW x NW
-// m64n128k16 wgmmas per 16 channels, both operands read by the tensor cores straight from shared
-// memory. Tiles of 64 channels (one 128-byte row per row) are copied there by cp.async into the
+// One or two warpgroups per block compute a row tile against a column block with m64nNk16 wgmmas,
+// both operands read by the tensor cores straight from shared memory. Tiles of 64 channels (one 128-byte row per row) are copied there by cp.async into the
 // 128-byte swizzle the wgmma descriptors name: 16-byte chunk c of row r at r * 128 + 16 (c ^ (r % 8)),
 // each stage 1024-byte aligned. moe.cu's grouped_gemm (mma.sync) is the reference it is checked
 // against (kernels-check stage experts).
@@ -31,17 +30,35 @@ __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], u64 da, u64 db) {
         : "memory");
 }
 
+// As wgmma_m64n128 with B 256 x 16: d[4 j + 2 h + i] = D[16 w + g + 8 h][8 j + 2 t + i], j < 32.
+__device__ __forceinline__ void wgmma_m64n256(float (&d)[128], u64 da, u64 db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(1)
+        : "memory");
+}
+template <int NB>
+__device__ __forceinline__ void wgmma_m64(float (&d)[NB / 2], u64 da, u64 db) {
+    if constexpr (NB == 128) wgmma_m64n128(d, da, db);
+    else wgmma_m64n256(d, da, db);
+}
+
 // Grouped GEMM over expert row tiles, as moe.cu's grouped_gemm: for each tile (expert e, sorted rows
 // rs..rs+rc, from moe_align with BM) and column block n0..n0+BN, Y[rs + r, n] = sum_k X[row(rs + r), k]
 // W[e, n, k] with row(p) = rowidx[p] (or p when null); EPI 0 stores f32 [*, N], EPI 1 takes
-// interleaved gate/up columns and stores bf16 silu(gate) * up [*, N/2]. K % 8 == 0. ST stages of
+// interleaved gate/up columns and stores bf16 silu(gate) * up [*, N/2]. K % 8 == 0.
+// WG warpgroups of 128 threads; warpgroup w computes rows 64 MW w .. 64 MW (w + 1) of the tile
+// against all BN = NB columns (MW m64nNBk16 wgmmas per 16 channels), so BM = 64 MW WG. ST stages of
 // dynamic shared memory ((BM + BN) * 128 bytes each, plus 1 KB for the alignment).
-template <int MW, int NW, int ST, int EPI>
+template <int WG, int MW, int NB, int ST, int EPI>
 __device__ __forceinline__ void gg_wgmma(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
                                          const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
                                          const int* __restrict__ meta, int N, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = 64 * MW, BN = 128 * NW, BK = 64, A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
+    constexpr int T = 128 * WG, BM = 64 * MW * WG, BN = NB, BK = 64, A_BYTES = BM * 128, STAGE = (BM + BN) * 128;
+    constexpr int RSTEP = T / 8;  // rows between one thread's consecutive chunks
     extern __shared__ __align__(16) unsigned char wsm[];
     const int tile = blockIdx.y;
     if (tile >= meta[0]) return;
@@ -49,14 +66,14 @@ __device__ __forceinline__ void gg_wgmma(const bf16_t* __restrict__ X, const int
     const int n0 = blockIdx.x * BN;
     const u32 raw = smem_u32(wsm), base = (raw + 1023u) & ~1023u;
     unsigned char* sm = wsm + (base - raw);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    // This thread copies 16-byte chunk c of rows r0 + 16 j of both operands; all its rows share r % 8.
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    // This thread copies 16-byte chunk c of rows r0 + RSTEP j of both operands; all its rows share r % 8.
     const int c = tid & 7, r0 = tid >> 3, swz = ((c ^ (r0 & 7)) << 4) + r0 * 128;
     const bf16_t* Wb = Wt + (u64)e * N * K;
-    int a_row[BM / 16];
+    int a_row[BM / RSTEP];
 #pragma unroll
-    for (int j = 0; j < BM / 16; j++) {
-        const int r = r0 + 16 * j;
+    for (int j = 0; j < BM / RSTEP; j++) {
+        const int r = r0 + RSTEP * j;
         a_row[j] = r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : -1;
     }
     auto load = [&](int stage, int kt) {
@@ -64,65 +81,189 @@ __device__ __forceinline__ void gg_wgmma(const bf16_t* __restrict__ X, const int
         const int k = kt * BK + c * 8;
         const bool kin = k < K;
 #pragma unroll
-        for (int j = 0; j < BM / 16; j++) {
+        for (int j = 0; j < BM / RSTEP; j++) {
             const bool ok = kin && a_row[j] >= 0;
-            cp_async16(st + j * 2048, ok ? X + (u64)a_row[j] * K + k : X, ok ? 16 : 0);
+            cp_async16(st + j * RSTEP * 128, ok ? X + (u64)a_row[j] * K + k : X, ok ? 16 : 0);
         }
 #pragma unroll
-        for (int j = 0; j < BN / 16; j++) {
-            const int n = n0 + r0 + 16 * j;
+        for (int j = 0; j < BN / RSTEP; j++) {
+            const int n = n0 + r0 + RSTEP * j;
             const bool ok = kin && n < N;
-            cp_async16(st + A_BYTES + j * 2048, ok ? Wb + (u64)n * K + k : Wt, ok ? 16 : 0);
+            cp_async16(st + A_BYTES + j * RSTEP * 128, ok ? Wb + (u64)n * K + k : Wt, ok ? 16 : 0);
         }
     };
-    float acc[MW][NW][64];
+    float acc[MW][NB / 2];
 #pragma unroll
     for (int mw = 0; mw < MW; mw++)
 #pragma unroll
-        for (int nw = 0; nw < NW; nw++)
-#pragma unroll
-            for (int q = 0; q < 64; q++) acc[mw][nw][q] = 0.f;
+        for (int q = 0; q < NB / 2; q++) acc[mw][q] = 0.f;
+    // Tiles copied ahead of the one multiplied. A warpgroup's wg_wait<1> frees the stage its
+    // previous group read; with one warpgroup that stage is refilled at once, with two only after
+    // the next barrier (the other warpgroup's group may still read it), so one stage less ahead.
+    constexpr int AHEAD = WG == 1 ? ST - 1 : ST - 2;
+    static_assert(AHEAD >= 1, "stages");
     const int KT = (K + BK - 1) / BK;
 #pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
+    for (int s = 0; s < AHEAD; s++) {
         if (s < KT) load(s, s);
         cp_async_commit();
     }
     for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait<ST - 2>();
+        cp_async_wait<AHEAD - 1>();
         fence_proxy_async();
         __syncthreads();
-        const u32 st = base + (kt % ST) * STAGE;
+        if (WG > 1) {
+            if (kt + AHEAD < KT) load((kt + AHEAD) % ST, kt + AHEAD);
+            cp_async_commit();
+        }
+        const u32 st = base + (kt % ST) * STAGE, sa = st + wg * MW * 8192;
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++)
 #pragma unroll
             for (int mw = 0; mw < MW; mw++)
-#pragma unroll
-                for (int nw = 0; nw < NW; nw++)
-                    wgmma_m64n128(acc[mw][nw], wg_desc(st + mw * 8192 + kk * 32), wg_desc(st + A_BYTES + nw * 16384 + kk * 32));
+                wgmma_m64<NB>(acc[mw], wg_desc(sa + mw * 8192 + kk * 32), wg_desc(st + A_BYTES + kk * 32));
         wg_commit();
-        // The group before this one has finished reading its stage, which the next copy refills.
         wg_wait<1>();
-        if (kt + ST - 1 < KT) load((kt + ST - 1) % ST, kt + ST - 1);
-        cp_async_commit();
+        if (WG == 1) {
+            if (kt + AHEAD < KT) load((kt + AHEAD) % ST, kt + AHEAD);
+            cp_async_commit();
+        }
     }
     wg_wait<0>();
     cp_async_wait<0>();
 #pragma unroll
     for (int mw = 0; mw < MW; mw++)
 #pragma unroll
-        for (int nw = 0; nw < NW; nw++)
+        for (int j = 0; j < NB / 8; j++) {
+            const int col = n0 + 8 * j + 2 * t4;
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int col = n0 + nw * 128 + 8 * j + 2 * t4;
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int r = mw * 64 + warp * 16 + g + 8 * hh;
-                    if (r < rc)
-                        gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mw][nw][4 * j + 2 * hh], acc[mw][nw][4 * j + 2 * hh + 1]);
-                }
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = (wg * MW + mw) * 64 + warp * 16 + g + 8 * hh;
+                if (r < rc) gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mw][4 * j + 2 * hh], acc[mw][4 * j + 2 * hh + 1]);
             }
+        }
+#else
+    __trap();  // wgmma is sm_90a only; ops/moe.rs launches these on sm_90a alone
+#endif
+}
+
+// d[64] (+)= A (64 x 32 e4m3) * B (128 x 32 e4m3, K-major); `acc` 0 overwrites d. Layout as
+// wgmma_m64n128.
+__device__ __forceinline__ void wgmma_m64n128_e4m3(float (&d)[64], u64 da, u64 db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc)
+        : "memory");
+}
+
+// Grouped GEMM over FP8 expert weights in quant.cu's fragment layout, DeepSeek's W8A8 scheme on FP8
+// tensor cores: Y[rs + r, n] = sum over 128-channel groups b of sx[row, b] sw[b, n] sum_k
+// Xq[row, k] Wq[e, n, k], tiles and epilogues as gg_wgmma. Xq: e4m3 [*, K] quantized per token
+// per 128 channels with act_quant PERM 2, so that each 32-channel unit of a row holds its channels
+// in the order the weights keep a column's 32 bytes of the unit (which then need no reordering:
+// a column's 128-channel k-tile is four 32-byte pieces, 256 bytes apart); XS f32 [*, K / 128].
+// S: f32 scales per (group, column), [e][K / 128][Np]. K % 128 == 0. Two warpgroups (256 threads)
+// over a 128 x 128 tile, one 128-channel group per stage: each warpgroup's four m64n128k32 wgmmas
+// of a stage go to fresh accumulators, added to the result with the row's and column's scales.
+template <int ST, int EPI>
+__device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X, const float* __restrict__ XS,
+                                             const int* __restrict__ rowidx, const u32* __restrict__ Wq,
+                                             const float* __restrict__ S, void* Y, const int* __restrict__ tiles,
+                                             const int* __restrict__ meta, int N, int K, int Np) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BM = 128, BN = 128, A_BYTES = BM * 128, SC_OFF = A_BYTES + BN * 128;
+    constexpr int STAGE = SC_OFF + 1024;  // then BN column scales and BM row scales (f32)
+    constexpr int AHEAD = ST - 2;         // two warpgroups: see gg_wgmma
+    static_assert(AHEAD >= 1, "stages");
+    extern __shared__ __align__(16) unsigned char wsm[];
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) return;
+    const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
+    const int n0 = blockIdx.x * BN, KB = K / 128, KUT = K / 32;
+    const u32 raw = smem_u32(wsm), base = (raw + 1023u) & ~1023u;
+    unsigned char* sm = wsm + (base - raw);
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    // A: chunk c of rows r0 + 32 j. B: 16-byte half h of column (8 nb + bg)'s 32 bytes of unit u,
+    // column blocks nb = (tid >> 6) + 4 j, so that 64 threads read one block's 1 KB of a k-tile.
+    const int c = tid & 7, r0 = tid >> 3, a_swz = ((c ^ (r0 & 7)) << 4) + r0 * 128;
+    const int bh = tid & 1, bg = (tid >> 1) & 7, bu = (tid >> 4) & 3, bnb = tid >> 6;
+    const int b_swz = (bnb * 8 + bg) * 128 + (((2 * bu + bh) ^ bg) << 4);
+    const unsigned char* Wb = reinterpret_cast<const unsigned char*>(Wq) + (u64)e * (Np / 8) * KUT * 256;
+    int a_row[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int r = r0 + 32 * j;
+        a_row[j] = r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : -1;
+    }
+    const int s_row = tid >= 128 && tid - 128 < rc ? (rowidx ? rowidx[rs + tid - 128] : rs + tid - 128) : -1;
+    auto load = [&](int stage, int kt) {
+        unsigned char* st = sm + stage * STAGE;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const bool ok = a_row[j] >= 0;
+            cp_async16(st + a_swz + j * 4096, ok ? X + (u64)a_row[j] * K + kt * 128 + c * 16 : X, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int nb = n0 / 8 + bnb + 4 * j;
+            const bool ok = nb * 8 < Np;
+            const unsigned char* src = Wb + ((u64)nb * KUT + 4 * kt + bu) * 256 + bg * 32 + bh * 16;
+            cp_async16(st + A_BYTES + b_swz + j * 4096, ok ? src : Wb, ok ? 16 : 0);
+        }
+        if (tid < BN / 4) {
+            const int col = n0 + 4 * tid;
+            const bool ok = col < Np;
+            cp_async16(st + SC_OFF + 16 * tid, ok ? S + ((u64)e * KB + kt) * Np + col : S, ok ? 16 : 0);
+        } else if (tid >= 128) {
+            const bool ok = s_row >= 0;
+            cp_async4(st + SC_OFF + BN * 4 + 4 * (tid - 128), ok ? XS + (u64)s_row * KB + kt : XS, ok ? 4 : 0);
+        }
+    };
+    float acc[64], part[64];
+#pragma unroll
+    for (int q = 0; q < 64; q++) acc[q] = 0.f;
+#pragma unroll
+    for (int s = 0; s < AHEAD; s++) {
+        if (s < KB) load(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KB; kt++) {
+        cp_async_wait<AHEAD - 1>();
+        fence_proxy_async();
+        __syncthreads();
+        if (kt + AHEAD < KB) load((kt + AHEAD) % ST, kt + AHEAD);
+        cp_async_commit();
+        const int so = (kt % ST) * STAGE;
+        const u32 st = base + so;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wgmma_m64n128_e4m3(part, wg_desc(st + wg * 8192 + kk * 32), wg_desc(st + A_BYTES + kk * 32), kk);
+        wg_commit();
+        wg_wait<0>();
+        const float* sc = reinterpret_cast<const float*>(sm + so + SC_OFF);
+        const int r = wg * 64 + warp * 16 + g;
+        const float x0 = sc[BN + r], x1 = sc[BN + r + 8];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const float s0 = sc[8 * j + 2 * t4], s1 = sc[8 * j + 2 * t4 + 1];
+            acc[4 * j] += part[4 * j] * x0 * s0, acc[4 * j + 1] += part[4 * j + 1] * x0 * s1;
+            acc[4 * j + 2] += part[4 * j + 2] * x1 * s0, acc[4 * j + 3] += part[4 * j + 3] * x1 * s1;
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = n0 + 8 * j + 2 * t4;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = wg * 64 + warp * 16 + g + 8 * hh;
+            if (r < rc) gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+        }
+    }
 #else
     __trap();  // wgmma is sm_90a only; ops/moe.rs launches these on sm_90a alone
 #endif
@@ -130,10 +271,20 @@ __device__ __forceinline__ void gg_wgmma(const bf16_t* __restrict__ X, const int
 
 #define GGW_ARGS const bf16_t *X, const int *rowidx, const bf16_t *Wt, void *Y, const int *tiles, const int *meta, int N, int K
 #define GGW_PASS X, rowidx, Wt, Y, tiles, meta, N, K
-// Names: ggw_<BM>x<BN>_<ST>_<f32|silu>; ops/moe.rs (GGW_KERNELS) mirrors them.
-extern "C" __global__ void __launch_bounds__(128) ggw_128x128_3_f32(GGW_ARGS) { gg_wgmma<2, 1, 3, 0>(GGW_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggw_128x128_3_silu(GGW_ARGS) { gg_wgmma<2, 1, 3, 1>(GGW_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggw_128x128_4_f32(GGW_ARGS) { gg_wgmma<2, 1, 4, 0>(GGW_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggw_128x128_4_silu(GGW_ARGS) { gg_wgmma<2, 1, 4, 1>(GGW_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggw_64x256_3_f32(GGW_ARGS) { gg_wgmma<1, 2, 3, 0>(GGW_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggw_64x256_3_silu(GGW_ARGS) { gg_wgmma<1, 2, 3, 1>(GGW_PASS); }
+// Names: ggw_<BM>x<BN>_<ST>_<f32|silu>; ops/moe.rs (GGW_SHAPES, GGW_KERNELS) mirrors them.
+extern "C" __global__ void __launch_bounds__(128) ggw_128x128_3_f32(GGW_ARGS) { gg_wgmma<1, 2, 128, 3, 0>(GGW_PASS); }
+extern "C" __global__ void __launch_bounds__(128) ggw_128x128_3_silu(GGW_ARGS) { gg_wgmma<1, 2, 128, 3, 1>(GGW_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_128x256_3_f32(GGW_ARGS) { gg_wgmma<2, 1, 256, 3, 0>(GGW_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_128x256_3_silu(GGW_ARGS) { gg_wgmma<2, 1, 256, 3, 1>(GGW_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_128x256_4_f32(GGW_ARGS) { gg_wgmma<2, 1, 256, 4, 0>(GGW_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_128x256_4_silu(GGW_ARGS) { gg_wgmma<2, 1, 256, 4, 1>(GGW_PASS); }
+
+#define GGWF_ARGS                                                                                                 \
+    const unsigned char *X, const float *XS, const int *rowidx, const u32 *Wq, const float *S, void *Y,           \
+        const int *tiles, const int *meta, int N, int K, int Np
+#define GGWF_PASS X, XS, rowidx, Wq, S, Y, tiles, meta, N, K, Np
+// Names: ggw_fp8_128x128_<ST>_<f32|silu>; ops/moe.rs (GGW_FP8_KERNELS) mirrors them.
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_5_f32(GGWF_ARGS) { gg_wgmma_fp8<5, 0>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_5_silu(GGWF_ARGS) { gg_wgmma_fp8<5, 1>(GGWF_PASS); }

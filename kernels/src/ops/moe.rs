@@ -1,7 +1,8 @@
 //! MoE launchers: routing, expert alignment, grouped GEMM (tiled v1/v2, persistent and wgmma
 //! kernels, one argument layout), the weighted combine, and the f32 reference expert MLP.
 
-use super::GG_BN;
+use super::{QGemm, QWeights, GG_BN};
+use crate::quant::QFormat;
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
@@ -24,16 +25,27 @@ pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
     (32, 64, 64, 3, "ggpr32_64_64_3_f32", "ggpr32_64_64_3_silu"),
 ];
 
-/// (bm, bn, stages) of every compiled wgmma grouped-GEMM shape (wgmma.cu); shape i is the
+/// (bm, bn, stages, threads) of every compiled wgmma grouped-GEMM shape (wgmma.cu); shape i is the
 /// kernels `GGW_KERNELS[2 i]` (f32) and `[2 i + 1]` (SiLU).
-const GGW_SHAPES: [(usize, usize, usize); 3] = [(128, 128, 3), (128, 128, 4), (64, 256, 3)];
+const GGW_SHAPES: [(usize, usize, usize, u32); 3] = [(128, 128, 3, 128), (128, 256, 3, 256), (128, 256, 4, 256)];
+/// The FP8 wgmma grouped GEMM (128 x 128 tiles, 256 threads) by its stage count: (stages, f32
+/// kernel, SiLU kernel).
+const GGW_FP8: [(usize, &str, &str); 2] =
+    [(4, "ggw_fp8_128x128_4_f32", "ggw_fp8_128x128_4_silu"), (5, "ggw_fp8_128x128_5_f32", "ggw_fp8_128x128_5_silu")];
+/// Rows per tile of the FP8 wgmma grouped GEMM (`moe_align` must tile by it).
+pub const GGW_FP8_BM: usize = 128;
+/// The functions of wgmma.cu.
 pub const GGW_KERNELS: &[&str] = &[
     "ggw_128x128_3_f32",
     "ggw_128x128_3_silu",
-    "ggw_128x128_4_f32",
-    "ggw_128x128_4_silu",
-    "ggw_64x256_3_f32",
-    "ggw_64x256_3_silu",
+    "ggw_128x256_3_f32",
+    "ggw_128x256_3_silu",
+    "ggw_128x256_4_f32",
+    "ggw_128x256_4_silu",
+    "ggw_fp8_128x128_4_f32",
+    "ggw_fp8_128x128_4_silu",
+    "ggw_fp8_128x128_5_f32",
+    "ggw_fp8_128x128_5_silu",
 ];
 
 /// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
@@ -77,15 +89,16 @@ pub struct WgmmaGemm {
 impl WgmmaGemm {
     /// Every compiled shape.
     pub fn compiled() -> impl Iterator<Item = WgmmaGemm> {
-        GGW_SHAPES.iter().map(|&(bm, bn, stages)| WgmmaGemm { bm, bn, stages })
+        GGW_SHAPES.iter().map(|&(bm, bn, stages, _)| WgmmaGemm { bm, bn, stages })
     }
 
-    fn kernel(&self, silu: bool) -> Result<&'static str> {
+    /// The shape's kernel and threads per block.
+    fn kernel(&self, silu: bool) -> Result<(&'static str, u32)> {
         let i = GGW_SHAPES
             .iter()
-            .position(|&s| s == (self.bm, self.bn, self.stages))
+            .position(|s| (s.0, s.1, s.2) == (self.bm, self.bn, self.stages))
             .ok_or_else(|| KernelError::Invalid(format!("wgmma grouped GEMM shape {self} is not compiled")))?;
-        Ok(GGW_KERNELS[2 * i + silu as usize])
+        Ok((GGW_KERNELS[2 * i + silu as usize], GGW_SHAPES[i].3))
     }
 
     /// Dynamic shared memory per block: the stages of both operands' 128-byte rows, and 1 KB to
@@ -308,8 +321,9 @@ impl Gpu {
                 if !self.has_wgmma() {
                     return Err(KernelError::Invalid(format!("the wgmma grouped GEMM needs sm_90a, not {}", self.arch)));
                 }
+                let (name, threads) = cfg.kernel(g.silu)?;
                 let grid = (n.div_ceil(cfg.bn) as u32, g.max_tiles as u32, 1);
-                self.launch(cfg.kernel(g.silu)?, grid, 128, cfg.smem_bytes() as u32, &args)
+                self.launch(name, grid, threads, cfg.smem_bytes() as u32, &args)
             }
         }
     }
@@ -317,6 +331,45 @@ impl Gpu {
     /// Whether the device runs Hopper's warpgroup MMA (the kernels are compiled for sm_90a).
     pub fn has_wgmma(&self) -> bool {
         self.arch == "sm_90a"
+    }
+
+    /// Whether the FP8 wgmma grouped GEMM runs `stages` stages (a compiled count).
+    pub fn fp8_wgmma_stages_compiled(stages: usize) -> bool {
+        GGW_FP8.iter().any(|k| k.0 == stages)
+    }
+
+    /// The grouped GEMM over FP8 expert weights on FP8 tensor cores (`gg_wgmma_fp8`): `g.x` holds
+    /// e4m3 activations quantized by [`Gpu::act_quant_fp8`] in [`Fp8Order::Wgmma`] and
+    /// `g.x_scales` their scales; tiles from `moe_align` with [`GGW_FP8_BM`].
+    pub fn qgemm_wgmma_fp8(&self, w: &QWeights, g: &QGemm, stages: usize) -> Result<()> {
+        let s = w.shape;
+        if !self.has_wgmma() || s.format != QFormat::Fp8E4m3 || !s.k.is_multiple_of(128) || g.tiles == 0 {
+            return Err(KernelError::Invalid(format!(
+                "the FP8 wgmma grouped GEMM needs sm_90a ({}), FP8 experts and K % 128 == 0 (got {:?}, K {})",
+                self.arch, s.format, s.k
+            )));
+        }
+        let &(_, f32_k, silu_k) = GGW_FP8
+            .iter()
+            .find(|k| k.0 == stages)
+            .ok_or_else(|| KernelError::Invalid(format!("the FP8 wgmma grouped GEMM has no {stages}-stage kernel")))?;
+        let args = [
+            Ptr(g.x),
+            Ptr(g.x_scales),
+            Ptr(g.rowidx),
+            Ptr(w.words),
+            Ptr(w.scales),
+            Ptr(g.y),
+            Ptr(g.tiles),
+            Ptr(g.meta),
+            I32(s.n as i32),
+            I32(s.k as i32),
+            I32(s.np() as i32),
+        ];
+        // Per stage: both operands' 128-byte rows and 1 KB of scales; 1 KB for the alignment.
+        let smem = stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024;
+        let grid = (s.n.div_ceil(128) as u32, g.max_tiles as u32, 1);
+        self.launch(if g.silu { silu_k } else { f32_k }, grid, 256, smem as u32, &args)
     }
 
     fn persistent_kernel(cfg: PersistentGemm, silu: bool) -> Result<&'static str> {
@@ -409,16 +462,25 @@ mod tests {
     fn wgmma_shapes_are_compiled_kernels() {
         let module = crate::MODULES.iter().find(|m| m.0 == "wgmma").expect("wgmma module");
         assert_eq!(module.2, GGW_KERNELS);
-        assert_eq!(2 * WgmmaGemm::compiled().count(), GGW_KERNELS.len());
+        assert_eq!(2 * (WgmmaGemm::compiled().count() + GGW_FP8.len()), GGW_KERNELS.len());
         for cfg in WgmmaGemm::compiled() {
             for silu in [false, true] {
                 let epi = if silu { "silu" } else { "f32" };
-                assert_eq!(cfg.kernel(silu).unwrap(), format!("ggw_{}x{}_{}_{epi}", cfg.bm, cfg.bn, cfg.stages));
+                let (name, threads) = cfg.kernel(silu).unwrap();
+                assert_eq!(name, format!("ggw_{}x{}_{}_{epi}", cfg.bm, cfg.bn, cfg.stages));
+                assert_eq!(threads % 128, 0, "{cfg}: whole warpgroups");
             }
             assert_eq!(cfg.to_string().parse::<WgmmaGemm>().unwrap(), cfg);
             assert!(cfg.smem_bytes() <= 200 * 1024, "{cfg}: over the opt-in limit set in Gpu::new");
         }
         assert!("128x128/5".parse::<WgmmaGemm>().is_err(), "not compiled");
+        assert!("64x256/3".parse::<WgmmaGemm>().is_err(), "dropped after run 54");
+        for (stages, f, silu) in GGW_FP8 {
+            assert!(Gpu::fp8_wgmma_stages_compiled(stages));
+            assert_eq!((f, silu), (&*format!("ggw_fp8_128x128_{stages}_f32"), &*format!("ggw_fp8_128x128_{stages}_silu")));
+            assert!(GGW_KERNELS.contains(&f) && GGW_KERNELS.contains(&silu));
+            assert!(stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024 <= 200 * 1024);
+        }
         assert!("128x128".parse::<WgmmaGemm>().is_err());
         assert!("128/3".parse::<WgmmaGemm>().is_err());
     }

@@ -76,7 +76,19 @@ pub const QDECODE_KERNELS: &[&str] = &[
     "act_quant_fp8",
     "act_quant_fp8_mma_f32",
     "act_quant_fp8_mma_bf16",
+    "act_quant_fp8_wg_f32",
+    "act_quant_fp8_wg_bf16",
 ];
+
+/// Where [`Gpu::act_quant_fp8_mma`] puts each channel of a 32-channel unit: in the k-slot order of
+/// the persistent decode GEMM's MMAs ([`crate::fp8::mma_position`]), or in the byte order of a
+/// weight column's piece of the unit, which the FP8 wgmma grouped GEMM reads as it is
+/// ([`crate::fp8::wgmma_position`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Order {
+    Mma,
+    Wgmma,
+}
 
 impl QPersist {
     /// Every compiled shape for `format`.
@@ -211,12 +223,27 @@ impl Gpu {
         Ok(split_count(kt, items, blocks))
     }
 
-    /// DeepSeek's activation quantization for [`Gpu::qgemm_persistent`] (`crate::fp8::act_quant`
-    /// is the reference; the bytes are permuted within each 32-channel unit, see qdecode.cu):
-    /// f32 or bf16 `x [rows, k]` -> e4m3 `[rows, k]` at `q`, f32 scales `[rows, k / 128]` at
-    /// `scales`.
-    pub fn act_quant_fp8_mma(&self, x: u64, bf16: bool, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
-        let name = if bf16 { "act_quant_fp8_mma_bf16" } else { "act_quant_fp8_mma_f32" };
+    /// DeepSeek's activation quantization for [`Gpu::qgemm_persistent`] and
+    /// [`Gpu::qgemm_wgmma_fp8`] (`crate::fp8::act_quant` is the reference; the bytes are permuted
+    /// within each 32-channel unit in `order`, see qdecode.cu): f32 or bf16 `x [rows, k]` -> e4m3
+    /// `[rows, k]` at `q`, f32 scales `[rows, k / 128]` at `scales`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_quant_fp8_mma(
+        &self,
+        order: Fp8Order,
+        x: u64,
+        bf16: bool,
+        rows: usize,
+        k: usize,
+        q: u64,
+        scales: u64,
+    ) -> Result<()> {
+        let name = match (order, bf16) {
+            (Fp8Order::Mma, true) => "act_quant_fp8_mma_bf16",
+            (Fp8Order::Mma, false) => "act_quant_fp8_mma_f32",
+            (Fp8Order::Wgmma, true) => "act_quant_fp8_wg_bf16",
+            (Fp8Order::Wgmma, false) => "act_quant_fp8_wg_f32",
+        };
         self.act_quant(name, x, rows, rows, k, q, scales)
     }
 

@@ -2,7 +2,9 @@
 //! the expert row tiles that received tokens (gate/up with SiLU-mul fused, then down) and a
 //! weighted combine. No host synchronization: tile counts stay on the device.
 
-use cleave_kernels::ops::{GemmKernel, GroupedGemm, QGemm};
+use cleave_kernels::fp8::BLOCK;
+use cleave_kernels::ops::{Fp8Order, GemmKernel, GroupedGemm, QGemm, QWeights, GGW_FP8_BM};
+use cleave_kernels::quant::QFormat;
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::QIn;
@@ -79,13 +81,29 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if routed_a >= ROWS32_MIN_AVG * aligned => Some(cfg),
         _ => None,
     };
-    // Prefill-sized bf16 batches on Hopper's warpgroup MMA, with its row tiles.
+    // Prefill-sized batches on Hopper's warpgroup MMA, with its row tiles: bf16 experts, and FP8
+    // experts on FP8 tensor cores where both GEMMs' inputs are whole 128-channel blocks.
     let wgmma = match (&ex.data, v.prefill_gemm) {
         (ExpertData::Bf16 { .. }, Some(cfg)) if prefill && gpu.has_wgmma() => Some(cfg),
         _ => None,
     };
+    let fp8_wgmma = match (&ex.data, v.prefill_fp8) {
+        (ExpertData::Quant { gate_up, .. }, Some(stages))
+            if prefill
+                && gpu.has_wgmma()
+                && v.fp8_tensor_cores
+                && gate_up.view().shape.format == QFormat::Fp8E4m3
+                && h % BLOCK == 0
+                && i % BLOCK == 0 =>
+        {
+            Some(stages)
+        }
+        _ => None,
+    };
     let bm = if let Some(cfg) = wgmma {
         cfg.bm
+    } else if fp8_wgmma.is_some() {
+        GGW_FP8_BM
     } else if prefill {
         64
     } else if rows32.is_some() {
@@ -167,8 +185,11 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
                 bm,
                 splits: 1,
             };
-            // Decode-sized tiles as the variants pick; prefill's 64-row tiles on the tiled kernel.
-            if bm == 16 {
+            // Decode-sized tiles as the variants pick; prefill's on FP8 wgmma or, 64 rows each, on
+            // the tiled kernel.
+            if let Some(stages) = fp8_wgmma {
+                fp8_wgmma_experts(be, x, [gate_up.view(), down.view()], g, ptr(&y), stages)?;
+            } else if bm == 16 {
                 be.qgemm_decode(gate_up, QIn::F32(x), g)?;
                 be.qgemm_decode(
                     down,
@@ -196,6 +217,28 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         stats.push(used.iter().filter(|&&u| u).count());
     }
     Ok(out)
+}
+
+/// The routed experts' gate/up (SiLU into `g.y`, `rows` rows of the intermediate size) and down (f32
+/// into `y`) GEMMs over FP8 weights on the FP8 wgmma grouped GEMM: `x` quantized per token per 128
+/// channels in its order, then the SiLU output likewise.
+fn fp8_wgmma_experts(
+    be: &CudaBackend,
+    x: &CudaTensor,
+    [gate_up, down]: [QWeights; 2],
+    g: QGemm,
+    y: u64,
+    stages: usize,
+) -> Result<()> {
+    let gpu = be.gpu();
+    let (h, i, a) = (gate_up.shape.k, down.shape.k, g.rows);
+    let (xq, xs) = (be.buf::<u32>(x.rows * h / 4)?, be.buf::<f32>(x.rows * h / BLOCK)?);
+    gpu.act_quant_fp8_mma(Fp8Order::Wgmma, x.ptr(), false, x.rows, h, ptr(&xq), ptr(&xs)).map_err(kerr)?;
+    gpu.qgemm_wgmma_fp8(&gate_up, &QGemm { x: ptr(&xq), x_scales: ptr(&xs), ..g }, stages).map_err(kerr)?;
+    let (aq, asc) = (be.buf::<u32>(a * i / 4)?, be.buf::<f32>(a * i / BLOCK)?);
+    gpu.act_quant_fp8_mma(Fp8Order::Wgmma, g.y, true, a, i, ptr(&aq), ptr(&asc)).map_err(kerr)?;
+    let dn = QGemm { silu: false, x: ptr(&aq), x_scales: ptr(&asc), rowidx: 0, y, ..g };
+    gpu.qgemm_wgmma_fp8(&down, &dn, stages).map_err(kerr)
 }
 
 /// `out += shared(x)` for the shared experts folded into the last slots of `ex`, as dense GEMMs

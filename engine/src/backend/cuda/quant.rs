@@ -4,7 +4,7 @@
 use cleave_kernels::blaslt::{Fp8BlockGemm, LT_WORKSPACE_BYTES};
 use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::fp8::{self, BLOCK};
-use cleave_kernels::ops::{QGemm, QWeights};
+use cleave_kernels::ops::{Fp8Order, QGemm, QWeights};
 use cleave_kernels::quant::{pack, QFormat, QPacked, QShape};
 use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
@@ -273,7 +273,7 @@ impl CudaBackend {
                     QIn::F32(t) => (t.ptr(), false),
                     QIn::Bf16 { ptr, .. } => (*ptr, true),
                 };
-                self.gpu.act_quant_fp8_mma(src, is_bf16, rows, k, ptr(&x8), ptr(&xs)).map_err(kerr)?;
+                self.gpu.act_quant_fp8_mma(Fp8Order::Mma, src, is_bf16, rows, k, ptr(&x8), ptr(&xs)).map_err(kerr)?;
                 let g = QGemm { x: ptr(&x8), x_scales: ptr(&xs), ..g };
                 fp8 = Some((x8, xs));
                 g

@@ -3,6 +3,7 @@
 
 pub use cleave_kernels::ops::{MlaDecode, Pdl, PersistentGemm, QPersist, WgmmaGemm, GEMV_MAX_ROWS};
 use cleave_kernels::quant::QFormat;
+use cleave_kernels::Gpu;
 
 use crate::error::{EngineError, Result};
 
@@ -16,7 +17,8 @@ use crate::error::{EngineError, Result};
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
 /// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
-/// [`DEFAULT_WGMMA`] on sm_90a).
+/// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
+/// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -25,6 +27,10 @@ pub struct Variants {
     /// Prefill-sized bf16 expert batches through the warpgroup-MMA grouped GEMM in this shape (on
     /// sm_90a; elsewhere, or when None, the tiled mma.sync kernel with 64-row tiles).
     pub prefill_gemm: Option<WgmmaGemm>,
+    /// Prefill-sized FP8 expert batches through the FP8 wgmma grouped GEMM with this many stages
+    /// (W8A8, activations quantized per token per 128 channels; on sm_90a, with
+    /// `fp8_tensor_cores`); elsewhere, or when None, the tiled kernel on bf16 tensor cores.
+    pub prefill_fp8: Option<usize>,
     /// Decode-sized expert batches (row tiles of 16) through the persistent grouped GEMM in this
     /// configuration instead of one block per (tile, 128 columns).
     pub moe_persistent: Option<PersistentGemm>,
@@ -110,8 +116,13 @@ pub const DEFAULT_ROWS32: PersistentGemm = PersistentGemm { bm: 32, bn: 64, bk: 
 /// 32-row ones 26% (run 40).
 pub const ROWS32_MIN_AVG: usize = 16;
 
-/// The default wgmma grouped-GEMM shape for prefill-sized expert batches.
-pub const DEFAULT_WGMMA: WgmmaGemm = WgmmaGemm { bm: 128, bn: 128, stages: 3 };
+/// Pipeline stages of the FP8 wgmma grouped GEMM by default.
+pub const DEFAULT_FP8_WGMMA_STAGES: usize = 4;
+
+/// The default wgmma grouped-GEMM shape for prefill-sized bf16 expert batches: the fastest of the
+/// compiled shapes on V2-Lite's 4096-token prefill (experts 27.1 ms against 30.1 for 128x128/3
+/// and 72.7 for mma.sync; run 55).
+pub const DEFAULT_WGMMA: WgmmaGemm = WgmmaGemm { bm: 128, bn: 256, stages: 4 };
 
 impl Variants {
     /// The first kernel versions (a fallback if the defaults regress).
@@ -119,6 +130,7 @@ impl Variants {
         mla: MlaDecode::V1,
         gemm_v2: false,
         prefill_gemm: None,
+        prefill_fp8: None,
         moe_persistent: None,
         moe_rows32: None,
         expanded_prefill: false,
@@ -141,6 +153,7 @@ impl Variants {
         )?;
         v.moe_rows32 = Self::parse_rows32(&var("CLEAVE_MOE_ROWS32"))?;
         v.prefill_gemm = Self::parse_prefill_gemm(&var("CLEAVE_PREFILL_GEMM"))?;
+        v.prefill_fp8 = Self::parse_prefill_fp8(&var("CLEAVE_PREFILL_FP8"))?;
         v.fold_shared = match var("CLEAVE_SHARED_EXPERTS").as_str() {
             "" | "folded" => true,
             "separate" => false,
@@ -192,6 +205,22 @@ impl Variants {
                     "CLEAVE_PREFILL_GEMM: `{v}` is not one of wgmma, mma, wgmma:BMxBN/STAGES"
                 ))),
             },
+        }
+    }
+
+    /// `CLEAVE_PREFILL_FP8`: empty or `wgmma` (the default, [`DEFAULT_FP8_WGMMA_STAGES`]), `mma`,
+    /// or `wgmma:STAGES` (a compiled count).
+    pub fn parse_prefill_fp8(v: &str) -> Result<Option<usize>> {
+        let stages = match v {
+            "" | "wgmma" => return Ok(Some(DEFAULT_FP8_WGMMA_STAGES)),
+            "mma" => return Ok(None),
+            v => v.strip_prefix("wgmma:").and_then(|n| n.parse::<usize>().ok()),
+        };
+        match stages {
+            Some(n) if Gpu::fp8_wgmma_stages_compiled(n) => Ok(Some(n)),
+            _ => Err(EngineError::Config(format!(
+                "CLEAVE_PREFILL_FP8: `{v}` is not one of wgmma, mma, wgmma:STAGES with a compiled stage count"
+            ))),
         }
     }
 
@@ -255,6 +284,7 @@ impl Variants {
             mla,
             gemm_v2,
             prefill_gemm: Some(DEFAULT_WGMMA),
+            prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
             moe_persistent,
             moe_rows32,
             expanded_prefill,
@@ -281,6 +311,7 @@ mod tests {
                 mla: MlaDecode::V3(None),
                 gemm_v2: true,
                 prefill_gemm: Some(DEFAULT_WGMMA),
+                prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
                 moe_persistent: Some(DEFAULT_PERSISTENT),
                 moe_rows32: Some(DEFAULT_ROWS32),
                 expanded_prefill: true,
@@ -295,6 +326,7 @@ mod tests {
         let first = Variants::parse("v1", "v1", "absorbed", "bf16", "tiled").unwrap();
         let later = Variants {
             prefill_gemm: Some(DEFAULT_WGMMA),
+            prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             fused_prologue: true,
@@ -313,9 +345,14 @@ mod tests {
         assert_eq!(custom.moe_persistent, Some(PersistentGemm { bm: 16, bn: 16, bk: 64, stages: 4, prefetch: 2 }));
         assert_eq!(Variants::parse_prefill_gemm("mma").unwrap(), None);
         assert_eq!(Variants::parse_prefill_gemm("").unwrap(), Some(DEFAULT_WGMMA));
-        assert_eq!(Variants::parse_prefill_gemm("wgmma:64x256/3").unwrap().map(|c| c.bn), Some(256));
+        assert_eq!(Variants::parse_prefill_gemm("wgmma:128x256/3").unwrap().map(|c| c.bn), Some(256));
         for bad in ["wgmma:64x64/3", "fast", "wgmma:"] {
             assert!(Variants::parse_prefill_gemm(bad).unwrap_err().to_string().contains("CLEAVE_PREFILL_GEMM"));
+        }
+        assert_eq!(Variants::parse_prefill_fp8("mma").unwrap(), None);
+        assert_eq!(Variants::parse_prefill_fp8("wgmma:5").unwrap(), Some(5));
+        for bad in ["wgmma:9", "wgmma:x", "fast"] {
+            assert!(Variants::parse_prefill_fp8(bad).unwrap_err().to_string().contains("CLEAVE_PREFILL_FP8"));
         }
         assert_eq!(Variants::parse_rows32("off").unwrap(), None);
         assert_eq!(Variants::parse_rows32("32x64/32/6/0").unwrap().map(|c| c.bn), Some(64));
