@@ -124,7 +124,16 @@ impl Ctx<'_> {
                         Ok([load(&l[0])?, load(&l[1])?, load(&l[2])?])
                     })
                     .collect::<Result<_>>()?;
-                for &n in sizes {
+                // Decode sizes on the persistent kernel, then, where it runs (sm_90a), a prefill
+                // batch on the FP8 wgmma grouped GEMM (W8A8 too; elsewhere prefill is W8A16).
+                let v = self.cu.variants();
+                let wgmma = self.cu.gpu().has_wgmma() && v.prefill_fp8.is_some() && v.fp8_tensor_cores;
+                let prefill: &[usize] = match (wgmma, self.quick) {
+                    (false, _) => &[],
+                    (true, true) => &[100],
+                    (true, false) => &[1024],
+                };
+                for &n in sizes.iter().chain(prefill) {
                     self.fp8_experts_check(&per_expert, &eg, shape, n)?;
                 }
             } else {
@@ -187,16 +196,12 @@ impl Ctx<'_> {
         let us = self.time(|| self.cu.moe_experts(&xg, &rg, eg).map(drop))?;
         let experts_used = experts_touched(&ids);
         let bytes = experts_used as f64 * (3 * h * i) as f64 * s.bytes_per_param;
-        self.push(
-            "moe_experts fp8 b128 persistent",
-            format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used"),
-            err,
-            1e-2,
-            us,
-            bytes,
-            0.0,
-            Ceiling::Mem,
-        );
+        let (op, ceiling) = match n * k >= 32 * e {
+            true => ("moe_experts fp8 b128 wgmma", Ceiling::Tc),
+            false => ("moe_experts fp8 b128 persistent", Ceiling::Mem),
+        };
+        let flops = 2.0 * (n * k * 3 * h * i) as f64;
+        self.push(op, format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used"), err, 1e-2, us, bytes, flops, ceiling);
         Ok(())
     }
 }
