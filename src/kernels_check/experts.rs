@@ -75,7 +75,10 @@ impl Ctx<'_> {
             Ok((y, us))
         };
         let r = run(base.1).and_then(|(want, _)| {
-            cases.iter().map(|(op, v)| run(*v).map(|(got, us)| (op, rel_err(&got, &want), us))).collect::<Result<Vec<_>>>()
+            cases
+                .iter()
+                .map(|(op, v)| run(*v).map(|(got, us)| (op, rel_err(&got, &want), us)))
+                .collect::<Result<Vec<_>>>()
         });
         self.cu.set_variants(def);
         let flops = 2.0 * (n * k * 3 * h * i) as f64;

@@ -46,7 +46,10 @@ impl Ctx<'_> {
         gpu.htod(&x, ptr(&xf))?;
         gpu.htod(&bf, ptr(&xb))?;
         let (qd, sd) = (gpu.alloc::<u32>(rows * k / 4)?, gpu.alloc::<f32>(rows * k / BLOCK)?);
-        let orders = [(Fp8Order::Mma, "", fp8::mma_position as fn(usize) -> usize), (Fp8Order::Wgmma, " wgmma", fp8::wgmma_position)];
+        let orders = [
+            (Fp8Order::Mma, "", fp8::mma_position as fn(usize) -> usize),
+            (Fp8Order::Wgmma, " wgmma", fp8::wgmma_position),
+        ];
         for ((src, is_bf16, label), (order, tag, position)) in
             [(ptr(&xf), false, "f32"), (ptr(&xb), true, "bf16")].into_iter().flat_map(|s| orders.map(|o| (s, o)))
         {
@@ -64,7 +67,8 @@ impl Ctx<'_> {
                     bad += (s[r * (k / BLOCK) + b].to_bits() != want.scales[b * want.rows_p + r].to_bits()) as usize;
                 }
             }
-            let us = self.time(|| gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd)).map_err(kerr))?;
+            let us =
+                self.time(|| gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd)).map_err(kerr))?;
             let moved = (rows * k * if is_bf16 { 3 } else { 5 }) as f64;
             let total = rows * k + rows * k / BLOCK;
             self.push_exact(&format!("act_quant_fp8_mma{tag} {label}"), format!("{rows} x {k}"), bad, total, us, moved);
@@ -201,7 +205,16 @@ impl Ctx<'_> {
             false => ("moe_experts fp8 b128 persistent", Ceiling::Mem),
         };
         let flops = 2.0 * (n * k * 3 * h * i) as f64;
-        self.push(op, format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used"), err, 1e-2, us, bytes, flops, ceiling);
+        self.push(
+            op,
+            format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used"),
+            err,
+            1e-2,
+            us,
+            bytes,
+            flops,
+            ceiling,
+        );
         Ok(())
     }
 }

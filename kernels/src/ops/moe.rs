@@ -319,7 +319,10 @@ impl Gpu {
             }
             GemmKernel::Wgmma(cfg) => {
                 if !self.has_wgmma() {
-                    return Err(KernelError::Invalid(format!("the wgmma grouped GEMM needs sm_90a, not {}", self.arch)));
+                    return Err(KernelError::Invalid(format!(
+                        "the wgmma grouped GEMM needs sm_90a, not {}",
+                        self.arch
+                    )));
                 }
                 let (name, threads) = cfg.kernel(g.silu)?;
                 let grid = (n.div_ceil(cfg.bn) as u32, g.max_tiles as u32, 1);
@@ -477,7 +480,10 @@ mod tests {
         assert!("64x256/3".parse::<WgmmaGemm>().is_err(), "dropped after run 54");
         for (stages, f, silu) in GGW_FP8 {
             assert!(Gpu::fp8_wgmma_stages_compiled(stages));
-            assert_eq!((f, silu), (&*format!("ggw_fp8_128x128_{stages}_f32"), &*format!("ggw_fp8_128x128_{stages}_silu")));
+            assert_eq!(
+                (f, silu),
+                (&*format!("ggw_fp8_128x128_{stages}_f32"), &*format!("ggw_fp8_128x128_{stages}_silu"))
+            );
             assert!(GGW_KERNELS.contains(&f) && GGW_KERNELS.contains(&silu));
             assert!(stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024 <= 200 * 1024);
         }
