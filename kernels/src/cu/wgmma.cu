@@ -1,9 +1,10 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) for the prefill-sized grouped GEMM over expert row tiles.
-// One or two warpgroups per block compute a row tile against a column block with m64nNk16 wgmmas,
-// both operands read by the tensor cores straight from shared memory. Tiles of 64 channels (one 128-byte row per row) are copied there by cp.async into the
-// 128-byte swizzle the wgmma descriptors name: 16-byte chunk c of row r at r * 128 + 16 (c ^ (r % 8)),
-// each stage 1024-byte aligned. moe.cu's grouped_gemm (mma.sync) is the reference it is checked
-// against (kernels-check stage experts).
+// Hopper warpgroup MMA (wgmma, sm_90a) for prefill-sized grouped GEMMs over expert row tiles, bf16
+// and FP8. One or two warpgroups per block compute a row tile against a column block, both
+// operands read by the tensor cores straight from shared memory. Each operand row's 128 bytes of a
+// stage (64 bf16 or 128 e4m3 channels) are copied there by cp.async in the 128-byte swizzle the
+// wgmma descriptors name: 16-byte chunk c of row r at r * 128 + 16 (c ^ (r % 8)), each stage
+// 1024-byte aligned. References (kernels-check): moe.cu's mma.sync grouped_gemm for bf16, on every
+// row (stage experts); the CPU's linears fed the same quantized activations for FP8 (stage qdecode).
 
 // Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ u64 wg_desc(u32 saddr) {

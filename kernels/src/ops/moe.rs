@@ -2,7 +2,7 @@
 //! kernels, one argument layout), the weighted combine, and the f32 reference expert MLP.
 
 use super::{QGemm, QWeights, GG_BN};
-use crate::quant::QFormat;
+use crate::quant::{QFormat, QShape};
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
@@ -336,6 +336,12 @@ impl Gpu {
         self.arch == "sm_90a"
     }
 
+    /// Whether the FP8 wgmma grouped GEMM takes weights of `shape`: FP8 with one scale per 128
+    /// input channels (one stage's), K a multiple of 128.
+    pub fn wgmma_fp8_takes(shape: &QShape) -> bool {
+        shape.format == QFormat::Fp8E4m3 && shape.group == 128 && shape.k.is_multiple_of(128)
+    }
+
     /// Whether the FP8 wgmma grouped GEMM runs `stages` stages (a compiled count).
     pub fn fp8_wgmma_stages_compiled(stages: usize) -> bool {
         GGW_FP8.iter().any(|k| k.0 == stages)
@@ -346,10 +352,11 @@ impl Gpu {
     /// `g.x_scales` their scales; tiles from `moe_align` with [`GGW_FP8_BM`].
     pub fn qgemm_wgmma_fp8(&self, w: &QWeights, g: &QGemm, stages: usize) -> Result<()> {
         let s = w.shape;
-        if !self.has_wgmma() || s.format != QFormat::Fp8E4m3 || !s.k.is_multiple_of(128) || g.tiles == 0 {
+        if !self.has_wgmma() || !Self::wgmma_fp8_takes(&s) || g.tiles == 0 {
             return Err(KernelError::Invalid(format!(
-                "the FP8 wgmma grouped GEMM needs sm_90a ({}), FP8 experts and K % 128 == 0 (got {:?}, K {})",
-                self.arch, s.format, s.k
+                "the FP8 wgmma grouped GEMM needs sm_90a ({}), expert tiles and FP8 experts in 128-channel \
+                 blocks with K % 128 == 0 (got {:?}, group {}, K {})",
+                self.arch, s.format, s.group, s.k
             )));
         }
         let &(_, f32_k, silu_k) = GGW_FP8
@@ -478,6 +485,11 @@ mod tests {
         }
         assert!("128x128/5".parse::<WgmmaGemm>().is_err(), "not compiled");
         assert!("64x256/3".parse::<WgmmaGemm>().is_err(), "dropped after run 54");
+        let fp8 = QShape { format: QFormat::Fp8E4m3, experts: 4, n: 256, k: 1408, group: 128 };
+        assert!(Gpu::wgmma_fp8_takes(&fp8));
+        assert!(!Gpu::wgmma_fp8_takes(&QShape { group: 64, ..fp8 }), "one scale per stage of 128 channels");
+        assert!(!Gpu::wgmma_fp8_takes(&QShape { k: 1400, ..fp8 }));
+        assert!(!Gpu::wgmma_fp8_takes(&QShape { format: QFormat::AwqInt4, ..fp8 }));
         for (stages, f, silu) in GGW_FP8 {
             assert!(Gpu::fp8_wgmma_stages_compiled(stages));
             assert_eq!(

@@ -4,7 +4,6 @@
 
 use cleave_kernels::fp8::BLOCK;
 use cleave_kernels::ops::{Fp8Order, GemmKernel, GroupedGemm, QGemm, QWeights, GGW_FP8_BM};
-use cleave_kernels::quant::QFormat;
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::QIn;
@@ -88,13 +87,12 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         _ => None,
     };
     let fp8_wgmma = match (&ex.data, v.prefill_fp8) {
-        (ExpertData::Quant { gate_up, .. }, Some(stages))
+        (ExpertData::Quant { gate_up, down }, Some(stages))
             if prefill
                 && gpu.has_wgmma()
                 && v.fp8_tensor_cores
-                && gate_up.view().shape.format == QFormat::Fp8E4m3
-                && h % BLOCK == 0
-                && i % BLOCK == 0 =>
+                && Gpu::wgmma_fp8_takes(&gate_up.view().shape)
+                && Gpu::wgmma_fp8_takes(&down.view().shape) =>
         {
             Some(stages)
         }
