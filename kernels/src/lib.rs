@@ -58,7 +58,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
         &["mla_decode", "mla_decode2", "mla_decode2_dsv", "mla_combine", "mla_ref_f32"],
     ),
     ("mla_decode", include_str!("cu/mla_decode.cu"), ops::MLA3_KERNELS),
-    ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash"]),
+    ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash", "mla_prefill_flash_ds"]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),

@@ -96,7 +96,7 @@ impl Ctx<'_> {
         self.cu.set_poison(true);
         let (ms, n) = prof
             .iter()
-            .find(|(name, _, _)| name == "mla_prefill_flash")
+            .find(|(name, _, _)| name.starts_with("mla_prefill_flash"))
             .map(|&(_, ms, n)| (ms, n))
             .ok_or_else(|| anyhow!("prefill {q_len}x{ctx}: mla_prefill_flash did not run"))?;
         let kernel_us = ms * 1e3 / n as f64;

@@ -42,10 +42,15 @@ extern "C" __global__ void gather_latent(const bf16_t* cache, const int* tab, bf
 #define PF_QK 192
 #define PF_V 128
 
-extern "C" __global__ void __launch_bounds__(128, 2) mla_prefill_flash(
-    const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv, const bf16_t* __restrict__ k_rope,
-    float* __restrict__ out, int q_len, int ctx, int nope, int rope, int v, int q_ld, int kv_ld, int kr_ld,
-    int out_ld, float scale) {
+// NOPE, ROPE, V > 0 compile the head dims in (the DeepSeek shape: every stride, tile loop and
+// guard a constant; ncu found the generic kernel issue-bound on address arithmetic, ALU the
+// busiest pipe); 0 reads them from the arguments.
+template <int NOPE, int ROPE, int V>
+__device__ __forceinline__ void prefill_flash(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kv,
+                                              const bf16_t* __restrict__ k_rope, float* __restrict__ out, int q_len,
+                                              int ctx, int nope_, int rope_, int v_, int q_ld, int kv_ld, int kr_ld,
+                                              int out_ld, float scale) {
+    const int nope = NOPE ? NOPE : nope_, rope = NOPE ? ROPE : rope_, v = NOPE ? V : v_;
     const int h = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * PF_Q;
     const int qk = nope + rope;
@@ -250,3 +255,11 @@ extern "C" __global__ void __launch_bounds__(128, 2) mla_prefill_flash(
         }
     }
 }
+
+#define PF_ARGS                                                                                                   \
+    const bf16_t *q, const bf16_t *kv, const bf16_t *k_rope, float *out, int q_len, int ctx, int nope, int rope, \
+        int v, int q_ld, int kv_ld, int kr_ld, int out_ld, float scale
+#define PF_PASS q, kv, k_rope, out, q_len, ctx, nope, rope, v, q_ld, kv_ld, kr_ld, out_ld, scale
+extern "C" __global__ void __launch_bounds__(128, 2) mla_prefill_flash(PF_ARGS) { prefill_flash<0, 0, 0>(PF_PASS); }
+// DeepSeek's head dims (nope 128, rope 64, v 128); ops/attention.rs picks it when they match.
+extern "C" __global__ void __launch_bounds__(128, 2) mla_prefill_flash_ds(PF_ARGS) { prefill_flash<128, 64, 128>(PF_PASS); }

@@ -216,15 +216,17 @@ impl Gpu {
         if smem > self.max_smem_optin {
             return bad(format!("needs {smem} bytes of shared memory, the device allows {}", self.max_smem_optin));
         }
+        // DeepSeek's head dims have an instance with them compiled in.
+        let name = if (nope, rope, v) == (128, 64, 128) { "mla_prefill_flash_ds" } else { "mla_prefill_flash" };
         if smem > 48 * 1024 {
             self.ctx.bind_to_thread()?;
-            self.func("mla_prefill_flash")?.set_attribute(
+            self.func(name)?.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
             )?;
         }
         self.launch(
-            "mla_prefill_flash",
+            name,
             (q_len.div_ceil(PREFILL_Q_TILE) as u32, heads as u32, 1),
             128,
             smem as u32,
