@@ -240,7 +240,8 @@ impl Gpu {
         let smem = max_smem_optin.min(200 * 1024) as i32;
         let qgemm = ops::QUANT_KERNELS.iter().chain(ops::QDECODE_KERNELS).copied().filter(|k| k.starts_with("qg"));
         let mla = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].iter().chain(ops::MLA3_KERNELS).copied();
-        let opt_in = mla.chain(qgemm).chain(ops::GGW_KERNELS.iter().copied());
+        let prefill = ["mla_prefill_flash", "mla_prefill_flash_ds"].into_iter();
+        let opt_in = mla.chain(qgemm).chain(ops::GGW_KERNELS.iter().copied()).chain(prefill);
         for f in opt_in {
             let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
@@ -270,7 +271,7 @@ impl Gpu {
         Ok(gpu)
     }
 
-    /// Which of the kernels that support it ([`ops::PDL_KERNELS`]) are launched with programmatic
+    /// Which of the kernels that support it ([`ops::pdl_kernels`]) are launched with programmatic
     /// dependent launch (each may start while the kernel before it finishes).
     pub fn set_pdl(&self, pdl: ops::Pdl) {
         self.pdl.set(pdl);
@@ -317,7 +318,7 @@ impl Gpu {
                 numAttrs: 1,
             };
             // SAFETY: `params` holds one pointer per kernel parameter, in order (as for
-            // cuLaunchKernel); the kernel opens with pdl_wait (ops::PDL_KERNELS).
+            // cuLaunchKernel); the kernel opens with pdl_wait (ops::pdl_kernels).
             unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()?;
         } else {

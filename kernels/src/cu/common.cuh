@@ -16,7 +16,7 @@ __device__ __forceinline__ void split_keys(int len, int split, int splits, int t
     end = min(len, begin + per);
 }
 
-// Programmatic dependent launch (Hopper): a kernel launched with it (ops::PDL_KERNELS) may be
+// Programmatic dependent launch (Hopper): a kernel launched with it (ops::pdl_kernels) may be
 // scheduled while the kernel before it on the stream still runs. pdl_wait() returns once that
 // kernel has finished and its writes are visible: call it before reading or writing anything an
 // earlier kernel touches (a buffer freed by an earlier op may be this kernel's output).

@@ -212,19 +212,14 @@ impl Gpu {
                     .into(),
             );
         }
+        // Gpu::new raised both instances' dynamic shared-memory limit to this.
+        let limit = self.max_smem_optin.min(200 * 1024);
         let smem = Self::mla_prefill_smem(nope, rope, v);
-        if smem > self.max_smem_optin {
-            return bad(format!("needs {smem} bytes of shared memory, the device allows {}", self.max_smem_optin));
+        if smem > limit {
+            return bad(format!("needs {smem} bytes of shared memory, the device allows {limit}"));
         }
         // DeepSeek's head dims have an instance with them compiled in.
         let name = if (nope, rope, v) == (128, 64, 128) { "mla_prefill_flash_ds" } else { "mla_prefill_flash" };
-        if smem > 48 * 1024 {
-            self.ctx.bind_to_thread()?;
-            self.func(name)?.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
-        }
         self.launch(
             name,
             (q_len.div_ceil(PREFILL_Q_TILE) as u32, heads as u32, 1),

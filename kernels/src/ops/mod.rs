@@ -26,76 +26,42 @@ pub use quant::{QGemm, QWeights, QUANT_KERNELS};
 mod sample;
 pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 
-/// Kernels that open with `pdl_wait` (common.cuh), so that they may be launched with
-/// programmatic dependent launch ([`Gpu::set_pdl`]): the ops of a decode step after the
-/// embedding, except cuBLAS's.
-pub const PDL_KERNELS: &[&str] = &[
-    "rms_norm_f32",
-    "gemv_bf16_r1",
-    "gemv_bf16_r2",
-    "gemv_bf16_r4",
-    "gemv_bf16_r8",
-    "gemv_f32_r1",
-    "gemv_f32_r2",
-    "gemv_f32_r4",
-    "gemv_f32_r8",
-    "mla_prologue_bf16",
-    "mla_prologue_f32",
-    "mla_decode3_h16",
-    "mla_decode3_h32",
-    "mla_decode3_h64",
-    "mla_combine",
-    "moe_route",
-    "moe_align",
-    "moe_combine",
-    "ggp16_32_8_f32",
-    "ggp16_32_8_silu",
-    "ggp16_64_4_f32",
-    "ggp16_64_4_silu",
-    "ggp16_64_8_f32",
-    "ggp16_64_8_silu",
-    "ggp32_32_4_f32",
-    "ggp32_32_4_silu",
-    "ggp32_32_8_f32",
-    "ggp32_32_8_silu",
-    "ggp32_64_4_f32",
-    "ggp32_64_4_silu",
-    "ggp32_64_6_f32",
-    "ggp32_64_6_silu",
-    "ggp64_32_4_f32",
-    "ggp64_32_4_silu",
-    "ggp64_32_6_f32",
-    "ggp64_32_6_silu",
-    "ggp64_32_8_f32",
-    "ggp64_32_8_silu",
-    "ggpr32_32_64_4_f32",
-    "ggpr32_32_64_4_silu",
-    "ggpr32_32_64_5_f32",
-    "ggpr32_32_64_5_silu",
-    "ggpr32_64_32_6_f32",
-    "ggpr32_64_32_6_silu",
-    "ggpr32_64_64_3_f32",
-    "ggpr32_64_64_3_silu",
-];
+/// Kernels of a decode step that open with `pdl_wait` (common.cuh), so that they may be launched
+/// with programmatic dependent launch ([`Gpu::set_pdl`]), besides the families that all do:
+/// [`GEMV_KERNELS`], [`MLA3_KERNELS`] and the persistent grouped GEMMs (see [`pdl_kernels`]).
+const PDL_OPS: &[&str] =
+    &["rms_norm_f32", "mla_prologue_bf16", "mla_prologue_f32", "mla_combine", "moe_route", "moe_align", "moe_combine"];
+
+/// Whether `name` is one of the persistent grouped GEMMs (moe.cu `gg_persistent`).
+fn persistent_grouped(name: &str) -> bool {
+    moe::GGP_KERNELS.iter().any(|c| c.4 == name || c.5 == name)
+}
+
+/// Every kernel that may be launched with programmatic dependent launch: the decode step's ops
+/// after the embedding, except cuBLAS's.
+pub fn pdl_kernels() -> impl Iterator<Item = &'static str> {
+    let grouped = moe::GGP_KERNELS.iter().flat_map(|c| [c.4, c.5]);
+    PDL_OPS.iter().chain(GEMV_KERNELS).chain(MLA3_KERNELS).copied().chain(grouped)
+}
 
 /// Which kernels [`Gpu::set_pdl`] launches with programmatic dependent launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pdl {
     Off,
-    /// [`PDL_KERNELS`] but the persistent grouped GEMMs.
+    /// [`pdl_kernels`] but the persistent grouped GEMMs.
     Light,
-    /// Every kernel of [`PDL_KERNELS`].
+    /// Every kernel of [`pdl_kernels`].
     All,
 }
 
 impl Pdl {
     /// Whether kernel `name` is launched with it.
     pub fn takes(self, name: &str) -> bool {
-        let grouped = || moe::GGP_KERNELS.iter().any(|c| c.4 == name || c.5 == name);
+        let ops = || [PDL_OPS, GEMV_KERNELS, MLA3_KERNELS].iter().any(|l| l.contains(&name));
         match self {
             Pdl::Off => false,
-            Pdl::Light => PDL_KERNELS.contains(&name) && !grouped(),
-            Pdl::All => PDL_KERNELS.contains(&name),
+            Pdl::Light => ops(),
+            Pdl::All => ops() || persistent_grouped(name),
         }
     }
 }
@@ -163,17 +129,13 @@ mod tests {
 
     #[test]
     fn pdl_kernels_are_loaded_and_wait() {
-        for k in PDL_KERNELS {
+        for k in pdl_kernels() {
             let (name, src, _) = crate::MODULES
                 .iter()
-                .find(|(_, _, fns)| fns.contains(k))
+                .find(|(_, _, fns)| fns.contains(&k))
                 .unwrap_or_else(|| panic!("{k} is in no module"));
             assert!(src.contains("pdl_enter();"), "{name}.cu never waits for the kernel before");
-        }
-        let all: Vec<&str> =
-            moe::GGP_KERNELS.iter().flat_map(|c| [c.4, c.5]).chain(MLA3_KERNELS.iter().copied()).collect();
-        for k in all {
-            assert!(PDL_KERNELS.contains(&k), "{k}: a persistent or MLA v3 kernel (their templates wait) left out");
+            assert!(Pdl::All.takes(k));
         }
     }
 

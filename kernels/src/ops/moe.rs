@@ -28,10 +28,9 @@ pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
 /// (bm, bn, stages, threads) of every compiled wgmma grouped-GEMM shape (wgmma.cu); shape i is the
 /// kernels `GGW_KERNELS[2 i]` (f32) and `[2 i + 1]` (SiLU).
 const GGW_SHAPES: [(usize, usize, usize, u32); 3] = [(128, 128, 3, 128), (128, 256, 3, 256), (128, 256, 4, 256)];
-/// The FP8 wgmma grouped GEMM (128 x 128 tiles, 256 threads) by its stage count: (stages, f32
-/// kernel, SiLU kernel).
-const GGW_FP8: [(usize, &str, &str); 2] =
-    [(4, "ggw_fp8_128x128_4_f32", "ggw_fp8_128x128_4_silu"), (5, "ggw_fp8_128x128_5_f32", "ggw_fp8_128x128_5_silu")];
+/// Stage counts of the FP8 wgmma grouped GEMM (128 x 128 tiles, 256 threads); count i is the
+/// kernels `GGW_KERNELS[2 (GGW_SHAPES.len() + i)]` (f32) and the one after it (SiLU).
+const GGW_FP8_STAGES: [usize; 2] = [4, 5];
 /// Rows per tile of the FP8 wgmma grouped GEMM (`moe_align` must tile by it).
 pub const GGW_FP8_BM: usize = 128;
 /// The functions of wgmma.cu.
@@ -344,7 +343,18 @@ impl Gpu {
 
     /// Whether the FP8 wgmma grouped GEMM runs `stages` stages (a compiled count).
     pub fn fp8_wgmma_stages_compiled(stages: usize) -> bool {
-        GGW_FP8.iter().any(|k| k.0 == stages)
+        GGW_FP8_STAGES.contains(&stages)
+    }
+
+    /// The FP8 wgmma kernel with `stages` stages and its dynamic shared memory: per stage both
+    /// operands' 128-byte rows and 1 KB of scales, and 1 KB for the alignment.
+    fn fp8_wgmma_kernel(stages: usize, silu: bool) -> Result<(&'static str, usize)> {
+        let i = GGW_FP8_STAGES
+            .iter()
+            .position(|&s| s == stages)
+            .ok_or_else(|| KernelError::Invalid(format!("the FP8 wgmma grouped GEMM has no {stages}-stage kernel")))?;
+        let name = GGW_KERNELS[2 * (GGW_SHAPES.len() + i) + silu as usize];
+        Ok((name, stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024))
     }
 
     /// The grouped GEMM over FP8 expert weights on FP8 tensor cores (`gg_wgmma_fp8`): `g.x` holds
@@ -359,10 +369,7 @@ impl Gpu {
                 self.arch, s.format, s.group, s.k
             )));
         }
-        let &(_, f32_k, silu_k) = GGW_FP8
-            .iter()
-            .find(|k| k.0 == stages)
-            .ok_or_else(|| KernelError::Invalid(format!("the FP8 wgmma grouped GEMM has no {stages}-stage kernel")))?;
+        let (name, smem) = Self::fp8_wgmma_kernel(stages, g.silu)?;
         let args = [
             Ptr(g.x),
             Ptr(g.x_scales),
@@ -376,10 +383,8 @@ impl Gpu {
             I32(s.k as i32),
             I32(s.np() as i32),
         ];
-        // Per stage: both operands' 128-byte rows and 1 KB of scales; 1 KB for the alignment.
-        let smem = stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024;
         let grid = (s.n.div_ceil(128) as u32, g.max_tiles as u32, 1);
-        self.launch(if g.silu { silu_k } else { f32_k }, grid, 256, smem as u32, &args)
+        self.launch(name, grid, 256, smem as u32, &args)
     }
 
     fn persistent_kernel(cfg: PersistentGemm, silu: bool) -> Result<&'static str> {
@@ -470,9 +475,7 @@ mod tests {
 
     #[test]
     fn wgmma_shapes_are_compiled_kernels() {
-        let module = crate::MODULES.iter().find(|m| m.0 == "wgmma").expect("wgmma module");
-        assert_eq!(module.2, GGW_KERNELS);
-        assert_eq!(2 * (WgmmaGemm::compiled().count() + GGW_FP8.len()), GGW_KERNELS.len());
+        assert_eq!(2 * (WgmmaGemm::compiled().count() + GGW_FP8_STAGES.len()), GGW_KERNELS.len());
         for cfg in WgmmaGemm::compiled() {
             for silu in [false, true] {
                 let epi = if silu { "silu" } else { "f32" };
@@ -490,15 +493,15 @@ mod tests {
         assert!(!Gpu::wgmma_fp8_takes(&QShape { group: 64, ..fp8 }), "one scale per stage of 128 channels");
         assert!(!Gpu::wgmma_fp8_takes(&QShape { k: 1400, ..fp8 }));
         assert!(!Gpu::wgmma_fp8_takes(&QShape { format: QFormat::AwqInt4, ..fp8 }));
-        for (stages, f, silu) in GGW_FP8 {
+        for stages in GGW_FP8_STAGES {
             assert!(Gpu::fp8_wgmma_stages_compiled(stages));
-            assert_eq!(
-                (f, silu),
-                (&*format!("ggw_fp8_128x128_{stages}_f32"), &*format!("ggw_fp8_128x128_{stages}_silu"))
-            );
-            assert!(GGW_KERNELS.contains(&f) && GGW_KERNELS.contains(&silu));
-            assert!(stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024 <= 200 * 1024);
+            for (silu, epi) in [(false, "f32"), (true, "silu")] {
+                let (name, smem) = Gpu::fp8_wgmma_kernel(stages, silu).unwrap();
+                assert_eq!(name, format!("ggw_fp8_128x128_{stages}_{epi}"));
+                assert!(smem <= 200 * 1024, "{name}: over the opt-in limit set in Gpu::new");
+            }
         }
+        assert!(Gpu::fp8_wgmma_kernel(3, false).is_err());
         assert!("128x128".parse::<WgmmaGemm>().is_err());
         assert!("128/3".parse::<WgmmaGemm>().is_err());
     }

@@ -58,7 +58,7 @@ pub struct Variants {
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
-    /// Programmatic dependent launch for the kernels that take it (`ops::PDL_KERNELS`): each
+    /// Programmatic dependent launch for the kernels that take it (`ops::pdl_kernels`): each
     /// may be scheduled, and a GEMV start reading its weights, while the kernel before it ends.
     pub pdl: Pdl,
 }
