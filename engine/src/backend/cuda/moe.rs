@@ -186,6 +186,8 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
             // Decode-sized tiles as the variants pick; prefill's on FP8 wgmma or, 64 rows each, on
             // the tiled kernel.
             if let Some(stages) = fp8_wgmma {
+                // Only the routed rows are aligned (and computed): the SiLU output's others are never read.
+                let g = QGemm { rows: routed_a, ..g };
                 fp8_wgmma_experts(be, x, [gate_up.view(), down.view()], g, ptr(&y), stages)?;
             } else if bm == 16 {
                 be.qgemm_decode(gate_up, QIn::F32(x), g)?;
