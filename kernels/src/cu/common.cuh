@@ -85,13 +85,30 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
-// 16-byte asynchronous global->shared copy; `src_bytes` 0 fills the destination with zeros.
+// 16-byte asynchronous global->shared copy to a shared-window address (smem_u32); `src_bytes` 0
+// reads nothing and fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(u32 smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+    cp_async16(smem_u32(smem), gmem, src_bytes);
+}
+// cp_async16 of 16 bytes or, where ok is 0, of zeros (PTX's ignore-src: a predicate, where a byte
+// count costs ptxas address arithmetic per copy).
+__device__ __forceinline__ void cp_async16_if(u32 smem, const void* gmem, u32 ok) {
+    asm volatile("{ .reg .pred p; setp.eq.u32 p, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, p; }" ::"r"(smem),
+                 "l"(gmem), "r"(ok));
 }
 // 4-byte asynchronous global->shared copy (cached at all levels); `src_bytes` 0 writes a zero.
+__device__ __forceinline__ void cp_async4(u32 smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+    cp_async4(smem_u32(smem), gmem, src_bytes);
+}
+__device__ __forceinline__ void cp_async4_if(u32 smem, const void* gmem, u32 ok) {
+    asm volatile("{ .reg .pred p; setp.eq.u32 p, %2, 0; cp.async.ca.shared.global [%0], [%1], 4, p; }" ::"r"(smem),
+                 "l"(gmem), "r"(ok));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
@@ -108,10 +125,13 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 __device__ __forceinline__ u32 ld_u32(const bf16_t* p) { return *reinterpret_cast<const u32*>(p); }
 // ldmatrix: four (or two) 8x8 b16 matrices from shared memory; lane l supplies the address of
 // row l % 8 of matrix l / 8. `.trans` delivers each matrix transposed.
-__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_u32(p)));
+                 : "r"(p));
+}
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
+    ldsm_x4(r0, r1, r2, r3, smem_u32(p));
 }
 __device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -143,6 +163,12 @@ __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
 // and pair p of a packed word (nibbles p and 4 + p) as the exact bf16 pair q - z: OR-ing a nibble
 // into the mantissa of 128.0 gives 128 + q.
 __device__ __forceinline__ u32 awq_zero(u32 z) { return (0xC300u | z) * 0x10001u; }
+// awq_zero of the nibble at bit `shift` of a packed word of zero points.
+__device__ __forceinline__ u32 awq_zero_at(u32 word, int shift) {
+    u32 v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(word >> shift), "r"(0xFu), "r"(0xC300u));
+    return v * 0x10001u;
+}
 __device__ __forceinline__ u32 awq_pair(u32 w, int p, u32 zero) {
     // (w & mask) | magic as one LOP3: written out, ptxas emits an AND and an OR (a LOP3 takes one
     // immediate).

@@ -77,66 +77,79 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             e = tiles[3 * t], rs = tiles[3 * t + 1], rc = tiles[3 * t + 2];
         }
     };
-    // Loader: item l_it, its k-tile l_kt (of KTI), and this thread's sources for the item.
-    int l_it = i0, l_kt = 0, l_e = 0, l_cb = 0, l_z = 0;
+    // Loader: item l_it, its k-tile l_kt (of KTI), and this thread's sources at that k-tile. Each
+    // source moves by one k-tile per load, so a copy costs an add, not its address computed again
+    // (ncu, run 62: the per-copy 64-bit address arithmetic was a fifth of the AWQ kernel's issued
+    // instructions). Sources of rows, columns or channels past the end stay at a valid address
+    // and copy 0 bytes (zeros).
+    int l_it = i0, l_kt = 0, l_kt0 = 0;
     const unsigned char* a_src[CA];
-    bool a_ok[CA];
+    u32 a_ok[CA];  // 1 or 0: cp_async16_if's flag
     const u32* b_src[CB];
-    bool b_ok[CB];
+    u32 b_ok[CB];
+    const unsigned char* s_src = reinterpret_cast<const unsigned char*>(S);  // group 0 of the item's scales
+    const u32* z_src = Z;
     const float* xs_src = XS;
-    bool xs_ok = false;
+    u32 s_ok = 0, z_ok = 0, xs_ok = 0;
+    const int a_c = (tid % ACH) * (16 / XB);  // the channel of this thread's A chunks within a k-tile
     auto set_item = [&]() {
-        int t, rs, rc;
-        decode(l_it, t, l_cb, l_z);
-        tile_rows(t, l_e, rs, rc);
+        int t, cb, z, e, rs, rc;
+        decode(l_it, t, cb, z);
+        tile_rows(t, e, rs, rc);
+        l_kt0 = z * KTI;
 #pragma unroll
         for (int j = 0; j < CA; j++) {
             const int i = tid + 128 * j, r = i / ACH;
-            a_ok[j] = i < BM * ACH && r < rc;
-            const int row = a_ok[j] ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
-            a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K) * XB + (i % ACH) * 16;
+            const bool ok = i < BM * ACH && r < rc;
+            const int row = ok ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
+            a_ok[j] = ok;
+            a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K + (u64)l_kt0 * BK) * XB + (i % ACH) * 16;
         }
 #pragma unroll
         for (int j = 0; j < CB; j++) {
-            const int i = tid + 128 * j, nb = l_cb * (BN / 8) + i / UCH;
-            b_ok[j] = i < (BN / 8) * UCH && nb * 8 < Np;
-            b_src[j] = b_ok[j] ? Wq + ((u64)l_e * (Np / 8) + nb) * KUT * 32 * WPL + (i % UCH) * 4 : Wq;
+            const int i = tid + 128 * j, nb = cb * (BN / 8) + i / UCH;
+            const bool ok = i < (BN / 8) * UCH && nb * 8 < Np;
+            b_ok[j] = ok;
+            b_src[j] = Wq + (((u64)e * (Np / 8) + (ok ? nb : 0)) * KUT + (u64)l_kt0 * KU) * 32 * WPL + (i % UCH) * 4;
+        }
+        if (tid < SCH) {
+            const int col = cb * BN + tid * (16 / SB);
+            s_ok = col < Np;
+            s_src = reinterpret_cast<const unsigned char*>(S) + ((u64)e * KG * Np + (col < Np ? col : 0)) * SB;
+        }
+        if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS) {
+            const int w = cb * (BN / 8) + tid - 64;
+            z_ok = w < Np / 8;
+            z_src = Z + (u64)e * KG * (Np / 8) + (w < Np / 8 ? w : 0);
         }
         if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS) {
             const int r = tid - 64;
             xs_ok = r < rc;
-            xs_src = XS + (u64)(xs_ok ? (rowidx ? rowidx[rs + r] : rs + r) : 0) * (K / 128);
+            xs_src = XS + (u64)(r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : 0) * (K / 128);
         }
     };
+    const u32 sq = smem_u32(qsm);
     auto load = [&](int stage) {
-        unsigned char* st = qsm + stage * STAGE;
-        const int kt = l_z * KTI + l_kt, k0 = kt * BK, grp = min(kt >> gshift, KG - 1);  // padding k-tiles: zeros
+        const u32 st = sq + stage * STAGE;
+        const int kt = l_kt0 + l_kt, k0 = kt * BK, grp = min(kt >> gshift, KG - 1);  // padding k-tiles: zeros
 #pragma unroll
         for (int j = 0; j < CA; j++) {
             const int i = tid + 128 * j;
             if (CA * 128 > BM * ACH && i >= BM * ACH) break;
-            const bool ok = a_ok[j] && k0 + (i % ACH) * (16 / XB) < K;
-            cp_async16(st + qswz<ACH>(i / ACH, i % ACH), ok ? a_src[j] + (u64)k0 * XB : X, ok ? 16 : 0);
+            cp_async16_if(st + qswz<ACH>(i / ACH, i % ACH), a_src[j], k0 + a_c < K ? a_ok[j] : 0u);
+            a_src[j] += BK * XB;
         }
 #pragma unroll
         for (int j = 0; j < CB; j++) {
             const int i = tid + 128 * j;
             if (CB * 128 > (BN / 8) * UCH && i >= (BN / 8) * UCH) break;
-            cp_async16(st + A_BYTES + i * 16, b_ok[j] ? b_src[j] + (u64)kt * KU * 32 * WPL : Wq, b_ok[j] ? 16 : 0);
+            cp_async16_if(st + A_BYTES + i * 16, b_src[j], b_ok[j]);
+            b_src[j] += KU * 32 * WPL;
         }
-        if (tid < SCH) {
-            const int col = l_cb * BN + tid * (16 / SB);
-            const bool ok = col < Np;
-            const unsigned char* src = reinterpret_cast<const unsigned char*>(S) + (((u64)l_e * KG + grp) * Np + col) * SB;
-            cp_async16(st + S_OFF + tid * 16, ok ? src : S, ok ? 16 : 0);
-        }
-        if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS) {
-            const int w = l_cb * (BN / 8) + tid - 64;
-            const bool ok = w < Np / 8;
-            cp_async4(st + Z_OFF + (tid - 64) * 4, ok ? Z + ((u64)l_e * KG + grp) * (Np / 8) + w : Z, ok ? 4 : 0);
-        }
-        if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS)
-            cp_async4(st + Z_OFF + (tid - 64) * 4, xs_src + k0 / 128, xs_ok ? 4 : 0);
+        if (tid < SCH) cp_async16_if(st + S_OFF + tid * 16, s_src + grp * (Np * SB), s_ok);
+        if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS)
+            cp_async4_if(st + Z_OFF + (tid - 64) * 4, z_src + grp * (Np / 8), z_ok);
+        if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS) cp_async4_if(st + Z_OFF + (tid - 64) * 4, xs_src + (k0 >> 7), xs_ok);
         if (++l_kt == KTI) {
             l_kt = 0;
             if (++l_it < i1) set_item();
@@ -169,6 +182,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         cp_async_commit();
         ls = ls + 1 == ST ? 0 : ls + 1;
         const unsigned char* st = qsm + cs * STAGE;
+        const u32 sst = sq + cs * STAGE;
         const u32* sb = reinterpret_cast<const u32*>(st + A_BYTES);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -180,7 +194,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
             u32 zz[NT];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero((sz[cw / 8 + nt] >> (4 * g)) & 0xfu);
+            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[cw / 8 + nt], 4 * g);
 #pragma unroll
             for (int u = 0; u < KU; u++) {
                 u32 af[MT][2][4];
@@ -188,7 +202,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++)
-                        ldsm_x4(af[mt][h][0], af[mt][h][1], af[mt][h][2], af[mt][h][3], st + a_off[2 * u + h] + mt * MT_BYTES);
+                        ldsm_x4(af[mt][h][0], af[mt][h][1], af[mt][h][2], af[mt][h][3], sst + a_off[2 * u + h] + mt * MT_BYTES);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const u32 w = sb[((cw / 8 + nt) * KU + u) * 32 + lane];
@@ -219,7 +233,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 u32 af[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
-                    ldsm_x4(af[mt][0], af[mt][1], af[mt][2], af[mt][3], st + a_off[2 * u] + mt * MT_BYTES);
+                    ldsm_x4(af[mt][0], af[mt][1], af[mt][2], af[mt][3], sst + a_off[2 * u] + mt * MT_BYTES);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const uint2 b = *reinterpret_cast<const uint2*>(sb + (((cw / 8 + nt) * KU + u) * 32 + lane) * 2);
