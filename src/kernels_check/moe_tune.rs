@@ -164,4 +164,21 @@ impl DecodeTiles {
         g.moe_align(ptr(&id_buf), a, top_k, experts, 0, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
         Ok(DecodeTiles { _ids: id_buf, sorted, _inv: inv, tiles, meta, max_tiles })
     }
+
+    /// The same sorted rows in tiles of at most `bm` (< 16) rows: each 16-row tile cut in order.
+    pub fn cut(&self, g: &Gpu, bm: usize) -> Result<(CudaSlice<i32>, CudaSlice<i32>, usize)> {
+        let mut meta = [0i32];
+        g.dtoh(ptr(&self.meta), &mut meta)?;
+        let mut tiles = vec![0i32; 3 * meta[0] as usize];
+        g.dtoh(ptr(&self.tiles), &mut tiles)?;
+        let cut: Vec<i32> = tiles
+            .chunks(3)
+            .flat_map(|t| (0..t[2]).step_by(bm).flat_map(move |j| [t[0], t[1] + j, (t[2] - j).min(bm as i32)]))
+            .collect();
+        let max_tiles = cut.len() / 3;
+        let (tiles, meta) = (g.alloc::<i32>(cut.len().max(3))?, g.alloc::<i32>(1)?);
+        g.htod(&cut, ptr(&tiles))?;
+        g.htod(&[max_tiles as i32], ptr(&meta))?;
+        Ok((tiles, meta, max_tiles))
+    }
 }

@@ -97,6 +97,8 @@ struct Case<'a> {
     label: String,
     w: &'a Synthetic,
     g: QGemm,
+    /// `g` with the same sorted rows in 8-row tiles (the persistent kernel's 8-row shapes).
+    tiles8: QGemm,
     out_words: usize,
     /// Rows of a dense GEMM (split over the input channels); 0 for expert tiles.
     dense_rows: usize,
@@ -140,6 +142,7 @@ impl Ctx<'_> {
                 let touched = experts_touched(&ids);
                 let dt = DecodeTiles::new(g, &ids, e, top_k)?;
                 let (sorted, tiles, meta, max_tiles) = (&dt.sorted, &dt.tiles, &dt.meta, dt.max_tiles);
+                let (tiles8, meta8, max_tiles8) = dt.cut(g, 8)?;
                 let x = Activations::new(g, b, h, 9)?;
                 let act = Activations::new(g, a, i, 10)?;
                 let base = QGemm {
@@ -161,6 +164,7 @@ impl Ctx<'_> {
                         label: format!("{label}, gate_up {}x{h}", 2 * i),
                         w: &gu,
                         g: QGemm { ..base },
+                        tiles8: QGemm { tiles: ptr(&tiles8), meta: ptr(&meta8), max_tiles: max_tiles8, bm: 8, ..base },
                         out_words: a * i / 2,
                         dense_rows: 0,
                         bytes: touched as f64 * gu.matrix_bytes(),
@@ -169,6 +173,15 @@ impl Ctx<'_> {
                         label: format!("{label}, down {h}x{i}"),
                         w: &dn,
                         g: QGemm { silu: false, rowidx: 0, ..base },
+                        tiles8: QGemm {
+                            silu: false,
+                            rowidx: 0,
+                            tiles: ptr(&tiles8),
+                            meta: ptr(&meta8),
+                            max_tiles: max_tiles8,
+                            bm: 8,
+                            ..base
+                        },
                         out_words: a * h,
                         dense_rows: 0,
                         bytes: touched as f64 * dn.matrix_bytes(),
@@ -206,6 +219,7 @@ impl Ctx<'_> {
                     label: format!("{name} {rows} rows, {n}x{k}"),
                     w: &w,
                     g: QGemm::dense(rows, 0),
+                    tiles8: QGemm::dense(rows, 0),
                     out_words: rows * n,
                     dense_rows: rows,
                     bytes: w.matrix_bytes(),
@@ -242,7 +256,7 @@ impl Ctx<'_> {
             Ok(())
         };
         let shapes: Vec<QPersist> = QPersist::compiled(w.shape.format)
-            .filter(|cfg| cfg.takes(w.shape.format, w.shape.group) && (c.dense_rows > 0 || cfg.bm == 16))
+            .filter(|cfg| cfg.takes(w.shape.format, w.shape.group) && (c.dense_rows > 0 || cfg.bm <= 16))
             .collect();
         let (t_splits, p_splits) = if c.dense_rows > 0 {
             let p = shapes.iter().map(|&cfg| g.qgp_splits(&w, rows, cfg)).collect::<Result<Vec<_>, _>>()?;
@@ -266,7 +280,8 @@ impl Ctx<'_> {
             let run = || -> cleave_engine::Result<()> {
                 let y = if splits > 1 { ptr(&part) } else { ptr(&out) };
                 let (xp, xs) = if fp8 { (x.fp8(), x.fp8_scales()) } else { (x.bf16(), 0) };
-                g.qgemm_persistent(&w, &QGemm { x: xp, x_scales: xs, y, splits, ..c.g }, cfg).map_err(kerr)?;
+                let base = if c.dense_rows == 0 && cfg.bm == 8 { c.tiles8 } else { c.g };
+                g.qgemm_persistent(&w, &QGemm { x: xp, x_scales: xs, y, splits, ..base }, cfg).map_err(kerr)?;
                 if splits > 1 {
                     g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows * n).map_err(kerr)?;
                 }

@@ -36,7 +36,7 @@ __device__ __forceinline__ int qswz(int r, int c) {
 // (Kp / BK) % splits == 0. FMT 1: X holds e4m3 bytes [*, K], XS f32 scales [*, K / 128], K % 128 == 0.
 // 4 warps, each over BN / 4 columns (NT n-tiles of 8), every k step and all MT 16-row tiles (the
 // weights are unpacked once for MT MMAs).
-template <int FMT, int MT, int BN, int BK, int ST, int EPI>
+template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16>
 __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const int* __restrict__ rowidx,
                                               const u32* __restrict__ Wq, const void* __restrict__ S,
                                               const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
@@ -44,13 +44,15 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                                               int G, const float* __restrict__ XS, int splits) {
     constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
-    constexpr int BM = 16 * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
+    constexpr int BM = TOK * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
     constexpr int B_BYTES = (BN / 8) * UCH * 16, S_BYTES = BN * SB;
     constexpr int Z_WORDS = FMT == 0 ? BN / 8 : 0, XS_ROWS = FMT == 1 ? BM : 0;
     constexpr int S_OFF = A_BYTES + B_BYTES, Z_OFF = S_OFF + S_BYTES;
-    constexpr int STAGE = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = 16 * ACH * 16;
+    constexpr int STAGE = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
+    constexpr int NJ = TOK == 16 ? NT : NT / 2;  // accumulator tiles per row tile and warp
     constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
     static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= 4, "shape");
+    static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
     extern __shared__ __align__(128) unsigned char qsm[];
     const bool dense = tiles == nullptr;
     const int ntiles = dense ? (M + BM - 1) / BM : meta[0];
@@ -156,11 +158,11 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         }
     };
     set_item();
-    float acc[MT][NT][4], part[MT][NT][4];
+    float acc[MT][NJ][4], part[MT][NJ][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NJ; nt++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
     // This lane's ldmatrix rows of the first 16-row A tile, per k16 step (AWQ) or 32-channel unit
@@ -168,7 +170,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     int a_off[2 * KU];
 #pragma unroll
     for (int j = 0; j < 2 * KU; j++)
-        a_off[j] = FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4)) : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
+        a_off[j] = TOK == 8  ? qswz<ACH>(lane & 7, 4 * j + (lane >> 3))
+                   : FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4))
+                              : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
     int c_it = i0, c_kt = 0, cs = 0, ls = ST - 1;
 #pragma unroll 1
     for (int s = 0; s < ST - 1; s++) {
@@ -187,10 +191,49 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NJ; nt++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) part[mt][nt][q] = 0.f;
-        if (FMT == 0) {
+        if (FMT == 0 && TOK == 8) {
+            // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
+            // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
+            // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile).
+            const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
+            u32 zz[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[cw / 8 + nt], 4 * g);
+#pragma unroll
+            for (int u = 0; u < KU; u++) {
+                u32 xf[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    const u32 w0 = sb[((cw / 8 + 2 * j) * KU + u) * 32 + lane];
+                    const u32 w1 = sb[((cw / 8 + 2 * j + 1) * KU + u) * 32 + lane];
+                    u32 a[4][2];
+#pragma unroll
+                    for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
+                        mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
+                    }
+                }
+            }
+            // part[mt][j]: columns 16 j + g (0, 1) and 16 j + 8 + g (2, 3) of the warp, tokens
+            // 8 mt + 2 t4 and 8 mt + 2 t4 + 1.
+            const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const float s0 = h2f(ss[cw + 16 * j + g]), s1 = h2f(ss[cw + 16 * j + 8 + g]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
+                    acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
+                }
+            }
+        } else if (FMT == 0) {
             const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
             u32 zz[NT];
 #pragma unroll
@@ -263,23 +306,45 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         decode(c_it, t, cb, z);
         tile_rows(t, e, rs, rc);
         float* yz = reinterpret_cast<float*>(Y) + (u64)z * M * N;
+        if (TOK == 8) {
+            // Each lane holds one column for two tokens; SiLU's gate (even column) meets its up
+            // value in the lane of column + 1 (g + 1: lane + 4).
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const int col = cb * BN + cw + nt * 8 + 2 * t4;
+                for (int j = 0; j < NJ; j++) {
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int r = 16 * mt + g + 8 * hh;
-                    if (r >= rc) continue;
-                    if (splits > 1)
-                        gg_store<0>(yz, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
-                    else
-                        gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                    for (int q = 0; q < 4; q++) {
+                        const int col = cb * BN + cw + 16 * j + 8 * (q >> 1) + g, r = 8 * mt + 2 * t4 + (q & 1);
+                        const float v = acc[mt][j][q];
+                        if (EPI == 1 && splits == 1) {
+                            const float up = __shfl_xor_sync(0xffffffffu, v, 4);
+                            if ((g & 1) == 0 && r < rc) gg_store<1>(Y, (u64)(rs + r), col, N, v, up);
+                        } else if (r < rc && col < N) {
+                            yz[(u64)(rs + r) * N + col] = v;
+                        }
+                        acc[mt][j][q] = 0.f;
+                    }
                 }
+        } else {
 #pragma unroll
-                for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
-            }
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int col = cb * BN + cw + nt * 8 + 2 * t4;
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int r = 16 * mt + g + 8 * hh;
+                        if (r >= rc) continue;
+                        if (splits > 1)
+                            gg_store<0>(yz, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                        else
+                            gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                    }
+#pragma unroll
+                    for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
+                }
+        }
         c_it++;
     }
     cp_async_wait<0>();
@@ -290,7 +355,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     const void *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,      \
         const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits
 #define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits
-// Names: qgp[64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp64: row tiles of 64); ops/qdecode.rs
+// Names: qgp[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp64: row tiles of 64; qgp8: of 8, tokens as
+// the MMAs' N); ops/qdecode.rs
 // (QGP_KERNELS) mirrors them.
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_silu(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 1>(QGP_PASS); }
@@ -310,6 +376,10 @@ extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_f32(QGP_ARGS
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 128, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 0, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_silu(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 0>(QGP_PASS); }

@@ -8,9 +8,11 @@ use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, I32};
 
-/// A persistent compressed-GEMM configuration: rows and columns per work item (rows: 16, or 64 for
-/// dense GEMMs of more rows, unpacking each weight once for four MMAs), input channels per k-tile
-/// and pipeline stages (one compiled kernel per format and epilogue).
+/// A persistent compressed-GEMM configuration: rows and columns per work item, input channels per
+/// k-tile and pipeline stages (one compiled kernel per format and epilogue). Rows: 16; 8 (AWQ: the
+/// weights as the MMAs' 16-row operand and the tokens as their 8 columns, half the MMAs and scale
+/// folds of a 16-row tile, for tiles of at most 8 rows); or 64 for dense GEMMs of more rows,
+/// unpacking each weight once for four MMAs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QPersist {
     pub bm: usize,
@@ -20,7 +22,9 @@ pub struct QPersist {
 }
 
 /// (format, bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled shape (qdecode.cu's list).
-const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 16] = [
+const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 18] = [
+    (QFormat::AwqInt4, 8, 256, 64, 4, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 8, 128, 64, 6, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
     (QFormat::AwqInt4, 16, 64, 64, 8, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
     (QFormat::AwqInt4, 16, 64, 128, 4, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
     (QFormat::AwqInt4, 16, 64, 128, 6, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
@@ -39,46 +43,33 @@ const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 16] = [
     (QFormat::Fp8E4m3, 16, 64, 64, 8, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
 ];
 
-/// The functions of qdecode.cu; the `qgp_*` GEMMs get the opt-in dynamic shared memory.
-pub const QDECODE_KERNELS: &[&str] = &[
-    "qgp_awq_64_64_8_f32",
-    "qgp_awq_64_64_8_silu",
-    "qgp_awq_64_128_4_f32",
-    "qgp_awq_64_128_4_silu",
-    "qgp_awq_64_128_6_f32",
-    "qgp_awq_64_128_6_silu",
-    "qgp_awq_128_64_6_f32",
-    "qgp_awq_128_64_6_silu",
-    "qgp_awq_32_128_6_f32",
-    "qgp_awq_32_128_6_silu",
-    "qgp_awq_128_64_4_f32",
-    "qgp_awq_128_64_4_silu",
-    "qgp_awq_128_64_8_f32",
-    "qgp_awq_128_64_8_silu",
-    "qgp_awq_128_128_4_f32",
-    "qgp_awq_128_128_4_silu",
-    "qgp_awq_256_64_4_f32",
-    "qgp_awq_256_64_4_silu",
-    "qgp64_awq_64_64_4_f32",
-    "qgp64_awq_64_64_4_silu",
-    "qgp64_fp8_64_128_4_f32",
-    "qgp64_fp8_64_128_4_silu",
-    "qgp_fp8_64_128_4_f32",
-    "qgp_fp8_64_128_4_silu",
-    "qgp_fp8_64_128_6_f32",
-    "qgp_fp8_64_128_6_silu",
-    "qgp_fp8_128_128_4_f32",
-    "qgp_fp8_128_128_4_silu",
-    "qgp_fp8_32_128_8_f32",
-    "qgp_fp8_32_128_8_silu",
-    "qgp_fp8_64_64_8_f32",
-    "qgp_fp8_64_64_8_silu",
+/// The functions of qdecode.cu: every compiled persistent GEMM (which get the opt-in dynamic shared
+/// memory), then the activation quantizations.
+pub const QDECODE_KERNELS: &[&str] = &qdecode_kernels();
+
+const ACT_QUANT_KERNELS: [&str; 5] = [
     "act_quant_fp8",
     "act_quant_fp8_mma_f32",
     "act_quant_fp8_mma_bf16",
     "act_quant_fp8_wg_f32",
     "act_quant_fp8_wg_bf16",
 ];
+
+const fn qdecode_kernels() -> [&'static str; 2 * QGP_KERNELS.len() + ACT_QUANT_KERNELS.len()] {
+    let mut out = [""; 2 * QGP_KERNELS.len() + ACT_QUANT_KERNELS.len()];
+    let mut i = 0;
+    while i < QGP_KERNELS.len() {
+        out[2 * i] = QGP_KERNELS[i].5;
+        out[2 * i + 1] = QGP_KERNELS[i].6;
+        i += 1;
+    }
+    let mut j = 0;
+    while j < ACT_QUANT_KERNELS.len() {
+        out[2 * i + j] = ACT_QUANT_KERNELS[j];
+        j += 1;
+    }
+    out
+}
 
 /// Where [`Gpu::act_quant_fp8_mma`] puts each channel of a 32-channel unit: in the k-slot order of
 /// the persistent decode GEMM's MMAs ([`crate::fp8::mma_position`]), or in the byte order of a
@@ -96,14 +87,16 @@ impl QPersist {
         QGP_KERNELS.iter().filter(move |k| k.0 == format).map(|k| QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4 })
     }
 
-    /// The default shape for `format` with groups of `group` channels, if it takes them (a k-tile
-    /// must lie in one group): the fastest of `kernels-check --stages qgemm_tune` on the V3 expert
-    /// shapes at 16 and 64 tokens on an H200 (run 25; kernels/bench/results/run25-*).
+    /// The default shape for `format` with groups of `group` channels and row tiles of at most
+    /// `bm` rows (8, 16 or 64), if it takes them (a k-tile must lie in one group): the fastest of
+    /// `kernels-check --stages qgemm_tune` on the V3 expert shapes at 16 and 64 tokens on an H200
+    /// (runs 25 and 63; kernels/bench/results/). FP8 has no 8-row tiles (16 there).
     /// Row tiles of 64 (`bm` 64) are for dense GEMMs of more than 16 rows.
     pub fn default_for(format: QFormat, group: usize, bm: usize) -> Option<QPersist> {
         let pick = match (format, bm) {
             (QFormat::AwqInt4, 64) => QPersist { bm, bn: 64, bk: 64, stages: 4 },
             (QFormat::Fp8E4m3, 64) => QPersist { bm, bn: 64, bk: 128, stages: 4 },
+            (QFormat::AwqInt4, 8) => QPersist { bm, bn: 256, bk: 64, stages: 4 },
             (QFormat::AwqInt4, _) => QPersist { bm: 16, bn: 256, bk: 64, stages: 4 },
             (QFormat::Fp8E4m3, _) => QPersist { bm: 16, bn: 128, bk: 128, stages: 4 },
         };
@@ -175,8 +168,8 @@ impl std::str::FromStr for QPersist {
 }
 
 impl Gpu {
-    /// Runs [`QGemm`] over `w` with the persistent kernel `cfg`: tiles from `moe_align` with BM 16,
-    /// or `cfg.bm`-row tiles of `rows` dense rows. FP8 weights take the activations as `fp8_quant_mma`
+    /// Runs [`QGemm`] over `w` with the persistent kernel `cfg`: tiles from `moe_align` with BM
+    /// `cfg.bm` (`g.bm`), or `cfg.bm`-row tiles of `rows` dense rows. FP8 weights take the activations as `fp8_quant_mma`
     /// leaves them (`g.x` e4m3, `g.x_scales`); AWQ takes bf16 `g.x`. Split-K (`g.splits`) only
     /// for dense f32 outputs, a divisor of the k-tiles ([`Gpu::qgp_splits`]).
     pub fn qgemm_persistent(&self, w: &QWeights, g: &QGemm, cfg: QPersist) -> Result<()> {
@@ -188,19 +181,21 @@ impl Gpu {
             || (g.silu && (!s.n.is_multiple_of(2) || g.splits > 1))
             || g.splits == 0
             || !kt.is_multiple_of(g.splits)
-            || (g.tiles != 0 && (g.splits > 1 || cfg.bm != 16))
+            || (g.tiles != 0 && (g.splits > 1 || cfg.bm != g.bm))
             || !fp8_ok
         {
             return Err(KernelError::Invalid(format!(
                 "persistent {} GEMM {cfg}: needs groups of at least {} channels, K % 8 == 0 (FP8: K % 128 == 0 and \
-                 activation scales), an even N with SiLU and splits dividing the {kt} k-tiles, splits and row tiles \
-                 other than 16 for dense GEMMs only (got N {}, K {}, group {}, splits {})",
+                 activation scales), an even N with SiLU and splits dividing the {kt} k-tiles, splits for dense GEMMs \
+                 only, expert tiles of {} rows (got N {}, K {}, group {}, splits {}, tiles of {} rows)",
                 s.format.name(),
                 cfg.bk,
+                cfg.bm,
                 s.n,
                 s.k,
                 s.group,
-                g.splits
+                g.splits,
+                g.bm
             )));
         }
         let name = cfg.kernel(s.format, g.silu)?;
@@ -297,7 +292,7 @@ mod tests {
                 assert_eq!(cfg.to_string().parse::<QPersist>().unwrap(), cfg);
             }
         }
-        for bm in [16, 64] {
+        for bm in [8, 16, 64] {
             assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bk, 64);
             assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bm, bm);
             assert_eq!(
@@ -305,7 +300,7 @@ mod tests {
                 QPersist::default_for(QFormat::AwqInt4, 64, bm)
             );
             assert!(QPersist::default_for(QFormat::AwqInt4, 32, bm).is_none());
-            assert!(QPersist::default_for(QFormat::Fp8E4m3, 128, bm).is_some());
+            assert!(QPersist::default_for(QFormat::Fp8E4m3, 128, bm).is_some_and(|c| c.bm >= bm));
         }
         assert!("64/128".parse::<QPersist>().is_err() && "16/16/2".parse::<QPersist>().is_err());
         assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), QPersist { bm: 64, bn: 64, bk: 64, stages: 4 });

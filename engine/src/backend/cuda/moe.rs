@@ -7,7 +7,7 @@ use cleave_kernels::ops::{Fp8Order, GemmKernel, GroupedGemm, QGemm, QWeights, GG
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::QIn;
-use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, ROWS32_MIN_AVG};
+use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, QRows, ROWS32_MIN_AVG};
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
 
@@ -98,6 +98,22 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         }
         _ => None,
     };
+    // Decode-sized compressed experts: the persistent shape's tiles when both GEMMs have one (8
+    // rows for AWQ experts of a few rows each), else the tiled kernel's 16.
+    let quant_bm = match &ex.data {
+        ExpertData::Quant { gate_up, down } => {
+            let rows = QRows::Experts { avg: routed_a.div_ceil(aligned.max(1)) };
+            let shape = |w: &super::quant::QuantWeight| {
+                let s = w.view().shape;
+                v.qgemm.shape(s.format, s.group, rows).map(|c| c.bm)
+            };
+            match (shape(gate_up), shape(down)) {
+                (Some(a), Some(b)) if a == b => a,
+                _ => 16,
+            }
+        }
+        _ => 16,
+    };
     let bm = if let Some(cfg) = wgmma {
         cfg.bm
     } else if fp8_wgmma.is_some() {
@@ -107,7 +123,7 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     } else if rows32.is_some() {
         32
     } else {
-        16
+        quant_bm
     };
     let max_tiles = Gpu::moe_max_tiles(a, aligned, bm);
     let sorted_tok = be.buf::<i32>(a)?;
@@ -189,7 +205,7 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
                 // Only the routed rows are aligned (and computed): the SiLU output's others are never read.
                 let g = QGemm { rows: routed_a, ..g };
                 fp8_wgmma_experts(be, x, [gate_up.view(), down.view()], g, ptr(&y), stages)?;
-            } else if bm == 16 {
+            } else if bm <= 16 {
                 be.qgemm_decode(gate_up, QIn::F32(x), g)?;
                 be.qgemm_decode(
                     down,

@@ -10,7 +10,7 @@ use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
-use super::{kerr, CudaBackend, CudaTensor, Precision, QGEMM_MAX_ROWS};
+use super::{kerr, CudaBackend, CudaTensor, Precision, QRows, QGEMM_MAX_ROWS};
 use crate::error::Result;
 use crate::weights::LinearSource;
 
@@ -258,8 +258,8 @@ impl CudaBackend {
     pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm) -> Result<()> {
         let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
-        let dense_rows = (g.tiles == 0).then_some(g.rows);
-        let persistent = self.variants().qgemm.shape(format, q.shape.group, dense_rows).filter(|_| match format {
+        let rows = if g.tiles == 0 { QRows::Dense(g.rows) } else { QRows::Tiles(g.bm) };
+        let persistent = self.variants().qgemm.shape(format, q.shape.group, rows).filter(|_| match format {
             QFormat::AwqInt4 => true,
             QFormat::Fp8E4m3 => self.variants().fp8_tensor_cores && k.is_multiple_of(BLOCK),
         });

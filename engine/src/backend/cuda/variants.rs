@@ -74,21 +74,48 @@ pub enum QuantGemm {
 
 impl QuantGemm {
     /// The persistent shape for weights of `format` grouped by `group`, if the persistent kernel
-    /// takes them (else the tiled kernel runs), for expert tiles (`dense_rows` None) or a dense GEMM
-    /// of that many rows: a forced shape when it is compiled for the format, fits the grouping and
-    /// (experts) reads 16-row tiles, else the format's default (64-row tiles for dense GEMMs of more
-    /// than 16 rows).
-    pub fn shape(&self, format: QFormat, group: usize, dense_rows: Option<usize>) -> Option<QPersist> {
-        let bm = if dense_rows.is_some_and(|r| r > 16) { 64 } else { 16 };
+    /// takes them (else the tiled kernel runs), for `rows`: a forced shape when it is compiled for
+    /// the format, fits the grouping and (experts) has tiles of at most 16 rows, else the format's
+    /// default for the rows: 8-row tiles where the format has them (AWQ) for dense GEMMs of up to 8
+    /// rows and experts averaging at most [`ROWS8_MAX_AVG`] rows, 16 up to 16 rows, 64 for dense
+    /// GEMMs of more.
+    pub fn shape(&self, format: QFormat, group: usize, rows: QRows) -> Option<QPersist> {
+        let bm = match rows {
+            QRows::Dense(r) if r > 16 => 64,
+            QRows::Dense(r) if r > 8 => 16,
+            QRows::Dense(_) => 8,
+            QRows::Experts { avg } if avg <= ROWS8_MAX_AVG => 8,
+            QRows::Experts { .. } => 16,
+            QRows::Tiles(bm) => bm,
+        };
         match self {
             QuantGemm::Tiled => None,
-            QuantGemm::Persistent(Some(c)) if c.takes(format, group) && (dense_rows.is_some() || c.bm == 16) => {
+            QuantGemm::Persistent(Some(c))
+                if c.takes(format, group) && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
+            {
                 Some(*c)
             }
             QuantGemm::Persistent(_) => QPersist::default_for(format, group, bm),
         }
     }
 }
+
+/// The rows a compressed GEMM computes, for [`QuantGemm::shape`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QRows {
+    /// A dense GEMM of this many rows.
+    Dense(usize),
+    /// Routed experts averaging `avg` rows each (rounded up): picks the row tiles.
+    Experts { avg: usize },
+    /// Expert tiles already cut to this many rows (by `moe_align`, as `Experts` picked).
+    Tiles(usize),
+}
+
+/// Experts averaging at most this many rows take the 8-row AWQ tiles (run 63, `qgemm_tune`: at
+/// 0.5-2 rows per expert, V3's experts at 70-89% of HBM on 8-row tiles against 64-71% on 16-row
+/// ones; at V2-Lite's 6 rows, 54% against 54% for gate/up and 37% against 50% for down, some
+/// experts then needing two tiles).
+pub const ROWS8_MAX_AVG: usize = 4;
 
 pub const EXPAND_MIN_ROWS: usize = 64;
 
@@ -375,18 +402,26 @@ mod tests {
 
     #[test]
     fn compressed_gemm_shapes_follow_the_format_and_grouping() {
+        use QRows::{Dense, Experts, Tiles};
         let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4 };
         let forced = QuantGemm::Persistent(Some(cfg));
-        assert_eq!(forced.shape(QFormat::AwqInt4, 128, None), Some(cfg));
-        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Some(64)), Some(cfg));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Experts { avg: 1 }), Some(cfg));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Dense(64)), Some(cfg));
         // groups of 64 cannot take 128-channel k-tiles: the format's default instead
-        assert_eq!(forced.shape(QFormat::AwqInt4, 64, None), QPersist::default_for(QFormat::AwqInt4, 64, 16));
+        assert_eq!(
+            forced.shape(QFormat::AwqInt4, 64, Experts { avg: 1 }),
+            QPersist::default_for(QFormat::AwqInt4, 64, 8)
+        );
         let wide = QuantGemm::Persistent(Some(QPersist { bm: 64, bn: 64, bk: 64, stages: 4 }));
-        assert_eq!(wide.shape(QFormat::AwqInt4, 64, None).unwrap().bm, 16, "expert tiles are 16 rows");
+        assert_eq!(wide.shape(QFormat::AwqInt4, 64, Experts { avg: 1 }).unwrap().bm, 8, "AWQ expert tiles are 8 rows");
         let def = QuantGemm::Persistent(None);
-        assert_eq!(def.shape(QFormat::AwqInt4, 64, Some(16)).unwrap().bm, 16);
-        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Some(17)).unwrap().bm, 64);
-        assert_eq!(def.shape(QFormat::AwqInt4, 32, None), None);
-        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128, None), None);
+        assert_eq!(def.shape(QFormat::AwqInt4, 64, Experts { avg: ROWS8_MAX_AVG + 1 }).unwrap().bm, 16);
+        assert_eq!(def.shape(QFormat::AwqInt4, 64, Tiles(16)).unwrap().bm, 16);
+        assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(16)).unwrap().bm, 16);
+        assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(8)).unwrap().bm, 8);
+        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Experts { avg: 1 }).unwrap().bm, 16, "FP8 has no 8-row tiles");
+        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Dense(17)).unwrap().bm, 64);
+        assert_eq!(def.shape(QFormat::AwqInt4, 32, Experts { avg: 1 }), None);
+        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128, Experts { avg: 1 }), None);
     }
 }
