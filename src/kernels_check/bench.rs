@@ -247,20 +247,21 @@ pub fn run(
         cu.set_variants(Variants::FIRST);
         let v1 = time(&bare_in, &mut cache, 5)?;
         // The whole step without the persistent grouped GEMM, with its default, and under every
-        // compiled configuration.
-        let mut sweep = Vec::new();
-        let rows16 = PersistentGemm::compiled().filter(|c| c.bm == 16).map(Some);
-        for cfg in [None, Some(DEFAULT_PERSISTENT)].into_iter().chain(rows16) {
-            cu.set_variants(Variants { moe_persistent: cfg, ..def });
-            sweep.push((cfg, time(&input, &mut cache, 5)?));
-        }
-        // And the 32-row tiles (taken from ROWS32_MIN_AVG rows per expert): off and each shape.
-        let mut sweep32 = Vec::new();
-        let rows32 =
-            PersistentGemm::compiled().filter(|c| c.bm == 32).map(|c| Some(PersistentGemm { prefetch: 0, ..c }));
-        for cfg in [None].into_iter().chain(rows32) {
-            cu.set_variants(Variants { moe_rows32: cfg, ..def });
-            sweep32.push((cfg, time(&input, &mut cache, 5)?));
+        // compiled configuration; then the 32-row tiles (taken from ROWS32_MIN_AVG rows per
+        // expert): off and each shape. Only bf16 experts run those kernels.
+        let (mut sweep, mut sweep32) = (Vec::new(), Vec::new());
+        if c.quantization.is_none() {
+            let rows16 = PersistentGemm::compiled().filter(|c| c.bm == 16).map(Some);
+            for cfg in [None, Some(DEFAULT_PERSISTENT)].into_iter().chain(rows16) {
+                cu.set_variants(Variants { moe_persistent: cfg, ..def });
+                sweep.push((cfg, time(&input, &mut cache, 5)?));
+            }
+            let rows32 =
+                PersistentGemm::compiled().filter(|c| c.bm == 32).map(|c| Some(PersistentGemm { prefetch: 0, ..c }));
+            for cfg in [None].into_iter().chain(rows32) {
+                cu.set_variants(Variants { moe_rows32: cfg, ..def });
+                sweep32.push((cfg, time(&input, &mut cache, 5)?));
+            }
         }
         cu.set_variants(def);
         if b == 1 || b == 64 || b == 256 {
@@ -284,13 +285,15 @@ pub fn run(
             v1 * 1e3
         );
         let show = |cfg: Option<PersistentGemm>| cfg.map_or("gg16 v2".to_string(), |c| format!("ggp {c}"));
-        let line: Vec<String> = sweep.iter().map(|(c, t)| format!("{} {:.3}", show(*c), t * 1e3)).collect();
-        println!("{:>6} step ms by decode grouped GEMM: {}", "", line.join(", "));
-        let line: Vec<String> = sweep32
-            .iter()
-            .map(|(c, t)| format!("{} {:.3}", c.map_or("off".into(), |c| c.to_string()), t * 1e3))
-            .collect();
-        println!("{:>6} step ms by 32-row expert tiles: {}", "", line.join(", "));
+        if !sweep.is_empty() {
+            let line: Vec<String> = sweep.iter().map(|(c, t)| format!("{} {:.3}", show(*c), t * 1e3)).collect();
+            println!("{:>6} step ms by decode grouped GEMM: {}", "", line.join(", "));
+            let line: Vec<String> = sweep32
+                .iter()
+                .map(|(c, t)| format!("{} {:.3}", c.map_or("off".into(), |c| c.to_string()), t * 1e3))
+                .collect();
+            println!("{:>6} step ms by 32-row expert tiles: {}", "", line.join(", "));
+        }
         if let Some((c, t)) = sweep.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
             let pct = 100.0 * bytes_full / t / HBM_BYTES_PER_S;
             println!("{:>6} fastest: {} at {:.3} ms ({pct:.1}% of HBM)", "", show(*c), t * 1e3);

@@ -102,7 +102,8 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     // rows for AWQ experts of a few rows each), else the tiled kernel's 16.
     let quant_bm = match &ex.data {
         ExpertData::Quant { gate_up, down } => {
-            let rows = QRows::Experts { avg: routed_a.div_ceil(aligned.max(1)) };
+            let avg = routed_a.div_ceil(aligned.max(1));
+            let rows = QRows::Tiles(if avg <= v.qgemm_rows8 { 8 } else { 16 });
             let shape = |w: &super::quant::QuantWeight| {
                 let s = w.view().shape;
                 v.qgemm.shape(s.format, s.group, rows).map(|c| c.bm)

@@ -18,7 +18,8 @@ use crate::error::{EngineError, Result};
 /// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
-/// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a).
+/// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
+/// [`ROWS8_MAX_AVG`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -47,6 +48,9 @@ pub struct Variants {
     pub fp8_tensor_cores: bool,
     /// Decode GEMMs over compressed weights.
     pub qgemm: QuantGemm,
+    /// Compressed experts averaging at most this many rows run 8-row tiles where the format has
+    /// them (AWQ), else 16-row ones; 0: never.
+    pub qgemm_rows8: usize,
     /// Shared experts folded into the routed experts' grouped GEMMs (where the model can: a
     /// rank holding the whole shared MLP, cut on its format's blocks) instead of a dense MLP of
     /// their own; prefill-sized batches still run them as dense GEMMs, reading the folded copy.
@@ -75,17 +79,15 @@ pub enum QuantGemm {
 impl QuantGemm {
     /// The persistent shape for weights of `format` grouped by `group`, if the persistent kernel
     /// takes them (else the tiled kernel runs), for `rows`: a forced shape when it is compiled for
-    /// the format, fits the grouping and (experts) has tiles of at most 16 rows, else the format's
-    /// default for the rows: 8-row tiles where the format has them (AWQ) for dense GEMMs of up to 8
-    /// rows and experts averaging at most [`ROWS8_MAX_AVG`] rows, 16 up to 16 rows, 64 for dense
-    /// GEMMs of more.
+    /// the format, fits the grouping and (expert tiles) has tiles of at most 16 rows, else the
+    /// format's default for the rows: dense GEMMs of up to 8 rows on 8-row tiles where the format
+    /// has them (AWQ), up to 16 on 16-row ones, more on 64-row ones; expert tiles as asked (FP8:
+    /// 16 rows).
     pub fn shape(&self, format: QFormat, group: usize, rows: QRows) -> Option<QPersist> {
         let bm = match rows {
             QRows::Dense(r) if r > 16 => 64,
             QRows::Dense(r) if r > 8 => 16,
             QRows::Dense(_) => 8,
-            QRows::Experts { avg } if avg <= ROWS8_MAX_AVG => 8,
-            QRows::Experts { .. } => 16,
             QRows::Tiles(bm) => bm,
         };
         match self {
@@ -105,9 +107,7 @@ impl QuantGemm {
 pub enum QRows {
     /// A dense GEMM of this many rows.
     Dense(usize),
-    /// Routed experts averaging `avg` rows each (rounded up): picks the row tiles.
-    Experts { avg: usize },
-    /// Expert tiles already cut to this many rows (by `moe_align`, as `Experts` picked).
+    /// Expert tiles of at most this many rows (8 or 16, from `moe_align`).
     Tiles(usize),
 }
 
@@ -163,6 +163,7 @@ impl Variants {
         expanded_prefill: false,
         fp8_tensor_cores: false,
         qgemm: QuantGemm::Tiled,
+        qgemm_rows8: 0,
         fold_shared: false,
         gemv_rows: 0,
         fused_prologue: false,
@@ -189,6 +190,13 @@ impl Variants {
             }
         };
         v.gemv_rows = Self::parse_gemv(&var("CLEAVE_DENSE_GEMV"))?;
+        v.qgemm_rows8 = match var("CLEAVE_QGEMM_ROWS8").as_str() {
+            "" => ROWS8_MAX_AVG,
+            "off" => 0,
+            v => v.parse().map_err(|_| {
+                EngineError::Config(format!("CLEAVE_QGEMM_ROWS8: `{v}` is not off or a number of rows"))
+            })?,
+        };
         v.fused_prologue = match var("CLEAVE_MLA_PROLOGUE").as_str() {
             "" | "fused" => true,
             "separate" => false,
@@ -317,6 +325,7 @@ impl Variants {
             expanded_prefill,
             fp8_tensor_cores,
             qgemm,
+            qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             fused_prologue: true,
@@ -344,6 +353,7 @@ mod tests {
                 expanded_prefill: true,
                 fp8_tensor_cores: true,
                 qgemm: QuantGemm::Persistent(None),
+                qgemm_rows8: ROWS8_MAX_AVG,
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
                 fused_prologue: true,
@@ -354,6 +364,7 @@ mod tests {
         let later = Variants {
             prefill_gemm: Some(DEFAULT_WGMMA),
             prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
+            qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             fused_prologue: true,
@@ -402,26 +413,22 @@ mod tests {
 
     #[test]
     fn compressed_gemm_shapes_follow_the_format_and_grouping() {
-        use QRows::{Dense, Experts, Tiles};
+        use QRows::{Dense, Tiles};
         let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4 };
         let forced = QuantGemm::Persistent(Some(cfg));
-        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Experts { avg: 1 }), Some(cfg));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Tiles(8)), Some(cfg));
         assert_eq!(forced.shape(QFormat::AwqInt4, 128, Dense(64)), Some(cfg));
         // groups of 64 cannot take 128-channel k-tiles: the format's default instead
-        assert_eq!(
-            forced.shape(QFormat::AwqInt4, 64, Experts { avg: 1 }),
-            QPersist::default_for(QFormat::AwqInt4, 64, 8)
-        );
+        assert_eq!(forced.shape(QFormat::AwqInt4, 64, Tiles(8)), QPersist::default_for(QFormat::AwqInt4, 64, 8));
         let wide = QuantGemm::Persistent(Some(QPersist { bm: 64, bn: 64, bk: 64, stages: 4 }));
-        assert_eq!(wide.shape(QFormat::AwqInt4, 64, Experts { avg: 1 }).unwrap().bm, 8, "AWQ expert tiles are 8 rows");
+        assert_eq!(wide.shape(QFormat::AwqInt4, 64, Tiles(8)).unwrap().bm, 8, "expert tiles as asked");
         let def = QuantGemm::Persistent(None);
-        assert_eq!(def.shape(QFormat::AwqInt4, 64, Experts { avg: ROWS8_MAX_AVG + 1 }).unwrap().bm, 16);
         assert_eq!(def.shape(QFormat::AwqInt4, 64, Tiles(16)).unwrap().bm, 16);
         assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(16)).unwrap().bm, 16);
         assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(8)).unwrap().bm, 8);
-        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Experts { avg: 1 }).unwrap().bm, 16, "FP8 has no 8-row tiles");
+        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Tiles(8)).unwrap().bm, 16, "FP8 has no 8-row tiles");
         assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Dense(17)).unwrap().bm, 64);
-        assert_eq!(def.shape(QFormat::AwqInt4, 32, Experts { avg: 1 }), None);
-        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128, Experts { avg: 1 }), None);
+        assert_eq!(def.shape(QFormat::AwqInt4, 32, Tiles(8)), None);
+        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128, Tiles(16)), None);
     }
 }
