@@ -194,14 +194,17 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             for (int nt = 0; nt < NJ; nt++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) part[mt][nt][q] = 0.f;
+        // AWQ: this lane's column's zero point in each of the warp's column groups.
+        u32 zz[NT];
+        if (FMT == 0) {
+            const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[cw / 8 + nt], 4 * g);
+        }
         if (FMT == 0 && TOK == 8) {
             // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
             // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
             // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile).
-            const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
-            u32 zz[NT];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[cw / 8 + nt], 4 * g);
 #pragma unroll
             for (int u = 0; u < KU; u++) {
                 u32 xf[MT][4];
@@ -234,10 +237,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 }
             }
         } else if (FMT == 0) {
-            const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
-            u32 zz[NT];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[cw / 8 + nt], 4 * g);
 #pragma unroll
             for (int u = 0; u < KU; u++) {
                 u32 af[MT][2][4];
