@@ -208,14 +208,14 @@ impl Gpu {
         self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
     }
 
-    /// Split-K count for a dense persistent GEMM of `rows` over `w`: the fewest equal splits of the
-    /// k-tiles (each at least two) that give every resident block a work item.
+    /// Split-K count for a dense persistent GEMM of `rows` over `w`: see [`split_count`].
     pub fn qgp_splits(&self, w: &QWeights, rows: usize, cfg: QPersist) -> Result<usize> {
         let s = w.shape;
         let kt = s.kp() / cfg.bk;
         let items = rows.div_ceil(cfg.bm) * s.n.div_ceil(cfg.bn);
         let blocks = self.resident_blocks(cfg.kernel(s.format, false)?, 128, cfg.smem_bytes(s.format))? * self.sm_count;
-        Ok(split_count(kt, items, blocks))
+        let bytes = SplitBytes { weights: (s.bytes() / s.experts) as f64, partial: (rows * s.n * 4) as f64 };
+        Ok(split_count(kt, items, blocks, bytes))
     }
 
     /// DeepSeek's activation quantization for [`Gpu::qgemm_persistent`] and
@@ -269,11 +269,33 @@ impl Gpu {
     }
 }
 
-/// The fewest splits of `kt` k-tiles, a divisor leaving at least two per split, that make `items`
-/// work items at least `blocks`; the most such splits when none reaches it.
-fn split_count(kt: usize, items: usize, blocks: usize) -> usize {
-    let ok: Vec<usize> = (1..=kt).filter(|d| kt.is_multiple_of(*d) && (kt / d >= 2 || *d == 1)).collect();
-    ok.iter().copied().find(|d| items * d >= blocks).unwrap_or(*ok.last().expect("1 divides kt"))
+/// The fewest k-tiles a split takes: below four an item's own costs (its sources, its epilogue)
+/// outweigh a better balance (run 68: V3 o_proj at one row on 128 splits of two k-tiles, 39.9
+/// against 32.5 us on 32 splits).
+const MIN_SPLIT_KTILES: usize = 4;
+
+/// What a split-K GEMM moves: its weights (once, whatever the splits) and one split's f32
+/// partial sums (written, then read by `qgemm_reduce`).
+#[derive(Debug, Clone, Copy)]
+struct SplitBytes {
+    weights: f64,
+    partial: f64,
+}
+
+/// The split of `kt` k-tiles (a divisor leaving at least [`MIN_SPLIT_KTILES`] per split) with the least estimated
+/// time for `items` work items per split on `blocks` resident blocks: the weights' bytes over the
+/// share of the busiest block's items that the others match (each block takes whole items, so
+/// `n` items take `ceil(n / blocks)` rounds), plus the partial sums' bytes written and read;
+/// among the splits that give every block an item when there are such. The fewest splits among
+/// equals.
+fn split_count(kt: usize, items: usize, blocks: usize, bytes: SplitBytes) -> usize {
+    let balance = |n: usize| n as f64 / (n.div_ceil(blocks).max(1) * blocks) as f64;
+    let cost = |d: usize| bytes.weights / balance(items * d) + if d > 1 { 2.0 * bytes.partial * d as f64 } else { 0.0 };
+    let ok: Vec<usize> =
+        (1..=kt).filter(|d| kt.is_multiple_of(*d) && (kt / d >= MIN_SPLIT_KTILES || *d == 1)).collect();
+    let full: Vec<usize> = ok.iter().copied().filter(|d| items * d >= blocks).collect();
+    let pool = if full.is_empty() { ok } else { full };
+    pool.into_iter().fold((1, f64::INFINITY), |best, d| if cost(d) < best.1 * 0.99 { (d, cost(d)) } else { best }).0
 }
 
 #[cfg(test)]
@@ -308,12 +330,24 @@ mod tests {
     }
 
     #[test]
-    fn splits_divide_the_k_tiles() {
-        assert_eq!(split_count(16, 200, 132), 1);
-        assert_eq!(split_count(16, 9, 132), 8);
-        assert_eq!(split_count(56, 24, 396), 28);
-        assert_eq!(split_count(4, 1, 400), 2);
-        assert_eq!(split_count(1, 1, 400), 1);
-        assert_eq!(split_count(3, 1, 400), 1);
+    fn splits_divide_the_k_tiles_and_balance_the_blocks() {
+        let one_row = SplitBytes { weights: 58.7e6, partial: 7168.0 * 4.0 };
+        // V3 o_proj at one row: 28 column blocks on 528 blocks; 32 splits give 896 items (1.7
+        // rounds of 2), as many as 64 would (3.4 of 4); 128 would leave two k-tiles per split.
+        assert_eq!(split_count(256, 28, 528, one_row), 32);
+        // V3's dense gate/up at one row: 144 column blocks; 7 splits give 1,008 items (1.9 of 2
+        // rounds) where 4 (the fewest that fill the blocks) give 576 (1.1 of 2).
+        assert_eq!(split_count(112, 144, 528, one_row), 7);
+        // Enough items already: no split.
+        assert_eq!(split_count(16, 528, 528, one_row), 1);
+        // Large partial sums (many rows) keep the splits fewer than filling every block would
+        // take (16): 4 splits cost 4 x 2 x 0.5 MB of partial sums for half the blocks busy.
+        let many_rows = SplitBytes { weights: 2.0e6, partial: 64.0 * 2048.0 * 4.0 };
+        assert_eq!(split_count(32, 64, 528, many_rows), 4);
+        // Every answer divides the k-tiles and leaves at least two per split.
+        for kt in 1..40 {
+            let d = split_count(kt, 3, 400, one_row);
+            assert!(kt.is_multiple_of(d) && (kt / d >= MIN_SPLIT_KTILES || d == 1), "kt {kt}: {d}");
+        }
     }
 }
