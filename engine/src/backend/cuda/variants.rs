@@ -190,13 +190,7 @@ impl Variants {
             }
         };
         v.gemv_rows = Self::parse_gemv(&var("CLEAVE_DENSE_GEMV"))?;
-        v.qgemm_rows8 = match var("CLEAVE_QGEMM_ROWS8").as_str() {
-            "" => ROWS8_MAX_AVG,
-            "off" => 0,
-            v => v.parse().map_err(|_| {
-                EngineError::Config(format!("CLEAVE_QGEMM_ROWS8: `{v}` is not off or a number of rows"))
-            })?,
-        };
+        v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
         v.fused_prologue = match var("CLEAVE_MLA_PROLOGUE").as_str() {
             "" | "fused" => true,
             "separate" => false,
@@ -210,6 +204,18 @@ impl Variants {
             v => return Err(EngineError::Config(format!("CLEAVE_PDL: `{v}` is not one of off, light, all"))),
         };
         Ok(v)
+    }
+
+    /// `CLEAVE_QGEMM_ROWS8`: empty (the default, [`ROWS8_MAX_AVG`]), `off`, or the most rows per
+    /// expert on average for 8-row tiles.
+    pub fn parse_rows8(v: &str) -> Result<usize> {
+        match v {
+            "" => Ok(ROWS8_MAX_AVG),
+            "off" => Ok(0),
+            v => v
+                .parse()
+                .map_err(|_| EngineError::Config(format!("CLEAVE_QGEMM_ROWS8: `{v}` is not off or a number of rows"))),
+        }
     }
 
     /// `CLEAVE_DENSE_GEMV`: empty (the default, [`DEFAULT_GEMV_ROWS`]), `off`, or the most rows.
@@ -373,6 +379,10 @@ mod tests {
         };
         assert_eq!(first, later);
         assert_eq!(Variants::parse_gemv("off").unwrap(), 0);
+        assert_eq!(Variants::parse_rows8("").unwrap(), ROWS8_MAX_AVG);
+        assert_eq!(Variants::parse_rows8("off").unwrap(), 0);
+        assert_eq!(Variants::parse_rows8("16").unwrap(), 16);
+        assert!(Variants::parse_rows8("-1").unwrap_err().to_string().contains("CLEAVE_QGEMM_ROWS8"));
         assert_eq!(Variants::parse_gemv("4").unwrap(), 4);
         for bad in ["0", "9", "fast"] {
             assert!(Variants::parse_gemv(bad).unwrap_err().to_string().contains("CLEAVE_DENSE_GEMV"));
