@@ -26,6 +26,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 pub(crate) const COMMON: &str = include_str!("cu/common.cuh");
+/// The dynamic shared memory [`Gpu::new`] lets the kernels that need more than 48 KB take (at most
+/// the device's opt-in limit: [`Gpu::dyn_smem_limit`]).
+pub const DYN_SMEM_MAX: usize = 200 * 1024;
 /// Kernel modules: name, source, functions.
 pub const MODULES: &[(&str, &str, &[&str])] = &[
     (
@@ -58,7 +61,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
         &["mla_decode", "mla_decode2", "mla_decode2_dsv", "mla_combine", "mla_ref_f32"],
     ),
     ("mla_decode", include_str!("cu/mla_decode.cu"), ops::MLA3_KERNELS),
-    ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", "mla_prefill_flash", "mla_prefill_flash_ds"]),
+    ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", ops::PREFILL_FLASH[0], ops::PREFILL_FLASH[1]]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
@@ -237,10 +240,10 @@ impl Gpu {
             }
             modules.push(m);
         }
-        let smem = max_smem_optin.min(200 * 1024) as i32;
+        let smem = max_smem_optin.min(DYN_SMEM_MAX) as i32;
         let qgemm = ops::QUANT_KERNELS.iter().chain(ops::QDECODE_KERNELS).copied().filter(|k| k.starts_with("qg"));
         let mla = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].iter().chain(ops::MLA3_KERNELS).copied();
-        let prefill = ["mla_prefill_flash", "mla_prefill_flash_ds"].into_iter();
+        let prefill = ops::PREFILL_FLASH.into_iter();
         let opt_in = mla.chain(qgemm).chain(ops::GGW_KERNELS.iter().copied()).chain(prefill);
         for f in opt_in {
             let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
@@ -269,6 +272,11 @@ impl Gpu {
         };
         gpu.set_blas_workspace()?;
         Ok(gpu)
+    }
+
+    /// The dynamic shared memory a kernel of the opt-in list may take on this device.
+    pub fn dyn_smem_limit(&self) -> usize {
+        self.max_smem_optin.min(DYN_SMEM_MAX)
     }
 
     /// Which of the kernels that support it ([`ops::pdl_kernels`]) are launched with programmatic

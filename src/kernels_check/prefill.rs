@@ -9,6 +9,7 @@
 use anyhow::{anyhow, Result};
 use cleave_engine::backend::cuda::Variants;
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, KvLayout, MlaDims};
+use cleave_kernels::ops::PREFILL_FLASH;
 
 use super::ops::{bf16_bytes, source, Ctx};
 use super::{rel_err, Ceiling};
@@ -96,7 +97,7 @@ impl Ctx<'_> {
         self.cu.set_poison(true);
         let (ms, n) = prof
             .iter()
-            .find(|(name, _, _)| name.starts_with("mla_prefill_flash"))
+            .find(|(name, _, _)| PREFILL_FLASH.contains(&&name[..]))
             .map(|&(_, ms, n)| (ms, n))
             .ok_or_else(|| anyhow!("prefill {q_len}x{ctx}: mla_prefill_flash did not run"))?;
         let kernel_us = ms * 1e3 / n as f64;

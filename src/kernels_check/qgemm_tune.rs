@@ -97,8 +97,9 @@ struct Case<'a> {
     label: String,
     w: &'a Synthetic,
     g: QGemm,
-    /// `g` with the same sorted rows in 8-row tiles (the persistent kernel's 8-row shapes).
-    tiles8: QGemm,
+    /// Expert cases: `g` with the same sorted rows in 8-row tiles (the 8-row shapes). Dense GEMMs
+    /// cut their rows by the shape's own tile.
+    tiles8: Option<QGemm>,
     out_words: usize,
     /// Rows of a dense GEMM (split over the input channels); 0 for expert tiles.
     dense_rows: usize,
@@ -164,7 +165,13 @@ impl Ctx<'_> {
                         label: format!("{label}, gate_up {}x{h}", 2 * i),
                         w: &gu,
                         g: QGemm { ..base },
-                        tiles8: QGemm { tiles: ptr(&tiles8), meta: ptr(&meta8), max_tiles: max_tiles8, bm: 8, ..base },
+                        tiles8: Some(QGemm {
+                            tiles: ptr(&tiles8),
+                            meta: ptr(&meta8),
+                            max_tiles: max_tiles8,
+                            bm: 8,
+                            ..base
+                        }),
                         out_words: a * i / 2,
                         dense_rows: 0,
                         bytes: touched as f64 * gu.matrix_bytes(),
@@ -173,7 +180,7 @@ impl Ctx<'_> {
                         label: format!("{label}, down {h}x{i}"),
                         w: &dn,
                         g: QGemm { silu: false, rowidx: 0, ..base },
-                        tiles8: QGemm {
+                        tiles8: Some(QGemm {
                             silu: false,
                             rowidx: 0,
                             tiles: ptr(&tiles8),
@@ -181,7 +188,7 @@ impl Ctx<'_> {
                             max_tiles: max_tiles8,
                             bm: 8,
                             ..base
-                        },
+                        }),
                         out_words: a * h,
                         dense_rows: 0,
                         bytes: touched as f64 * dn.matrix_bytes(),
@@ -219,7 +226,7 @@ impl Ctx<'_> {
                     label: format!("{name} {rows} rows, {n}x{k}"),
                     w: &w,
                     g: QGemm::dense(rows, 0),
-                    tiles8: QGemm::dense(rows, 0),
+                    tiles8: None,
                     out_words: rows * n,
                     dense_rows: rows,
                     bytes: w.matrix_bytes(),
@@ -280,7 +287,10 @@ impl Ctx<'_> {
             let run = || -> cleave_engine::Result<()> {
                 let y = if splits > 1 { ptr(&part) } else { ptr(&out) };
                 let (xp, xs) = if fp8 { (x.fp8(), x.fp8_scales()) } else { (x.bf16(), 0) };
-                let base = if c.dense_rows == 0 && cfg.bm == 8 { c.tiles8 } else { c.g };
+                let base = match c.tiles8 {
+                    Some(t) if cfg.bm == 8 => t,
+                    _ => c.g,
+                };
                 g.qgemm_persistent(&w, &QGemm { x: xp, x_scales: xs, y, splits, ..base }, cfg).map_err(kerr)?;
                 if splits > 1 {
                     g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows * n).map_err(kerr)?;

@@ -6,6 +6,12 @@ use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
 
+/// The flash prefill kernels (prefill.cu): the generic one, and the one compiled for
+/// [`PREFILL_FLASH_DS_DIMS`].
+pub const PREFILL_FLASH: [&str; 2] = ["mla_prefill_flash", "mla_prefill_flash_ds"];
+/// DeepSeek's (nope, rope, v) head dims, which `mla_prefill_flash_ds` has compiled in.
+pub const PREFILL_FLASH_DS_DIMS: (usize, usize, usize) = (128, 64, 128);
+
 /// Query rows per block and keys per tile of `mla_prefill_flash`, and the largest head dims it
 /// takes (must match attention.cu `PF_*`).
 const PREFILL_Q_TILE: usize = 64;
@@ -57,7 +63,7 @@ impl Gpu {
         out: MlaOut,
     ) -> Result<()> {
         Self::mla_supported(p.kv_lora, p.rope)?;
-        if k.smem > self.max_smem_optin.min(200 * 1024) {
+        if k.smem > self.dyn_smem_limit() {
             return Err(KernelError::Invalid(format!("MLA attention needs {} bytes of shared memory", k.smem)));
         }
         if splits == 0 || splits > 64 {
@@ -212,14 +218,12 @@ impl Gpu {
                     .into(),
             );
         }
-        // Gpu::new raised both instances' dynamic shared-memory limit to this.
-        let limit = self.max_smem_optin.min(200 * 1024);
+        let limit = self.dyn_smem_limit();
         let smem = Self::mla_prefill_smem(nope, rope, v);
         if smem > limit {
             return bad(format!("needs {smem} bytes of shared memory, the device allows {limit}"));
         }
-        // DeepSeek's head dims have an instance with them compiled in.
-        let name = if (nope, rope, v) == (128, 64, 128) { "mla_prefill_flash_ds" } else { "mla_prefill_flash" };
+        let name = PREFILL_FLASH[((nope, rope, v) == PREFILL_FLASH_DS_DIMS) as usize];
         self.launch(
             name,
             (q_len.div_ceil(PREFILL_Q_TILE) as u32, heads as u32, 1),

@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use crate::{Arg, Gpu, Result};
 
 mod attention;
-pub use attention::MlaOut;
+pub use attention::{MlaOut, PREFILL_FLASH, PREFILL_FLASH_DS_DIMS};
 mod elementwise;
 mod gemv;
 pub use gemv::{GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS};

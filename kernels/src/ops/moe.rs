@@ -484,7 +484,7 @@ mod tests {
                 assert_eq!(threads % 128, 0, "{cfg}: whole warpgroups");
             }
             assert_eq!(cfg.to_string().parse::<WgmmaGemm>().unwrap(), cfg);
-            assert!(cfg.smem_bytes() <= 200 * 1024, "{cfg}: over the opt-in limit set in Gpu::new");
+            assert!(cfg.smem_bytes() <= crate::DYN_SMEM_MAX, "{cfg}: over the opt-in limit set in Gpu::new");
         }
         assert!("128x128/5".parse::<WgmmaGemm>().is_err(), "not compiled");
         assert!("64x256/3".parse::<WgmmaGemm>().is_err(), "dropped after run 54");
@@ -498,7 +498,7 @@ mod tests {
             for (silu, epi) in [(false, "f32"), (true, "silu")] {
                 let (name, smem) = Gpu::fp8_wgmma_kernel(stages, silu).unwrap();
                 assert_eq!(name, format!("ggw_fp8_128x128_{stages}_{epi}"));
-                assert!(smem <= 200 * 1024, "{name}: over the opt-in limit set in Gpu::new");
+                assert!(smem <= crate::DYN_SMEM_MAX, "{name}: over the opt-in limit set in Gpu::new");
             }
         }
         assert!(Gpu::fp8_wgmma_kernel(3, false).is_err());

@@ -303,13 +303,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn compiled_shapes_name_kernels_and_fit_an_sm() {
-        let module = crate::MODULES.iter().find(|m| m.0 == "qdecode").expect("qdecode module");
+    fn compiled_shapes_fit_an_sm() {
+        // (That each named kernel exists: lib.rs every_module_defines_its_kernels, QDECODE_KERNELS
+        // being built from the shape table.)
         for f in [QFormat::AwqInt4, QFormat::Fp8E4m3] {
             for cfg in QPersist::compiled(f) {
-                for silu in [false, true] {
-                    assert!(module.2.contains(&cfg.kernel(f, silu).unwrap()));
-                }
                 assert!(cfg.smem_bytes(f) <= 100 * 1024, "{cfg}: two blocks must fit an SM");
                 assert_eq!(cfg.to_string().parse::<QPersist>().unwrap(), cfg);
             }
