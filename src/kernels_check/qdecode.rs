@@ -121,13 +121,7 @@ impl Ctx<'_> {
             ensure!(eg.quant().is_some(), "moe_experts {fmt}: the loader expanded them to bf16");
             let shape = ExpertShape { e, h, i, top, shared: 0, bytes_per_param: layers[0][0].bytes_per_value() };
             if fmt.starts_with("fp8") {
-                let per_expert: Vec<[CpuWeight; 3]> = layers
-                    .iter()
-                    .map(|l| -> Result<[CpuWeight; 3]> {
-                        let load = |q: &RandomQuant| self.cpu.load_linear(&[q.source()]);
-                        Ok([load(&l[0])?, load(&l[1])?, load(&l[2])?])
-                    })
-                    .collect::<Result<_>>()?;
+                let per_expert = self.cpu_experts(&layers)?;
                 // Decode sizes on the persistent kernel, then, where it runs (sm_90a), a prefill
                 // batch on the FP8 wgmma grouped GEMM (W8A8 too; elsewhere prefill is W8A16).
                 let v = self.cu.variants();
@@ -138,7 +132,16 @@ impl Ctx<'_> {
                     (true, false) => &[1024],
                 };
                 for &n in sizes.iter().chain(prefill) {
-                    self.fp8_experts_check(&per_expert, &eg, shape, n)?;
+                    self.fp8_experts_check("b128", &per_expert, &eg, shape, n)?;
+                }
+                // Scale blocks of 32 rows: the wgmma kernel reading every column's scale.
+                if let Some(&n) = prefill.first() {
+                    let make: super::quant::Maker = |r, n, k| RandomQuant::fp8_blocks(r, n, k, 32);
+                    let layers = RandomQuant::experts(&mut self.rng, make, e, h, i);
+                    let eg = self.cu.load_experts(&RandomQuant::expert_sources(&layers), 0, 0)?;
+                    ensure!(eg.quant().is_some(), "moe_experts fp8 b32x128: the loader expanded them to bf16");
+                    let per_expert = self.cpu_experts(&layers)?;
+                    self.fp8_experts_check("b32x128", &per_expert, &eg, shape, n)?;
                 }
             } else {
                 let ec = self.cpu.load_experts(&sources, 0, 0)?;
@@ -156,10 +159,18 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// FP8 experts on FP8 tensor cores against the CPU's exact linears fed DeepSeek's quantized
-    /// activations: the input per token, and the SiLU output after its bf16 rounding.
+    /// Each expert's gate, up and down on the CPU backend.
+    fn cpu_experts(&self, layers: &[[RandomQuant; 3]]) -> Result<Vec<[CpuWeight; 3]>> {
+        let load = |q: &RandomQuant| self.cpu.load_linear(&[q.source()]);
+        layers.iter().map(|l| Ok([load(&l[0])?, load(&l[1])?, load(&l[2])?])).collect()
+    }
+
+    /// FP8 experts (scale blocks `blocks`) on FP8 tensor cores against the CPU's exact linears fed
+    /// DeepSeek's quantized activations: the input per token, and the SiLU output after its bf16
+    /// rounding.
     fn fp8_experts_check(
         &mut self,
+        blocks: &str,
         w: &[[CpuWeight; 3]],
         eg: &cleave_engine::backend::cuda::CudaExperts,
         s: ExpertShape,
@@ -200,13 +211,14 @@ impl Ctx<'_> {
         let us = self.time(|| self.cu.moe_experts(&xg, &rg, eg).map(drop))?;
         let experts_used = experts_touched(&ids);
         let bytes = experts_used as f64 * (3 * h * i) as f64 * s.bytes_per_param;
-        let (op, ceiling) = match n * k >= 32 * e {
-            true => ("moe_experts fp8 b128 wgmma", Ceiling::Tc),
-            false => ("moe_experts fp8 b128 persistent", Ceiling::Mem),
+        let (path, ceiling) = match n * k >= 32 * e {
+            true => ("wgmma", Ceiling::Tc),
+            false => ("persistent", Ceiling::Mem),
         };
+        let op = format!("moe_experts fp8 {blocks} {path}");
         let flops = 2.0 * (n * k * 3 * h * i) as f64;
         self.push(
-            op,
+            &op,
             format!("{n} tokens, {e}x(3 x {h}x{i}), top {k}, {experts_used} experts used"),
             err,
             1e-2,

@@ -20,6 +20,8 @@ use super::{Ceiling, XRng};
 /// One random quantized linear layer's checkpoint tensors.
 pub struct RandomQuant {
     awq: bool,
+    /// FP8: output rows per scale block (128 in DeepSeek's checkpoints).
+    block_rows: usize,
     shapes: [[usize; 2]; 3],
     bytes: [Vec<u8>; 3],
 }
@@ -37,6 +39,7 @@ impl RandomQuant {
         let words = |v: &[u8]| pack_int4(v).iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
         RandomQuant {
             awq: true,
+            block_rows: 0,
             shapes: [[k, n / 8], [k / group, n / 8], [k / group, n]],
             bytes: [words(&q), words(&z), s],
         }
@@ -44,6 +47,11 @@ impl RandomQuant {
 
     /// FP8 e4m3 `[n, k]` (any byte but NaN) with f32 scales per 128 x 128 block.
     pub fn fp8(rng: &mut XRng, n: usize, k: usize) -> Self {
+        Self::fp8_blocks(rng, n, k, 128)
+    }
+
+    /// As [`RandomQuant::fp8`] with scale blocks of `rows` x 128 (`weight_block_size [rows, 128]`).
+    pub fn fp8_blocks(rng: &mut XRng, n: usize, k: usize, rows: usize) -> Self {
         let w: Vec<u8> = (0..n * k)
             .map(|_| {
                 let b = rng.below(256) as u8;
@@ -56,10 +64,11 @@ impl RandomQuant {
             .collect();
         let sc = (3.0 / k as f32).sqrt() / 240.0;
         let s: Vec<u8> =
-            (0..n.div_ceil(128) * k.div_ceil(128)).flat_map(|_| (sc * (0.5 + rng.unit())).to_le_bytes()).collect();
+            (0..n.div_ceil(rows) * k.div_ceil(128)).flat_map(|_| (sc * (0.5 + rng.unit())).to_le_bytes()).collect();
         RandomQuant {
             awq: false,
-            shapes: [[n, k], [n.div_ceil(128), k.div_ceil(128)], [0, 0]],
+            block_rows: rows,
+            shapes: [[n, k], [n.div_ceil(rows), k.div_ceil(128)], [0, 0]],
             bytes: [w, s, Vec::new()],
         }
     }
@@ -84,7 +93,10 @@ impl RandomQuant {
                 scales: t(2, Dtype::F16),
             })
         } else {
-            LinearSource::Dense { weight: t(0, Dtype::F8_E4M3), scale_inv: Some((t(1, Dtype::F32), [128, 128])) }
+            LinearSource::Dense {
+                weight: t(0, Dtype::F8_E4M3),
+                scale_inv: Some((t(1, Dtype::F32), [self.block_rows, 128])),
+            }
         }
     }
 

@@ -160,16 +160,51 @@ __device__ __forceinline__ void wgmma_m64n128_e4m3(float (&d)[64], u64 da, u64 d
         : "memory");
 }
 
+// mbarrier helpers (shared-window addresses) for the warp-specialized pipeline below.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once all of this thread's earlier cp.asyncs have landed (the count set at init
+// includes this arrival: .noinc).
+__device__ __forceinline__ void mbar_arrive_cp_async(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// Keeps the compiler from moving reads of wgmma accumulators above the wait for them.
+template <int N>
+__device__ __forceinline__ void wg_fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int q = 0; q < N; q++) asm volatile("" : "+f"(d[q])::"memory");
+}
+
 // Grouped GEMM over FP8 expert weights in quant.cu's fragment layout, DeepSeek's W8A8 scheme on FP8
 // tensor cores: Y[rs + r, n] = sum over 128-channel groups b of sx[row, b] sw[b, n] sum_k
 // Xq[row, k] Wq[e, n, k], tiles and epilogues as gg_wgmma. Xq: e4m3 [*, K] quantized per token
 // per 128 channels with act_quant PERM 2, so that each 32-channel unit of a row holds its channels
 // in the order the weights keep a column's 32 bytes of the unit (which then need no reordering:
 // a column's 128-channel k-tile is four 32-byte pieces, 256 bytes apart); XS f32 [*, K / 128].
-// S: f32 scales per (group, column), [e][K / 128][Np]. K % 128 == 0. Two warpgroups (256 threads)
-// over a 128 x 128 tile, one 128-channel group per stage: each warpgroup's four m64n128k32 wgmmas
-// of a stage go to fresh accumulators, added to the result with the row's and column's scales.
-template <int ST, int EPI>
+// S: f32 scales per (group, column), [e][K / 128][Np]. K % 128 == 0. COLS reads every column's
+// scale; without it, S must hold two scales per 128-column block and group, one for the even
+// columns and one for the odd (DeepSeek's 128 x 128 blocks, gate/up interleaved or not), and a
+// thread's scale-add takes 4 products instead of 64.
+// Persistent and warp-specialized: each block walks the (tile, 128-column block) items
+// blockIdx.x, + gridDim.x, ... One producer warpgroup copies a 128 x 128 tile's stages (one
+// 128-channel group each, with its scales) by cp.async, each stage handed over by an mbarrier;
+// two consumer warpgroups of 64 rows each issue a stage's four m64n128k32 wgmmas into fresh
+// accumulators, release the stage and add the partial sums with the row's and column's scales.
+// The consumers run unsynchronized with each other, so one's scale-add overlaps the other's
+// wgmmas, and the producer fills the next item's stages during their epilogue. A consumer whose
+// 64 rows are all past the tile's end skips its wgmmas (an expert's last tile is often half full).
+template <int ST, int EPI, bool COLS>
 __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X, const float* __restrict__ XS,
                                              const int* __restrict__ rowidx, const u32* __restrict__ Wq,
                                              const float* __restrict__ S, void* Y, const int* __restrict__ tiles,
@@ -177,92 +212,130 @@ __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 128, BN = 128, A_BYTES = BM * 128, SC_OFF = A_BYTES + BN * 128;
     constexpr int STAGE = SC_OFF + 1024;  // then BN column scales and BM row scales (f32)
-    constexpr int AHEAD = ST - 2;         // two warpgroups: see gg_wgmma
-    static_assert(AHEAD >= 1, "stages");
     extern __shared__ __align__(16) unsigned char wsm[];
-    const int tile = blockIdx.y;
-    if (tile >= meta[0]) return;
-    const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
-    const int n0 = blockIdx.x * BN, KB = K / 128, KUT = K / 32;
-    const u32 raw = smem_u32(wsm), base = (raw + 1023u) & ~1023u;
-    unsigned char* sm = wsm + (base - raw);
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    // A: chunk c of rows r0 + 32 j. B: 16-byte half h of column (8 nb + bg)'s 32 bytes of unit u,
-    // column blocks nb = (tid >> 6) + 4 j, so that 64 threads read one block's 1 KB of a k-tile.
-    const int c = tid & 7, r0 = tid >> 3, a_swz = ((c ^ (r0 & 7)) << 4) + r0 * 128;
-    const int bh = tid & 1, bg = (tid >> 1) & 7, bu = (tid >> 4) & 3, bnb = tid >> 6;
-    const int b_swz = (bnb * 8 + bg) * 128 + (((2 * bu + bh) ^ bg) << 4);
-    const unsigned char* Wb = reinterpret_cast<const unsigned char*>(Wq) + (u64)e * (Np / 8) * KUT * 256;
-    int a_row[4];
+    __shared__ __align__(8) unsigned long long bars[2 * ST];  // full[ST], then empty[ST]
+    const int KB = K / 128, KUT = K / 32, nblk = (N + BN - 1) / BN, items = meta[0] * nblk;
+    const u32 raw = smem_u32(wsm), base = (raw + 1023u) & ~1023u, full0 = smem_u32(bars), empty0 = full0 + 8 * ST;
+    const int tid = threadIdx.x, wg = tid >> 7, p = tid & 127;
+    if (tid == 0) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int r = r0 + 32 * j;
-        a_row[j] = r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : -1;
+        for (int s = 0; s < ST; s++) mbar_init(full0 + 8 * s, 128), mbar_init(empty0 + 8 * s, 8);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    const int s_row = tid >= 128 && tid - 128 < rc ? (rowidx ? rowidx[rs + tid - 128] : rs + tid - 128) : -1;
-    auto load = [&](int stage, int kt) {
-        unsigned char* st = sm + stage * STAGE;
+    __syncthreads();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 64;");
+        // A: chunk c of rows r0 + 16 j. B: 16-byte half bh of column (8 (bnb + 2 j) + bg)'s 32
+        // bytes of unit bu; a column's row in the stage keeps r % 8 == bg.
+        const int c = p & 7, r0 = p >> 3, a_swz = ((c ^ (r0 & 7)) << 4) + r0 * 128;
+        const int bh = p & 1, bg = (p >> 1) & 7, bu = (p >> 4) & 3, bnb = p >> 6;
+        const int b_swz = (bnb * 8 + bg) * 128 + (((2 * bu + bh) ^ bg) << 4);
+        int it = 0;
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const int tile = item / nblk, n0 = (item - tile * nblk) * BN;
+            const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
+            const unsigned char* a_src[8];
+            u32 a_ok = 0, b_ok = 0;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const bool ok = a_row[j] >= 0;
-            cp_async16(st + a_swz + j * 4096, ok ? X + (u64)a_row[j] * K + kt * 128 + c * 16 : X, ok ? 16 : 0);
+            for (int j = 0; j < 8; j++) {
+                const int r = r0 + 16 * j;
+                const int row = r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
+                a_src[j] = X + (u64)row * K + c * 16;
+                a_ok |= (u32)(r < rc) << j;
+                b_ok |= (u32)((n0 / 8 + bnb + 2 * j) * 8 < Np) << j;
+            }
+            const unsigned char* b_src = reinterpret_cast<const unsigned char*>(Wq) + (u64)e * (Np / 8) * KUT * 256 +
+                                         ((u64)(n0 / 8 + bnb) * KUT + bu) * 256 + bg * 32 + bh * 16;
+            const u64 b_step = (u64)2 * KUT * 256;
+            const u32 sc_ok = p < BN / 4 ? n0 + 4 * p < Np : 0, xs_ok = p < rc;
+            const float* sc_src = S + (u64)e * KB * Np + n0 + 4 * p;
+            const float* xs_src = XS + (u64)(p < rc ? (rowidx ? rowidx[rs + p] : rs + p) : 0) * KB;
+            for (int kt = 0; kt < KB; kt++, it++) {
+                const int s = it % ST;
+                if (it >= ST) mbar_wait(empty0 + 8 * s, ((it / ST) & 1) ^ 1);
+                const u32 st = base + s * STAGE;
+#pragma unroll
+                for (int j = 0; j < 8; j++) cp_async16_if(st + a_swz + j * 2048, a_src[j] + kt * 128, (a_ok >> j) & 1);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    cp_async16_if(st + A_BYTES + b_swz + j * 2048, b_src + j * b_step + kt * 1024, (b_ok >> j) & 1);
+                if (p < (COLS ? BN / 4 : 1)) cp_async16_if(st + SC_OFF + 16 * p, sc_src + (u64)kt * Np, sc_ok);
+                cp_async4_if(st + SC_OFF + BN * 4 + 4 * p, xs_src + kt, xs_ok);
+                mbar_arrive_cp_async(full0 + 8 * s);
+            }
         }
+        cp_async_wait<0>();
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;");
+        const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+        const int r = cw * 64 + warp * 16 + g;
+        // Stage 0's descriptors; a stage or k32 step further is a plain add (shared addresses
+        // stay below the descriptors' 18-bit window).
+        const u64 da0 = wg_desc(base + cw * 8192), db0 = wg_desc(base + A_BYTES);
+        int it = 0;
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const int tile = item / nblk, n0 = (item - tile * nblk) * BN;
+            const int rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
+            if (cw * 64 >= rc) {  // no rows of this tile: only keep the stages' count
+                for (int kt = 0; kt < KB; kt++, it++) {
+                    const int s = it % ST;
+                    mbar_wait(full0 + 8 * s, (it / ST) & 1);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8 * s);
+                }
+                continue;
+            }
+            float acc[64], part[64];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int nb = n0 / 8 + bnb + 4 * j;
-            const bool ok = nb * 8 < Np;
-            const unsigned char* src = Wb + ((u64)nb * KUT + 4 * kt + bu) * 256 + bg * 32 + bh * 16;
-            cp_async16(st + A_BYTES + b_swz + j * 4096, ok ? src : Wb, ok ? 16 : 0);
-        }
-        if (tid < BN / 4) {
-            const int col = n0 + 4 * tid;
-            const bool ok = col < Np;
-            cp_async16(st + SC_OFF + 16 * tid, ok ? S + ((u64)e * KB + kt) * Np + col : S, ok ? 16 : 0);
-        } else if (tid >= 128) {
-            const bool ok = s_row >= 0;
-            cp_async4(st + SC_OFF + BN * 4 + 4 * (tid - 128), ok ? XS + (u64)s_row * KB + kt : XS, ok ? 4 : 0);
-        }
-    };
-    float acc[64], part[64];
+            for (int q = 0; q < 64; q++) acc[q] = 0.f;
+            for (int kt = 0; kt < KB; kt++, it++) {
+                const int s = it % ST;
+                // As CUTLASS's cp.async wgmma mainloop: the mbarrier's completion of the
+                // cp.asyncs orders them before the wgmmas, with no proxy fence.
+                mbar_wait(full0 + 8 * s, (it / ST) & 1);
+                const u64 so = (u64)(s * STAGE) >> 4;
+                wg_fence();
 #pragma unroll
-    for (int q = 0; q < 64; q++) acc[q] = 0.f;
+                for (int kk = 0; kk < 4; kk++) wgmma_m64n128_e4m3(part, da0 + so + 2 * kk, db0 + so + 2 * kk, kk);
+                wg_commit();
+                const float* sc = reinterpret_cast<const float*>(wsm + (base - raw) + s * STAGE + SC_OFF);
+                const float x0 = sc[BN + r], x1 = sc[BN + r + 8];
+                if constexpr (COLS) {
+                    float2 cs[16];
 #pragma unroll
-    for (int s = 0; s < AHEAD; s++) {
-        if (s < KB) load(s, s);
-        cp_async_commit();
-    }
-    for (int kt = 0; kt < KB; kt++) {
-        cp_async_wait<AHEAD - 1>();
-        fence_proxy_async();
-        __syncthreads();
-        if (kt + AHEAD < KB) load((kt + AHEAD) % ST, kt + AHEAD);
-        cp_async_commit();
-        const int so = (kt % ST) * STAGE;
-        const u32 st = base + so;
-        wg_fence();
+                    for (int j = 0; j < 16; j++) cs[j] = *reinterpret_cast<const float2*>(sc + 8 * j + 2 * t4);
+                    wg_wait<0>();
+                    wg_fence_regs(part);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8 * s);
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wgmma_m64n128_e4m3(part, wg_desc(st + wg * 8192 + kk * 32), wg_desc(st + A_BYTES + kk * 32), kk);
-        wg_commit();
-        wg_wait<0>();
-        const float* sc = reinterpret_cast<const float*>(sm + so + SC_OFF);
-        const int r = wg * 64 + warp * 16 + g;
-        const float x0 = sc[BN + r], x1 = sc[BN + r + 8];
+                    for (int j = 0; j < 16; j++) {
+                        acc[4 * j] += part[4 * j] * (x0 * cs[j].x), acc[4 * j + 1] += part[4 * j + 1] * (x0 * cs[j].y);
+                        acc[4 * j + 2] += part[4 * j + 2] * (x1 * cs[j].x);
+                        acc[4 * j + 3] += part[4 * j + 3] * (x1 * cs[j].y);
+                    }
+                } else {
+                    const float2 c2 = *reinterpret_cast<const float2*>(sc);
+                    const float s00 = x0 * c2.x, s01 = x0 * c2.y, s10 = x1 * c2.x, s11 = x1 * c2.y;
+                    wg_wait<0>();
+                    wg_fence_regs(part);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8 * s);
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const float s0 = sc[8 * j + 2 * t4], s1 = sc[8 * j + 2 * t4 + 1];
-            acc[4 * j] += part[4 * j] * x0 * s0, acc[4 * j + 1] += part[4 * j + 1] * x0 * s1;
-            acc[4 * j + 2] += part[4 * j + 2] * x1 * s0, acc[4 * j + 3] += part[4 * j + 3] * x1 * s1;
-        }
-    }
-    cp_async_wait<0>();
+                    for (int j = 0; j < 16; j++) {
+                        acc[4 * j] += part[4 * j] * s00, acc[4 * j + 1] += part[4 * j + 1] * s01;
+                        acc[4 * j + 2] += part[4 * j + 2] * s10, acc[4 * j + 3] += part[4 * j + 3] * s11;
+                    }
+                }
+            }
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int col = n0 + 8 * j + 2 * t4;
+            for (int j = 0; j < 16; j++) {
+                const int col = n0 + 8 * j + 2 * t4;
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int r = wg * 64 + warp * 16 + g + 8 * hh;
-            if (r < rc) gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+                for (int hh = 0; hh < 2; hh++)
+                    if (r + 8 * hh < rc)
+                        gg_store<EPI>(Y, (u64)(rs + r + 8 * hh), col, N, acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+            }
         }
     }
 #else
@@ -284,8 +357,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) ggw_128x256_4_silu(GGW_ARGS
     const unsigned char *X, const float *XS, const int *rowidx, const u32 *Wq, const float *S, void *Y,           \
         const int *tiles, const int *meta, int N, int K, int Np
 #define GGWF_PASS X, XS, rowidx, Wq, S, Y, tiles, meta, N, K, Np
-// Names: ggw_fp8_128x128_<ST>_<f32|silu>; ops/moe.rs (GGW_FP8_KERNELS) mirrors them.
-extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_5_f32(GGWF_ARGS) { gg_wgmma_fp8<5, 0>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(256, 1) ggw_fp8_128x128_5_silu(GGWF_ARGS) { gg_wgmma_fp8<5, 1>(GGWF_PASS); }
+// Names: ggw_fp8[c]_128x128_<ST>_<f32|silu> (c: per-column scales); ops/moe.rs (GGW_FP8_STAGES)
+// mirrors them.
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_6_f32(GGWF_ARGS) { gg_wgmma_fp8<6, 0, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_6_silu(GGWF_ARGS) { gg_wgmma_fp8<6, 1, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0, true>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1, true>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_6_f32(GGWF_ARGS) { gg_wgmma_fp8<6, 0, true>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_6_silu(GGWF_ARGS) { gg_wgmma_fp8<6, 1, true>(GGWF_PASS); }

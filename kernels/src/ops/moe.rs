@@ -28,9 +28,12 @@ pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
 /// (bm, bn, stages, threads) of every compiled wgmma grouped-GEMM shape (wgmma.cu); shape i is the
 /// kernels `GGW_KERNELS[2 i]` (f32) and `[2 i + 1]` (SiLU).
 const GGW_SHAPES: [(usize, usize, usize, u32); 3] = [(128, 128, 3, 128), (128, 256, 3, 256), (128, 256, 4, 256)];
-/// Stage counts of the FP8 wgmma grouped GEMM (128 x 128 tiles, 256 threads); count i is the
-/// kernels `GGW_KERNELS[2 (GGW_SHAPES.len() + i)]` (f32) and the one after it (SiLU).
-const GGW_FP8_STAGES: [usize; 2] = [4, 5];
+/// Stage counts of the FP8 wgmma grouped GEMM (128 x 128 tiles, a producer and two consumer
+/// warpgroups); count i is the kernels `GGW_KERNELS[2 (GGW_SHAPES.len() + i)]` (f32) and the one
+/// after it (SiLU), then the same with per-column scales `GGW_FP8_STAGES.len()` pairs later.
+const GGW_FP8_STAGES: [usize; 2] = [4, 6];
+/// Threads of the FP8 wgmma grouped GEMM: one producer and two consumer warpgroups.
+const GGW_FP8_THREADS: u32 = 384;
 /// Rows per tile of the FP8 wgmma grouped GEMM (`moe_align` must tile by it).
 pub const GGW_FP8_BM: usize = 128;
 /// The functions of wgmma.cu.
@@ -43,8 +46,12 @@ pub const GGW_KERNELS: &[&str] = &[
     "ggw_128x256_4_silu",
     "ggw_fp8_128x128_4_f32",
     "ggw_fp8_128x128_4_silu",
-    "ggw_fp8_128x128_5_f32",
-    "ggw_fp8_128x128_5_silu",
+    "ggw_fp8_128x128_6_f32",
+    "ggw_fp8_128x128_6_silu",
+    "ggw_fp8c_128x128_4_f32",
+    "ggw_fp8c_128x128_4_silu",
+    "ggw_fp8c_128x128_6_f32",
+    "ggw_fp8c_128x128_6_silu",
 ];
 
 /// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
@@ -347,20 +354,26 @@ impl Gpu {
     }
 
     /// The FP8 wgmma kernel with `stages` stages and its dynamic shared memory: per stage both
-    /// operands' 128-byte rows and 1 KB of scales, and 1 KB for the alignment.
-    fn fp8_wgmma_kernel(stages: usize, silu: bool) -> Result<(&'static str, usize)> {
+    /// operands' 128-byte rows and 1 KB of scales, and 1 KB for the alignment. `columns`: the
+    /// kernel reading every column's scale rather than two per 128-column block.
+    fn fp8_wgmma_kernel(stages: usize, silu: bool, columns: bool) -> Result<(&'static str, usize)> {
         let i = GGW_FP8_STAGES
             .iter()
             .position(|&s| s == stages)
             .ok_or_else(|| KernelError::Invalid(format!("the FP8 wgmma grouped GEMM has no {stages}-stage kernel")))?;
+        let i = i + if columns { GGW_FP8_STAGES.len() } else { 0 };
         let name = GGW_KERNELS[2 * (GGW_SHAPES.len() + i) + silu as usize];
         Ok((name, stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024))
     }
 
     /// The grouped GEMM over FP8 expert weights on FP8 tensor cores (`gg_wgmma_fp8`): `g.x` holds
     /// e4m3 activations quantized by [`Gpu::act_quant_fp8`] in [`Fp8Order::Wgmma`] and
-    /// `g.x_scales` their scales; tiles from `moe_align` with [`GGW_FP8_BM`].
-    pub fn qgemm_wgmma_fp8(&self, w: &QWeights, g: &QGemm, stages: usize) -> Result<()> {
+    /// `g.x_scales` their scales; tiles from `moe_align` with [`GGW_FP8_BM`]. Persistent: as many
+    /// blocks as fit at once, each walking (tile, column block) items. `paired_scales`: the
+    /// weights have, per group and 128-column block, one scale for the even columns and one for
+    /// the odd (DeepSeek's 128 x 128 blocks, gate/up interleaved or not; the faster kernel), else
+    /// every column's scale is read.
+    pub fn qgemm_wgmma_fp8(&self, w: &QWeights, g: &QGemm, stages: usize, paired_scales: bool) -> Result<()> {
         let s = w.shape;
         if !self.has_wgmma() || !Self::wgmma_fp8_takes(&s) || g.tiles == 0 {
             return Err(KernelError::Invalid(format!(
@@ -369,7 +382,7 @@ impl Gpu {
                 self.arch, s.format, s.group, s.k
             )));
         }
-        let (name, smem) = Self::fp8_wgmma_kernel(stages, g.silu)?;
+        let (name, smem) = Self::fp8_wgmma_kernel(stages, g.silu, !paired_scales)?;
         let args = [
             Ptr(g.x),
             Ptr(g.x_scales),
@@ -383,8 +396,9 @@ impl Gpu {
             I32(s.k as i32),
             I32(s.np() as i32),
         ];
-        let grid = (s.n.div_ceil(128) as u32, g.max_tiles as u32, 1);
-        self.launch(name, grid, 256, smem as u32, &args)
+        let items = s.n.div_ceil(128) * g.max_tiles;
+        let blocks = (self.resident_blocks(name, GGW_FP8_THREADS, smem)? * self.sm_count).min(items).max(1);
+        self.launch(name, (blocks as u32, 1, 1), GGW_FP8_THREADS, smem as u32, &args)
     }
 
     fn persistent_kernel(cfg: PersistentGemm, silu: bool) -> Result<&'static str> {
@@ -475,7 +489,7 @@ mod tests {
 
     #[test]
     fn wgmma_shapes_are_compiled_kernels() {
-        assert_eq!(2 * (WgmmaGemm::compiled().count() + GGW_FP8_STAGES.len()), GGW_KERNELS.len());
+        assert_eq!(2 * (WgmmaGemm::compiled().count() + 2 * GGW_FP8_STAGES.len()), GGW_KERNELS.len());
         for cfg in WgmmaGemm::compiled() {
             for silu in [false, true] {
                 let epi = if silu { "silu" } else { "f32" };
@@ -496,12 +510,14 @@ mod tests {
         for stages in GGW_FP8_STAGES {
             assert!(Gpu::fp8_wgmma_stages_compiled(stages));
             for (silu, epi) in [(false, "f32"), (true, "silu")] {
-                let (name, smem) = Gpu::fp8_wgmma_kernel(stages, silu).unwrap();
-                assert_eq!(name, format!("ggw_fp8_128x128_{stages}_{epi}"));
-                assert!(smem <= crate::DYN_SMEM_MAX, "{name}: over the opt-in limit set in Gpu::new");
+                for (columns, tag) in [(false, ""), (true, "c")] {
+                    let (name, smem) = Gpu::fp8_wgmma_kernel(stages, silu, columns).unwrap();
+                    assert_eq!(name, format!("ggw_fp8{tag}_128x128_{stages}_{epi}"));
+                    assert!(smem <= crate::DYN_SMEM_MAX, "{name}: over the opt-in limit set in Gpu::new");
+                }
             }
         }
-        assert!(Gpu::fp8_wgmma_kernel(3, false).is_err());
+        assert!(Gpu::fp8_wgmma_kernel(3, false, false).is_err());
         assert!("128x128".parse::<WgmmaGemm>().is_err());
         assert!("128/3".parse::<WgmmaGemm>().is_err());
     }

@@ -3,10 +3,10 @@
 //! weighted combine. No host synchronization: tile counts stay on the device.
 
 use cleave_kernels::fp8::BLOCK;
-use cleave_kernels::ops::{Fp8Order, GemmKernel, GroupedGemm, QGemm, QWeights, GGW_FP8_BM};
+use cleave_kernels::ops::{Fp8Order, GemmKernel, GroupedGemm, QGemm, GGW_FP8_BM};
 use cleave_kernels::{ptr, Gpu};
 
-use super::quant::QIn;
+use super::quant::{QIn, QuantWeight};
 use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, QRows, ROWS32_MIN_AVG};
 use crate::backend::RouterParams;
 use crate::error::{EngineError, Result};
@@ -104,7 +104,7 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         ExpertData::Quant { gate_up, down } => {
             let avg = routed_a.div_ceil(aligned.max(1));
             let rows = QRows::Tiles(if avg <= v.qgemm_rows8 { 8 } else { 16 });
-            let shape = |w: &super::quant::QuantWeight| {
+            let shape = |w: &QuantWeight| {
                 let s = w.view().shape;
                 v.qgemm.shape(s.format, s.group, rows).map(|c| c.bm)
             };
@@ -205,7 +205,7 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
             if let Some(stages) = fp8_wgmma {
                 // Only the routed rows are aligned (and computed): the SiLU output's others are never read.
                 let g = QGemm { rows: routed_a, ..g };
-                fp8_wgmma_experts(be, x, [gate_up.view(), down.view()], g, ptr(&y), stages)?;
+                fp8_wgmma_experts(be, x, [gate_up, down], g, ptr(&y), stages)?;
             } else if bm <= 16 {
                 be.qgemm_decode(gate_up, QIn::F32(x), g)?;
                 be.qgemm_decode(
@@ -242,20 +242,21 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
 fn fp8_wgmma_experts(
     be: &CudaBackend,
     x: &CudaTensor,
-    [gate_up, down]: [QWeights; 2],
+    [gate_up, down]: [&QuantWeight; 2],
     g: QGemm,
     y: u64,
     stages: usize,
 ) -> Result<()> {
     let gpu = be.gpu();
     let (h, i, a) = (gate_up.shape.k, down.shape.k, g.rows);
+    let gemm = |w: &QuantWeight, g: &QGemm| gpu.qgemm_wgmma_fp8(&w.view(), g, stages, w.paired_scales).map_err(kerr);
     let (xq, xs) = (be.buf::<u32>(x.rows * h / 4)?, be.buf::<f32>(x.rows * h / BLOCK)?);
     gpu.act_quant_fp8_mma(Fp8Order::Wgmma, x.ptr(), false, x.rows, h, ptr(&xq), ptr(&xs)).map_err(kerr)?;
-    gpu.qgemm_wgmma_fp8(&gate_up, &QGemm { x: ptr(&xq), x_scales: ptr(&xs), ..g }, stages).map_err(kerr)?;
+    gemm(gate_up, &QGemm { x: ptr(&xq), x_scales: ptr(&xs), ..g })?;
     let (aq, asc) = (be.buf::<u32>(a * i / 4)?, be.buf::<f32>(a * i / BLOCK)?);
     gpu.act_quant_fp8_mma(Fp8Order::Wgmma, g.y, true, a, i, ptr(&aq), ptr(&asc)).map_err(kerr)?;
     let dn = QGemm { silu: false, x: ptr(&aq), x_scales: ptr(&asc), rowidx: 0, y, ..g };
-    gpu.qgemm_wgmma_fp8(&down, &dn, stages).map_err(kerr)
+    gemm(down, &dn)
 }
 
 /// `out += shared(x)` for the shared experts folded into the last slots of `ex`, as dense GEMMs

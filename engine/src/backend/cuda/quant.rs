@@ -39,6 +39,10 @@ pub struct QuantWeight {
     /// One FP8 matrix's scales per 128 x 128 block in cuBLASLt's layout, when its scales are
     /// uniform over such blocks and its shape suits the block-scaled GEMM (the prefill path).
     block_scales: Option<Box<CudaSlice<f32>>>,
+    /// FP8 only: every matrix has, per group and 128-row block, one scale for its even rows and
+    /// one for its odd rows (DeepSeek's 128 x 128 blocks, gate/up interleaved or not), which the
+    /// FP8 wgmma grouped GEMM's faster kernels take.
+    pub paired_scales: bool,
     pub shape: QShape,
 }
 
@@ -170,6 +174,19 @@ fn block_scales(parts: &[Host], stacking: Stacking) -> Option<Vec<f32>> {
     Some(out)
 }
 
+/// Whether the FP8 matrix stacked from `parts` has, per group and 128-row block, one scale for
+/// its even rows and one for its odd rows.
+fn paired_scales(parts: &[Host], stacking: Stacking) -> bool {
+    let at = stacked_rows(parts, stacking);
+    let groups = parts[0].k.div_ceil(parts[0].group);
+    at.chunks(BLOCK).all(|rows| {
+        (0..groups).all(|g| {
+            let scale = |&(p, r): &(&Host, usize)| p.scales[g * p.n + r];
+            rows.iter().enumerate().all(|(i, row)| scale(row) == scale(&rows[i % 2]))
+        })
+    })
+}
+
 /// Uploads `matrices` (each stacked from its parts) as one compressed stack, or `None` when any
 /// part is in a format, grouping or scale precision the kernels do not take (the caller then
 /// expands the weights to bf16).
@@ -194,18 +211,21 @@ pub(super) fn upload(
     let zeros = gpu.alloc::<u32>((shape.experts * shape.zero_words_per_matrix()).max(1)).map_err(kerr)?;
     let single_fp8 = format == QFormat::Fp8E4m3 && matrices.len() == 1;
     let mut blocks = None;
+    let mut paired = format == QFormat::Fp8E4m3;
     // Packed on the host a few matrices at a time, in parallel; uploaded in order.
     for (c, chunk) in matrices.chunks(16).enumerate() {
-        let packed: Vec<(Option<QPacked>, Option<Vec<f32>>)> = chunk
+        let packed: Vec<(Option<QPacked>, Option<Vec<f32>>, bool)> = chunk
             .par_iter()
             .map(|parts| {
                 let hosts = parts.iter().map(|s| host(s, group)).collect::<Result<Vec<_>>>()?;
                 let blocks = if single_fp8 { block_scales(&hosts, stacking) } else { None };
-                Ok((pack_matrix(format, &hosts, stacking), blocks))
+                let pairs = paired && paired_scales(&hosts, stacking);
+                Ok((pack_matrix(format, &hosts, stacking), blocks, pairs))
             })
             .collect::<Result<_>>()?;
-        for (i, (p, b)) in packed.into_iter().enumerate() {
+        for (i, (p, b, pairs)) in packed.into_iter().enumerate() {
             let Some(p) = p else { return Ok(None) };
+            paired &= pairs;
             if let Some(b) = b {
                 let dev = gpu.alloc::<f32>(b.len()).map_err(kerr)?;
                 gpu.htod(&b, ptr(&dev)).map_err(kerr)?;
@@ -223,7 +243,7 @@ pub(super) fn upload(
         // The host buffers above must outlive their asynchronous copies.
         gpu.sync().map_err(kerr)?;
     }
-    Ok(Some(QuantWeight { words, scales, zeros, block_scales: blocks, shape }))
+    Ok(Some(QuantWeight { words, scales, zeros, block_scales: blocks, paired_scales: paired, shape }))
 }
 
 impl CudaBackend {
@@ -404,5 +424,21 @@ mod tests {
         // Shapes the GEMM does not take: k not a multiple of 128, n not of 16.
         assert!(block_scales(&[Host { k: 200, ..part(128, 256, |_, _| 1.0) }], Stacking::Sequential).is_none());
         assert!(block_scales(&[part(120, 256, |_, _| 1.0)], Stacking::Sequential).is_none());
+    }
+
+    #[test]
+    fn paired_scales_hold_one_scale_for_even_and_one_for_odd_rows_per_block() {
+        // DeepSeek's 128 x 128 blocks: gate/up interleaved (64 rows of each per 128-row block).
+        let blocks = |n| part(n, 256, |g, r| (1 + g + 10 * (r / 128)) as f32);
+        assert!(paired_scales(&[blocks(256), blocks(256)], Stacking::Interleaved));
+        assert!(paired_scales(&[blocks(384)], Stacking::Sequential));
+        // Blocks of 32 rows: gate/up tiles of 128 rows span two gate blocks, down tiles four.
+        let rows32 = |n| part(n, 256, |g, r| (1 + g + 10 * (r / 32)) as f32);
+        assert!(!paired_scales(&[rows32(256), rows32(256)], Stacking::Interleaved));
+        assert!(!paired_scales(&[rows32(256)], Stacking::Sequential));
+        // Interleaved parts whose scale blocks end inside a tile's 64 rows of one part.
+        let gate = blocks(256);
+        let up = part(256, 256, |g, r| (1 + g + 10 * ((r + 32) / 128)) as f32);
+        assert!(!paired_scales(&[gate, up], Stacking::Interleaved));
     }
 }
