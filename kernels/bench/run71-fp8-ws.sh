@@ -3,8 +3,9 @@
 # producer warpgroup, two consumer warpgroups on mbarriers). Checks: kernels-check's qdecode
 # stage (FP8 experts at 1024 tokens on the wgmma kernel against the CPU) and the quick pass.
 # Bench: the 4096-token prefill of FP8 V2-Lite and four FP8 V3 layers, old binary (run 60's
-# kernel) against the new one at 6 (default) and 4 stages, per-kernel profile. Run 74 repeats it
-# after the paired scales and the descriptor adds (`bash kernels/bench/run71-fp8-ws.sh 74`).
+# kernel) against the new one at its default and 4 stages, per-kernel profile. Run 74 repeats it
+# after the paired scales and the descriptor adds (`bash kernels/bench/run71-fp8-ws.sh 74`), run
+# 76 after the 128 x 256 tiles (`... 76 3`: the second stage count 3).
 source kernels/bench/lib.sh
 R=run${1:-71}
 S=$(date +%s)
@@ -22,7 +23,7 @@ for m in v3fp8 v2fp8; do
     case $b in
       old) bin=.carry/cleave-old; env= ;;
       new) bin=$C; env= ;;
-      new4) bin=$C; env=CLEAVE_PREFILL_FP8=wgmma:4 ;;
+      new4) bin=$C; env=CLEAVE_PREFILL_FP8=wgmma:${2:-4} ;;
     esac
     env $env timeout 150 $bin kernels-check --no-ops --bench-model /dev/shm/$m --batches 1 --prefill 4096 > $f 2>&1
     echo "$m $b rc=$? $(( $(date +%s) - S )) s: $(grep -A1 'prefill of one' $f | tail -1)"

@@ -196,26 +196,28 @@ __device__ __forceinline__ void wg_fence_regs(float (&d)[N]) {
 // scale; without it, S must hold two scales per 128-column block and group, one for the even
 // columns and one for the odd (DeepSeek's 128 x 128 blocks, gate/up interleaved or not), and a
 // thread's scale-add takes 4 products instead of 64.
-// Persistent and warp-specialized: each block walks the (tile, 128-column block) items
-// blockIdx.x, + gridDim.x, ... One producer warpgroup copies a 128 x 128 tile's stages (one
-// 128-channel group each, with its scales) by cp.async, each stage handed over by an mbarrier;
-// two consumer warpgroups of 64 rows each issue a stage's four m64n128k32 wgmmas into fresh
-// accumulators, release the stage and add the partial sums with the row's and column's scales.
-// The consumers run unsynchronized with each other, so one's scale-add overlaps the other's
-// wgmmas, and the producer fills the next item's stages during their epilogue. A consumer whose
-// 64 rows are all past the tile's end skips its wgmmas (an expert's last tile is often half full).
+// Persistent and warp-specialized: each block walks the (tile, 256-column block) items
+// blockIdx.x, + gridDim.x, ... One producer warpgroup copies a 128 x 256 tile's stages (one
+// 128-channel group each; the scales in their own ring) by cp.async, each stage handed over by an
+// mbarrier. Two consumer warpgroups of 64 rows each take a stage's two 128-column halves in turn:
+// four m64n128k32 wgmmas into fresh accumulators, then the scale-add into that half's result
+// (two results and one fresh set fit the registers where m64n256 pairs would not). The consumers
+// run unsynchronized with each other, so one's scale-add overlaps the other's wgmmas, and the
+// producer fills the next item's stages during their epilogue. A consumer whose 64 rows are all
+// past the tile's end skips its wgmmas (an expert's last tile is often half full).
 template <int ST, int EPI, bool COLS>
 __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X, const float* __restrict__ XS,
                                              const int* __restrict__ rowidx, const u32* __restrict__ Wq,
                                              const float* __restrict__ S, void* Y, const int* __restrict__ tiles,
                                              const int* __restrict__ meta, int N, int K, int Np) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int BM = 128, BN = 128, A_BYTES = BM * 128, SC_OFF = A_BYTES + BN * 128;
-    constexpr int STAGE = SC_OFF + 1024;  // then BN column scales and BM row scales (f32)
+    constexpr int BM = 128, BN = 256, A_BYTES = BM * 128, STAGE = A_BYTES + BN * 128;
+    constexpr int SC_STAGE = (BN + BM) * 4;  // a stage's column scales, then its row scales (f32)
     extern __shared__ __align__(16) unsigned char wsm[];
     __shared__ __align__(8) unsigned long long bars[2 * ST];  // full[ST], then empty[ST]
     const int KB = K / 128, KUT = K / 32, nblk = (N + BN - 1) / BN, items = meta[0] * nblk;
     const u32 raw = smem_u32(wsm), base = (raw + 1023u) & ~1023u, full0 = smem_u32(bars), empty0 = full0 + 8 * ST;
+    const u32 scb = base + ST * STAGE;
     const int tid = threadIdx.x, wg = tid >> 7, p = tid & 127;
     if (tid == 0) {
 #pragma unroll
@@ -230,37 +232,39 @@ __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X
         const int c = p & 7, r0 = p >> 3, a_swz = ((c ^ (r0 & 7)) << 4) + r0 * 128;
         const int bh = p & 1, bg = (p >> 1) & 7, bu = (p >> 4) & 3, bnb = p >> 6;
         const int b_swz = (bnb * 8 + bg) * 128 + (((2 * bu + bh) ^ bg) << 4);
+        // Column scales: every 16-byte chunk (COLS) or the first of each 128-column half.
+        const bool sc_mine = COLS ? p < BN / 4 : (p & 31) == 0 && p < BN / 4;
         int it = 0;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             const int tile = item / nblk, n0 = (item - tile * nblk) * BN;
             const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
-            const unsigned char* a_src[8];
-            u32 a_ok = 0, b_ok = 0;
+            u32 a_off[8], a_ok = 0, b_ok = 0;  // byte offsets into X (the launcher checks they fit)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int r = r0 + 16 * j;
                 const int row = r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
-                a_src[j] = X + (u64)row * K + c * 16;
+                a_off[j] = (u32)row * (u32)K + c * 16;
                 a_ok |= (u32)(r < rc) << j;
-                b_ok |= (u32)((n0 / 8 + bnb + 2 * j) * 8 < Np) << j;
             }
+#pragma unroll
+            for (int j = 0; j < 16; j++) b_ok |= (u32)((n0 / 8 + bnb + 2 * j) * 8 < Np) << j;
             const unsigned char* b_src = reinterpret_cast<const unsigned char*>(Wq) + (u64)e * (Np / 8) * KUT * 256 +
                                          ((u64)(n0 / 8 + bnb) * KUT + bu) * 256 + bg * 32 + bh * 16;
             const u64 b_step = (u64)2 * KUT * 256;
-            const u32 sc_ok = p < BN / 4 ? n0 + 4 * p < Np : 0, xs_ok = p < rc;
+            const u32 sc_ok = sc_mine && n0 + 4 * p < Np, xs_ok = p < rc;
             const float* sc_src = S + (u64)e * KB * Np + n0 + 4 * p;
             const float* xs_src = XS + (u64)(p < rc ? (rowidx ? rowidx[rs + p] : rs + p) : 0) * KB;
             for (int kt = 0; kt < KB; kt++, it++) {
                 const int s = it % ST;
                 if (it >= ST) mbar_wait(empty0 + 8 * s, ((it / ST) & 1) ^ 1);
-                const u32 st = base + s * STAGE;
+                const u32 st = base + s * STAGE, ss = scb + s * SC_STAGE;
 #pragma unroll
-                for (int j = 0; j < 8; j++) cp_async16_if(st + a_swz + j * 2048, a_src[j] + kt * 128, (a_ok >> j) & 1);
+                for (int j = 0; j < 8; j++) cp_async16_if(st + a_swz + j * 2048, X + a_off[j] + kt * 128, (a_ok >> j) & 1);
 #pragma unroll
-                for (int j = 0; j < 8; j++)
+                for (int j = 0; j < 16; j++)
                     cp_async16_if(st + A_BYTES + b_swz + j * 2048, b_src + j * b_step + kt * 1024, (b_ok >> j) & 1);
-                if (p < (COLS ? BN / 4 : 1)) cp_async16_if(st + SC_OFF + 16 * p, sc_src + (u64)kt * Np, sc_ok);
-                cp_async4_if(st + SC_OFF + BN * 4 + 4 * p, xs_src + kt, xs_ok);
+                if (sc_mine) cp_async16_if(ss + 16 * p, sc_src + (u64)kt * Np, sc_ok);
+                cp_async4_if(ss + BN * 4 + 4 * p, xs_src + kt, xs_ok);
                 mbar_arrive_cp_async(full0 + 8 * s);
             }
         }
@@ -269,8 +273,8 @@ __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X
         asm volatile("setmaxnreg.inc.sync.aligned.u32 216;");
         const int cw = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
         const int r = cw * 64 + warp * 16 + g;
-        // Stage 0's descriptors; a stage or k32 step further is a plain add (shared addresses
-        // stay below the descriptors' 18-bit window).
+        // Stage 0's descriptors; a stage, half or k32 step further is a plain add (shared
+        // addresses stay below the descriptors' 18-bit window).
         const u64 da0 = wg_desc(base + cw * 8192), db0 = wg_desc(base + A_BYTES);
         int it = 0;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -285,57 +289,70 @@ __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X
                 }
                 continue;
             }
-            float acc[64], part[64];
+            float acc[2][64], part[64];
 #pragma unroll
-            for (int q = 0; q < 64; q++) acc[q] = 0.f;
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int q = 0; q < 64; q++) acc[h][q] = 0.f;
             for (int kt = 0; kt < KB; kt++, it++) {
                 const int s = it % ST;
                 // As CUTLASS's cp.async wgmma mainloop: the mbarrier's completion of the
                 // cp.asyncs orders them before the wgmmas, with no proxy fence.
                 mbar_wait(full0 + 8 * s, (it / ST) & 1);
                 const u64 so = (u64)(s * STAGE) >> 4;
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) wgmma_m64n128_e4m3(part, da0 + so + 2 * kk, db0 + so + 2 * kk, kk);
-                wg_commit();
-                const float* sc = reinterpret_cast<const float*>(wsm + (base - raw) + s * STAGE + SC_OFF);
+                const float* sc = reinterpret_cast<const float*>(wsm + (scb - raw) + s * SC_STAGE);
                 const float x0 = sc[BN + r], x1 = sc[BN + r + 8];
-                if constexpr (COLS) {
-                    float2 cs[16];
 #pragma unroll
-                    for (int j = 0; j < 16; j++) cs[j] = *reinterpret_cast<const float2*>(sc + 8 * j + 2 * t4);
-                    wg_wait<0>();
-                    wg_fence_regs(part);
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(empty0 + 8 * s);
+                for (int h = 0; h < 2; h++) {
+                    wg_fence();
 #pragma unroll
-                    for (int j = 0; j < 16; j++) {
-                        acc[4 * j] += part[4 * j] * (x0 * cs[j].x), acc[4 * j + 1] += part[4 * j + 1] * (x0 * cs[j].y);
-                        acc[4 * j + 2] += part[4 * j + 2] * (x1 * cs[j].x);
-                        acc[4 * j + 3] += part[4 * j + 3] * (x1 * cs[j].y);
-                    }
-                } else {
-                    const float2 c2 = *reinterpret_cast<const float2*>(sc);
-                    const float s00 = x0 * c2.x, s01 = x0 * c2.y, s10 = x1 * c2.x, s11 = x1 * c2.y;
-                    wg_wait<0>();
-                    wg_fence_regs(part);
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(empty0 + 8 * s);
+                    for (int kk = 0; kk < 4; kk++)
+                        wgmma_m64n128_e4m3(part, da0 + so + 2 * kk, db0 + so + h * 1024 + 2 * kk, kk);
+                    wg_commit();
+                    const float* sh = sc + 128 * h;
+                    if constexpr (COLS) {
+                        // The column scales read after the wait, one pair at a time (registers).
+                        wg_wait<0>();
+                        wg_fence_regs(part);
 #pragma unroll
-                    for (int j = 0; j < 16; j++) {
-                        acc[4 * j] += part[4 * j] * s00, acc[4 * j + 1] += part[4 * j + 1] * s01;
-                        acc[4 * j + 2] += part[4 * j + 2] * s10, acc[4 * j + 3] += part[4 * j + 3] * s11;
+                        for (int j = 0; j < 16; j++) {
+                            const float2 cs = *reinterpret_cast<const float2*>(sh + 8 * j + 2 * t4);
+                            acc[h][4 * j] += part[4 * j] * (x0 * cs.x), acc[h][4 * j + 1] += part[4 * j + 1] * (x0 * cs.y);
+                            acc[h][4 * j + 2] += part[4 * j + 2] * (x1 * cs.x);
+                            acc[h][4 * j + 3] += part[4 * j + 3] * (x1 * cs.y);
+                        }
+                        if (h == 1) {
+                            __syncwarp();
+                            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+                        }
+                    } else {
+                        const float2 c2 = *reinterpret_cast<const float2*>(sh);
+                        const float s00 = x0 * c2.x, s01 = x0 * c2.y, s10 = x1 * c2.x, s11 = x1 * c2.y;
+                        wg_wait<0>();
+                        wg_fence_regs(part);
+                        if (h == 1) {
+                            __syncwarp();
+                            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+                        }
+#pragma unroll
+                        for (int j = 0; j < 16; j++) {
+                            acc[h][4 * j] += part[4 * j] * s00, acc[h][4 * j + 1] += part[4 * j + 1] * s01;
+                            acc[h][4 * j + 2] += part[4 * j + 2] * s10, acc[h][4 * j + 3] += part[4 * j + 3] * s11;
+                        }
                     }
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int col = n0 + 8 * j + 2 * t4;
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    if (r + 8 * hh < rc)
-                        gg_store<EPI>(Y, (u64)(rs + r + 8 * hh), col, N, acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
-            }
+                for (int j = 0; j < 16; j++) {
+                    const int col = n0 + 128 * h + 8 * j + 2 * t4;
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++)
+                        if (r + 8 * hh < rc)
+                            gg_store<EPI>(Y, (u64)(rs + r + 8 * hh), col, N, acc[h][4 * j + 2 * hh],
+                                          acc[h][4 * j + 2 * hh + 1]);
+                }
         }
     }
 #else
@@ -357,13 +374,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) ggw_128x256_4_silu(GGW_ARGS
     const unsigned char *X, const float *XS, const int *rowidx, const u32 *Wq, const float *S, void *Y,           \
         const int *tiles, const int *meta, int N, int K, int Np
 #define GGWF_PASS X, XS, rowidx, Wq, S, Y, tiles, meta, N, K, Np
-// Names: ggw_fp8[c]_128x128_<ST>_<f32|silu> (c: per-column scales); ops/moe.rs (GGW_FP8_STAGES)
+// Names: ggw_fp8[c]_128x256_<ST>_<f32|silu> (c: per-column scales); ops/moe.rs (GGW_FP8_STAGES)
 // mirrors them.
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0, false>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1, false>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_6_f32(GGWF_ARGS) { gg_wgmma_fp8<6, 0, false>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x128_6_silu(GGWF_ARGS) { gg_wgmma_fp8<6, 1, false>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0, true>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1, true>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_6_f32(GGWF_ARGS) { gg_wgmma_fp8<6, 0, true>(GGWF_PASS); }
-extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x128_6_silu(GGWF_ARGS) { gg_wgmma_fp8<6, 1, true>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x256_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x256_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x256_3_f32(GGWF_ARGS) { gg_wgmma_fp8<3, 0, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8_128x256_3_silu(GGWF_ARGS) { gg_wgmma_fp8<3, 1, false>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x256_4_f32(GGWF_ARGS) { gg_wgmma_fp8<4, 0, true>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x256_4_silu(GGWF_ARGS) { gg_wgmma_fp8<4, 1, true>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x256_3_f32(GGWF_ARGS) { gg_wgmma_fp8<3, 0, true>(GGWF_PASS); }
+extern "C" __global__ void __launch_bounds__(384, 1) ggw_fp8c_128x256_3_silu(GGWF_ARGS) { gg_wgmma_fp8<3, 1, true>(GGWF_PASS); }

@@ -28,10 +28,12 @@ pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
 /// (bm, bn, stages, threads) of every compiled wgmma grouped-GEMM shape (wgmma.cu); shape i is the
 /// kernels `GGW_KERNELS[2 i]` (f32) and `[2 i + 1]` (SiLU).
 const GGW_SHAPES: [(usize, usize, usize, u32); 3] = [(128, 128, 3, 128), (128, 256, 3, 256), (128, 256, 4, 256)];
-/// Stage counts of the FP8 wgmma grouped GEMM (128 x 128 tiles, a producer and two consumer
+/// Stage counts of the FP8 wgmma grouped GEMM (128 x 256 tiles, a producer and two consumer
 /// warpgroups); count i is the kernels `GGW_KERNELS[2 (GGW_SHAPES.len() + i)]` (f32) and the one
 /// after it (SiLU), then the same with per-column scales `GGW_FP8_STAGES.len()` pairs later.
-const GGW_FP8_STAGES: [usize; 2] = [4, 6];
+const GGW_FP8_STAGES: [usize; 2] = [3, 4];
+/// Columns per item of the FP8 wgmma grouped GEMM.
+const GGW_FP8_BN: usize = 256;
 /// Threads of the FP8 wgmma grouped GEMM: one producer and two consumer warpgroups.
 const GGW_FP8_THREADS: u32 = 384;
 /// Rows per tile of the FP8 wgmma grouped GEMM (`moe_align` must tile by it).
@@ -44,14 +46,14 @@ pub const GGW_KERNELS: &[&str] = &[
     "ggw_128x256_3_silu",
     "ggw_128x256_4_f32",
     "ggw_128x256_4_silu",
-    "ggw_fp8_128x128_4_f32",
-    "ggw_fp8_128x128_4_silu",
-    "ggw_fp8_128x128_6_f32",
-    "ggw_fp8_128x128_6_silu",
-    "ggw_fp8c_128x128_4_f32",
-    "ggw_fp8c_128x128_4_silu",
-    "ggw_fp8c_128x128_6_f32",
-    "ggw_fp8c_128x128_6_silu",
+    "ggw_fp8_128x256_3_f32",
+    "ggw_fp8_128x256_3_silu",
+    "ggw_fp8_128x256_4_f32",
+    "ggw_fp8_128x256_4_silu",
+    "ggw_fp8c_128x256_3_f32",
+    "ggw_fp8c_128x256_3_silu",
+    "ggw_fp8c_128x256_4_f32",
+    "ggw_fp8c_128x256_4_silu",
 ];
 
 /// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
@@ -354,7 +356,7 @@ impl Gpu {
     }
 
     /// The FP8 wgmma kernel with `stages` stages and its dynamic shared memory: per stage both
-    /// operands' 128-byte rows and 1 KB of scales, and 1 KB for the alignment. `columns`: the
+    /// operands' 128-byte rows and their f32 scales, and 1 KB for the alignment. `columns`: the
     /// kernel reading every column's scale rather than two per 128-column block.
     fn fp8_wgmma_kernel(stages: usize, silu: bool, columns: bool) -> Result<(&'static str, usize)> {
         let i = GGW_FP8_STAGES
@@ -363,7 +365,7 @@ impl Gpu {
             .ok_or_else(|| KernelError::Invalid(format!("the FP8 wgmma grouped GEMM has no {stages}-stage kernel")))?;
         let i = i + if columns { GGW_FP8_STAGES.len() } else { 0 };
         let name = GGW_KERNELS[2 * (GGW_SHAPES.len() + i) + silu as usize];
-        Ok((name, stages * (2 * GGW_FP8_BM * 128 + 1024) + 1024))
+        Ok((name, stages * (GGW_FP8_BM + GGW_FP8_BN) * (128 + 4) + 1024))
     }
 
     /// The grouped GEMM over FP8 expert weights on FP8 tensor cores (`gg_wgmma_fp8`): `g.x` holds
@@ -382,6 +384,12 @@ impl Gpu {
                 self.arch, s.format, s.group, s.k
             )));
         }
+        if g.rows.max(1) as u64 * s.k as u64 > u32::MAX as u64 {
+            return Err(KernelError::Invalid(format!(
+                "the FP8 wgmma grouped GEMM addresses its input with 32-bit offsets: {} rows of {} bytes are too many",
+                g.rows, s.k
+            )));
+        }
         let (name, smem) = Self::fp8_wgmma_kernel(stages, g.silu, !paired_scales)?;
         let args = [
             Ptr(g.x),
@@ -396,7 +404,7 @@ impl Gpu {
             I32(s.k as i32),
             I32(s.np() as i32),
         ];
-        let items = s.n.div_ceil(128) * g.max_tiles;
+        let items = s.n.div_ceil(GGW_FP8_BN) * g.max_tiles;
         let blocks = (self.resident_blocks(name, GGW_FP8_THREADS, smem)? * self.sm_count).min(items).max(1);
         self.launch(name, (blocks as u32, 1, 1), GGW_FP8_THREADS, smem as u32, &args)
     }
@@ -512,12 +520,12 @@ mod tests {
             for (silu, epi) in [(false, "f32"), (true, "silu")] {
                 for (columns, tag) in [(false, ""), (true, "c")] {
                     let (name, smem) = Gpu::fp8_wgmma_kernel(stages, silu, columns).unwrap();
-                    assert_eq!(name, format!("ggw_fp8{tag}_128x128_{stages}_{epi}"));
+                    assert_eq!(name, format!("ggw_fp8{tag}_128x256_{stages}_{epi}"));
                     assert!(smem <= crate::DYN_SMEM_MAX, "{name}: over the opt-in limit set in Gpu::new");
                 }
             }
         }
-        assert!(Gpu::fp8_wgmma_kernel(3, false, false).is_err());
+        assert!(Gpu::fp8_wgmma_kernel(6, false, false).is_err());
         assert!("128x128".parse::<WgmmaGemm>().is_err());
         assert!("128/3".parse::<WgmmaGemm>().is_err());
     }

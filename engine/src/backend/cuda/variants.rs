@@ -144,7 +144,7 @@ pub const DEFAULT_ROWS32: PersistentGemm = PersistentGemm { bm: 32, bn: 64, bk: 
 pub const ROWS32_MIN_AVG: usize = 16;
 
 /// Pipeline stages of the FP8 wgmma grouped GEMM by default.
-pub const DEFAULT_FP8_WGMMA_STAGES: usize = 6;
+pub const DEFAULT_FP8_WGMMA_STAGES: usize = 4;
 
 /// The default wgmma grouped-GEMM shape for prefill-sized bf16 expert batches: the fastest of the
 /// compiled shapes on V2-Lite's 4096-token prefill (experts 27.1 ms against 30.1 for 128x128/3
@@ -398,7 +398,7 @@ mod tests {
             assert!(Variants::parse_prefill_gemm(bad).unwrap_err().to_string().contains("CLEAVE_PREFILL_GEMM"));
         }
         assert_eq!(Variants::parse_prefill_fp8("mma").unwrap(), None);
-        assert_eq!(Variants::parse_prefill_fp8("wgmma:4").unwrap(), Some(4));
+        assert_eq!(Variants::parse_prefill_fp8("wgmma:3").unwrap(), Some(3));
         for bad in ["wgmma:9", "wgmma:x", "fast"] {
             assert!(Variants::parse_prefill_fp8(bad).unwrap_err().to_string().contains("CLEAVE_PREFILL_FP8"));
         }
