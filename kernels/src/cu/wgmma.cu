@@ -1,6 +1,7 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) for prefill-sized grouped GEMMs over expert row tiles, bf16
-// and FP8. One or two warpgroups per block compute a row tile against a column block, both
-// operands read by the tensor cores straight from shared memory. Each operand row's 128 bytes of a
+// and FP8. For bf16, one or two warpgroups per block compute a row tile against a column block;
+// for FP8, a producer warpgroup feeds two consumer warpgroups (gg_wgmma_fp8). Both operands are
+// read by the tensor cores straight from shared memory. Each operand row's 128 bytes of a
 // stage (64 bf16 or 128 e4m3 channels) are copied there by cp.async in the 128-byte swizzle the
 // wgmma descriptors name: 16-byte chunk c of row r at r * 128 + 16 (c ^ (r % 8)), each stage
 // 1024-byte aligned. References (kernels-check): moe.cu's mma.sync grouped_gemm for bf16, on every
