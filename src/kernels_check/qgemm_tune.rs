@@ -159,19 +159,16 @@ impl Ctx<'_> {
                     bm: 16,
                     splits: 1,
                 };
+                let down = QGemm { silu: false, rowidx: 0, ..base };
+                let eight =
+                    |g: QGemm| QGemm { tiles: ptr(&tiles8), meta: ptr(&meta8), max_tiles: max_tiles8, bm: 8, ..g };
                 let label = format!("{name} {b} tok, {e} experts, {touched} used");
                 let cases = [
                     Case {
                         label: format!("{label}, gate_up {}x{h}", 2 * i),
                         w: &gu,
                         g: QGemm { ..base },
-                        tiles8: Some(QGemm {
-                            tiles: ptr(&tiles8),
-                            meta: ptr(&meta8),
-                            max_tiles: max_tiles8,
-                            bm: 8,
-                            ..base
-                        }),
+                        tiles8: Some(eight(base)),
                         out_words: a * i / 2,
                         dense_rows: 0,
                         bytes: touched as f64 * gu.matrix_bytes(),
@@ -179,16 +176,8 @@ impl Ctx<'_> {
                     Case {
                         label: format!("{label}, down {h}x{i}"),
                         w: &dn,
-                        g: QGemm { silu: false, rowidx: 0, ..base },
-                        tiles8: Some(QGemm {
-                            silu: false,
-                            rowidx: 0,
-                            tiles: ptr(&tiles8),
-                            meta: ptr(&meta8),
-                            max_tiles: max_tiles8,
-                            bm: 8,
-                            ..base
-                        }),
+                        g: down,
+                        tiles8: Some(eight(down)),
                         out_words: a * h,
                         dense_rows: 0,
                         bytes: touched as f64 * dn.matrix_bytes(),

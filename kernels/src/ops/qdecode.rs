@@ -342,7 +342,7 @@ mod tests {
         // take (16): 4 splits cost 4 x 2 x 0.5 MB of partial sums for half the blocks busy.
         let many_rows = SplitBytes { weights: 2.0e6, partial: 64.0 * 2048.0 * 4.0 };
         assert_eq!(split_count(32, 64, 528, many_rows), 4);
-        // Every answer divides the k-tiles and leaves at least two per split.
+        // Every answer divides the k-tiles and leaves at least MIN_SPLIT_KTILES per split (or none).
         for kt in 1..40 {
             let d = split_count(kt, 3, 400, one_row);
             assert!(kt.is_multiple_of(d) && (kt / d >= MIN_SPLIT_KTILES || d == 1), "kt {kt}: {d}");

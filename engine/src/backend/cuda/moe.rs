@@ -99,15 +99,13 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         _ => None,
     };
     // Decode-sized compressed experts: the persistent shape's tiles when both GEMMs have one (8
-    // rows for AWQ experts of a few rows each), else the tiled kernel's 16.
+    // rows for AWQ experts of a few rows each; `qgemm_decode` asks the same question), else the
+    // tiled kernel's 16.
     let quant_bm = match &ex.data {
         ExpertData::Quant { gate_up, down } => {
             let avg = routed_a.div_ceil(aligned.max(1));
             let rows = QRows::Tiles(if avg <= v.qgemm_rows8 { 8 } else { 16 });
-            let shape = |w: &QuantWeight| {
-                let s = w.view().shape;
-                v.qgemm.shape(s.format, s.group, rows).map(|c| c.bm)
-            };
+            let shape = |w: &QuantWeight| be.qgemm_shape(w, rows).map(|c| c.bm);
             match (shape(gate_up), shape(down)) {
                 (Some(a), Some(b)) if a == b => a,
                 _ => 16,

@@ -4,7 +4,7 @@
 use cleave_kernels::blaslt::{Fp8BlockGemm, LT_WORKSPACE_BYTES};
 use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::fp8::{self, BLOCK};
-use cleave_kernels::ops::{Fp8Order, QGemm, QWeights};
+use cleave_kernels::ops::{Fp8Order, QGemm, QPersist, QWeights};
 use cleave_kernels::quant::{pack, QFormat, QPacked, QShape};
 use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
@@ -275,14 +275,22 @@ impl CudaBackend {
     /// variants give a shape for the weight's format and grouping (FP8 on FP8 tensor cores, the
     /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
     /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full.
+    /// The persistent shape a decode GEMM of `rows` over `w` runs (`None`: the tiled kernel): the
+    /// variants' choice, for FP8 only where its activations go to FP8 tensor cores in whole
+    /// 128-channel blocks.
+    pub(super) fn qgemm_shape(&self, w: &QuantWeight, rows: QRows) -> Option<QPersist> {
+        let (s, v) = (w.shape, self.variants());
+        v.qgemm.shape(s.format, s.group, rows).filter(|_| match s.format {
+            QFormat::AwqInt4 => true,
+            QFormat::Fp8E4m3 => v.fp8_tensor_cores && s.k.is_multiple_of(BLOCK),
+        })
+    }
+
     pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm) -> Result<()> {
         let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
         let rows = if g.tiles == 0 { QRows::Dense(g.rows) } else { QRows::Tiles(g.bm) };
-        let persistent = self.variants().qgemm.shape(format, q.shape.group, rows).filter(|_| match format {
-            QFormat::AwqInt4 => true,
-            QFormat::Fp8E4m3 => self.variants().fp8_tensor_cores && k.is_multiple_of(BLOCK),
-        });
+        let persistent = self.qgemm_shape(w, rows);
         // The activations as the kernel reads them: e4m3 with scales, or bf16 (kept alive here).
         let (mut bf16, mut fp8) = (None, None);
         let g = match (persistent, &x) {
