@@ -3,8 +3,9 @@
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuExperts, CpuRouting};
-use cleave_engine::backend::cuda::{CudaExperts, Variants, WgmmaGemm, DEFAULT_PERSISTENT, DEFAULT_WGMMA};
-use cleave_engine::backend::Backend;
+use cleave_engine::backend::cuda::{CudaExperts, Fusion, Variants, WgmmaGemm, DEFAULT_PERSISTENT, DEFAULT_WGMMA};
+use cleave_engine::backend::{AddNorm, Backend, Router, RouterParams};
+use cleave_kernels::ops::ROUTE_ALIGN_MAX_TOKENS;
 
 use super::ops::{Ctx, RandomExperts};
 use super::{experts_touched, rel_err, Ceiling};
@@ -100,6 +101,10 @@ impl Ctx<'_> {
         for &n in sizes {
             self.check_experts("moe_experts", &ec, &eg, shape, n)?;
         }
+        let layer_sizes: &[usize] = if self.quick { &[1, 5, 70] } else { &[1, 16, 64, 256] };
+        for &n in layer_sizes {
+            self.check_moe_layer(&ec, &eg, shape, n)?;
+        }
         // An expert-parallel rank's half: tokens routed to the other half are skipped on both.
         let half = &sources[e / 2..];
         let (ec, eg) = (self.cpu.load_experts(half, e / 2, 0)?, self.cu.load_experts(half, e / 2, 0)?);
@@ -124,8 +129,84 @@ impl Ctx<'_> {
         let sizes = if self.quick { vec![3, prefill] } else { full_sizes.to_vec() };
         for n in sizes {
             self.check_experts(op, &ec, &eg, shape, n)?;
+            self.check_moe_layer(&ec, &eg, shape, n)?;
         }
         Ok(())
+    }
+
+    /// A MoE layer's end through `Backend::moe` on `n` tokens: routed from random logits (the
+    /// shape's last `shared` experts folded in), combined, added to a random residual and
+    /// RMS-normalized; CUDA with its fusions at their limits (route and sort in one kernel up to
+    /// ROUTE_ALIGN_MAX_TOKENS tokens, combine and norm in one unless shared experts run dense)
+    /// against the CPU's separate ops, the next input and the residual both compared.
+    fn check_moe_layer(&mut self, ec: &CpuExperts, eg: &CudaExperts, s: ExpertShape, n: usize) -> Result<()> {
+        let (h, routed) = (s.h, s.e - s.shared);
+        let params = RouterParams {
+            n_experts: routed,
+            n_group: 1,
+            topk_group: 1,
+            top_k: s.top,
+            norm_topk_prob: true,
+            scaling: 1.5,
+            shared: s.shared,
+        };
+        let (x, logits) = (self.rng.vec(n * h, 1.0), self.rng.vec(n * routed, 4.0));
+        let (res, bias) = (self.rng.vec(n * h, 2.0), self.rng.vec(routed, 0.3));
+        let w: Vec<f32> = (0..h).map(|_| 0.5 + self.rng.unit()).collect();
+        let check = n.min(64);
+        let cpu = &self.cpu;
+        let (xc, lc, bc, wc) = (
+            cpu.upload(&x[..check * h], check, h)?,
+            cpu.upload(&logits[..check * routed], check, routed)?,
+            cpu.upload(&bias, 1, routed)?,
+            cpu.upload(&w, 1, h)?,
+        );
+        let mut rc = cpu.upload(&res[..check * h], check, h)?;
+        let router = Router { logits: &lc, bias: &bc, params };
+        let want = cpu.moe(&xc, router, ec, Some(AddNorm { residual: &mut rc, w: &wc, eps: 1e-6 }))?;
+        let def = self.cu.variants();
+        let fused = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, moe_end: true, ..def.fusion };
+        self.cu.set_variants(Variants { fusion: fused, ..def });
+        let r = self.moe_layer_cuda(eg, s, n, [&x, &logits, &res, &bias, &w], params);
+        self.cu.set_variants(def);
+        let (got, res_got, us) = r?;
+        let err = rel_err(&got[..check * h], &want.data).max(rel_err(&res_got[..check * h], &rc.data));
+        let fused = if n <= ROUTE_ALIGN_MAX_TOKENS { "route+sort fused" } else { "route, sort" };
+        let checked = if check < n { format!(", {check} rows checked") } else { String::new() };
+        self.push(
+            "moe layer (+ add, norm)",
+            format!("{n} tokens, {}x(3 x {h}x{}), top {} + {} shared, {fused}{checked}", s.e, s.i, s.top, s.shared),
+            err,
+            1e-2,
+            us,
+            0.0,
+            0.0,
+            Ceiling::Mem,
+        );
+        Ok(())
+    }
+
+    /// `Backend::moe` with its end on the GPU: the next input, the residual after, the time.
+    fn moe_layer_cuda(
+        &self,
+        eg: &CudaExperts,
+        s: ExpertShape,
+        n: usize,
+        [x, logits, res, bias, w]: [&[f32]; 5],
+        params: RouterParams,
+    ) -> Result<(Vec<f32>, Vec<f32>, f64)> {
+        let (h, routed, cu) = (s.h, s.e - s.shared, &self.cu);
+        let (xg, lg, bg, wg) =
+            (cu.upload(&x, n, h)?, cu.upload(&logits, n, routed)?, cu.upload(&bias, 1, routed)?, cu.upload(&w, 1, h)?);
+        let mut rg = cu.upload(&res, n, h)?;
+        let router = Router { logits: &lg, bias: &bg, params };
+        let got = cu.download(&cu.moe(&xg, router, eg, Some(AddNorm { residual: &mut rg, w: &wg, eps: 1e-6 }))?)?;
+        let res_got = cu.download(&rg)?;
+        let us = self.time(|| {
+            let router = Router { logits: &lg, bias: &bg, params };
+            cu.moe(&xg, router, eg, Some(AddNorm { residual: &mut rg, w: &wg, eps: 1e-6 })).map(drop)
+        })?;
+        Ok((got, res_got, us))
     }
 
     /// `moe_experts` on `n` tokens routed at random, CUDA against the CPU, timed.

@@ -239,14 +239,17 @@ impl Backend for CudaRef<'_> {
         rms_norm(x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> cleave_engine::Result<Self::Tensor>;
         add_rms_norm(residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> cleave_engine::Result<Self::Tensor>;
         linear(x: &Self::Tensor, w: &Self::Weight) -> cleave_engine::Result<Self::Tensor>;
+        linear_pair(x: &Self::Tensor, a: &Self::Weight, b: &Self::Weight) -> cleave_engine::Result<(Self::Tensor, Self::Tensor)>;
         silu_mul(x: &Self::Tensor) -> cleave_engine::Result<Self::Tensor>;
         add_assign(a: &mut Self::Tensor, b: &Self::Tensor) -> cleave_engine::Result<()>;
         gather_rows(x: &Self::Tensor, rows: &[u32]) -> cleave_engine::Result<Self::Tensor>;
         rope(x: &mut Self::Tensor, cos_sin: &Self::Tensor, positions: &[u32], heads: usize, offset: usize, stride: usize, rope: usize, interleaved: bool) -> cleave_engine::Result<()>;
         write_kv(cache: &mut Self::KvCache, layer: usize, latent: &Self::Tensor, slots: &[u32]) -> cleave_engine::Result<()>;
+        mla_prologue(q: &mut Self::Tensor, kv: &Self::Tensor, norm: &Self::Tensor, eps: f32, rot: cleave_engine::backend::Rotary<'_, Self::Tensor>, cache: &mut Self::KvCache, layer: usize, slots: &[u32], dims: cleave_engine::backend::MlaDims) -> cleave_engine::Result<()>;
         mla_attention(q: &Self::Tensor, cache: &Self::KvCache, layer: usize, kv_b: &Self::Weight, batch: &cleave_engine::backend::AttnBatch, dims: cleave_engine::backend::MlaDims) -> cleave_engine::Result<Self::Tensor>;
         moe_route(logits: &Self::Tensor, bias: &Self::Tensor, params: cleave_engine::backend::RouterParams) -> cleave_engine::Result<Self::Routing>;
         moe_experts(x: &Self::Tensor, routing: &Self::Routing, experts: &Self::Experts) -> cleave_engine::Result<Self::Tensor>;
+        moe(x: &Self::Tensor, router: cleave_engine::backend::Router<'_, Self::Tensor>, experts: &Self::Experts, end: Option<cleave_engine::backend::AddNorm<'_, Self::Tensor>>) -> cleave_engine::Result<Self::Tensor>;
         sample(logits: &Self::Tensor, rows: &[cleave_engine::backend::SampleRow], masks: &[u32]) -> cleave_engine::Result<Vec<(u32, f32)>>;
         export_blocks(cache: &Self::KvCache, blocks: &[u32]) -> cleave_engine::Result<Vec<f32>>;
         import_blocks(cache: &mut Self::KvCache, blocks: &[u32], data: &[f32]) -> cleave_engine::Result<()>;

@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 use cleave_kernels::cudarc::driver::CudaSlice;
-use cleave_kernels::ops::{GemmKernel, GroupedGemm, PersistentGemm};
+use cleave_kernels::ops::{Align, GemmKernel, GroupedGemm, PersistentGemm};
 use cleave_kernels::{ptr, Gpu};
 
 use super::ops::{kerr, Ctx};
@@ -161,7 +161,19 @@ impl DecodeTiles {
         let max_tiles = Gpu::moe_max_tiles(a, experts, 16);
         let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
         let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(1)?);
-        g.moe_align(ptr(&id_buf), a, top_k, experts, 0, 16, ptr(&sorted), ptr(&inv), ptr(&tiles), ptr(&meta), 0)?;
+        g.moe_align(&Align {
+            ids: ptr(&id_buf),
+            assignments: a,
+            top_k,
+            experts,
+            first: 0,
+            bm: 16,
+            sorted_tok: ptr(&sorted),
+            inv: ptr(&inv),
+            tiles: ptr(&tiles),
+            meta: ptr(&meta),
+            row_expert: 0,
+        })?;
         Ok(DecodeTiles { _ids: id_buf, sorted, _inv: inv, tiles, meta, max_tiles })
     }
 

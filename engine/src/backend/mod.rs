@@ -94,6 +94,22 @@ pub struct RouterParams {
     pub shared: usize,
 }
 
+/// How a layer's output `y` joins the residual stream: `residual += y`, then the RMSNorm of the
+/// residual by `w` is the next input ([`Backend::add_rms_norm`]).
+pub struct AddNorm<'a, T> {
+    pub residual: &'a mut T,
+    pub w: &'a T,
+    pub eps: f32,
+}
+
+/// A MoE layer's router: the gate's `logits` `[n, experts]` (f32), the selection bias and the
+/// static parameters.
+pub struct Router<'a, T> {
+    pub logits: &'a T,
+    pub bias: &'a T,
+    pub params: RouterParams,
+}
+
 /// One routed expert's three projections.
 pub struct ExpertSource<'a> {
     pub gate: LinearSource<'a>,
@@ -270,6 +286,23 @@ pub trait Backend {
     fn moe_route(&self, logits: &Self::Tensor, bias: &Self::Tensor, params: RouterParams) -> Result<Self::Routing>;
     /// Weighted sum of each token's routed experts' outputs.
     fn moe_experts(&self, x: &Self::Tensor, routing: &Self::Routing, experts: &Self::Experts) -> Result<Self::Tensor>;
+    /// A MoE layer's routed experts: [`Backend::moe_route`], then [`Backend::moe_experts`]; with
+    /// `end`, their sum is added to the residual and the next input returned
+    /// ([`Backend::add_rms_norm`]). A backend may fuse the steps.
+    fn moe(
+        &self,
+        x: &Self::Tensor,
+        router: Router<'_, Self::Tensor>,
+        experts: &Self::Experts,
+        end: Option<AddNorm<'_, Self::Tensor>>,
+    ) -> Result<Self::Tensor> {
+        let routing = self.moe_route(router.logits, router.bias, router.params)?;
+        let y = self.moe_experts(x, &routing, experts)?;
+        match end {
+            Some(e) => self.add_rms_norm(e.residual, &y, e.w, e.eps),
+            None => Ok(y),
+        }
+    }
 
     /// Picks a token for each listed row of `logits` `[rows, vocab]`, where the logits are (the
     /// GPU samples there; nothing but the choices comes back). A row with a mask picks among the

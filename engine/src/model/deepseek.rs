@@ -6,7 +6,7 @@ use std::path::Path;
 use super::config::ModelConfig;
 use super::load::Loader;
 use super::rope::cos_sin_table;
-use crate::backend::{AttnBatch, Backend, MlaDims, Rotary, RouterParams};
+use crate::backend::{AddNorm, AttnBatch, Backend, MlaDims, Rotary, Router, RouterParams};
 use crate::error::{EngineError, Result};
 use crate::parallel::{Axis, Collectives, RankCoord};
 use crate::weights::Checkpoint;
@@ -195,7 +195,7 @@ impl<B: Backend> Model<B> {
             let x = be.upload(&[], 0, self.cfg.hidden_size)?;
             for layer in &self.layers {
                 if let Mlp::Moe { .. } = layer.mlp {
-                    self.mlp(be, &step, &layer.mlp, &x)?;
+                    self.mlp(be, &step, &layer.mlp, &x, None)?;
                 }
             }
             return Ok(None);
@@ -206,9 +206,8 @@ impl<B: Backend> Model<B> {
         for (i, layer) in self.layers.iter().enumerate() {
             let a = self.attention(be, &step, cache, i, &layer.attn, &x)?;
             x = be.add_rms_norm(&mut h, &a, &layer.post_norm, eps)?;
-            let m = self.mlp(be, &step, &layer.mlp, &x)?;
             let next = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
-            x = be.add_rms_norm(&mut h, &m, next, eps)?;
+            x = self.mlp(be, &step, &layer.mlp, &x, Some(AddNorm { residual: &mut h, w: next, eps }))?;
         }
         match &self.lm_head {
             Some(w) => Ok(Some(be.linear(&be.gather_rows(&x, &input.sample_rows)?, w)?)),
@@ -242,13 +241,21 @@ impl<B: Backend> Model<B> {
         Ok(y)
     }
 
-    fn mlp(&self, be: &B, step: &Step<'_, B>, mlp: &Mlp<B>, x: &B::Tensor) -> Result<B::Tensor> {
+    /// The MLP's output, or with `end` the next input ([`AddNorm`]).
+    fn mlp(
+        &self,
+        be: &B,
+        step: &Step<'_, B>,
+        mlp: &Mlp<B>,
+        x: &B::Tensor,
+        end: Option<AddNorm<'_, B::Tensor>>,
+    ) -> Result<B::Tensor> {
         let dense = |d: &Dense<B>, x: &B::Tensor| be.linear(&be.silu_mul(&be.linear(x, &d.gate_up)?)?, &d.down);
-        match mlp {
+        let y = match mlp {
             Mlp::Dense(d) => {
                 let mut y = dense(d, x)?;
                 step.reduce(be, Axis::Tp, &mut y)?;
-                Ok(y)
+                y
             }
             Mlp::Moe { gate, bias, experts, shared } => {
                 let dp = self.coord.par.data_parallel_size;
@@ -264,20 +271,30 @@ impl<B: Backend> Model<B> {
                     SharedExperts::Folded(n) => *n,
                     _ => 0,
                 };
-                let routing =
-                    be.moe_route(&be.linear(xs, gate)?, bias, RouterParams { shared: folded, ..self.router })?;
-                let mut y = be.moe_experts(xs, &routing, experts)?;
+                let logits = be.linear(xs, gate)?;
+                let router = Router { logits: &logits, bias, params: RouterParams { shared: folded, ..self.router } };
+                // Alone, with no dense shared MLP to add, the experts' sum joins the residual in
+                // the backend's MoE op (which may fuse the two).
+                if self.coord.par.world() == 1 && !matches!(shared, SharedExperts::Dense(_)) {
+                    return be.moe(xs, router, experts, end);
+                }
+                let mut y = be.moe(xs, router, experts, None)?;
                 if let SharedExperts::Dense(s) = shared {
                     be.add_assign(&mut y, &dense(s, xs)?)?;
                 }
                 step.reduce(be, Axis::World, &mut y)?;
                 if dp == 1 {
-                    return Ok(y);
+                    y
+                } else {
+                    let before: usize = step.input.dp_rows[..self.coord.dp].iter().sum();
+                    let own: Vec<u32> = (before..before + step.input.ids.len()).map(|r| r as u32).collect();
+                    be.gather_rows(&y, &own)?
                 }
-                let before: usize = step.input.dp_rows[..self.coord.dp].iter().sum();
-                let own: Vec<u32> = (before..before + step.input.ids.len()).map(|r| r as u32).collect();
-                be.gather_rows(&y, &own)
             }
+        };
+        match end {
+            Some(e) => be.add_rms_norm(e.residual, &y, e.w, e.eps),
+            None => Ok(y),
         }
     }
 }

@@ -223,6 +223,123 @@ extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml
     }
 }
 
+// Decode at up to 4 rows: mla_combine and the absorbed value projection (W_UV) in one kernel.
+// Block (h, jb) merges head h's splits of every row as mla_combine does (the same sum in split
+// order, o_lat rounded to bf16 as it writes it), reading only the splits of nonzero weight, then
+// writes out[r, h V + j] = sum_c o_lat[r, h, c] W[h wstride + j, c] for its 64 columns j (a
+// warp's 8), W read once for all rows. `w_uv` is head 0's first value row of kv_b, `wstride` the
+// rows per head (nope + V); L <= 512.
+#define CUV_ROWS 4
+#define CUV_COLS 64
+#define CUV_LATENT 512
+extern "C" __global__ void __launch_bounds__(256) mla_combine_uv(const float* part_o, const float* part_ml, const bf16_t* w_uv, float* out, int rows, int heads, int L, int splits, int V, int wstride) {
+    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = blockIdx.y * CUV_COLS + warp * 8;
+    // The weights do not depend on the kernel before: their loads are issued before the wait.
+    uint4 wv[8][CUV_LATENT / 256];
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+        for (int k = 0; k < CUV_LATENT / 256; k++) {
+            const int c = lane * 8 + k * 256;
+            wv[jj][k] = j0 + jj < V && c < L ? *reinterpret_cast<const uint4*>(w_uv + ((u64)h * wstride + j0 + jj) * L + c)
+                                             : make_uint4(0, 0, 0, 0);
+        }
+    pdl_enter();
+    __shared__ float s_w[CUV_ROWS][64];
+    __shared__ int s_split[CUV_ROWS][64];
+    __shared__ int s_count[CUV_ROWS];
+    __shared__ float inv_denom[CUV_ROWS];
+    __shared__ __align__(16) float o[CUV_ROWS][CUV_LATENT];
+    if (warp < rows) {  // warp r: row r's split weights (lanes s and s + 32), nonzero ones listed in order
+        float m[2], l[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int sp = lane + 32 * k;
+            const u64 b = (((u64)warp * splits + sp) * heads + h) * 2;
+            m[k] = sp < splits ? part_ml[b] : NEG_INF;
+            l[k] = sp < splits ? part_ml[b + 1] : 0.f;
+        }
+        const float M = warp_max(fmaxf(m[0], m[1]));
+        float denom = 0.f;
+        int before = 0;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float w = (m[k] == NEG_INF) ? 0.f : expf(m[k] - M);
+            denom += w * l[k];
+            const u32 nz = __ballot_sync(0xffffffffu, w != 0.f);
+            if (w != 0.f) {
+                const int at = before + __popc(nz & ((1u << lane) - 1));
+                s_w[warp][at] = w;
+                s_split[warp][at] = lane + 32 * k;
+            }
+            before += __popc(nz);
+        }
+        denom = warp_sum(denom);
+        if (lane == 0) {
+            inv_denom[warp] = denom > 0.f ? 1.f / denom : 0.f;
+            s_count[warp] = before;
+        }
+    }
+    __syncthreads();
+    // Every row's splits in one loop (thread: columns c0 and c1 of each row), their loads independent.
+    const int c0 = threadIdx.x, c1 = threadIdx.x + 256;
+    int most = 0;
+    for (int r = 0; r < rows; r++) most = max(most, s_count[r]);
+    float a[CUV_ROWS][2];
+#pragma unroll
+    for (int r = 0; r < CUV_ROWS; r++) a[r][0] = a[r][1] = 0.f;
+#pragma unroll 2
+    for (int i = 0; i < most; i++) {
+#pragma unroll
+        for (int r = 0; r < CUV_ROWS; r++) {
+            if (r >= rows || i >= s_count[r]) continue;
+            const float w = s_w[r][i];
+            const float* p = part_o + (((u64)r * splits + s_split[r][i]) * heads + h) * L;
+            if (c0 < L) a[r][0] += w * p[c0];
+            if (c1 < L) a[r][1] += w * p[c1];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < CUV_ROWS; r++) {
+        if (r >= rows) break;
+        if (c0 < L) o[r][c0] = bf2f(f2bf(a[r][0] * inv_denom[r]));
+        if (c1 < L) o[r][c1] = bf2f(f2bf(a[r][1] * inv_denom[r]));
+    }
+    __syncthreads();
+    float acc[8][CUV_ROWS];
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+        for (int r = 0; r < CUV_ROWS; r++) acc[jj][r] = 0.f;
+#pragma unroll
+    for (int k = 0; k < CUV_LATENT / 256; k++) {
+        const int c = lane * 8 + k * 256;
+        if (c >= L) break;
+#pragma unroll
+        for (int r = 0; r < CUV_ROWS; r++) {
+            if (r >= rows) break;
+            const float4 x0 = *reinterpret_cast<const float4*>(&o[r][c]);
+            const float4 x1 = *reinterpret_cast<const float4*>(&o[r][c + 4]);
+            const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+                const u32 wd[4] = {wv[jj][k].x, wv[jj][k].y, wv[jj][k].z, wv[jj][k].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    acc[jj][r] += __uint_as_float(wd[q] << 16) * x[2 * q] + __uint_as_float(wd[q] & 0xffff0000u) * x[2 * q + 1];
+            }
+        }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+        for (int r = 0; r < CUV_ROWS; r++) {
+            const float t = warp_sum(acc[jj][r]);
+            if (lane == 0 && r < rows && j0 + jj < V) out[((u64)r * heads + h) * V + j0 + jj] = t;
+        }
+}
+
 // Reference-precision MLA attention, f32 throughout (f32 cache and kv_b): the CPU backend's
 // absorbed form, one block per (row, head). For small models and checks, not for speed.
 extern "C" __global__ void mla_ref_f32(const float* __restrict__ q, const float* __restrict__ cache,

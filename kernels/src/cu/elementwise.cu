@@ -54,6 +54,73 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __re
     }
 }
 
+// A MoE layer's end: token r's expert rows of Y combined (moe_combine's arithmetic: its top_k rows
+// in order, inv < 0 skipped), added to the residual `res`, and the sum RMS-normalized as rms_norm_f32
+// with `res` does, one block per token. Each thread owns up to CN_CHUNKS float4 column chunks
+// (cols % 4 == 0, cols <= 4 CN_CHUNKS blockDim.x); the top_k rows' loads are independent.
+#define CN_CHUNKS 4
+extern "C" __global__ void moe_combine_norm(const float* __restrict__ Y, const int* __restrict__ inv,
+                                            const float* __restrict__ wts, int top_k, float* __restrict__ res,
+                                            const float* __restrict__ w, float* __restrict__ y, bf16_t* __restrict__ yb,
+                                            int cols, float eps) {
+    pdl_enter();
+    const int r = blockIdx.x, nt = blockDim.x, n4 = cols / 4;
+    __shared__ int s_row[32];
+    __shared__ float s_wt[32];
+    if (threadIdx.x < top_k) {
+        const int p = inv[(u64)r * top_k + threadIdx.x];
+        s_row[threadIdx.x] = p;
+        s_wt[threadIdx.x] = p < 0 ? 0.f : wts[(u64)r * top_k + threadIdx.x];
+    }
+    __syncthreads();
+    float4 v[CN_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < CN_CHUNKS; i++) v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int j = 0; j < top_k; j++) {
+        const int p = s_row[j];
+        if (p < 0) continue;  // an expert of another rank
+        const float wj = s_wt[j];
+        const float4* yr = reinterpret_cast<const float4*>(Y + (u64)p * cols);
+#pragma unroll
+        for (int i = 0; i < CN_CHUNKS; i++) {
+            const int c4 = threadIdx.x + i * nt;
+            if (c4 >= n4) break;
+            const float4 t = yr[c4];
+            v[i].x += wj * t.x, v[i].y += wj * t.y, v[i].z += wj * t.z, v[i].w += wj * t.w;
+        }
+    }
+    float4* rr = reinterpret_cast<float4*>(res + (u64)r * cols);
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < CN_CHUNKS; i++) {
+        const int c4 = threadIdx.x + i * nt;
+        if (c4 >= n4) break;
+        const float4 a = rr[c4];
+        v[i].x += a.x, v[i].y += a.y, v[i].z += a.z, v[i].w += a.w;
+        rr[c4] = v[i];
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+    }
+    ss = block_sum(ss);
+    const float inv_rms = 1.0f / sqrtf(ss / (float)cols + eps);
+    float4* yr = reinterpret_cast<float4*>(y + (u64)r * cols);
+    const float4* wr = reinterpret_cast<const float4*>(w);
+#pragma unroll
+    for (int i = 0; i < CN_CHUNKS; i++) {
+        const int c4 = threadIdx.x + i * nt;
+        if (c4 >= n4) break;
+        const float4 g = wr[c4];
+        const float4 o = make_float4(v[i].x * inv_rms * g.x, v[i].y * inv_rms * g.y, v[i].z * inv_rms * g.z,
+                                     v[i].w * inv_rms * g.w);
+        yr[c4] = o;
+        if (yb) {
+            u32* br = reinterpret_cast<u32*>(yb + (u64)r * cols) + 2 * c4;
+            br[0] = pack_bf16(o.x, o.y);
+            br[1] = pack_bf16(o.z, o.w);
+        }
+    }
+}
+
 // y = silu(gate) * up per row of [gate | up]; with `yb` non-null also y as bf16.
 // Rows of [gate | up] (or, `pairs`, of interleaved gate/up columns: the experts' layout) to
 // silu(gate) * up; `y` (f32) and `yb` (bf16) are each written when non-null.

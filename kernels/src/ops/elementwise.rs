@@ -38,6 +38,46 @@ impl Gpu {
         )
     }
 
+    /// A MoE layer's end, one pass per token: `res += sum_j wts[t, j] y[inv[t, j]]` over its
+    /// `top_k` expert rows of `ys` (as [`Gpu::moe_combine`]), then [`Gpu::rms_norm`] of `res` by
+    /// `w` into `y` (and `yb`, bf16, when non-zero). `cols` must be a multiple of 4.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine_norm(
+        &self,
+        ys: u64,
+        inv: u64,
+        wts: u64,
+        top_k: usize,
+        res: u64,
+        w: u64,
+        y: u64,
+        yb: u64,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if top_k > 32 || !cols.is_multiple_of(4) || cols == 0 || cols > 16 * 1024 {
+            return Err(KernelError::Invalid(format!(
+                "moe_combine_norm: {top_k} experts per token (at most 32), {cols} columns (a multiple of 4 up to 16384)"
+            )));
+        }
+        let args = [
+            Ptr(ys),
+            Ptr(inv),
+            Ptr(wts),
+            I32(top_k as i32),
+            Ptr(res),
+            Ptr(w),
+            Ptr(y),
+            Ptr(yb),
+            I32(cols as i32),
+            F32(eps),
+        ];
+        // A float4 of the row per thread, up to 4 (CN_CHUNKS) per thread at 1024 threads.
+        let block = ((cols / 4).div_ceil(32) * 32).min(1024) as u32;
+        self.launch_rows("moe_combine_norm", rows, block, &args)
+    }
+
     /// `silu(gate) * up` over f32 rows of `2 * half`: `[gate | up]`, or with `pairs` gate and up
     /// interleaved column by column (the experts' gate/up layout). Written as f32 to `y` and as
     /// bf16 to `yb`, each when non-zero.

@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use crate::{Arg, Gpu, Result};
 
 mod attention;
-pub use attention::{MlaOut, PREFILL_FLASH, PREFILL_FLASH_DS_DIMS};
+pub use attention::{MlaOut, MLA_COMBINE_UV_MAX_ROWS, PREFILL_FLASH, PREFILL_FLASH_DS_DIMS};
 mod elementwise;
 mod gemv;
 pub use gemv::{GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS};
@@ -18,7 +18,9 @@ pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
 pub use mla::{MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
 mod moe;
-pub use moe::{GemmKernel, GroupedGemm, PersistentGemm, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS};
+pub use moe::{
+    Align, GemmKernel, GroupedGemm, PersistentGemm, Route, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS, ROUTE_ALIGN_MAX_TOKENS,
+};
 mod qdecode;
 pub use qdecode::{Fp8Order, QPersist, QDECODE_KERNELS};
 mod quant;
@@ -29,8 +31,18 @@ pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 /// Kernels of a decode step that open with `pdl_wait` (common.cuh), so that they may be launched
 /// with programmatic dependent launch ([`Gpu::set_pdl`]), besides the families that all do:
 /// [`GEMV_KERNELS`], [`MLA3_KERNELS`] and the persistent grouped GEMMs (see [`pdl_kernels`]).
-const PDL_OPS: &[&str] =
-    &["rms_norm_f32", "mla_prologue_bf16", "mla_prologue_f32", "mla_combine", "moe_route", "moe_align", "moe_combine"];
+const PDL_OPS: &[&str] = &[
+    "rms_norm_f32",
+    "mla_prologue_bf16",
+    "mla_prologue_f32",
+    "mla_combine",
+    "mla_combine_uv",
+    "moe_route",
+    "moe_align",
+    "moe_route_align",
+    "moe_combine",
+    "moe_combine_norm",
+];
 
 /// Whether `name` is one of the persistent grouped GEMMs (moe.cu `gg_persistent`).
 fn persistent_grouped(name: &str) -> bool {

@@ -36,8 +36,8 @@ pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
 use super::{
-    mla_prologue_ops, AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, Rotary, RouterParams,
-    SampleRow, StepIndices, NO_SLOT,
+    mla_prologue_ops, AddNorm, AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, Rotary, Router,
+    RouterParams, SampleRow, StepIndices, NO_SLOT,
 };
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
@@ -47,7 +47,7 @@ use pool::{Buf, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
 pub use quant::Fp8Out;
 pub use variants::{
-    MlaDecode, PersistentGemm, QRows, QuantGemm, Variants, WgmmaGemm, DEFAULT_GEMV_ROWS, DEFAULT_PERSISTENT,
+    Fusion, MlaDecode, PersistentGemm, QRows, QuantGemm, Variants, WgmmaGemm, DEFAULT_GEMV_ROWS, DEFAULT_PERSISTENT,
     DEFAULT_ROWS32, DEFAULT_WGMMA, EXPAND_MIN_ROWS, GEMV_MAX_ROWS, ROWS32_MIN_AVG, ROWS8_MAX_AVG,
 };
 pub use weights::{CudaExperts, CudaWeight};
@@ -554,7 +554,17 @@ impl Backend for CudaBackend {
     }
 
     fn moe_experts(&self, x: &CudaTensor, routing: &CudaRouting, experts: &CudaExperts) -> Result<CudaTensor> {
-        moe::experts(self, x, routing, experts)
+        moe::experts(self, x, moe::Routing::Done(routing), experts, None)
+    }
+
+    fn moe(
+        &self,
+        x: &CudaTensor,
+        router: Router<'_, CudaTensor>,
+        experts: &CudaExperts,
+        end: Option<AddNorm<'_, CudaTensor>>,
+    ) -> Result<CudaTensor> {
+        moe::experts(self, x, moe::Routing::Router(router), experts, end)
     }
 
     fn sample(&self, logits: &CudaTensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>> {

@@ -3,12 +3,12 @@
 //! weighted combine. No host synchronization: tile counts stay on the device.
 
 use cleave_kernels::fp8::BLOCK;
-use cleave_kernels::ops::{Fp8Order, GemmKernel, GroupedGemm, QGemm, GGW_FP8_BM};
+use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, Route, GGW_FP8_BM};
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::{QIn, QuantWeight};
 use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, QRows, ROWS32_MIN_AVG};
-use crate::backend::RouterParams;
+use crate::backend::{AddNorm, Backend, Router, RouterParams};
 use crate::error::{EngineError, Result};
 
 /// Rows up to which shared experts folded in are computed in the routed experts' grouped GEMM
@@ -17,7 +17,28 @@ use crate::error::{EngineError, Result};
 /// where batch 1 gained 8% (3.52 -> 3.25 ms) and batch 64 1% (11.34 -> 11.19 ms).
 const FOLDED_SHARED_MAX_ROWS: usize = 64;
 
+/// Where a MoE op's routing comes from.
+pub(super) enum Routing<'a> {
+    /// Computed already ([`Backend::moe_route`](crate::backend::Backend::moe_route)).
+    Done(&'a CudaRouting),
+    /// The router, run by the MoE op itself: with the assignment sort in one kernel at batches
+    /// of up to `Fusion::route_align` tokens.
+    Router(Router<'a, CudaTensor>),
+}
+
 pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
+    let (r, launch) = routing_for(be, logits, bias, p)?;
+    be.gpu().moe_route(&launch).map_err(kerr)?;
+    Ok(r)
+}
+
+/// The routing's buffers and the launch that fills them.
+fn routing_for(
+    be: &CudaBackend,
+    logits: &CudaTensor,
+    bias: &CudaTensor,
+    p: RouterParams,
+) -> Result<(CudaRouting, Route)> {
     if logits.cols != p.n_experts || bias.len() != p.n_experts {
         return Err(EngineError::Backend(format!(
             "moe_route: {} logits and {} biases for {} experts",
@@ -27,38 +48,47 @@ pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p:
         )));
     }
     let (n, k) = (logits.rows, p.top_k + p.shared);
-    let gpu = be.gpu();
     let ids = be.scratch::<u32>(n * k)?;
     let weights = be.alloc_f32(n * k)?;
-    gpu.moe_route(
-        logits.ptr(),
-        bias.ptr(),
-        ptr(&ids),
-        ptr(&weights),
+    let launch = Route {
+        logits: logits.ptr(),
+        bias: bias.ptr(),
+        ids: ptr(&ids),
+        wts: ptr(&weights),
         n,
-        p.n_experts,
-        p.n_group,
-        p.topk_group,
-        p.top_k,
-        p.shared,
-        p.norm_topk_prob,
-        p.scaling,
-    )
-    .map_err(kerr)?;
-    Ok(CudaRouting { ids, weights, rows: n, top_k: k })
+        experts: p.n_experts,
+        n_group: p.n_group,
+        topk_group: p.topk_group,
+        top_k: p.top_k,
+        shared: p.shared,
+        norm: p.norm_topk_prob,
+        scaling: p.scaling,
+    };
+    Ok((CudaRouting { ids, weights, rows: n, top_k: k }, launch))
 }
 
-pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &CudaExperts) -> Result<CudaTensor> {
-    let (n, h, k, e, i) = (x.rows, x.cols, r.top_k, ex.experts, ex.inter);
-    if h != ex.hidden || r.rows != n {
+/// The routed experts' weighted sum per token or, with `end`, the next input (the combine, the
+/// residual add and the RMSNorm in one kernel where no dense shared MLP comes between).
+pub(super) fn experts(
+    be: &CudaBackend,
+    x: &CudaTensor,
+    routing: Routing<'_>,
+    ex: &CudaExperts,
+    end: Option<AddNorm<'_, CudaTensor>>,
+) -> Result<CudaTensor> {
+    let (n, h, e, i) = (x.rows, x.cols, ex.experts, ex.inter);
+    let (rows, k) = match &routing {
+        Routing::Done(r) => (r.rows, r.top_k),
+        Routing::Router(r) => (r.logits.rows, r.params.top_k + r.params.shared),
+    };
+    if h != ex.hidden || rows != n {
         return Err(EngineError::Backend(format!(
-            "moe_experts: {n}x{h} input, routing of {} rows, experts of width {}",
-            r.rows, ex.hidden
+            "moe_experts: {n}x{h} input, routing of {rows} rows, experts of width {}",
+            ex.hidden
         )));
     }
-    let out = be.tensor(n, h)?;
     if n == 0 {
-        return Ok(out);
+        return joined(be, be.tensor(0, h)?, end);
     }
     let gpu = be.gpu();
     let a = n * k;
@@ -129,35 +159,53 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
     let inv = be.buf::<i32>(a)?;
     let tiles = be.buf::<i32>(3 * max_tiles)?;
     let meta = be.buf::<i32>(1)?;
-    if let ExpertData::F32 { gate_up, down } = &ex.data {
-        let row_expert = be.buf::<i32>(a)?;
-        gpu.moe_align(
-            ptr(&r.ids),
-            a,
-            k,
-            e,
-            ex.first,
-            bm,
-            ptr(&sorted_tok),
-            ptr(&inv),
-            ptr(&tiles),
-            ptr(&meta),
-            ptr(&row_expert),
-        )
-        .map_err(kerr)?;
+    // The reference-precision experts read each sorted row's expert.
+    let row_expert = match ex.data {
+        ExpertData::F32 { .. } => Some(be.buf::<i32>(a)?),
+        _ => None,
+    };
+    let align = Align {
+        ids: 0,
+        assignments: a,
+        top_k: k,
+        experts: aligned,
+        first: ex.first,
+        bm,
+        sorted_tok: ptr(&sorted_tok),
+        inv: ptr(&inv),
+        tiles: ptr(&tiles),
+        meta: ptr(&meta),
+        row_expert: row_expert.as_ref().map_or(0, |b| ptr(b)),
+    };
+    let routed;
+    let r = match routing {
+        Routing::Done(r) => {
+            gpu.moe_align(&Align { ids: ptr(&r.ids), ..align }).map_err(kerr)?;
+            r
+        }
+        Routing::Router(rt) => {
+            let (r, route) = routing_for(be, rt.logits, rt.bias, rt.params)?;
+            let align = Align { ids: route.ids, ..align };
+            if n <= v.fusion.route_align {
+                gpu.moe_route_align(&route, &align).map_err(kerr)?;
+            } else {
+                gpu.moe_route(&route).map_err(kerr)?;
+                gpu.moe_align(&align).map_err(kerr)?;
+            }
+            routed = r;
+            &routed
+        }
+    };
+    let y = be.alloc_f32(a * h)?;
+    if let (ExpertData::F32 { gate_up, down }, Some(row_expert)) = (&ex.data, &row_expert) {
         let act = be.alloc_f32(a * i)?;
-        let y = be.alloc_f32(a * h)?;
         let (gu, dn) = (ptr(gate_up), ptr(down));
-        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(&row_expert), gu, dn, ptr(&act), ptr(&y), a, h, i).map_err(kerr)?;
-        gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
-        return Ok(out);
+        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(row_expert), gu, dn, ptr(&act), ptr(&y), a, h, i).map_err(kerr)?;
+        return combine(be, x, ptr(&y), ptr(&inv), r, ex, false, end);
     }
-    gpu.moe_align(ptr(&r.ids), a, k, aligned, ex.first, bm, ptr(&sorted_tok), ptr(&inv), ptr(&tiles), ptr(&meta), 0)
-        .map_err(kerr)?;
     // The input's bf16 shadow (an RMSNorm output) when it has one.
     let xb = be.bf16_in(x)?;
     let act = be.alloc_u16(a * i)?;
-    let y = be.alloc_f32(a * h)?;
     let (tiles, meta) = (ptr(&tiles), ptr(&meta));
     match &ex.data {
         ExpertData::Bf16 { gate_up, down } => {
@@ -219,10 +267,6 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         }
         ExpertData::F32 { .. } => unreachable!("reference precision returned above"),
     }
-    gpu.moe_combine(ptr(&y), ptr(&inv), ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
-    if dense_shared {
-        shared_dense(be, x, ex, &out)?;
-    }
     if let Some(stats) = be.expert_stats.borrow_mut().as_mut() {
         // Routed experts only (the shared ones run for every token).
         let (ids, _) = be.routing_to_host(r)?;
@@ -231,7 +275,57 @@ pub(super) fn experts(be: &CudaBackend, x: &CudaTensor, r: &CudaRouting, ex: &Cu
         ids.iter().filter(|&&id| (id as usize) < routed).for_each(|&id| used[id as usize] = true);
         stats.push(used.iter().filter(|&&u| u).count());
     }
-    Ok(out)
+    combine(be, x, ptr(&y), ptr(&inv), r, ex, dense_shared, end)
+}
+
+/// Each token's expert rows of `y` (sorted positions `inv`) weighted and summed, plus the shared
+/// experts as dense GEMMs when `dense_shared`; with `end`, joined to the residual
+/// ([`joined`]), in one kernel when nothing comes between (and rows are whole float4s).
+#[allow(clippy::too_many_arguments)]
+fn combine(
+    be: &CudaBackend,
+    x: &CudaTensor,
+    y: u64,
+    inv: u64,
+    r: &CudaRouting,
+    ex: &CudaExperts,
+    dense_shared: bool,
+    end: Option<AddNorm<'_, CudaTensor>>,
+) -> Result<CudaTensor> {
+    let (n, h, k, gpu) = (x.rows, x.cols, r.top_k, be.gpu());
+    match end {
+        Some(e) if be.variants().fusion.moe_end && !dense_shared && h.is_multiple_of(4) => {
+            if (e.residual.rows, e.residual.cols) != (n, h) || e.w.len() != h {
+                return Err(EngineError::Backend(format!(
+                    "moe: residual {}x{} and norm of {} for {n}x{h} experts' output",
+                    e.residual.rows,
+                    e.residual.cols,
+                    e.w.len()
+                )));
+            }
+            let out = be.tensor_shadowed(n, h)?;
+            let (res, yb) = (e.residual.ptr_mut(), out.bf16_ptr().unwrap_or(0));
+            gpu.moe_combine_norm(y, inv, ptr(&r.weights), k, res, e.w.ptr(), out.ptr(), yb, n, h, e.eps)
+                .map_err(kerr)?;
+            Ok(out)
+        }
+        end => {
+            let out = be.tensor(n, h)?;
+            gpu.moe_combine(y, inv, ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
+            if dense_shared {
+                shared_dense(be, x, ex, &out)?;
+            }
+            joined(be, out, end)
+        }
+    }
+}
+
+/// `y`, or with `end` the next input ([`Backend::add_rms_norm`](crate::backend::Backend::add_rms_norm)).
+fn joined(be: &CudaBackend, y: CudaTensor, end: Option<AddNorm<'_, CudaTensor>>) -> Result<CudaTensor> {
+    match end {
+        Some(e) => be.add_rms_norm(e.residual, &y, e.w, e.eps),
+        None => Ok(y),
+    }
 }
 
 /// The routed experts' gate/up (SiLU into `g.y`, `rows` rows of the intermediate size) and down (f32

@@ -1,0 +1,274 @@
+// DeepSeek MoE routing on the GPU: noaux_tc routing, the assignment sort into per-expert row
+// tiles (both in one block at small batches), and the weighted combine of the experts' outputs
+// (alone, or with the residual add and the next RMSNorm). Nothing here needs the host to know
+// how many tokens each expert received.
+
+// Routes token `tok` with one warp; E <= 256 (8 experts per lane), n_group <= 32, top_k + shared
+// <= 32. The token's row of ids/wts holds its top_k routed experts, then the `shared`
+// always-chosen experts E..E+shared-1 with weight 1 (shared experts folded into the grouped GEMMs).
+__device__ __forceinline__ void route_token(const float* logits, const float* bias, u32* ids, float* wts, int tok, int E, int n_group,
+                            int topk_group, int top_k, int shared, int norm, float scaling) {
+    const int lane = threadIdx.x & 31;
+    const float* lg = logits + (u64)tok * E;
+    float sc[8], ch[8];
+    bool taken[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int e = lane + 32 * j;
+        taken[j] = e >= E;
+        if (e < E) {
+            const float s = 1.0f / (1.0f + expf(-lg[e]));
+            sc[j] = s;
+            ch[j] = s + bias[e];
+        } else {
+            sc[j] = 0.f;
+            ch[j] = NEG_INF;
+        }
+    }
+    const int gs = E / n_group;
+    if (topk_group < n_group) {
+        float mine = NEG_INF;  // lane g holds group g's score
+        for (int grp = 0; grp < n_group; grp++) {
+            float b1 = NEG_INF, b2 = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int e = lane + 32 * j;
+                if (e < E && e / gs == grp) {
+                    const float v = ch[j];
+                    if (v > b1) {
+                        b2 = b1;
+                        b1 = v;
+                    } else if (v > b2) {
+                        b2 = v;
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float o1 = __shfl_xor_sync(0xffffffffu, b1, o), o2 = __shfl_xor_sync(0xffffffffu, b2, o);
+                const float n1 = fmaxf(b1, o1), n2 = fmaxf(fminf(b1, o1), fmaxf(b2, o2));
+                b1 = n1;
+                b2 = n2;
+            }
+            const float score = gs >= 2 ? b1 + b2 : b1;
+            if (lane == grp) mine = score;
+        }
+        bool gtaken = lane >= n_group;
+        u32 keep = 0;
+        for (int i = 0; i < topk_group; i++) {
+            float v = mine;
+            int idx = gtaken ? 0x7fffffff : lane;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+                const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
+                if (other) {
+                    v = ov;
+                    idx = oi;
+                }
+            }
+            if (idx != 0x7fffffff) {
+                keep |= 1u << idx;
+                if (lane == idx) gtaken = true;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int e = lane + 32 * j;
+            if (e < E && !((keep >> (e / gs)) & 1u)) ch[j] = NEG_INF;
+        }
+    }
+    float my_w = 0.f;
+    u32 my_id = 0;
+    for (int i = 0; i < top_k; i++) {
+        float v = NEG_INF;
+        int idx = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int e = lane + 32 * j;
+            if (!taken[j] && (idx == 0x7fffffff || ch[j] > v)) {
+                v = ch[j];
+                idx = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
+            if (other) {
+                v = ov;
+                idx = oi;
+            }
+        }
+        float w = 0.f;
+        if (idx != 0x7fffffff && (idx & 31) == lane) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j == (idx >> 5)) {
+                    taken[j] = true;
+                    w = sc[j];
+                }
+            }
+        }
+        w = __shfl_sync(0xffffffffu, w, idx & 31);
+        if (lane == i) {
+            my_w = w;
+            my_id = (u32)idx;
+        }
+    }
+    const float total = warp_sum(lane < top_k ? my_w : 0.f);
+    if (norm) my_w /= total + 1e-20f;
+    const int kk = top_k + shared;
+    if (lane < top_k) {
+        ids[(u64)tok * kk + lane] = my_id;
+        wts[(u64)tok * kk + lane] = my_w * scaling;
+    } else if (lane < kk) {
+        ids[(u64)tok * kk + lane] = (u32)(E + lane - top_k);
+        wts[(u64)tok * kk + lane] = 1.0f;
+    }
+}
+
+// One warp per token.
+extern "C" __global__ void moe_route(const float* logits, const float* bias, u32* ids, float* wts, int n, int E, int n_group,
+                                     int topk_group, int top_k, int shared, int norm, float scaling) {
+    pdl_enter();
+    const int tok = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (tok < n) route_token(logits, bias, ids, wts, tok, E, n_group, topk_group, top_k, shared, norm, scaling);
+}
+
+// The whole block (1024 threads; `sh` holds 4 E + 1 ints). Sorts the n*top_k assignments by
+// expert: sorted_tok[p] is the token of sorted position p, inv[i] the sorted position of assignment i; tiles[3t..3t+3] = (expert, first
+// sorted row, rows) for row tiles of at most BM rows; meta[0] = number of tiles; row_expert[p]
+// (when non-null) the expert of sorted row p. This rank holds experts first..first+E-1 (expert
+// parallelism): other assignments get inv -1 and no row, and the unused rows at the end point at
+// token 0 of local expert 0 (computed, never combined).
+__device__ __forceinline__ void align_assignments(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok, int* inv,
+                                  int* tiles, int* meta, int* row_expert, int* sh) {
+    int* cnt = sh;
+    int* off = sh + E;
+    int* cur = sh + 2 * E;
+    int* toff = sh + 3 * E;
+    int* total = sh + 4 * E;
+    const int tid = threadIdx.x, bd = blockDim.x;
+    for (int e = tid; e < E; e += bd) {
+        cnt[e] = 0;
+        cur[e] = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < A; i += bd) {
+        const int e = (int)ids[i] - first;
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (tid < 32) {  // offsets by an exclusive scan over warp 0, a run of experts per lane
+        const int per = (E + 31) / 32, e0 = tid * per, e1 = min(E, e0 + per);
+        int o = 0, t = 0;
+        for (int e = e0; e < e1; e++) {
+            o += cnt[e];
+            t += (cnt[e] + BM - 1) / BM;
+        }
+        int so = o, st = t;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int po = __shfl_up_sync(0xffffffffu, so, d), pt = __shfl_up_sync(0xffffffffu, st, d);
+            if (tid >= d) so += po, st += pt;
+        }
+        o = so - o;
+        t = st - t;
+        for (int e = e0; e < e1; e++) {
+            off[e] = o;
+            toff[e] = t;
+            o += cnt[e];
+            t += (cnt[e] + BM - 1) / BM;
+        }
+        if (tid == 31) {
+            meta[0] = st;
+            *total = so;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < A; i += bd) {
+        const int e = (int)ids[i] - first;
+        if (e < 0 || e >= E) {
+            inv[i] = -1;
+            continue;
+        }
+        const int p = off[e] + atomicAdd(&cur[e], 1);
+        sorted_tok[p] = i / top_k;
+        inv[i] = p;
+        if (row_expert) row_expert[p] = e;
+    }
+    for (int p = *total + tid; p < A; p += bd) {
+        sorted_tok[p] = 0;
+        if (row_expert) row_expert[p] = 0;
+    }
+    for (int e = tid; e < E; e += bd) {
+        const int c = cnt[e];
+        for (int j = 0; j * BM < c; j++) {
+            const int t = toff[e] + j;
+            tiles[3 * t] = e;
+            tiles[3 * t + 1] = off[e] + j * BM;
+            tiles[3 * t + 2] = min(BM, c - j * BM);
+        }
+    }
+}
+
+#define ALIGN_ARGS int A, int top_k, int E, int first, int BM, int *sorted_tok, int *inv, int *tiles, int *meta, int *row_expert
+#define ALIGN_PASS A, top_k, E, first, BM, sorted_tok, inv, tiles, meta, row_expert
+
+extern "C" __global__ void moe_align(const u32* ids, ALIGN_ARGS) {
+    pdl_enter();
+    extern __shared__ int sh[];
+    align_assignments(ids, ALIGN_PASS, sh);
+}
+
+// Small batches: moe_route (`route_k` routed experts of `n_experts`) and moe_align (`A` = n *
+// (route_k + shared) assignments, `top_k` = route_k + shared, its `E` and `first` the local
+// experts) in one block, warp w routing tokens w, w + 32, ...; the sort reads the ids just written.
+extern "C" __global__ void moe_route_align(const float* logits, const float* bias, u32* ids, float* wts, int n,
+                                           int n_experts, int n_group, int topk_group, int route_k, int shared, int norm,
+                                           float scaling, ALIGN_ARGS) {
+    pdl_enter();
+    extern __shared__ int sh[];
+    for (int tok = threadIdx.x >> 5; tok < n; tok += blockDim.x >> 5)
+        route_token(logits, bias, ids, wts, tok, n_experts, n_group, topk_group, route_k, shared, norm, scaling);
+    __syncthreads();
+    align_assignments(ids, ALIGN_PASS, sh);
+}
+
+// out[t] = sum_j wts[t, j] * Y[inv[t, j]]: the weighted sum of token t's expert outputs. Grid
+// (ceil(H / 4 / blockDim), n): each thread owns 4 columns of one token, the top_k rows' loads
+// independent of each other (float4 when H % 4 == 0).
+extern "C" __global__ void moe_combine(const float* __restrict__ Y, const int* __restrict__ inv,
+                                       const float* __restrict__ wts, float* __restrict__ out, int n, int top_k, int H) {
+    pdl_enter();
+    const int t = blockIdx.y, c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (t >= n || c >= H) return;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    const bool vec = (H & 3) == 0;
+#pragma unroll 8
+    for (int j = 0; j < top_k; j++) {
+        const int p = inv[(u64)t * top_k + j];
+        if (p < 0) continue;  // an expert of another rank
+        const float wj = wts[(u64)t * top_k + j];
+        const float* y = Y + (u64)p * H + c;
+        if (vec) {
+            const float4 v = *reinterpret_cast<const float4*>(y);
+            s[0] += wj * v.x, s[1] += wj * v.y, s[2] += wj * v.z, s[3] += wj * v.w;
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (c + q < H) s[q] += wj * y[q];
+        }
+    }
+    float* o = out + (u64)t * H + c;
+    if (vec) {
+        *reinterpret_cast<float4*>(o) = make_float4(s[0], s[1], s[2], s[3]);
+    } else {
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (c + q < H) o[q] = s[q];
+    }
+}
