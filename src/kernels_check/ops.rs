@@ -6,10 +6,9 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuTensor};
-use cleave_engine::backend::cuda::{CudaBackend, Fusion, MlaDecode, Variants};
+use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
-use cleave_kernels::ops::MLA_COMBINE_UV_MAX_ROWS;
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
@@ -438,18 +437,6 @@ impl Ctx<'_> {
         self.attention_case("decode, one split", lite, &[(1, 100); 300], 32, false)?;
         let v3 = MlaDims { heads: 128, ..lite };
         self.attention_case("V3 heads", v3, &[(1, 1), (1, 65), (5, 300), (1, 2000), (1, 33)], 64, false)?;
-        // Up to MLA_COMBINE_UV_MAX_ROWS rows: the combine and the value projection in one kernel.
-        let def = self.cu.variants();
-        self.cu.set_variants(Variants { fusion: Fusion { combine_uv: MLA_COMBINE_UV_MAX_ROWS, ..def.fusion }, ..def });
-        let r = self
-            .attention_case("few rows, combine_uv", lite, &[(1, 300), (1, 17), (1, 2000)], 64, true)
-            .and_then(|_| self.attention_case("few rows, combine_uv", odd, &[(1, 70), (1, 5)], 64, false))
-            .and_then(|_| {
-                let seqs = [(1, 2000), (1, 65), (1, 1), (1, 130)];
-                self.attention_case("few rows V3 heads, combine_uv", v3, &seqs, 64, false)
-            });
-        self.cu.set_variants(def);
-        r?;
         if self.quick {
             return Ok(());
         }

@@ -1,6 +1,6 @@
 //! MLA attention launchers: absorbed decode (v1, v2 and v3; v3 takes no latent, rope or block
-//! widths, they are compiled in), split combine (alone, or with the value projection at a few
-//! rows), the expanded prefill (latent gather, flash attention), and the f32 reference attention.
+//! widths, they are compiled in), split combine, the expanded prefill (latent gather, flash
+//! attention), and the f32 reference attention.
 
 use super::{MlaKernel, MlaLaunch, MLA_MAX_LATENT};
 use crate::{Arg, Gpu, KernelError, Result};
@@ -27,9 +27,6 @@ pub enum MlaOut {
     Partials { part_o: u64, part_ml: u64 },
     Output(u64),
 }
-
-/// Most rows [`Gpu::mla_combine_uv`] takes (its blocks read the value weights once for all).
-pub const MLA_COMBINE_UV_MAX_ROWS: usize = 4;
 
 impl Gpu {
     /// Checks the shapes `mla_decode` supports.
@@ -121,45 +118,6 @@ impl Gpu {
             0,
             &[Ptr(part_o), Ptr(part_ml), Ptr(o_lat), I32(heads as i32), I32(kv_lora as i32), I32(splits as i32)],
         )
-    }
-
-    /// Decode at up to [`MLA_COMBINE_UV_MAX_ROWS`] rows: [`Gpu::mla_combine`] and the absorbed
-    /// value projection in one kernel. `out[r, h v + j] = o_lat[r, h] . w_uv[h wstride + j]`
-    /// (`[rows, heads * v]`, f32), where `w_uv` is head 0's first value row of kv_b (bf16, rows
-    /// of `kv_lora`) and `wstride` its rows per head.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mla_combine_uv(
-        &self,
-        part_o: u64,
-        part_ml: u64,
-        w_uv: u64,
-        wstride: usize,
-        out: u64,
-        rows: usize,
-        heads: usize,
-        kv_lora: usize,
-        splits: usize,
-        v: usize,
-    ) -> Result<()> {
-        if rows > MLA_COMBINE_UV_MAX_ROWS || splits > 64 || kv_lora > MLA_MAX_LATENT || !kv_lora.is_multiple_of(8) {
-            return Err(KernelError::Invalid(format!(
-                "mla_combine_uv: {rows} rows (at most {MLA_COMBINE_UV_MAX_ROWS}), {splits} splits (at most 64), latent {kv_lora} (a multiple of 8 up to {MLA_MAX_LATENT})"
-            )));
-        }
-        let args = [
-            Ptr(part_o),
-            Ptr(part_ml),
-            Ptr(w_uv),
-            Ptr(out),
-            I32(rows as i32),
-            I32(heads as i32),
-            I32(kv_lora as i32),
-            I32(splits as i32),
-            I32(v as i32),
-            I32(wstride as i32),
-        ];
-        // 64 value columns per block of 256 threads (CUV_COLS).
-        self.launch("mla_combine_uv", (heads as u32, v.div_ceil(64) as u32, 1), 256, 0, &args)
     }
 
     /// Expanded prefill: a sequence's latent rows `[ctx, width]` gathered from the paged cache.

@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use crate::{Arg, Gpu, Result};
 
 mod attention;
-pub use attention::{MlaOut, MLA_COMBINE_UV_MAX_ROWS, PREFILL_FLASH, PREFILL_FLASH_DS_DIMS};
+pub use attention::{MlaOut, PREFILL_FLASH, PREFILL_FLASH_DS_DIMS};
 mod elementwise;
 mod gemv;
 pub use gemv::{GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS};
@@ -36,7 +36,6 @@ const PDL_OPS: &[&str] = &[
     "mla_prologue_bf16",
     "mla_prologue_f32",
     "mla_combine",
-    "mla_combine_uv",
     "moe_route",
     "moe_align",
     "moe_route_align",

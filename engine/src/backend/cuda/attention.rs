@@ -214,35 +214,38 @@ pub(super) fn mla_attention(
         .map_err(kerr)?;
         let k = p.kernel(var.mla);
         let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
+        let o_lat = be.alloc_u16(rows * heads * l)?;
         let decode = |out| {
             gpu.mla_decode(&k, &p, splits, ptr(&q_lat), q.ptr(), ptr(&cache.buf), row_len, row_tab, tables, out)
                 .map_err(kerr)
         };
-        // The absorbed value projection, each head's latent output times its W_UV.
-        let kv_v = kv_b + (d.nope * l * 2) as u64;
-        let values = |o_lat: u64| {
-            let g =
-                gemm(d.v, rows, l, kv_v, l, a, true, o_lat, heads * l, l, false, out.ptr(), heads * d.v, d.v, heads);
-            gpu.gemm(&g).map_err(kerr)
-        };
         if k.writes_output(splits) {
-            let o_lat = be.alloc_u16(rows * heads * l)?;
             decode(MlaOut::Output(ptr(&o_lat)))?;
-            values(ptr(&o_lat))?;
         } else {
             let part_o = be.alloc_f32(rows * splits * heads * l)?;
             let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
-            let (po, pm) = (ptr(&part_o), ptr(&part_ml));
-            decode(MlaOut::Partials { part_o: po, part_ml: pm })?;
-            if rows <= var.fusion.combine_uv {
-                // A few rows: the combine and the value projection in one kernel.
-                gpu.mla_combine_uv(po, pm, kv_v, d.nope + d.v, out.ptr(), rows, heads, l, splits, d.v).map_err(kerr)?;
-            } else {
-                let o_lat = be.alloc_u16(rows * heads * l)?;
-                gpu.mla_combine(po, pm, ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
-                values(ptr(&o_lat))?;
-            }
+            decode(MlaOut::Partials { part_o: ptr(&part_o), part_ml: ptr(&part_ml) })?;
+            gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), rows, heads, l, splits).map_err(kerr)?;
         }
+        let kv_v = kv_b + (d.nope * l * 2) as u64;
+        gpu.gemm(&gemm(
+            d.v,
+            rows,
+            l,
+            kv_v,
+            l,
+            a,
+            true,
+            ptr(&o_lat),
+            heads * l,
+            l,
+            false,
+            out.ptr(),
+            heads * d.v,
+            d.v,
+            heads,
+        ))
+        .map_err(kerr)?;
     }
     for s in batch.seqs.iter().filter(|s| expand(s)) {
         let tab = tables + 4 * meta[rows + s.q_start] as u64;

@@ -2,7 +2,7 @@
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
 pub use cleave_kernels::ops::{
-    MlaDecode, Pdl, PersistentGemm, QPersist, WgmmaGemm, GEMV_MAX_ROWS, MLA_COMBINE_UV_MAX_ROWS, ROUTE_ALIGN_MAX_TOKENS,
+    MlaDecode, Pdl, PersistentGemm, QPersist, WgmmaGemm, GEMV_MAX_ROWS, ROUTE_ALIGN_MAX_TOKENS,
 };
 use cleave_kernels::quant::QFormat;
 use cleave_kernels::Gpu;
@@ -21,8 +21,8 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
-/// [`ROWS8_MAX_AVG`]), and the decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS`,
-/// `CLEAVE_MLA_COMBINE_UV=off|ROWS`, `CLEAVE_MOE_END=fused|separate`.
+/// [`ROWS8_MAX_AVG`]), and the decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS`
+/// (default [`Fusion::DEFAULT`]), `CLEAVE_MOE_END=fused|separate` (default fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -77,17 +77,16 @@ pub struct Fusion {
     /// MoE routing and the assignment sort in one block (`moe_route_align`) up to this many
     /// tokens (at most [`ROUTE_ALIGN_MAX_TOKENS`]); 0: never.
     pub route_align: usize,
-    /// MLA's split combine and value projection in one kernel (`mla_combine_uv`) up to this many
-    /// rows (at most [`MLA_COMBINE_UV_MAX_ROWS`]); 0: never.
-    pub combine_uv: usize,
     /// The MoE combine, the residual add and the next RMSNorm in one kernel (`moe_combine_norm`).
     pub moe_end: bool,
 }
 
 impl Fusion {
-    pub const OFF: Fusion = Fusion { route_align: 0, combine_uv: 0, moe_end: false };
-    /// Run 80: fused at batch 1 the three made the V2-Lite step 3.6% faster.
-    pub const DEFAULT: Fusion = Fusion { route_align: 32, combine_uv: 1, moe_end: true };
+    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false };
+    /// Run 81: a token per warp of `moe_route_align` (at 64 tokens, two per warp, the V2-Lite
+    /// step was 2.5% slower than routing and sorting apart); the fused MoE end saved 3% at batch
+    /// 1.
+    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true };
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -232,12 +231,6 @@ impl Variants {
                 &var("CLEAVE_ROUTE_ALIGN"),
                 Fusion::DEFAULT.route_align,
                 ROUTE_ALIGN_MAX_TOKENS,
-            )?,
-            combine_uv: parse_count(
-                "CLEAVE_MLA_COMBINE_UV",
-                &var("CLEAVE_MLA_COMBINE_UV"),
-                Fusion::DEFAULT.combine_uv,
-                MLA_COMBINE_UV_MAX_ROWS,
             )?,
             moe_end: match var("CLEAVE_MOE_END").as_str() {
                 "" | "fused" => true,
