@@ -165,7 +165,7 @@ impl Ctx<'_> {
         let router = Router { logits: &lc, bias: &bc, params };
         let want = cpu.moe(&xc, router, ec, Some(AddNorm { residual: &mut rc, w: &wc, eps: 1e-6 }))?;
         let def = self.cu.variants();
-        let fused = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, moe_end: true, ..def.fusion };
+        let fused = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, moe_end: true };
         self.cu.set_variants(Variants { fusion: fused, ..def });
         let r = self.moe_layer_cuda(eg, s, n, [&x, &logits, &res, &bias, &w], params);
         self.cu.set_variants(def);
@@ -197,8 +197,8 @@ impl Ctx<'_> {
     ) -> Result<(Vec<f32>, Vec<f32>, f64)> {
         let (h, routed, cu) = (s.h, s.e - s.shared, &self.cu);
         let (xg, lg, bg, wg) =
-            (cu.upload(&x, n, h)?, cu.upload(&logits, n, routed)?, cu.upload(&bias, 1, routed)?, cu.upload(&w, 1, h)?);
-        let mut rg = cu.upload(&res, n, h)?;
+            (cu.upload(x, n, h)?, cu.upload(logits, n, routed)?, cu.upload(bias, 1, routed)?, cu.upload(w, 1, h)?);
+        let mut rg = cu.upload(res, n, h)?;
         let router = Router { logits: &lg, bias: &bg, params };
         let got = cu.download(&cu.moe(&xg, router, eg, Some(AddNorm { residual: &mut rg, w: &wg, eps: 1e-6 }))?)?;
         let res_got = cu.download(&rg)?;

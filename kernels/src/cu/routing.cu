@@ -3,6 +3,20 @@
 // (alone, or with the residual add and the next RMSNorm). Nothing here needs the host to know
 // how many tokens each expert received.
 
+// The warp's largest `v` (lowest `idx` among equals; idx 0x7fffffff: no candidate), in every lane.
+__device__ __forceinline__ void warp_argmax(float& v, int& idx) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
+        if (other) {
+            v = ov;
+            idx = oi;
+        }
+    }
+}
+
 // Routes token `tok` with one warp; E <= 256 (8 experts per lane), n_group <= 32, top_k + shared
 // <= 32. The token's row of ids/wts holds its top_k routed experts, then the `shared`
 // always-chosen experts E..E+shared-1 with weight 1 (shared experts folded into the grouped GEMMs).
@@ -58,16 +72,7 @@ __device__ __forceinline__ void route_token(const float* logits, const float* bi
         for (int i = 0; i < topk_group; i++) {
             float v = mine;
             int idx = gtaken ? 0x7fffffff : lane;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-                const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
-                if (other) {
-                    v = ov;
-                    idx = oi;
-                }
-            }
+            warp_argmax(v, idx);
             if (idx != 0x7fffffff) {
                 keep |= 1u << idx;
                 if (lane == idx) gtaken = true;
@@ -92,16 +97,7 @@ __device__ __forceinline__ void route_token(const float* logits, const float* bi
                 idx = e;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-            const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
-            if (other) {
-                v = ov;
-                idx = oi;
-            }
-        }
+        warp_argmax(v, idx);
         float w = 0.f;
         if (idx != 0x7fffffff && (idx & 31) == lane) {
 #pragma unroll

@@ -1,6 +1,8 @@
-//! DeepSeek MoE on the GPU: routing in one kernel, then the experts as two grouped GEMMs over
-//! the expert row tiles that received tokens (gate/up with SiLU-mul fused, then down) and a
-//! weighted combine. No host synchronization: tile counts stay on the device.
+//! DeepSeek MoE on the GPU: routing and the sort into expert row tiles (one kernel for both at
+//! small batches), then the experts as two grouped GEMMs over the row tiles that received tokens
+//! (gate/up with SiLU-mul fused, then down) and a weighted combine (with the residual add and the
+//! next RMSNorm when the layer's end is asked for). No host synchronization: tile counts stay on
+//! the device.
 
 use cleave_kernels::fp8::BLOCK;
 use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, Route, GGW_FP8_BM};
@@ -19,7 +21,7 @@ const FOLDED_SHARED_MAX_ROWS: usize = 64;
 
 /// Where a MoE op's routing comes from.
 pub(super) enum Routing<'a> {
-    /// Computed already ([`Backend::moe_route`](crate::backend::Backend::moe_route)).
+    /// Computed already ([`Backend::moe_route`]).
     Done(&'a CudaRouting),
     /// The router, run by the MoE op itself: with the assignment sort in one kernel at batches
     /// of up to `Fusion::route_align` tokens.
