@@ -4,7 +4,7 @@
 use anyhow::Result;
 use cleave_engine::backend::cpu::CpuWeight;
 use cleave_engine::backend::cuda::{CudaTensor, CudaWeight, Variants, GEMV_MAX_ROWS};
-use cleave_engine::backend::{AddNorm, Backend};
+use cleave_engine::backend::Backend;
 
 use super::ops::{bf16_bytes, named, source, Ctx, RandomExperts};
 use super::{rel_err, Ceiling};
@@ -90,39 +90,6 @@ impl Ctx<'_> {
                 flops,
                 Ceiling::Mem,
             );
-        }
-        self.linear_joins()
-    }
-
-    /// `linear_add_rms_norm` (the attention output's projection joined to the residual; one GEMV
-    /// launch whose last block adds and normalizes, where the GEMV takes the rows) against the
-    /// CPU's separate ops: the next input and the residual both compared.
-    fn linear_joins(&mut self) -> Result<()> {
-        let shapes: &[(usize, usize, usize)] = if self.quick {
-            &[(1, 48, 72), (3, 64, 40)]
-        } else {
-            &[(1, 2048, 2048), (2, 2048, 2048), (4, 7168, 16384)]
-        };
-        for &(n, m, k) in shapes {
-            let (wb, _) = bf16_bytes(&self.rng.vec(m * k, (3.0 / k as f32).sqrt()));
-            let (wc, wg) =
-                (self.cpu.load_linear(&[source(&wb, &[m, k])])?, self.cu.load_linear(&[source(&wb, &[m, k])])?);
-            let (x, res) = (self.rng.vec(n * k, 1.0), self.rng.vec(n * m, 2.0));
-            let g: Vec<f32> = (0..m).map(|_| 0.5 + self.rng.unit()).collect();
-            let ((xc, xg), (gc, gg)) = (self.up(&x, n, k)?, self.up(&g, 1, m)?);
-            let ((mut rc, mut rg), eps) = (self.up(&res, n, m)?, 1e-6);
-            let want = self.cpu.linear_add_rms_norm(&xc, &wc, AddNorm { residual: &mut rc, w: &gc, eps })?;
-            let got = self.cu.download(&self.cu.linear_add_rms_norm(
-                &xg,
-                &wg,
-                AddNorm { residual: &mut rg, w: &gg, eps },
-            )?)?;
-            let err = rel_err(&got, &want.data).max(rel_err(&self.cu.download(&rg)?, &rc.data));
-            let us = self
-                .time(|| self.cu.linear_add_rms_norm(&xg, &wg, AddNorm { residual: &mut rg, w: &gg, eps }).map(drop))?;
-            let bytes = (m * k * 2 + n * k * 6 + n * m * 12) as f64;
-            let flops = 2.0 * (n * m * k) as f64;
-            self.push("linear + add, norm", format!("{n} x {k} -> {m}"), err, 1e-2, us, bytes, flops, Ceiling::Mem);
         }
         Ok(())
     }

@@ -212,17 +212,6 @@ pub trait Backend {
     ) -> Result<Self::Tensor>;
     /// `x @ W^T`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
-    /// `linear(x, w)` joined to the residual stream by `end` ([`Backend::add_rms_norm`]): the
-    /// next input. A backend may fuse the two.
-    fn linear_add_rms_norm(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        end: AddNorm<'_, Self::Tensor>,
-    ) -> Result<Self::Tensor> {
-        let y = self.linear(x, w)?;
-        self.add_rms_norm(end.residual, &y, end.w, end.eps)
-    }
     /// `(linear(x, a), linear(x, b))`: two projections of one input (MLA's q and kv_a), which a
     /// backend may compute in one pass.
     fn linear_pair(

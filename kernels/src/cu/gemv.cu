@@ -45,55 +45,14 @@ __device__ __forceinline__ void gemv_x(const float* x, const bf16_t* xb, int ldx
     }
 }
 
-// A layer output's join to the residual stream, run by the GEMV's last block when `ticket` is
-// non-null: res += y, then y's RMSNorm by `w` into `y` (and `yb`), rms_norm_f32's arithmetic.
-struct GemvEnd {
-    u32* ticket;
-    float* res;
-    const float* w;
-    float* y;
-    bf16_t* yb;
-    float eps;
-};
-
-// The block that finishes last (its ticket the grid's last) joins `rows` rows of `y` [rows, n]
-// to the residual (e.y), then resets the ticket for the next launch. Each block's outputs are
-// written and fenced before it takes its ticket.
-__device__ __forceinline__ void gemv_end(const GemvEnd& e, const float* y, int rows, int n) {
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(e.ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int r = 0; r < rows; r++) {
-        float* rr = e.res + (u64)r * n;
-        float ss = 0.f;
-        for (int c = threadIdx.x; c < n; c += blockDim.x) {
-            const float v = __ldcg(y + (u64)r * n + c) + rr[c];
-            rr[c] = v;
-            ss += v * v;
-        }
-        const float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + e.eps);
-        for (int c = threadIdx.x; c < n; c += blockDim.x) {
-            const float o = rr[c] * inv * e.w[c];
-            e.y[(u64)r * n + c] = o;
-            if (e.yb) e.yb[(u64)r * n + c] = f2bf(o);
-        }
-    }
-    if (threadIdx.x == 0) *e.ticket = 0;
-}
-
 // R: the rows this instance is compiled for (rows <= R). Needs k and ldx multiples of V and
 // 16-byte aligned x, xb and w (checked by the launcher).
 // Two weights over the same x may share the launch (MLA's q and kv_a projections): the blocks
-// past the first weight's (n) columns compute the second's (w2, y2, n2). With one weight, `end`
-// may join the output to the residual stream (gemv_end).
+// past the first weight's (n) columns compute the second's (w2, y2, n2).
 template <typename W, int R>
 __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* __restrict__ xb, int ldx,
                                      const W* __restrict__ w, float* __restrict__ y, int n, const W* __restrict__ w2,
-                                     float* __restrict__ y2, int n2, int rows, int k, float beta, GemvEnd end) {
+                                     float* __restrict__ y2, int n2, int rows, int k, float beta) {
     constexpr int V = 16 / sizeof(W);
     constexpr bool ROUND = sizeof(W) == 2;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5, first = (n + GEMV_COLS - 1) / GEMV_COLS;
@@ -159,18 +118,37 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
             *o = beta != 0.f ? s + beta * *o : s;
         }
     }
-    if (end.ticket) gemv_end(end, y, rows, n);
 }
 
-#define GEMV_ARGS(W)                                                                                      \
-    const float *x, const bf16_t *xb, int ldx, const W *w, float *y, int n, const W *w2, float *y2, int n2, int rows, \
-        int k, float beta, u32 *ticket, float *res, const float *nw, float *ny, bf16_t *nyb, float eps
-#define GEMV_PASS x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta, GemvEnd{ticket, res, nw, ny, nyb, eps}
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r1(GEMV_ARGS(bf16_t)) { gemv<bf16_t, 1>(GEMV_PASS); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r2(GEMV_ARGS(bf16_t)) { gemv<bf16_t, 2>(GEMV_PASS); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r4(GEMV_ARGS(bf16_t)) { gemv<bf16_t, 4>(GEMV_PASS); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r8(GEMV_ARGS(bf16_t)) { gemv<bf16_t, 8>(GEMV_PASS); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r1(GEMV_ARGS(float)) { gemv<float, 1>(GEMV_PASS); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r2(GEMV_ARGS(float)) { gemv<float, 2>(GEMV_PASS); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r4(GEMV_ARGS(float)) { gemv<float, 4>(GEMV_PASS); }
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r8(GEMV_ARGS(float)) { gemv<float, 8>(GEMV_PASS); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r1(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 1>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r2(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 2>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r4(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 4>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_r8(const float* x, const bf16_t* xb, int ldx, const bf16_t* w, float* y, int n, const bf16_t* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<bf16_t, 8>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r1(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 1>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r2(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 2>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r4(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 4>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r8(const float* x, const bf16_t* xb, int ldx, const float* w, float* y, int n, const float* w2, float* y2,
+                                                                int n2, int rows, int k, float beta) {
+    gemv<float, 8>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
+}

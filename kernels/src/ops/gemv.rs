@@ -55,20 +55,6 @@ impl GemvWeight {
     }
 }
 
-/// The residual join a one-weight GEMV may end with (gemv.cu `gemv_end`): its last block adds
-/// the output to `residual` (`[rows, n]`) and writes the sum's RMSNorm by `w` (`n` values) to `y`
-/// and, when non-zero, as bf16 to `yb`, as [`Gpu::rms_norm`] with a residual does. `ticket` is a
-/// device u32 that is 0 before the launch, and 0 again after it.
-#[derive(Debug, Clone, Copy)]
-pub struct GemvEnd {
-    pub ticket: u64,
-    pub residual: u64,
-    pub w: u64,
-    pub y: u64,
-    pub yb: u64,
-    pub eps: f32,
-}
-
 impl Gpu {
     /// Whether [`Gpu::gemv`] takes `rows` rows of `k` inputs (row stride `ldx`) over `w`.
     pub fn gemv_takes(w: GemvWeight, rows: usize, k: usize, ldx: usize) -> bool {
@@ -82,8 +68,7 @@ impl Gpu {
     ///
     /// # Safety
     /// `x` (and `xb` when non-zero) hold `rows` rows of `ldx >= k` values; each output's `w`
-    /// holds `n * k` weights and its `y` `rows * n` f32; `end`'s buffers are as [`GemvEnd`] says:
-    /// device addresses of this context.
+    /// holds `n * k` weights and its `y` `rows * n` f32: device addresses of this context.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemv(
         &self,
@@ -94,16 +79,12 @@ impl Gpu {
         k: usize,
         outs: &[GemvOut],
         beta: f32,
-        end: Option<GemvEnd>,
     ) -> Result<()> {
         let (first, second) = match outs {
             [a] => (*a, GemvOut { w: a.w, y: 0, n: 0 }),
             [a, b] if std::mem::discriminant(&a.w) == std::mem::discriminant(&b.w) => (*a, *b),
             _ => return Err(KernelError::Invalid("gemv: one or two outputs over weights of one type".into())),
         };
-        if end.is_some() && (outs.len() != 1 || beta != 0.0) {
-            return Err(KernelError::Invalid("gemv: a residual join takes one output and beta 0".into()));
-        }
         let w = first.w;
         if !Self::gemv_takes(w, rows, k, ldx) || ldx < k {
             return Err(KernelError::Invalid(format!(
@@ -130,12 +111,6 @@ impl Gpu {
             I32(rows as i32),
             I32(k as i32),
             F32(beta),
-            Ptr(end.map_or(0, |e| e.ticket)),
-            Ptr(end.map_or(0, |e| e.residual)),
-            Ptr(end.map_or(0, |e| e.w)),
-            Ptr(end.map_or(0, |e| e.y)),
-            Ptr(end.map_or(0, |e| e.yb)),
-            F32(end.map_or(0.0, |e| e.eps)),
         ];
         let blocks = first.n.div_ceil(GEMV_COLS) + second.n.div_ceil(GEMV_COLS);
         self.launch(name, (blocks as u32, 1, 1), 256, 0, &args)

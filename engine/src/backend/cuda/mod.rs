@@ -31,7 +31,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use cleave_kernels::ops::{GemvEnd, GemvOut, GemvWeight};
+use cleave_kernels::ops::{GemvOut, GemvWeight};
 pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
@@ -142,9 +142,6 @@ pub struct CudaBackend {
     ws: Rc<Workspace>,
     /// Graph mode, the fixed inputs and the workspace of captured steps (graph.rs).
     graphs: graph::GraphState,
-    /// The ticket counter of GEMVs that end with a residual join (`ops::GemvEnd`): 0 between
-    /// launches.
-    gemv_ticket: cleave_kernels::cudarc::driver::CudaSlice<u32>,
     gpu: Gpu,
     precision: Precision,
     variants: Cell<Variants>,
@@ -174,12 +171,9 @@ impl CudaBackend {
         let variants = Variants::from_env()?;
         let gpu = Gpu::new(ordinal).map_err(kerr)?;
         gpu.set_pdl(variants.pdl);
-        let gemv_ticket = gpu.alloc::<u32>(1).map_err(kerr)?;
-        gpu.memset(ptr(&gemv_ticket), 0, 4).map_err(kerr)?;
         Ok(CudaBackend {
             ws: Workspace::new(),
             graphs: graph::GraphState::new(),
-            gemv_ticket,
             gpu,
             precision,
             variants: Cell::new(variants),
@@ -422,27 +416,6 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn linear_add_rms_norm(&self, x: &CudaTensor, w: &CudaWeight, end: AddNorm<'_, CudaTensor>) -> Result<CudaTensor> {
-        let fits = x.cols == w.inp && (end.residual.rows, end.residual.cols) == (x.rows, w.out) && end.w.len() == w.out;
-        if self.variants().fusion.linear_end && fits && x.rows > 0 {
-            let y = self.tensor(x.rows, w.out)?;
-            let out = self.tensor_shadowed(x.rows, w.out)?;
-            let ge = GemvEnd {
-                ticket: ptr(&self.gemv_ticket),
-                residual: end.residual.ptr_mut(),
-                w: end.w.ptr(),
-                y: out.ptr(),
-                yb: out.bf16_ptr().unwrap_or(0),
-                eps: end.eps,
-            };
-            if self.gemv(x, &[(w, &y)], Some(ge))? {
-                return Ok(out);
-            }
-        }
-        let y = self.linear(x, w)?;
-        self.add_rms_norm(end.residual, &y, end.w, end.eps)
-    }
-
     fn linear(&self, x: &CudaTensor, w: &CudaWeight) -> Result<CudaTensor> {
         if x.cols != w.inp {
             return Err(EngineError::Backend(format!(
@@ -454,7 +427,7 @@ impl Backend for CudaBackend {
         if x.rows == 0 {
             return Ok(y);
         }
-        if self.gemv(x, &[(w, &y)], None)? {
+        if self.gemv(x, &[(w, &y)])? {
             return Ok(y);
         }
         match &w.data {
@@ -474,7 +447,7 @@ impl Backend for CudaBackend {
         // Outputs are allocated only where the GEMV may take the pair (not at batch sizes above it).
         if x.cols == a.inp && x.cols == b.inp && (1..=self.variants().gemv_rows).contains(&x.rows) {
             let (ya, yb) = (self.tensor(x.rows, a.out)?, self.tensor(x.rows, b.out)?);
-            if self.gemv(x, &[(a, &ya), (b, &yb)], None)? {
+            if self.gemv(x, &[(a, &ya), (b, &yb)])? {
                 return Ok((ya, yb));
             }
         }
@@ -654,10 +627,10 @@ fn check_slots(cache: &CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[
 }
 
 impl CudaBackend {
-    /// `y = linear(x, w)` for each `(w, y)` as one GEMV launch (a single one may end with `end`),
-    /// when the variants pick the GEMV for `x`'s rows and it takes them (one weight type,
-    /// uncompressed, aligned): false, with nothing launched, otherwise.
-    fn gemv(&self, x: &CudaTensor, outs: &[(&CudaWeight, &CudaTensor)], end: Option<GemvEnd>) -> Result<bool> {
+    /// `y = linear(x, w)` for each `(w, y)` as one GEMV launch, when the variants pick the GEMV
+    /// for `x`'s rows and it takes them (one weight type, uncompressed, aligned): false, with
+    /// nothing launched, otherwise.
+    fn gemv(&self, x: &CudaTensor, outs: &[(&CudaWeight, &CudaTensor)]) -> Result<bool> {
         let xb = x.bf16_ptr().unwrap_or(0);
         let mut parts = Vec::with_capacity(outs.len());
         for (w, y) in outs {
@@ -677,9 +650,8 @@ impl CudaBackend {
             return Ok(false);
         }
         // SAFETY: x holds rows x cols f32 (its shadow, when non-zero, the same in bf16), each
-        // weight out x cols values and each y rows x out f32; `end`'s buffers are as its maker
-        // (`linear_add_rms_norm`) checked: all allocations of this backend.
-        unsafe { self.gpu.gemv(x.ptr(), xb, x.cols, x.rows, x.cols, &parts, 0.0, end) }.map_err(kerr)?;
+        // weight out x cols values and each y rows x out f32: all allocations of this backend.
+        unsafe { self.gpu.gemv(x.ptr(), xb, x.cols, x.rows, x.cols, &parts, 0.0) }.map_err(kerr)?;
         Ok(true)
     }
 }

@@ -22,8 +22,7 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
 /// [`ROWS8_MAX_AVG`]), and the decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS`
-/// (default [`Fusion::DEFAULT`]), `CLEAVE_MOE_END=fused|separate`, `CLEAVE_LINEAR_END=fused|separate`
-/// (default fused).
+/// (default [`Fusion::DEFAULT`]), `CLEAVE_MOE_END=fused|separate` (default fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -80,17 +79,14 @@ pub struct Fusion {
     pub route_align: usize,
     /// The MoE combine, the residual add and the next RMSNorm in one kernel (`moe_combine_norm`).
     pub moe_end: bool,
-    /// The attention output's projection on the GEMV joined to the residual (add and RMSNorm)
-    /// by its last block (`ops::GemvEnd`).
-    pub linear_end: bool,
 }
 
 impl Fusion {
-    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false, linear_end: false };
+    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false };
     /// Run 81: a token per warp of `moe_route_align` (at 64 tokens, two per warp, the V2-Lite
     /// step was 2.5% slower than routing and sorting apart); the fused MoE end saved 3% at batch
     /// 1.
-    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true, linear_end: true };
+    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true };
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -177,15 +173,6 @@ pub const DEFAULT_FP8_WGMMA_STAGES: usize = 4;
 /// and 72.7 for mma.sync; run 55).
 pub const DEFAULT_WGMMA: WgmmaGemm = WgmmaGemm { bm: 128, bn: 256, stages: 4 };
 
-/// A setting `name` of `fused` (the default, also when empty) or `separate`.
-fn fused_or_separate(name: &str, v: &str) -> Result<bool> {
-    match v {
-        "" | "fused" => Ok(true),
-        "separate" => Ok(false),
-        v => Err(EngineError::Config(format!("{name}: `{v}` is not one of fused, separate"))),
-    }
-}
-
 /// A count setting `name`: empty (`default`), `off` (0), or a number from 1 to `max`.
 pub fn parse_count(name: &str, v: &str, default: usize, max: usize) -> Result<usize> {
     match v {
@@ -245,11 +232,18 @@ impl Variants {
                 Fusion::DEFAULT.route_align,
                 ROUTE_ALIGN_MAX_TOKENS,
             )?,
-            moe_end: fused_or_separate("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"))?,
-            linear_end: fused_or_separate("CLEAVE_LINEAR_END", &var("CLEAVE_LINEAR_END"))?,
+            moe_end: match var("CLEAVE_MOE_END").as_str() {
+                "" | "fused" => true,
+                "separate" => false,
+                v => return Err(EngineError::Config(format!("CLEAVE_MOE_END: `{v}` is not one of fused, separate"))),
+            },
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
-        v.fused_prologue = fused_or_separate("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"))?;
+        v.fused_prologue = match var("CLEAVE_MLA_PROLOGUE").as_str() {
+            "" | "fused" => true,
+            "separate" => false,
+            v => return Err(EngineError::Config(format!("CLEAVE_MLA_PROLOGUE: `{v}` is not one of fused, separate"))),
+        };
         v.pdl = match var("CLEAVE_PDL").as_str() {
             "" => DEFAULT_PDL,
             "off" => Pdl::Off,
