@@ -165,17 +165,17 @@ impl Ctx<'_> {
         let router = Router { logits: &lc, bias: &bc, params };
         let want = cpu.moe(&xc, router, ec, Some(AddNorm { residual: &mut rc, w: &wc, eps: 1e-6 }))?;
         let def = self.cu.variants();
-        let fused = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, moe_end: true };
-        self.cu.set_variants(Variants { fusion: fused, ..def });
+        let limits = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, moe_end: true };
+        self.cu.set_variants(Variants { fusion: limits, ..def });
         let r = self.moe_layer_cuda(eg, s, n, [&x, &logits, &res, &bias, &w], params);
         self.cu.set_variants(def);
         let (got, res_got, us) = r?;
         let err = rel_err(&got[..check * h], &want.data).max(rel_err(&res_got[..check * h], &rc.data));
-        let fused = if n <= ROUTE_ALIGN_MAX_TOKENS { "route+sort fused" } else { "route, sort" };
+        let path = if n <= ROUTE_ALIGN_MAX_TOKENS { "route+sort fused" } else { "route, sort" };
         let checked = if check < n { format!(", {check} rows checked") } else { String::new() };
         self.push(
             "moe layer (+ add, norm)",
-            format!("{n} tokens, {}x(3 x {h}x{}), top {} + {} shared, {fused}{checked}", s.e, s.i, s.top, s.shared),
+            format!("{n} tokens, {}x(3 x {h}x{}), top {} + {} shared, {path}{checked}", s.e, s.i, s.top, s.shared),
             err,
             1e-2,
             us,

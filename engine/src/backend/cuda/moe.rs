@@ -282,7 +282,7 @@ pub(super) fn experts(
 
 /// Each token's expert rows of `y` (sorted positions `inv`) weighted and summed, plus the shared
 /// experts as dense GEMMs when `dense_shared`; with `end`, joined to the residual
-/// ([`joined`]), in one kernel when nothing comes between (and rows are whole float4s).
+/// ([`joined`]), in one kernel when nothing comes between.
 #[allow(clippy::too_many_arguments)]
 fn combine(
     be: &CudaBackend,
@@ -296,15 +296,15 @@ fn combine(
 ) -> Result<CudaTensor> {
     let (n, h, k, gpu) = (x.rows, x.cols, r.top_k, be.gpu());
     match end {
-        Some(e) if be.variants().fusion.moe_end && !dense_shared && h.is_multiple_of(4) => {
-            if (e.residual.rows, e.residual.cols) != (n, h) || e.w.len() != h {
-                return Err(EngineError::Backend(format!(
-                    "moe: residual {}x{} and norm of {} for {n}x{h} experts' output",
-                    e.residual.rows,
-                    e.residual.cols,
-                    e.w.len()
-                )));
-            }
+        // The fused kernel normalizes whole rows of whole float4s; anything else (or a bad shape,
+        // which add_rms_norm then reports) takes the two kernels.
+        Some(e)
+            if be.variants().fusion.moe_end
+                && !dense_shared
+                && h.is_multiple_of(4)
+                && e.w.len() == h
+                && (e.residual.rows, e.residual.cols) == (n, h) =>
+        {
             let out = be.tensor_shadowed(n, h)?;
             let (res, yb) = (e.residual.ptr_mut(), out.bf16_ptr().unwrap_or(0));
             gpu.moe_combine_norm(y, inv, ptr(&r.weights), k, res, e.w.ptr(), out.ptr(), yb, n, h, e.eps)

@@ -271,10 +271,6 @@ impl CudaBackend {
         self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()))
     }
 
-    /// A decode-sized GEMM over `w` (`g.x` is set here from `x`): the persistent kernel when the
-    /// variants give a shape for the weight's format and grouping (FP8 on FP8 tensor cores, the
-    /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
-    /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full.
     /// The persistent shape a decode GEMM of `rows` over `w` runs (`None`: the tiled kernel): the
     /// variants' choice, for FP8 only where its activations go to FP8 tensor cores in whole
     /// 128-channel blocks.
@@ -286,6 +282,10 @@ impl CudaBackend {
         })
     }
 
+    /// A decode-sized GEMM over `w` (`g.x` is set here from `x`): the persistent kernel when the
+    /// variants give a shape for the weight's format and grouping (FP8 on FP8 tensor cores, the
+    /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
+    /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full.
     pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm) -> Result<()> {
         let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);

@@ -84,7 +84,7 @@ pub struct Fusion {
 impl Fusion {
     pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false };
     /// Run 81: a token per warp of `moe_route_align` (at 64 tokens, two per warp, the V2-Lite
-    /// step was 2.5% slower than routing and sorting apart); the fused MoE end saved 3% at batch
+    /// step was 2.4% slower than routing and sorting apart); the fused MoE end saved 3% at batch
     /// 1.
     pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true };
 }
@@ -173,6 +173,15 @@ pub const DEFAULT_FP8_WGMMA_STAGES: usize = 4;
 /// and 72.7 for mma.sync; run 55).
 pub const DEFAULT_WGMMA: WgmmaGemm = WgmmaGemm { bm: 128, bn: 256, stages: 4 };
 
+/// A setting `name` of `fused` (the default, also when empty) or `separate`.
+fn fused_or_separate(name: &str, v: &str) -> Result<bool> {
+    match v {
+        "" | "fused" => Ok(true),
+        "separate" => Ok(false),
+        v => Err(EngineError::Config(format!("{name}: `{v}` is not one of fused, separate"))),
+    }
+}
+
 /// A count setting `name`: empty (`default`), `off` (0), or a number from 1 to `max`.
 pub fn parse_count(name: &str, v: &str, default: usize, max: usize) -> Result<usize> {
     match v {
@@ -232,18 +241,10 @@ impl Variants {
                 Fusion::DEFAULT.route_align,
                 ROUTE_ALIGN_MAX_TOKENS,
             )?,
-            moe_end: match var("CLEAVE_MOE_END").as_str() {
-                "" | "fused" => true,
-                "separate" => false,
-                v => return Err(EngineError::Config(format!("CLEAVE_MOE_END: `{v}` is not one of fused, separate"))),
-            },
+            moe_end: fused_or_separate("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"))?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
-        v.fused_prologue = match var("CLEAVE_MLA_PROLOGUE").as_str() {
-            "" | "fused" => true,
-            "separate" => false,
-            v => return Err(EngineError::Config(format!("CLEAVE_MLA_PROLOGUE: `{v}` is not one of fused, separate"))),
-        };
+        v.fused_prologue = fused_or_separate("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"))?;
         v.pdl = match var("CLEAVE_PDL").as_str() {
             "" => DEFAULT_PDL,
             "off" => Pdl::Off,
@@ -423,6 +424,9 @@ mod tests {
         assert_eq!(Variants::parse_rows8("16").unwrap(), 16);
         assert!(Variants::parse_rows8("-1").unwrap_err().to_string().contains("CLEAVE_QGEMM_ROWS8"));
         assert_eq!(gemv("4").unwrap(), 4);
+        assert!(fused_or_separate("CLEAVE_MOE_END", "").unwrap());
+        assert!(!fused_or_separate("CLEAVE_MOE_END", "separate").unwrap());
+        assert!(fused_or_separate("CLEAVE_MOE_END", "on").unwrap_err().to_string().contains("CLEAVE_MOE_END"));
         for bad in ["0", "9", "fast"] {
             assert!(gemv(bad).unwrap_err().to_string().contains("CLEAVE_DENSE_GEMV"));
         }
