@@ -182,9 +182,15 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
 }
 
 // Merges the splits of each (row, head): o_lat = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s, as bf16.
-extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L, int splits) {
+// Only the splits that hold keys are read: split_keys deals a row's `row_len` keys to the first
+// ceil(len / per) splits in whole tiles of `tile` (at a short context under a captured step's
+// split count, half of them or more are empty).
+extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L, int splits,
+                                       const int* row_len, int tile) {
     pdl_enter();
     const int row = blockIdx.x, h = blockIdx.y;
+    const int len = row_len[row], per = ((len + tile - 1) / tile + splits - 1) / splits * tile;
+    const int used = per > 0 ? min(splits, (len + per - 1) / per) : 0;
     __shared__ float wts[64];
     __shared__ float inv_denom;
     if (threadIdx.x < 32) {  // one warp: lane s and s + 32 hold split s's (max, sum)
@@ -194,15 +200,15 @@ extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml
         for (int k = 0; k < 2; k++) {
             const int sp = lane + 32 * k;
             const u64 b = (((u64)row * splits + sp) * heads + h) * 2;
-            m[k] = sp < splits ? part_ml[b] : NEG_INF;
-            l[k] = sp < splits ? part_ml[b + 1] : 0.f;
+            m[k] = sp < used ? part_ml[b] : NEG_INF;
+            l[k] = sp < used ? part_ml[b + 1] : 0.f;
         }
         const float M = warp_max(fmaxf(m[0], m[1]));
         float denom = 0.f;
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             const float w = (m[k] == NEG_INF) ? 0.f : expf(m[k] - M);
-            if (lane + 32 * k < splits) wts[lane + 32 * k] = w;
+            if (lane + 32 * k < used) wts[lane + 32 * k] = w;
             denom += w * l[k];
         }
         denom = warp_sum(denom);
@@ -214,7 +220,7 @@ extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml
     for (int c = threadIdx.x; c < L; c += blockDim.x) {
         float o = 0.f;
 #pragma unroll 8
-        for (int s = 0; s < splits; s++) {
+        for (int s = 0; s < used; s++) {
             const float w = wts[s];
             const float x = base[s * sstride + c];
             o += w != 0.f ? w * x : 0.f;

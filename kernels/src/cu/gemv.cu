@@ -152,3 +152,148 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r8(const flo
                                                                 int n2, int rows, int k, float beta) {
     gemv<float, 8>(x, xb, ldx, w, y, n, w2, y2, n2, rows, k, beta);
 }
+
+// MLA's absorbed products at a few rows, per head h (kv_b: [heads (nope + v), L] bf16; head h's
+// rows from h (nope + v) are its W_UK, nope of them, then its W_UV, v of them):
+// - mla_uk: q_lat[r, h, :] = q[r, h qk .. h qk + nope] W_UK[h]       (f32 [rows, heads, L])
+// - mla_uv: out[r, h v + j] = o_lat[r, h, :] . W_UV[h][j, :]         (f32 [rows, heads v])
+// The products of cuBLAS's batched GEMMs over the same bf16 operands, summed in another order. At
+// decode sizes each reads a few MB, and cuBLAS's kernels, which take no programmatic dependent
+// launch, cost more in latency than in bytes. Weights are read before pdl_enter (never written
+// during a step).
+#define UK_COLS 64     // latent columns per mla_uk block: 8 threads of 8 columns
+#define UK_THREADS 128 // 16 groups of 8 threads, each over every 16th row of W_UK
+#define UK_LOADS 8     // rows per thread and pass: 128 rows (V3's nope) in one pass
+#define UV_OUTS 16     // value columns per mla_uv block: 4 per warp
+#define UV_THREADS 128
+
+template <int R>
+__device__ __forceinline__ void mla_uk(const bf16_t* __restrict__ q, int qk, const bf16_t* __restrict__ kv_b,
+                                       int nope, int hv, int L, float* __restrict__ q_lat, int heads, int rows) {
+    constexpr int RG = UK_THREADS / 8;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, seg = t & 7, rg = t >> 3, h = blockIdx.y;
+    const int c0 = blockIdx.x * UK_COLS + seg * 8;
+    const bf16_t* w = kv_b + (u64)h * hv * L + c0;
+    float acc[R][8];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[r][j] = 0.f;
+    bool waited = false;
+    for (int i0 = 0; i0 < nope; i0 += RG * UK_LOADS) {
+        uint4 wr[UK_LOADS];
+#pragma unroll
+        for (int k = 0; k < UK_LOADS; k++) {
+            const int i = i0 + rg + RG * k;
+            wr[k] = i < nope ? __ldg(reinterpret_cast<const uint4*>(w + (u64)i * L)) : make_uint4(0, 0, 0, 0);
+        }
+        if (!waited) {
+            pdl_enter();
+            waited = true;
+        }
+#pragma unroll
+        for (int k = 0; k < UK_LOADS; k++) {
+            const int i = i0 + rg + RG * k;
+            if (i >= nope) break;
+            float wf[8];
+            gemv_unpack(wr[k], wf, q);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < rows) {
+                    const float x = bf2f(q[((u64)r * heads + h) * qk + i]);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[r][j] = fmaf(x, wf[j], acc[r][j]);
+                }
+            }
+        }
+    }
+    if (!waited) pdl_enter();
+    // Lanes 8 apart hold the same columns: sum a warp's four row groups, then the four warps.
+    __shared__ float part[UK_THREADS / 32][R][UK_COLS];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float s = acc[r][j];
+            s += __shfl_xor_sync(0xffffffffu, s, 8);
+            s += __shfl_xor_sync(0xffffffffu, s, 16);
+            if (lane < 8) part[warp][r][seg * 8 + j] = s;
+        }
+    __syncthreads();
+    for (int o = t; o < R * UK_COLS; o += UK_THREADS) {
+        const int r = o / UK_COLS, c = o % UK_COLS;
+        if (r < rows) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < UK_THREADS / 32; i++) s += part[i][r][c];
+            q_lat[((u64)r * heads + h) * L + blockIdx.x * UK_COLS + c] = s;
+        }
+    }
+}
+
+// L <= 512: a lane's 8 columns at lane * 8 and 256 on.
+template <int R>
+__device__ __forceinline__ void mla_uv(const bf16_t* __restrict__ o_lat, const bf16_t* __restrict__ kv_b, int nope,
+                                       int hv, int v, int L, float* __restrict__ out, int heads, int rows) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, h = blockIdx.y;
+    const int j0 = blockIdx.x * UV_OUTS + warp * 4;
+    const bf16_t* w = kv_b + ((u64)h * hv + nope) * L;
+    uint4 wr[4][2];
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int j = j0 + jj, c = lane * 8 + 256 * u;
+            wr[jj][u] = j < v && c < L ? __ldg(reinterpret_cast<const uint4*>(w + (u64)j * L + c)) : make_uint4(0, 0, 0, 0);
+        }
+    pdl_enter();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r >= rows) break;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int c = lane * 8 + 256 * u;
+            if (c >= L) break;
+            float x[8];
+            gemv_unpack(*reinterpret_cast<const uint4*>(o_lat + ((u64)r * heads + h) * L + c), x, o_lat);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                float wf[8];
+                gemv_unpack(wr[jj][u], wf, o_lat);
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[jj] = fmaf(x[i], wf[i], acc[jj]);
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            const float s = warp_sum(acc[jj]);
+            if (lane == 0 && j0 + jj < v) out[(u64)r * heads * v + (u64)h * v + j0 + jj] = s;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(UK_THREADS) mla_uk_r1(const bf16_t* q, int qk, const bf16_t* kv_b, int nope, int hv, int L, float* q_lat, int heads, int rows) {
+    mla_uk<1>(q, qk, kv_b, nope, hv, L, q_lat, heads, rows);
+}
+extern "C" __global__ void __launch_bounds__(UK_THREADS) mla_uk_r2(const bf16_t* q, int qk, const bf16_t* kv_b, int nope, int hv, int L, float* q_lat, int heads, int rows) {
+    mla_uk<2>(q, qk, kv_b, nope, hv, L, q_lat, heads, rows);
+}
+extern "C" __global__ void __launch_bounds__(UK_THREADS) mla_uk_r4(const bf16_t* q, int qk, const bf16_t* kv_b, int nope, int hv, int L, float* q_lat, int heads, int rows) {
+    mla_uk<4>(q, qk, kv_b, nope, hv, L, q_lat, heads, rows);
+}
+extern "C" __global__ void __launch_bounds__(UK_THREADS) mla_uk_r8(const bf16_t* q, int qk, const bf16_t* kv_b, int nope, int hv, int L, float* q_lat, int heads, int rows) {
+    mla_uk<8>(q, qk, kv_b, nope, hv, L, q_lat, heads, rows);
+}
+extern "C" __global__ void __launch_bounds__(UV_THREADS) mla_uv_r1(const bf16_t* o_lat, const bf16_t* kv_b, int nope, int hv, int v, int L, float* out, int heads, int rows) {
+    mla_uv<1>(o_lat, kv_b, nope, hv, v, L, out, heads, rows);
+}
+extern "C" __global__ void __launch_bounds__(UV_THREADS) mla_uv_r2(const bf16_t* o_lat, const bf16_t* kv_b, int nope, int hv, int v, int L, float* out, int heads, int rows) {
+    mla_uv<2>(o_lat, kv_b, nope, hv, v, L, out, heads, rows);
+}
+extern "C" __global__ void __launch_bounds__(UV_THREADS) mla_uv_r4(const bf16_t* o_lat, const bf16_t* kv_b, int nope, int hv, int v, int L, float* out, int heads, int rows) {
+    mla_uv<4>(o_lat, kv_b, nope, hv, v, L, out, heads, rows);
+}
+extern "C" __global__ void __launch_bounds__(UV_THREADS) mla_uv_r8(const bf16_t* o_lat, const bf16_t* kv_b, int nope, int hv, int v, int L, float* out, int heads, int rows) {
+    mla_uv<8>(o_lat, kv_b, nope, hv, v, L, out, heads, rows);
+}

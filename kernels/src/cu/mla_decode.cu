@@ -55,6 +55,7 @@ __device__ __forceinline__ void mla_decode3_t(
     const int* tab = tables + row_tab[row];
     const u64 blk_stride = (u64)layers * V3_BS * V3_W;
     const int ntiles = t_end > t_begin ? (t_end - t_begin + V3_TT - 1) / V3_TT : 0;
+    if (ntiles == 0 && !o_lat) return;  // an empty split: mla_combine reads only those with keys
 
     auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V3_TT) / V3_BS) : 0; };
     auto load_tile = [&](int buf, int tile, int pg) {

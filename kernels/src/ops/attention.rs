@@ -2,7 +2,7 @@
 //! widths, they are compiled in), split combine, the expanded prefill (latent gather, flash
 //! attention), and the f32 reference attention.
 
-use super::{MlaKernel, MlaLaunch, MLA_MAX_LATENT};
+use super::{MlaKernel, MlaLaunch, MLA_MAX_LATENT, MLA_TILE};
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
@@ -96,12 +96,16 @@ impl Gpu {
         self.launch(k.name, (p.rows as u32, splits as u32, hg as u32), k.threads, k.smem as u32, &args)
     }
 
+    /// Merges [`Gpu::mla_decode`]'s partials into the bf16 `[rows, heads, kv_lora]` output,
+    /// reading only the splits that hold keys (by each row's length at `row_len`, the decode
+    /// launch's).
     #[allow(clippy::too_many_arguments)]
     pub fn mla_combine(
         &self,
         part_o: u64,
         part_ml: u64,
         o_lat: u64,
+        row_len: u64,
         rows: usize,
         heads: usize,
         kv_lora: usize,
@@ -110,14 +114,19 @@ impl Gpu {
         if splits > 64 {
             return Err(KernelError::Invalid(format!("mla_combine: {splits} splits (at most 64)")));
         }
+        let args = [
+            Ptr(part_o),
+            Ptr(part_ml),
+            Ptr(o_lat),
+            I32(heads as i32),
+            I32(kv_lora as i32),
+            I32(splits as i32),
+            Ptr(row_len),
+            I32(MLA_TILE as i32),
+        ];
         // A thread per latent column (kv_lora <= 512): the splits' loads are all that is serial.
-        self.launch(
-            "mla_combine",
-            (rows as u32, heads as u32, 1),
-            (kv_lora.div_ceil(32) * 32).clamp(32, MLA_MAX_LATENT) as u32,
-            0,
-            &[Ptr(part_o), Ptr(part_ml), Ptr(o_lat), I32(heads as i32), I32(kv_lora as i32), I32(splits as i32)],
-        )
+        let threads = (kv_lora.div_ceil(32) * 32).clamp(32, MLA_MAX_LATENT) as u32;
+        self.launch("mla_combine", (rows as u32, heads as u32, 1), threads, 0, &args)
     }
 
     /// Expanded prefill: a sequence's latent rows `[ctx, width]` gathered from the paged cache.
