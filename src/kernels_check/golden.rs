@@ -234,12 +234,14 @@ impl Backend for CudaRef<'_> {
         load_linear(parts: &[cleave_engine::weights::LinearSource<'_>]) -> cleave_engine::Result<Self::Weight>;
         load_experts(experts: &[cleave_engine::backend::ExpertSource<'_>], first: usize, shared: usize) -> cleave_engine::Result<Self::Experts>;
         folds_shared_experts() -> bool;
+        stacks_projections(a: &cleave_engine::weights::LinearSource<'_>, b: &cleave_engine::weights::LinearSource<'_>) -> bool;
         alloc_kv_cache(layout: cleave_engine::backend::KvLayout) -> cleave_engine::Result<Self::KvCache>;
         embedding(table: &Self::Tensor, ids: &[u32]) -> cleave_engine::Result<Self::Tensor>;
         rms_norm(x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> cleave_engine::Result<Self::Tensor>;
         add_rms_norm(residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> cleave_engine::Result<Self::Tensor>;
         linear(x: &Self::Tensor, w: &Self::Weight) -> cleave_engine::Result<Self::Tensor>;
         linear_pair(x: &Self::Tensor, a: &Self::Weight, b: &Self::Weight) -> cleave_engine::Result<(Self::Tensor, Self::Tensor)>;
+        linear_split(x: &Self::Tensor, w: &Self::Weight, first: usize) -> cleave_engine::Result<(Self::Tensor, Self::Tensor)>;
         silu_mul(x: &Self::Tensor) -> cleave_engine::Result<Self::Tensor>;
         add_assign(a: &mut Self::Tensor, b: &Self::Tensor) -> cleave_engine::Result<()>;
         gather_rows(x: &Self::Tensor, rows: &[u32]) -> cleave_engine::Result<Self::Tensor>;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuTensor};
-use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Variants, GEMV_MAX_ROWS};
+use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -392,9 +392,6 @@ impl Ctx<'_> {
         }
         alts.push((" v2".into(), Variants { mla: MlaDecode::V2, ..def }));
         alts.push((" v1".into(), Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));
-        let absorb = if def.absorb_rows > 0 { 0 } else { GEMV_MAX_ROWS };
-        let tag = if absorb > 0 { format!(" absorb{absorb}") } else { " absorb cublas".into() };
-        alts.push((tag, Variants { absorb_rows: absorb, ..def }));
         self.each_variant(&format!(" {}", def.mla), &alts, Self::attention_all)?;
         self.mla_prologue()
     }
@@ -440,7 +437,7 @@ impl Ctx<'_> {
         self.attention_case("decode, one split", lite, &[(1, 100); 300], 32, false)?;
         let v3 = MlaDims { heads: 128, ..lite };
         self.attention_case("V3 heads", v3, &[(1, 1), (1, 65), (5, 300), (1, 2000), (1, 33)], 64, false)?;
-        // At most 8 rows: the absorbed products on the few-row kernels (mla_uk, mla_uv).
+        // Few rows (batch 1 to 8 decode steps).
         self.attention_case("few rows", lite, &[(1, 1), (1, 70), (1, 2000)], 8, false)?;
         self.attention_case("few rows V3 heads", v3, &[(1, 33), (2, 300), (1, 4000)], 8, false)?;
         if self.quick {

@@ -8,7 +8,7 @@
 
 use anyhow::{ensure, Result};
 use cleave_engine::backend::cpu::CpuWeight;
-use cleave_engine::backend::cuda::{QuantGemm, Variants};
+use cleave_engine::backend::cuda::{Fp8Out, QuantGemm, Variants, QGEMM_MAX_ROWS};
 use cleave_engine::backend::Backend;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::Fp8Order;
@@ -28,7 +28,8 @@ impl Ctx<'_> {
         let def = self.cu.variants();
         let persistent = Variants { qgemm: QuantGemm::Persistent(None), fp8_tensor_cores: true, ..def };
         self.cu.set_variants(persistent);
-        let r = self.qdecode_linears(def).and_then(|()| self.qdecode_experts(def));
+        let r =
+            self.qdecode_linears(def).and_then(|()| self.qdecode_stacked()).and_then(|()| self.qdecode_experts(def));
         self.cu.set_variants(def);
         r
     }
@@ -105,6 +106,45 @@ impl Ctx<'_> {
                 let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
                 self.push(&format!("linear {fmt} tiled"), shape, 0.0, 1.0, us, bytes, 0.0, Ceiling::Mem);
                 self.cu.set_variants(persistent);
+            }
+        }
+        Ok(())
+    }
+
+    /// MLA's two input projections stacked into one compressed weight and cut after the product
+    /// (`linear_split`): in the split-K reduction at decode sizes (or a copy of one split), after
+    /// the linear past [`QGEMM_MAX_ROWS`] rows; each part against the CPU's separate linear.
+    fn qdecode_stacked(&mut self) -> Result<()> {
+        // (rows, [q out, kv_a out], in): V3's q_a + kv_a, V2-Lite's q + kv_a.
+        let shapes: &[(usize, [usize; 2], usize)] = if self.quick {
+            &[(1, [256, 64], 256), (3, [128, 72], 384), (QGEMM_MAX_ROWS + 2, [128, 72], 384)]
+        } else {
+            &[(1, [1536, 576], 7168), (4, [3072, 576], 2048), (64, [1536, 576], 7168), (200, [1536, 576], 7168)]
+        };
+        for (fmt, make) in super::quant::FORMATS {
+            for &(rows, [na, nb], k) in shapes {
+                let (wa, wb) = (make(&mut self.rng, na, k), make(&mut self.rng, nb, k));
+                ensure!(self.cu.stacks_projections(&wa.source(), &wb.source()), "{fmt}: the backend keeps these apart");
+                let stacked = self.cu.load_linear(&[wa.source(), wb.source()])?;
+                let (ca, cb) = (self.cpu.load_linear(&[wa.source()])?, self.cpu.load_linear(&[wb.source()])?);
+                let fp8 = fmt.starts_with("fp8");
+                let x = self.rng.vec(rows * k, 1.0);
+                let xg = self.cu.upload(&x, rows, k)?;
+                let (ga, gb) = self.cu.linear_split(&xg, &stacked, na)?;
+                // FP8 activations are quantized at decode sizes, and past them on FP8 tensor cores
+                // (the block-scaled GEMM, where the stacked weight has block scales).
+                let tc = stacked.fp8_block_scales().is_some()
+                    && matches!(self.cu.fp8_prefill_output(), Fp8Out::F32 | Fp8Out::Bf16);
+                let quantized = fp8 && (rows <= QGEMM_MAX_ROWS || tc);
+                let xr = if quantized { fp8::act_quant(&x, rows, k).dequantized(rows, k) } else { x };
+                let xc = self.cpu.upload(&xr, rows, k)?;
+                let err = rel_err(&self.cu.download(&ga)?, &self.cpu.linear(&xc, &ca)?.data)
+                    .max(rel_err(&self.cu.download(&gb)?, &self.cpu.linear(&xc, &cb)?.data));
+                let us = self.time(|| self.cu.linear_split(&xg, &stacked, na).map(drop))?;
+                let bytes =
+                    ((na + nb) * k) as f64 * wa.bytes_per_value() + (rows * k * 2 + rows * (na + nb) * 4) as f64;
+                let shape = format!("{rows} x {k} -> {na} + {nb}");
+                self.push(&format!("linear_split {fmt}"), shape, err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
             }
         }
         Ok(())

@@ -247,7 +247,7 @@ impl Ctx<'_> {
             let y = if splits > 1 { part } else { ptr(&out) };
             g.qgemm(&w, &QGemm { x: x.bf16(), y, splits, ..c.g }).map_err(kerr)?;
             if splits > 1 {
-                g.qgemm_reduce(part, ptr(&out), splits, rows * n).map_err(kerr)?;
+                g.qgemm_reduce(part, ptr(&out), splits, rows, n, None).map_err(kerr)?;
             }
             Ok(())
         };
@@ -282,7 +282,7 @@ impl Ctx<'_> {
                 };
                 g.qgemm_persistent(&w, &QGemm { x: xp, x_scales: xs, y, splits, ..base }, cfg).map_err(kerr)?;
                 if splits > 1 {
-                    g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows * n).map_err(kerr)?;
+                    g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows, n, None).map_err(kerr)?;
                 }
                 Ok(())
             };

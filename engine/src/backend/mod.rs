@@ -196,6 +196,15 @@ pub trait Backend {
     fn folds_shared_experts(&self) -> bool {
         false
     }
+    /// Whether two projections of one input, stored as `a` and `b` (MLA's q or q_a and kv_a),
+    /// run faster stacked into one weight ([`Backend::linear_split`]) than apart
+    /// ([`Backend::linear_pair`]). Stacking never changes a result: each output column is the same
+    /// product either way.
+    fn stacks_projections(&self, a: &LinearSource<'_>, b: &LinearSource<'_>) -> bool {
+        let _ = (a, b);
+        false
+    }
+
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache>;
 
     /// Rows of `table` picked by token id.
@@ -222,6 +231,10 @@ pub trait Backend {
     ) -> Result<(Self::Tensor, Self::Tensor)> {
         Ok((self.linear(x, a)?, self.linear(x, b)?))
     }
+
+    /// `(y[:, ..first], y[:, first..])` of `y = linear(x, w)`: the projections of a weight loaded
+    /// stacked from two sources ([`Backend::stacks_projections`]).
+    fn linear_split(&self, x: &Self::Tensor, w: &Self::Weight, first: usize) -> Result<(Self::Tensor, Self::Tensor)>;
 
     /// `[n, 2i] -> [n, i]`: `silu(x[:, :i]) * x[:, i:]`.
     fn silu_mul(&self, x: &Self::Tensor) -> Result<Self::Tensor>;

@@ -11,14 +11,25 @@ use crate::error::{EngineError, Result};
 use crate::parallel::{Axis, Collectives, RankCoord};
 use crate::weights::Checkpoint;
 
-pub(super) enum QProj<B: Backend> {
-    Lora { a: B::Weight, norm: B::Tensor, b: B::Weight },
-    Plain(B::Weight),
+/// The two projections of an attention layer's input: q's (`q_a_proj` under q LoRA, else
+/// `q_proj`) and `kv_a_proj_with_mqa`'s, apart or stacked into one weight
+/// ([`Backend::stacks_projections`]).
+pub(super) enum InputProj<B: Backend> {
+    Apart {
+        q: B::Weight,
+        kv_a: B::Weight,
+    },
+    /// `[q; kv_a]` along the output: q's are the first `q_out` columns.
+    Stacked {
+        w: B::Weight,
+        q_out: usize,
+    },
 }
 
 pub(super) struct Attention<B: Backend> {
-    pub q: QProj<B>,
-    pub kv_a: B::Weight,
+    pub input: InputProj<B>,
+    /// q LoRA's `q_a_layernorm` and `q_b_proj`; none where q is projected at once (`q_proj`).
+    pub q_lora: Option<(B::Tensor, B::Weight)>,
     pub kv_a_norm: B::Tensor,
     pub kv_b: B::Weight,
     pub o: B::Weight,
@@ -226,12 +237,13 @@ impl<B: Backend> Model<B> {
     ) -> Result<B::Tensor> {
         let (c, input) = (&self.cfg, step.input);
         let d = self.dims;
-        let (mut q, kv) = match &a.q {
-            QProj::Lora { a: qa, norm, b } => {
-                let (q_lat, kv) = be.linear_pair(x, qa, &a.kv_a)?;
-                (be.linear(&be.rms_norm(&q_lat, norm, c.rms_norm_eps)?, b)?, kv)
-            }
-            QProj::Plain(w) => be.linear_pair(x, w, &a.kv_a)?,
+        let (q_in, kv) = match &a.input {
+            InputProj::Apart { q, kv_a } => be.linear_pair(x, q, kv_a)?,
+            InputProj::Stacked { w, q_out } => be.linear_split(x, w, *q_out)?,
+        };
+        let mut q = match &a.q_lora {
+            Some((norm, b)) => be.linear(&be.rms_norm(&q_in, norm, c.rms_norm_eps)?, b)?,
+            None => q_in,
         };
         let rot = Rotary { cos_sin: &self.cos_sin, positions: &input.positions, interleaved: c.rope_interleave };
         be.mla_prologue(&mut q, &kv, &a.kv_a_norm, c.rms_norm_eps, rot, cache, layer, &input.slots, d)?;

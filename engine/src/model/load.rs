@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::config::ModelConfig;
-use super::deepseek::{Attention, Dense, Layer, Mlp, QProj, SharedExperts};
+use super::deepseek::{Attention, Dense, InputProj, Layer, Mlp, SharedExperts};
 use crate::backend::{Backend, ExpertSource};
 use crate::error::Result;
 use crate::parallel::{ExpertShard, RankCoord};
@@ -79,18 +79,25 @@ impl<'a, B: Backend> Loader<'a, B> {
         let (h, heads, qk) = (c.hidden_size, c.num_attention_heads, c.qk_head_dim());
         let mine = self.coord.heads(heads);
         let per = |w: usize| mine.start * w..mine.end * w;
-        let q = match c.q_lora_rank {
-            Some(r) => QProj::Lora {
-                a: self.linear(&format!("{p}.q_a_proj"), r, h)?,
-                norm: self.vector(&format!("{p}.q_a_layernorm.weight"), r)?,
-                b: self.load(&[self.part(&format!("{p}.q_b_proj"), heads * qk, r, per(qk), 0..r)?])?,
-            },
-            None => QProj::Plain(self.load(&[self.part(&format!("{p}.q_proj"), heads * qk, h, per(qk), 0..h)?])?),
+        let (q, q_lora) = match c.q_lora_rank {
+            Some(r) => {
+                let norm = self.vector(&format!("{p}.q_a_layernorm.weight"), r)?;
+                let b = self.load(&[self.part(&format!("{p}.q_b_proj"), heads * qk, r, per(qk), 0..r)?])?;
+                (Part::whole(self.source(&format!("{p}.q_a_proj"), r, h)?), Some((norm, b)))
+            }
+            None => (self.part(&format!("{p}.q_proj"), heads * qk, h, per(qk), 0..h)?, None),
+        };
+        let kv_a = Part::whole(self.source(&format!("{p}.kv_a_proj_with_mqa"), c.latent_dim(), h)?);
+        let input = if self.be.stacks_projections(&q.src, &kv_a.src) {
+            let q_out = q.out.len();
+            InputProj::Stacked { w: self.load(&[q, kv_a])?, q_out }
+        } else {
+            InputProj::Apart { q: self.load(&[q])?, kv_a: self.load(&[kv_a])? }
         };
         let (kv, lora, v) = (c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank, c.v_head_dim);
         Ok(Attention {
-            q,
-            kv_a: self.linear(&format!("{p}.kv_a_proj_with_mqa"), c.latent_dim(), h)?,
+            input,
+            q_lora,
             kv_a_norm: self.vector(&format!("{p}.kv_a_layernorm.weight"), lora)?,
             kv_b: self.load(&[self.part(&format!("{p}.kv_b_proj"), heads * kv, lora, per(kv), 0..lora)?])?,
             o: self.load(&[self.part(&format!("{p}.o_proj"), h, heads * v, 0..h, per(v))?])?,

@@ -246,12 +246,25 @@ extern "C" __global__ void __launch_bounds__(256, 2) qg16_fp8_silu(QG_ARGS) { qg
 extern "C" __global__ void __launch_bounds__(256, 2) qg64_fp8_f32(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 0>(QG_PASS); }
 extern "C" __global__ void __launch_bounds__(256, 2) qg64_fp8_silu(QG_ARGS) { qgemm<1, 64, 2, 4, 32, 4, 1>(QG_PASS); }
 
-// y[i] = sum over splits s of part[s * n + i] (split-K partials of qgemm).
-extern "C" __global__ void qgemm_reduce(const float* __restrict__ part, float* __restrict__ y, int splits, u64 n) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+// The f32 [rows, n] result (total = rows n values) of a dense GEMM, the sum over splits s of
+// part[s * total + i] (split-K partials; one split is a copy), into y; with first < n cut after
+// column `first`: columns [0, first) to y as [rows, first], the rest to y2 as [rows, n - first]
+// (MLA's q and kv_a projections stacked in one weight).
+extern "C" __global__ void qgemm_reduce(const float* __restrict__ part, float* __restrict__ y, int splits, u64 total,
+                                        float* __restrict__ y2, int n, int first) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         float s = 0.f;
-        for (int z = 0; z < splits; z++) s += part[(u64)z * n + i];
-        y[i] = s;
+        for (int z = 0; z < splits; z++) s += part[(u64)z * total + i];
+        if (first == n) {
+            y[i] = s;
+        } else {
+            const u64 r = i / n;
+            const int c = (int)(i - r * n);
+            if (c < first)
+                y[r * first + c] = s;
+            else
+                y2[r * (n - first) + (c - first)] = s;
+        }
     }
 }
 

@@ -12,7 +12,7 @@ mod attention;
 pub use attention::{MlaOut, PREFILL_FLASH, PREFILL_FLASH_DS_DIMS};
 mod elementwise;
 mod gemv;
-pub use gemv::{GemvOut, GemvWeight, MlaAbsorb, GEMV_KERNELS, GEMV_MAX_ROWS};
+pub use gemv::{GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS};
 mod kv;
 pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
@@ -24,7 +24,7 @@ pub use moe::{
 mod qdecode;
 pub use qdecode::{Fp8Order, QPersist, QDECODE_KERNELS};
 mod quant;
-pub use quant::{QGemm, QWeights, QUANT_KERNELS};
+pub use quant::{QCut, QGemm, QWeights, QUANT_KERNELS};
 mod sample;
 pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 

@@ -98,6 +98,14 @@ const QG_SHAPES: [(usize, QFormat, &str, usize, usize); 4] = [
     (64, QFormat::Fp8E4m3, "qg64_fp8", 32, 4),
 ];
 
+/// A dense GEMM's `[rows, n]` result cut after column `first` into two matrices: `[rows, first]`
+/// at the GEMM's own output, `[rows, n - first]` at `rest`.
+#[derive(Debug, Clone, Copy)]
+pub struct QCut {
+    pub first: usize,
+    pub rest: u64,
+}
+
 /// The functions of quant.cu; the `qg*` GEMMs get the opt-in dynamic shared memory at start-up.
 pub const QUANT_KERNELS: &[&str] = &[
     "qg16_awq_f32",
@@ -157,15 +165,30 @@ impl Gpu {
         (2 * self.sm_count).div_ceil(blocks.max(1)).clamp(1, (stages / 2).clamp(1, 16))
     }
 
-    /// `y[i] = sum_z part[z * n + i]`.
-    pub fn qgemm_reduce(&self, part: u64, y: u64, splits: usize, n: usize) -> Result<()> {
-        self.launch(
-            "qgemm_reduce",
-            (self.grid1(n as u64), 1, 1),
-            256,
-            0,
-            &[Ptr(part), Ptr(y), I32(splits as i32), U64(n as u64)],
-        )
+    /// The f32 `[rows, n]` result of a dense GEMM from its `splits` split-K partials at `part`
+    /// (`part + z * rows * n`; one split copies) into `y`, or with `cut` into `y` and `cut.rest`.
+    pub fn qgemm_reduce(
+        &self,
+        part: u64,
+        y: u64,
+        splits: usize,
+        rows: usize,
+        n: usize,
+        cut: Option<QCut>,
+    ) -> Result<()> {
+        let (first, rest) = match cut {
+            None => (n, 0),
+            Some(c) if (1..n).contains(&c.first) => (c.first, c.rest),
+            Some(c) => {
+                return Err(KernelError::Invalid(format!("qgemm_reduce: a cut after column {} of {n}", c.first)));
+            }
+        };
+        if splits == 0 || n > i32::MAX as usize {
+            return Err(KernelError::Invalid(format!("qgemm_reduce: {splits} splits of rows of {n}")));
+        }
+        let total = (rows * n) as u64;
+        let args = [Ptr(part), Ptr(y), I32(splits as i32), U64(total), Ptr(rest), I32(n as i32), I32(first as i32)];
+        self.launch("qgemm_reduce", (self.grid1(total), 1, 1), 256, 0, &args)
     }
 
     /// Expands `w` to bf16 `[experts * n, k]` at `out`: AWQ with groups and inputs of a multiple

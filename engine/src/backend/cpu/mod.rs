@@ -167,6 +167,20 @@ impl Backend for CpuBackend {
         w.apply(x)
     }
 
+    fn linear_split(&self, x: &CpuTensor, w: &CpuWeight, first: usize) -> Result<(CpuTensor, CpuTensor)> {
+        if !(1..w.out).contains(&first) {
+            return Err(EngineError::Backend(format!("linear_split: a cut after column {first} of {}", w.out)));
+        }
+        let y = w.apply(x)?;
+        let (mut a, mut b) = (Vec::with_capacity(x.rows * first), Vec::with_capacity(x.rows * (w.out - first)));
+        for r in 0..y.rows {
+            let (ya, yb) = y.row(r).split_at(first);
+            a.extend_from_slice(ya);
+            b.extend_from_slice(yb);
+        }
+        Ok((CpuTensor::new(a, y.rows, first), CpuTensor::new(b, y.rows, w.out - first)))
+    }
+
     fn silu_mul(&self, x: &CpuTensor) -> Result<CpuTensor> {
         let h = x.cols / 2;
         let mut data = Vec::with_capacity(x.rows * h);

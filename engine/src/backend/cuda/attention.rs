@@ -1,6 +1,6 @@
 //! MLA attention on the GPU. Decode rows and short chunks use the absorbed form: `q_lat = q_nope
-//! W_UK` (batched GEMM over heads; at a few rows, `mla_uk`), the paged split-context kernel with
-//! online softmax over `[c | k_rope]`, the split merge, and `out = o_lat W_UV^T` (`mla_uv`). Prefill chunks of at least
+//! W_UK` (batched GEMM over heads), the paged split-context kernel with online softmax over
+//! `[c | k_rope]`, the split merge, and `out = o_lat W_UV^T`. Prefill chunks of at least
 //! [`EXPAND_MIN_ROWS`] rows use the expanded form: the sequence's latents are gathered, expanded
 //! to per-head keys and values once (`kv_b`, cuBLAS), and a flash-attention kernel computes the
 //! causal attention of all heads (online softmax, no score matrix in memory); head dims it does
@@ -8,7 +8,7 @@
 //! backend's function; f32 precision runs the reference kernel.
 
 use cleave_kernels::blas::Gemm;
-use cleave_kernels::ops::{MlaAbsorb, MlaLaunch, MlaOut, MlaPrologue};
+use cleave_kernels::ops::{MlaLaunch, MlaOut, MlaPrologue};
 use cleave_kernels::{ptr, Gpu};
 
 use super::{
@@ -192,19 +192,11 @@ pub(super) fn mla_attention(
     // The prologue's bf16 copy of the rotated q when it wrote one.
     let q_bf = be.bf16_in(q)?;
     if absorbed_rows > 0 {
-        let absorb = MlaAbsorb { rows, heads, nope: d.nope, rope: d.rope, v: d.v, kv_lora: l, kv_b };
-        let few = rows <= var.absorb_rows && absorb.takes();
         let a = (d.nope + d.v) * l;
         let q_lat = be.alloc_f32(rows * heads * l)?;
-        if few {
-            // SAFETY: q_bf holds rows x heads x qk bf16, q_lat rows x heads x l f32 and kv_b the
-            // checked heads x (nope + v) x l weights, all of this backend's context.
-            unsafe { gpu.mla_uk(&absorb, q_bf.ptr(), ptr(&q_lat)) }.map_err(kerr)?;
-        } else {
-            let (q_in, lq) = (q_bf.ptr(), heads * qk);
-            gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, ptr(&q_lat), heads * l, l, heads))
-                .map_err(kerr)?;
-        }
+        let (q_in, lq) = (q_bf.ptr(), heads * qk);
+        gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, ptr(&q_lat), heads * l, l, heads))
+            .map_err(kerr)?;
         let k = p.kernel(var.mla);
         let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
         let o_lat = be.alloc_u16(rows * heads * l)?;
@@ -220,16 +212,10 @@ pub(super) fn mla_attention(
             decode(MlaOut::Partials { part_o: ptr(&part_o), part_ml: ptr(&part_ml) })?;
             gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), row_len, rows, heads, l, splits).map_err(kerr)?;
         }
-        if few {
-            // SAFETY: o_lat holds rows x heads x l bf16 (an allocation, 16-byte aligned), out
-            // rows x heads x v f32.
-            unsafe { gpu.mla_uv(&absorb, ptr(&o_lat), out.ptr()) }.map_err(kerr)?;
-        } else {
-            let kv_v = kv_b + (d.nope * l * 2) as u64;
-            let o = ptr(&o_lat);
-            gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, o, heads * l, l, false, out.ptr(), heads * d.v, d.v, heads))
-                .map_err(kerr)?;
-        }
+        let kv_v = kv_b + (d.nope * l * 2) as u64;
+        let o = ptr(&o_lat);
+        gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, o, heads * l, l, false, out.ptr(), heads * d.v, d.v, heads))
+            .map_err(kerr)?;
     }
     for s in batch.seqs.iter().filter(|s| expand(s)) {
         let tab = tables + 4 * meta[rows + s.q_start] as u64;

@@ -369,6 +369,10 @@ impl Backend for CudaBackend {
         self.variants().fold_shared
     }
 
+    fn stacks_projections(&self, a: &LinearSource<'_>, b: &LinearSource<'_>) -> bool {
+        self.precision == Precision::Bf16 && quant::stack_together(a, b)
+    }
+
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
         let n = layout.num_blocks * layout.block_values();
         if self.precision == Precision::F32 {
@@ -452,6 +456,10 @@ impl Backend for CudaBackend {
             }
         }
         Ok((self.linear(x, a)?, self.linear(x, b)?))
+    }
+
+    fn linear_split(&self, x: &CudaTensor, w: &CudaWeight, first: usize) -> Result<(CudaTensor, CudaTensor)> {
+        self.linear_cut(x, w, first)
     }
 
     fn silu_mul(&self, x: &CudaTensor) -> Result<CudaTensor> {

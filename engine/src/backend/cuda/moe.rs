@@ -255,11 +255,12 @@ pub(super) fn experts(
                 let g = QGemm { rows: routed_a, ..g };
                 fp8_wgmma_experts(be, x, [gate_up, down], g, ptr(&y), stages)?;
             } else if bm <= 16 {
-                be.qgemm_decode(gate_up, QIn::F32(x), g)?;
+                be.qgemm_decode(gate_up, QIn::F32(x), g, None)?;
                 be.qgemm_decode(
                     down,
                     QIn::Bf16 { ptr: ptr(&act), rows: a },
                     QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g },
+                    None,
                 )?;
             } else {
                 gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }).map_err(kerr)?;

@@ -4,14 +4,15 @@
 use cleave_kernels::blaslt::{Fp8BlockGemm, LT_WORKSPACE_BYTES};
 use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::fp8::{self, BLOCK};
-use cleave_kernels::ops::{Fp8Order, QGemm, QPersist, QWeights};
+use cleave_kernels::ops::{Fp8Order, QCut, QGemm, QPersist, QWeights};
 use cleave_kernels::quant::{pack, QFormat, QPacked, QShape};
 use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
-use super::{kerr, CudaBackend, CudaTensor, Precision, QRows, QGEMM_MAX_ROWS};
-use crate::error::Result;
+use super::{kerr, CudaBackend, CudaTensor, CudaWeight, Precision, QRows, WeightData, QGEMM_MAX_ROWS};
+use crate::backend::Backend;
+use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 
 /// The activations of a decode GEMM over compressed weights: an f32 tensor (with its bf16 shadow
@@ -85,6 +86,13 @@ fn plan(src: &LinearSource<'_>) -> Option<(QFormat, usize)> {
         }
         _ => None,
     }
+}
+
+/// Whether `a` and `b` are kept compressed alike (format, grouping, input size), so that stacked
+/// they are one compressed matrix: one decode GEMM (and for FP8 one activation quantization)
+/// instead of two. Others gain nothing (bf16 pairs of a few rows share one GEMV launch already).
+pub(super) fn stack_together(a: &LinearSource<'_>, b: &LinearSource<'_>) -> bool {
+    plan(a).is_some() && plan(a) == plan(b) && a.dims().1 == b.dims().1
 }
 
 /// One source as `[n, k]` values (AWQ nibbles or e4m3 bytes) with per-(group, column) scales and
@@ -268,7 +276,35 @@ impl CudaBackend {
             self.gpu.qdequant(&q, ptr(&wb)).map_err(kerr)?;
             return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
         }
-        self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()))
+        self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()), None)
+    }
+
+    /// [`crate::backend::Backend::linear_split`]: over a compressed weight at decode sizes, the
+    /// cut made by the split-K reduction (or a copy of the one split); otherwise the linear, then
+    /// a copy that cuts.
+    pub(super) fn linear_cut(&self, x: &CudaTensor, w: &CudaWeight, first: usize) -> Result<(CudaTensor, CudaTensor)> {
+        if !(1..w.out).contains(&first) || x.cols != w.inp {
+            return Err(EngineError::Backend(format!(
+                "linear_split: a cut after column {first} of {} outputs, input of {} columns for {}",
+                w.out, x.cols, w.inp
+            )));
+        }
+        let (rows, n) = (x.rows, w.out);
+        let (a, b) = (self.tensor(rows, first)?, self.tensor(rows, n - first)?);
+        if rows == 0 {
+            return Ok((a, b));
+        }
+        let cut = QCut { first, rest: b.ptr() };
+        match &w.data {
+            WeightData::Quant(q) if rows <= QGEMM_MAX_ROWS => {
+                self.qgemm_decode(q, QIn::F32(x), QGemm::dense(rows, a.ptr()), Some(cut))?;
+            }
+            _ => {
+                let y = self.linear(x, w)?;
+                self.gpu.qgemm_reduce(y.ptr(), a.ptr(), 1, rows, n, Some(cut)).map_err(kerr)?;
+            }
+        }
+        Ok((a, b))
     }
 
     /// The persistent shape a decode GEMM of `rows` over `w` runs (`None`: the tiled kernel): the
@@ -285,8 +321,9 @@ impl CudaBackend {
     /// A decode-sized GEMM over `w` (`g.x` is set here from `x`): the persistent kernel when the
     /// variants give a shape for the weight's format and grouping (FP8 on FP8 tensor cores, the
     /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
-    /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full.
-    pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm) -> Result<()> {
+    /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full, its
+    /// result cut in two by `cut` (in the split-K reduction, or a copy when there is one split).
+    pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm, cut: Option<QCut>) -> Result<()> {
         let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
         let rows = if g.tiles == 0 { QRows::Dense(g.rows) } else { QRows::Tiles(g.bm) };
@@ -319,7 +356,10 @@ impl CudaBackend {
             (0, None) => self.gpu.qgemm_splits(&q, g.rows, g.bm),
             _ => 1,
         };
-        let part = if splits > 1 { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
+        if cut.is_some() && (g.tiles != 0 || g.silu) {
+            return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut".into()));
+        }
+        let part = if splits > 1 || cut.is_some() { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
         let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, ..g };
         match persistent {
             Some(cfg) => self.gpu.qgemm_persistent(&q, &run, cfg),
@@ -327,7 +367,7 @@ impl CudaBackend {
         }
         .map_err(kerr)?;
         if let Some(p) = part {
-            self.gpu.qgemm_reduce(ptr(&p), g.y, splits, g.rows * n).map_err(kerr)?;
+            self.gpu.qgemm_reduce(ptr(&p), g.y, splits, g.rows, n, cut).map_err(kerr)?;
         }
         drop((bf16, fp8));
         Ok(())

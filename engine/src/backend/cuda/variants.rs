@@ -17,8 +17,7 @@ use crate::error::{EngineError, Result};
 /// [`QPersist::default_for`]), `CLEAVE_MOE_ROWS32=off|32xBN/BK/STAGES/PREFETCH` (default
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
-/// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_MLA_ABSORB=off|ROWS` (default
-/// [`DEFAULT_ABSORB_ROWS`]), `CLEAVE_PDL=off|light|all` (default
+/// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
@@ -63,10 +62,6 @@ pub struct Variants {
     /// [`GEMV_MAX_ROWS`]) through the GEMV kernel instead of cuBLAS (the first of two projections
     /// of one input, MLA's q and kv_a, in one launch); 0: never.
     pub gemv_rows: usize,
-    /// MLA's absorbed products (`q_nope W_UK`, `o_lat W_UV`) of at most this many rows (up to
-    /// [`GEMV_MAX_ROWS`]) through the few-row kernels (`mla_uk`, `mla_uv`) instead of cuBLAS's
-    /// batched GEMMs; 0: never.
-    pub absorb_rows: usize,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
@@ -155,9 +150,6 @@ pub const DEFAULT_PDL: Pdl = Pdl::Light;
 /// 4.95 ms; run 48).
 pub const DEFAULT_GEMV_ROWS: usize = 4;
 
-/// MLA's absorbed products of up to this many rows run on the few-row kernels by default.
-pub const DEFAULT_ABSORB_ROWS: usize = 8;
-
 /// The default persistent grouped-GEMM configuration: the fastest in `kernels-check --stages
 /// moe_tune` at the V2-Lite and V3 decode shapes of 16 and 64 tokens (82-98% of HBM bandwidth on
 /// an H200, kernels/bench/results/run6-tune.txt) and in whole V2-Lite decode steps.
@@ -217,7 +209,6 @@ impl Variants {
         qgemm_rows8: 0,
         fold_shared: false,
         gemv_rows: 0,
-        absorb_rows: 0,
         fused_prologue: false,
         pdl: Pdl::Off,
         fusion: Fusion::OFF,
@@ -243,8 +234,6 @@ impl Variants {
             }
         };
         v.gemv_rows = parse_count("CLEAVE_DENSE_GEMV", &var("CLEAVE_DENSE_GEMV"), DEFAULT_GEMV_ROWS, GEMV_MAX_ROWS)?;
-        v.absorb_rows =
-            parse_count("CLEAVE_MLA_ABSORB", &var("CLEAVE_MLA_ABSORB"), DEFAULT_ABSORB_ROWS, GEMV_MAX_ROWS)?;
         v.fusion = Fusion {
             route_align: parse_count(
                 "CLEAVE_ROUTE_ALIGN",
@@ -380,7 +369,6 @@ impl Variants {
             qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
-            absorb_rows: DEFAULT_ABSORB_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
@@ -410,7 +398,6 @@ mod tests {
                 qgemm_rows8: ROWS8_MAX_AVG,
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
-                absorb_rows: DEFAULT_ABSORB_ROWS,
                 fused_prologue: true,
                 pdl: DEFAULT_PDL,
                 fusion: Fusion::DEFAULT,
@@ -423,7 +410,6 @@ mod tests {
             qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
-            absorb_rows: DEFAULT_ABSORB_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,

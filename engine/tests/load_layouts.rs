@@ -1,7 +1,10 @@
-//! Shared experts folded into the routed experts (the CUDA backend's layout: the shared MLP cut
-//! into experts of `moe_intermediate_size` at the end of the stack, routed to every token at
-//! weight 1) against the CPU reference's dense shared MLP, on every golden checkpoint: bf16,
-//! f32 with two shared experts, FP8 blocks, AWQ with the cut on its groups.
+//! The load-time layouts a backend may choose, against the CPU reference's plain one, on every
+//! golden checkpoint (bf16, f32 with two shared experts and no q LoRA, FP8 blocks, AWQ):
+//! - shared experts folded into the routed experts (the shared MLP cut into experts of
+//!   `moe_intermediate_size` at the end of the stack, routed to every token at weight 1; AWQ with
+//!   the cut on its groups);
+//! - MLA's two input projections (q or q_a, and kv_a) stacked into one weight and cut after the
+//!   product (the CUDA backend's layout for compressed weights).
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -13,10 +16,20 @@ use cleave_engine::backend::{SampleRow, StepIndices};
 use cleave_engine::weights::LinearSource;
 use cleave_engine::{Engine, EngineConfig, Result};
 
-/// The CPU backend, folding shared experts; counts the shared experts it was given per layer.
-struct Folding {
+/// The CPU backend, folding shared experts and stacking projections as told; counts the shared
+/// experts it was given per layer and the stacked products it computed.
+struct Layout {
     cpu: CpuBackend,
+    fold: bool,
+    stack: bool,
     folded: Rc<Cell<usize>>,
+    split: Rc<Cell<usize>>,
+}
+
+impl Layout {
+    fn new(fold: bool, stack: bool) -> Self {
+        Layout { cpu: CpuBackend, fold, stack, folded: Rc::default(), split: Rc::default() }
+    }
 }
 
 macro_rules! fwd {
@@ -25,7 +38,7 @@ macro_rules! fwd {
     };
 }
 
-impl Backend for Folding {
+impl Backend for Layout {
     type Tensor = <CpuBackend as Backend>::Tensor;
     type Weight = <CpuBackend as Backend>::Weight;
     type Experts = <CpuBackend as Backend>::Experts;
@@ -43,6 +56,7 @@ impl Backend for Folding {
         rms_norm(x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
         add_rms_norm(residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
         linear(x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
+        linear_pair(x: &Self::Tensor, a: &Self::Weight, b: &Self::Weight) -> Result<(Self::Tensor, Self::Tensor)>;
         silu_mul(x: &Self::Tensor) -> Result<Self::Tensor>;
         add_assign(a: &mut Self::Tensor, b: &Self::Tensor) -> Result<()>;
         gather_rows(x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
@@ -64,7 +78,16 @@ impl Backend for Folding {
     }
 
     fn folds_shared_experts(&self) -> bool {
-        true
+        self.fold
+    }
+
+    fn stacks_projections(&self, _: &LinearSource<'_>, _: &LinearSource<'_>) -> bool {
+        self.stack
+    }
+
+    fn linear_split(&self, x: &Self::Tensor, w: &Self::Weight, first: usize) -> Result<(Self::Tensor, Self::Tensor)> {
+        self.split.set(self.split.get() + 1);
+        self.cpu.linear_split(x, w, first)
     }
 
     fn capture_step<T>(&self, limits: GraphLimits, f: &mut dyn FnMut() -> Result<T>) -> Result<(Self::Graph, T)> {
@@ -85,21 +108,39 @@ fn generate<B: Backend>(be: B, case: &str) -> Vec<Vec<(u32, f32)>> {
     out.into_iter().map(|seq| seq.into_iter().map(|t| (t.token, t.logprob)).collect()).collect()
 }
 
+const CASES: [&str; 5] = ["bf16-qlora", "f32-noqlora", "fp8-blocks", "awq-g128", "awq-g64-attn16"];
+
+fn max_logprob_diff(case: &str, want: &[Vec<(u32, f32)>], got: &[Vec<(u32, f32)>]) -> f32 {
+    let ids = |s: &[(u32, f32)]| s.iter().map(|t| t.0).collect::<Vec<_>>();
+    let mut d = 0f32;
+    for (w, g) in want.iter().zip(got) {
+        assert_eq!(ids(w), ids(g), "{case}: greedy tokens");
+        d = w.iter().zip(g).map(|(a, b)| (a.1 - b.1).abs()).fold(d, f32::max);
+    }
+    d
+}
+
 #[test]
 fn folded_shared_experts_generate_what_the_dense_shared_mlp_does() {
-    // (case, its n_shared_experts)
-    for (case, shared) in
-        [("bf16-qlora", 1), ("f32-noqlora", 2), ("fp8-blocks", 1), ("awq-g128", 1), ("awq-g64-attn16", 2)]
-    {
+    for (case, shared) in CASES.into_iter().zip([1, 2, 1, 1, 2]) {
         let want = generate(CpuBackend, case);
-        let folded = Rc::new(Cell::new(0));
-        let got = generate(Folding { cpu: CpuBackend, folded: folded.clone() }, case);
+        let folding = Layout::new(true, false);
+        let folded = folding.folded.clone();
+        let got = generate(folding, case);
         assert_eq!(folded.get(), shared, "{case}: shared experts folded per layer");
-        for (w, g) in want.iter().zip(&got) {
-            let ids = |s: &[(u32, f32)]| s.iter().map(|t| t.0).collect::<Vec<_>>();
-            assert_eq!(ids(w), ids(g), "{case}: greedy tokens");
-            let d = w.iter().zip(g).map(|(a, b)| (a.1 - b.1).abs()).fold(0f32, f32::max);
-            assert!(d < 1e-4, "{case}: logprobs differ by {d}");
-        }
+        let d = max_logprob_diff(case, &want, &got);
+        assert!(d < 1e-4, "{case}: logprobs differ by {d}");
+    }
+}
+
+#[test]
+fn stacked_input_projections_generate_exactly_what_apart_ones_do() {
+    for case in CASES {
+        let want = generate(CpuBackend, case);
+        let stacking = Layout::new(false, true);
+        let split = stacking.split.clone();
+        let got = generate(stacking, case);
+        assert!(split.get() > 0, "{case}: no stacked product was computed");
+        assert_eq!(max_logprob_diff(case, &want, &got), 0.0, "{case}: each output column is the same product");
     }
 }
