@@ -288,8 +288,9 @@ impl Gpu {
         self.funcs.get(name).ok_or_else(|| KernelError::Invalid(format!("kernel {name} is not loaded")))
     }
 
-    /// Launches `name` on the stream. `args` are the kernel's parameters in order, each as the
-    /// little-endian bits of a pointer (`u64`), `int`/`unsigned` or `float`.
+    /// Launches `name` on the stream, with programmatic dependent launch where [`Gpu::set_pdl`]'s
+    /// level takes it. `args` are the kernel's parameters in order, each as the little-endian bits
+    /// of a pointer (`u64`), `int`/`unsigned` or `float`.
     pub(crate) fn launch(
         &self,
         name: &'static str,

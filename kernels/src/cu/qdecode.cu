@@ -55,6 +55,11 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
     extern __shared__ __align__(128) unsigned char qsm[];
     const bool dense = tiles == nullptr;
+    // Launched with programmatic dependent launch (ops::Pdl), the kernel waits for the one
+    // before it before reading what that one wrote: expert tiles at once, dense GEMMs once their
+    // first weights are on their way into L2 (below). It lets the next kernel launch only when
+    // its work is done (pdl_trigger at the end), so that kernel's blocks do not wait beside it.
+    if (!dense) pdl_wait();
     const int ntiles = dense ? (M + BM - 1) / BM : meta[0];
     const int NB = (N + BN - 1) / BN, KT = Kp / BK, KTI = KT / splits, KUT = Kp / 32, KG = (K + G - 1) / G;
     const int gshift = __ffs(G) - __ffs(BK);  // k-tile kt lies in group kt >> gshift
@@ -79,6 +84,17 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             e = tiles[3 * t], rs = tiles[3 * t + 1], rc = tiles[3 * t + 2];
         }
     };
+    if (dense) {
+        // The weights never change during a step: the first item's first stages (one bulk
+        // prefetch per 8-column group, its k-tiles contiguous) leave for L2 while the kernel
+        // before this one finishes.
+        int t, cb, z;
+        decode(i0, t, cb, z);
+        const int nb = cb * (BN / 8) + tid;
+        if (tid < BN / 8 && nb * 8 < Np)
+            prefetch_l2_bulk(Wq + ((u64)nb * KUT + (u64)z * KTI * KU) * 32 * WPL, min(KTI, ST - 1) * KU * 128 * WPL);
+        pdl_wait();
+    }
     // Loader: item l_it, its k-tile l_kt (of KTI), and this thread's sources at that k-tile. Each
     // source moves by one k-tile per load, so a copy costs an add, not its address computed again
     // (ncu, run 62: the per-copy 64-bit address arithmetic was a fifth of the AWQ kernel's issued
@@ -346,6 +362,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         }
         c_it++;
     }
+    pdl_trigger();
     cp_async_wait<0>();
 }
 
@@ -415,6 +432,7 @@ __device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
 template <bool BF16, int PERM>
 __device__ __forceinline__ void act_quant(const void* __restrict__ X, unsigned char* __restrict__ Q,
                                           float* __restrict__ S, int M, int Mp, int K) {
+    pdl_enter();
     const int KB = K / 128, lane = threadIdx.x & 31;
     const int w = (int)(((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     if (w >= Mp * KB) return;

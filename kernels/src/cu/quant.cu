@@ -252,6 +252,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) qg64_fp8_silu(QG_ARGS) { qg
 // (MLA's q and kv_a projections stacked in one weight).
 extern "C" __global__ void qgemm_reduce(const float* __restrict__ part, float* __restrict__ y, int splits, u64 total,
                                         float* __restrict__ y2, int n, int first) {
+    pdl_enter();
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
         float s = 0.f;
         for (int z = 0; z < splits; z++) s += part[(u64)z * total + i];

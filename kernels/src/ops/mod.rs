@@ -41,6 +41,9 @@ const PDL_OPS: &[&str] = &[
     "moe_route_align",
     "moe_combine",
     "moe_combine_norm",
+    "qgemm_reduce",
+    "act_quant_fp8_mma_f32",
+    "act_quant_fp8_mma_bf16",
 ];
 
 /// Whether `name` is one of the persistent grouped GEMMs (moe.cu `gg_persistent`).
@@ -52,14 +55,16 @@ fn persistent_grouped(name: &str) -> bool {
 /// after the embedding, except cuBLAS's.
 pub fn pdl_kernels() -> impl Iterator<Item = &'static str> {
     let grouped = moe::GGP_KERNELS.iter().flat_map(|c| [c.4, c.5]);
-    PDL_OPS.iter().chain(GEMV_KERNELS).chain(MLA3_KERNELS).copied().chain(grouped)
+    PDL_OPS.iter().chain(GEMV_KERNELS).chain(MLA3_KERNELS).copied().chain(qdecode::qgp_kernels()).chain(grouped)
 }
 
 /// Which kernels [`Gpu::set_pdl`] launches with programmatic dependent launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pdl {
     Off,
-    /// [`pdl_kernels`] but the persistent grouped GEMMs.
+    /// [`pdl_kernels`] but the bf16 persistent grouped GEMMs (those over compressed weights are
+    /// in: they let the next kernel launch only once their work is done, and dense ones prefetch
+    /// their first weights into L2 before they wait).
     Light,
     /// Every kernel of [`pdl_kernels`].
     All,
@@ -69,10 +74,11 @@ impl Pdl {
     /// Whether kernel `name` is launched with it.
     pub fn takes(self, name: &str) -> bool {
         let ops = || [PDL_OPS, GEMV_KERNELS, MLA3_KERNELS].iter().any(|l| l.contains(&name));
+        let compressed = || qdecode::qgp_kernels().any(|k| k == name);
         match self {
             Pdl::Off => false,
-            Pdl::Light => ops(),
-            Pdl::All => ops() || persistent_grouped(name),
+            Pdl::Light => ops() || compressed(),
+            Pdl::All => ops() || compressed() || persistent_grouped(name),
         }
     }
 }
@@ -136,6 +142,7 @@ mod tests {
         assert!(Pdl::All.takes("ggp32_64_6_silu") && !Pdl::Light.takes("ggp32_64_6_silu"));
         assert!(Pdl::Light.takes("gemv_bf16_r1") && !Pdl::Off.takes("gemv_bf16_r1"));
         assert!(!Pdl::All.takes("sample_rows"));
+        assert!(Pdl::Light.takes("qgp8_awq_256_64_4_f32") && !Pdl::Off.takes("qgp_fp8_64_128_4_silu"));
     }
 
     #[test]

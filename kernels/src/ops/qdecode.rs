@@ -47,6 +47,11 @@ const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 18] = [
 /// memory), then the activation quantizations.
 pub const QDECODE_KERNELS: &[&str] = &qdecode_kernels();
 
+/// The persistent GEMMs of [`QDECODE_KERNELS`], both epilogues.
+pub(super) fn qgp_kernels() -> impl Iterator<Item = &'static str> {
+    QGP_KERNELS.iter().flat_map(|k| [k.5, k.6])
+}
+
 const ACT_QUANT_KERNELS: [&str; 5] = [
     "act_quant_fp8",
     "act_quant_fp8_mma_f32",
