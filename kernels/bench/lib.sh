@@ -15,3 +15,32 @@ start_server() {
   for i in $(seq 1 300); do grep -q "ready at" "$log" && break; kill -0 $SP 2>/dev/null || break; sleep 0.5; done
   echo "serve ready after $(( $(date +%s) - t0 )) s"
 }
+
+# quick_checks R: the quick pass with the golden fixtures and tiny-r1, then with tiny-r1-awq
+# (graphs vs eager on every model), into $OUT/runR-checks.txt and runR-checks-awq.txt; prints
+# each pass's verdict and any failing row. Times count from $S.
+quick_checks() {
+  local r=$1
+  timeout 200 $C kernels-check --quick --golden models/golden --compare-model models/tiny-r1 > $OUT/run${r}-checks.txt 2>&1
+  echo "checks rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run${r}-checks.txt)"
+  grep -iE "fail|panic|over tol" $OUT/run${r}-checks.txt | cut -c1-160 | head -10
+  timeout 120 $C kernels-check --quick --compare-model models/tiny-r1-awq > $OUT/run${r}-checks-awq.txt 2>&1
+  echo "checks awq rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run${r}-checks-awq.txt)"
+  grep -iE "fail|panic|graphs vs eager|over tol" $OUT/run${r}-checks-awq.txt | cut -c1-160 | head -6
+}
+
+# bench_steps TAG BINARY MODEL BATCHES [ENV...]: decode steps of /dev/shm/MODEL (context 2,048 for
+# the V3 shapes, models named v3*, else 1,024) once its generator has touched /dev/shm/MODEL.done,
+# with ENV set, into $OUT/run$R-TAG.txt; prints the steps replayed from CUDA graphs. Times out
+# after $BENCH_TIMEOUT seconds (default 100).
+bench_steps() {
+  local tag=$1 b=$2 m=$3 bt=$4 ctx=1024; shift 4
+  [[ $m == v3* ]] && ctx=2048
+  while [ ! -f /dev/shm/$m.done ]; do sleep 1; done
+  env "$@" timeout ${BENCH_TIMEOUT:-100} $b kernels-check --no-ops --bench-model /dev/shm/$m --ctx $ctx --batches $bt --prefill 0 > $OUT/run${R}-$tag.txt 2>&1
+  echo "$tag rc=$? $(( $(date +%s) - S )) s: $(grep -o 'CUDA graph: step [0-9.]* ms' $OUT/run${R}-$tag.txt | grep -o '[0-9.]* ms' | tr '\n' ' ')"
+}
+
+# gen_model NAME ARGS...: `cleave gen-checkpoint ARGS` into /dev/shm/NAME (host memory), then
+# /dev/shm/NAME.done, which bench_steps waits for.
+gen_model() { $C gen-checkpoint "${@:2}" --out /dev/shm/$1 > /dev/null 2>&1; touch /dev/shm/$1.done; }

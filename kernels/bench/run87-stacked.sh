@@ -14,12 +14,7 @@ source kernels/bench/lib.sh
 O=.carry/cleave-old M=.carry/cleave-mid; chmod +x $O $M
 S=$(date +%s); R=${2:-87}
 if [ "$1" = checks ]; then
-  timeout 200 $C kernels-check --quick --golden models/golden --compare-model models/tiny-r1 > $OUT/run${R}-checks.txt 2>&1
-  echo "checks rc=$? $(( $(date +%s) - S )) s: $(tail -1 $OUT/run${R}-checks.txt)"
-  grep -iE "fail|panic|graphs vs eager|over tol" $OUT/run${R}-checks.txt | cut -c1-160 | head -20
-  timeout 120 $C kernels-check --quick --compare-model models/tiny-r1-awq > $OUT/run${R}-checks-awq.txt 2>&1
-  echo "checks awq rc=$? $(( $(date +%s) - S )) s: $(tail -1 $OUT/run${R}-checks-awq.txt)"
-  grep -iE "fail|panic|graphs vs eager|over tol" $OUT/run${R}-checks-awq.txt | cut -c1-160 | head -8
+  quick_checks $R
   timeout 200 $C kernels-check --stages attention,qdecode > $OUT/run${R}-stages.txt 2>&1
   echo "stages rc=$? $(( $(date +%s) - S )) s: $(tail -1 $OUT/run${R}-stages.txt)"
   grep -E "few rows|linear_split|over tol|linear awq g64 persistent|linear fp8 b128 persistent" $OUT/run${R}-stages.txt | cut -c1-160 | head -40
@@ -27,29 +22,21 @@ fi
 if [ "$1" = steps ]; then
   # Ten result files: written beside, returned as one archive (a call returns eight files).
   D=$OUT; OUT=/tmp/run${R}; mkdir -p $OUT
-  gen() { $C gen-checkpoint "${@:2}" --out /dev/shm/$1 > /dev/null 2>&1; touch /dev/shm/$1.done; }
-  ( gen v2lite --shape v2-lite; gen v2awq --shape v2-lite --dtype awq
-    gen v3l4 --shape v3-layers --dtype awq --routed-experts 64; gen v2fp8 --shape v2-lite --dtype fp8 ) &
+  ( gen_model v2lite --shape v2-lite; gen_model v2awq --shape v2-lite --dtype awq
+    gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64; gen_model v2fp8 --shape v2-lite --dtype fp8 ) &
   GP=$!
-  bench() { # TAG BINARY MODEL BATCHES [ENV...]: waits for the model's generator
-    local tag=$1 b=$2 m=$3 bt=$4 ctx=1024; shift 4
-    [ $m = v3l4 ] && ctx=2048
-    while [ ! -f /dev/shm/$m.done ]; do sleep 1; done
-    env "$@" timeout 100 $b kernels-check --no-ops --bench-model /dev/shm/$m --ctx $ctx --batches $bt --prefill 0 > $OUT/run${R}-$tag.txt 2>&1
-    echo "$tag rc=$? $(( $(date +%s) - S )) s: $(grep -o 'CUDA graph: step [0-9.]* ms' $OUT/run${R}-$tag.txt | grep -o '[0-9.]* ms' | tr '\n' ' ')"
-  }
-  bench v2lite-old $O v2lite 1,2,4,8,64
-  bench v2lite-mid $M v2lite 1,2,4,8,64
-  bench v2lite-off $M v2lite 1,4 CLEAVE_MLA_ABSORB=off
+  bench_steps v2lite-old $O v2lite 1,2,4,8,64
+  bench_steps v2lite-mid $M v2lite 1,2,4,8,64
+  bench_steps v2lite-off $M v2lite 1,4 CLEAVE_MLA_ABSORB=off
   grep -E "profile decode batch 1" $OUT/run${R}-v2lite-mid.txt | cut -c1-400
   rm -rf /dev/shm/v2lite*
-  bench v2awq-mid $M v2awq 1,8,64
-  bench v2awq-new $C v2awq 1,8,64
+  bench_steps v2awq-mid $M v2awq 1,8,64
+  bench_steps v2awq-new $C v2awq 1,8,64
   grep -E "profile decode batch 1" $OUT/run${R}-v2awq-new.txt | cut -c1-400
-  bench v3l4-mid $M v3l4 1,8,64
-  bench v3l4-new $C v3l4 1,8,64
-  bench v2fp8-mid $M v2fp8 1,8,64
-  bench v2fp8-new $C v2fp8 1,8,64
+  bench_steps v3l4-mid $M v3l4 1,8,64
+  bench_steps v3l4-new $C v3l4 1,8,64
+  bench_steps v2fp8-mid $M v2fp8 1,8,64
+  bench_steps v2fp8-new $C v2fp8 1,8,64
   wait $GP
   rm -rf /dev/shm/v2lite* /dev/shm/v2awq* /dev/shm/v3l4* /dev/shm/v2fp8*
   tar czf $D/run${R}-steps.tgz -C $OUT .

@@ -142,7 +142,8 @@ pub const ROWS8_MAX_AVG: usize = 4;
 pub const EXPAND_MIN_ROWS: usize = 64;
 
 /// Which kernels take programmatic dependent launch by default (run 49: every listed kernel made
-/// V2-Lite batch 1 1.8% faster and batch 64 2% slower).
+/// V2-Lite batch 1 1.8% faster and batch 64 2% slower; `light` leaves the bf16 grouped GEMMs
+/// out, and since run 88 takes the compressed ones: AWQ/FP8 V2-Lite batch 8 4-5% faster).
 pub const DEFAULT_PDL: Pdl = Pdl::Light;
 
 /// Dense linears of up to this many rows run on the GEMV by default: at 8 rows its 8-row
