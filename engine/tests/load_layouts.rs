@@ -6,15 +6,15 @@
 //! - MLA's two input projections (q or q_a, and kv_a) stacked into one weight and cut after the
 //!   product (the CUDA backend's layout for compressed weights).
 
-use std::cell::Cell;
 use std::path::PathBuf;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::{AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, RouterParams};
 use cleave_engine::backend::{SampleRow, StepIndices};
 use cleave_engine::weights::LinearSource;
-use cleave_engine::{Engine, EngineConfig, Result};
+use cleave_engine::{Engine, EngineConfig, ParallelConfig, Result};
 
 /// The CPU backend, folding shared experts and stacking projections as told; counts the shared
 /// experts it was given per layer and the stacked products it computed.
@@ -22,13 +22,13 @@ struct Layout {
     cpu: CpuBackend,
     fold: bool,
     stack: bool,
-    folded: Rc<Cell<usize>>,
-    split: Rc<Cell<usize>>,
+    folded: Arc<AtomicUsize>,
+    split: Arc<AtomicUsize>,
 }
 
 impl Layout {
     fn new(fold: bool, stack: bool) -> Self {
-        Layout { cpu: CpuBackend, fold, stack, folded: Rc::default(), split: Rc::default() }
+        Layout { cpu: CpuBackend, fold, stack, folded: Arc::default(), split: Arc::default() }
     }
 }
 
@@ -73,7 +73,7 @@ impl Backend for Layout {
     }
 
     fn load_experts(&self, experts: &[ExpertSource<'_>], first: usize, shared: usize) -> Result<Self::Experts> {
-        self.folded.set(shared);
+        self.folded.store(shared, Ordering::Relaxed);
         self.cpu.load_experts(experts, first, shared)
     }
 
@@ -86,7 +86,7 @@ impl Backend for Layout {
     }
 
     fn linear_split(&self, x: &Self::Tensor, w: &Self::Weight, first: usize) -> Result<(Self::Tensor, Self::Tensor)> {
-        self.split.set(self.split.get() + 1);
+        self.split.fetch_add(1, Ordering::Relaxed);
         self.cpu.linear_split(x, w, first)
     }
 
@@ -127,7 +127,7 @@ fn folded_shared_experts_generate_what_the_dense_shared_mlp_does() {
         let folding = Layout::new(true, false);
         let folded = folding.folded.clone();
         let got = generate(folding, case);
-        assert_eq!(folded.get(), shared, "{case}: shared experts folded per layer");
+        assert_eq!(folded.load(Ordering::Relaxed), shared, "{case}: shared experts folded per layer");
         let d = max_logprob_diff(case, &want, &got);
         assert!(d < 1e-4, "{case}: logprobs differ by {d}");
     }
@@ -140,7 +140,32 @@ fn stacked_input_projections_generate_exactly_what_apart_ones_do() {
         let stacking = Layout::new(false, true);
         let split = stacking.split.clone();
         let got = generate(stacking, case);
-        assert!(split.get() > 0, "{case}: no stacked product was computed");
+        assert!(split.load(Ordering::Relaxed) > 0, "{case}: no stacked product was computed");
         assert_eq!(max_logprob_diff(case, &want, &got), 0.0, "{case}: each output column is the same product");
+    }
+}
+
+#[test]
+fn stacked_input_projections_hold_each_tensor_parallel_ranks_heads() {
+    // Without q LoRA (f32-noqlora) each rank's q_proj rows (its heads) are stacked on the whole kv_a;
+    // the golden AWQ checkpoints split over no two ranks (their groups).
+    let tp2 = ParallelConfig { tensor_parallel_size: 2, data_parallel_size: 1, enable_expert_parallel: false };
+    for case in ["f32-noqlora", "bf16-qlora"] {
+        let run = |stack: bool| {
+            let cfg = EngineConfig { max_num_seqs: 4, ..EngineConfig::default() };
+            let split = Arc::new(AtomicUsize::new(0));
+            let s = split.clone();
+            let open = move |_| Ok(Layout { split: s.clone(), ..Layout::new(false, stack) });
+            let mut engine = Engine::load_parallel(tp2, &case_dir(case), cfg, open).expect("load");
+            let prompts: Vec<Vec<u32>> = vec![(1..30).collect(), vec![5, 9, 2, 7]];
+            let out = engine.generate_greedy(&prompts, &[5, 5]).expect("generate");
+            let out: Vec<Vec<(u32, f32)>> =
+                out.into_iter().map(|seq| seq.into_iter().map(|t| (t.token, t.logprob)).collect()).collect();
+            (out, split.load(Ordering::Relaxed))
+        };
+        let ((want, apart), (got, stacked)) = (run(false), run(true));
+        assert_eq!(apart, 0, "{case}: apart");
+        assert!(stacked > 0, "{case}: no stacked product was computed");
+        assert_eq!(max_logprob_diff(case, &want, &got), 0.0, "{case}: tp 2, stacked against apart");
     }
 }
