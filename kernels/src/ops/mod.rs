@@ -152,7 +152,7 @@ mod tests {
                 .iter()
                 .find(|(_, _, fns)| fns.contains(&k))
                 .unwrap_or_else(|| panic!("{k} is in no module"));
-            assert!(src.contains("pdl_enter();") || src.contains("pdl_wait();"), "{name}.cu never waits for the kernel before");
+            assert!(src.contains("pdl_enter();"), "{name}.cu never waits for the kernel before");
             assert!(Pdl::All.takes(k));
         }
     }
