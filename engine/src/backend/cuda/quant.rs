@@ -324,6 +324,9 @@ impl CudaBackend {
     /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full, its
     /// result cut in two by `cut` (in the split-K reduction, or a copy when there is one split).
     pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm, cut: Option<QCut>) -> Result<()> {
+        if cut.is_some() && (g.tiles != 0 || g.silu) {
+            return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut".into()));
+        }
         let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
         let rows = if g.tiles == 0 { QRows::Dense(g.rows) } else { QRows::Tiles(g.bm) };
@@ -356,9 +359,6 @@ impl CudaBackend {
             (0, None) => self.gpu.qgemm_splits(&q, g.rows, g.bm),
             _ => 1,
         };
-        if cut.is_some() && (g.tiles != 0 || g.silu) {
-            return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut".into()));
-        }
         let part = if splits > 1 || cut.is_some() { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
         let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, ..g };
         match persistent {
