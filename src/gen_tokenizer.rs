@@ -62,8 +62,8 @@ fn resize(
                 break 'grow;
             }
             let t = format!("{a}{b}");
-            if !vocab.contains_key(&t) {
-                vocab.insert(t, next as u64);
+            if let std::collections::hash_map::Entry::Vacant(e) = vocab.entry(t) {
+                e.insert(next as u64);
                 merges.push((a.clone(), b.clone()));
                 next += 1;
             }

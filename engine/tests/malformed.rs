@@ -46,7 +46,7 @@ fn edit_safetensors(path: &Path, edit: impl Fn(&str, &mut serde_json::Value)) {
         renamed.insert(key, v);
     }
     let mut h = serde_json::to_vec(&renamed).unwrap();
-    while (h.len() + 8) % 8 != 0 {
+    while !(h.len() + 8).is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -56,7 +56,7 @@ impl QShape {
     /// Whether the kernels take this grouping: groups of a power of two of at least 32 input
     /// channels (whole 32-channel units, found by a shift), `k % 8 == 0`.
     pub fn supported(k: usize, group: usize) -> bool {
-        group >= 32 && group.is_power_of_two() && k % 8 == 0
+        group >= 32 && group.is_power_of_two() && k.is_multiple_of(8)
     }
     /// Columns padded to a multiple of 8.
     pub fn np(&self) -> usize {

@@ -20,7 +20,7 @@ fn positive(field: &str, v: usize) -> Result<(), Invalid> {
 fn groups(pool: &str, ranks: &[usize], tp: usize, dp: usize) -> Result<(), Invalid> {
     positive(&format!("{pool}.tensor_parallel_size"), tp)?;
     positive(&format!("{pool}.data_parallel_size"), dp)?;
-    if ranks.len() % (tp * dp) != 0 {
+    if !ranks.len().is_multiple_of(tp * dp) {
         return Err((
             format!("{pool}.ranks"),
             format!(

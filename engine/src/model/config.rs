@@ -157,11 +157,11 @@ impl ModelConfig {
                 return bad(name, "must be positive".into());
             }
         }
-        if self.qk_rope_head_dim % 2 != 0 {
+        if !self.qk_rope_head_dim.is_multiple_of(2) {
             return bad("qk_rope_head_dim", format!("must be even, got {}", self.qk_rope_head_dim));
         }
         if self.has_moe() {
-            if self.n_group == 0 || self.n_routed_experts % self.n_group != 0 {
+            if self.n_group == 0 || !self.n_routed_experts.is_multiple_of(self.n_group) {
                 return bad(
                     "n_group",
                     format!("must divide n_routed_experts ({}), got {}", self.n_routed_experts, self.n_group),
@@ -196,7 +196,7 @@ impl ModelConfig {
 
     /// Whether decoder layer `layer` uses the MoE block (otherwise a dense MLP).
     pub fn is_moe_layer(&self, layer: usize) -> bool {
-        self.n_routed_experts > 0 && layer >= self.first_k_dense_replace && layer % self.moe_layer_freq == 0
+        self.n_routed_experts > 0 && layer >= self.first_k_dense_replace && layer.is_multiple_of(self.moe_layer_freq)
     }
 
     /// Query/key head width: nope + rope.

@@ -71,12 +71,12 @@ impl ParallelConfig {
         let (tp, w) = (self.tensor_parallel_size, self.world());
         let bad = |m: String| Err(EngineError::Config(m));
         let heads = cfg.num_attention_heads;
-        if heads % tp != 0 {
+        if !heads.is_multiple_of(tp) {
             return bad(format!("tensor_parallel_size {tp} does not divide the model's {heads} attention heads"));
         }
         let dense = cfg.intermediate_size;
         let has_dense = (0..cfg.num_hidden_layers).any(|l| !cfg.is_moe_layer(l));
-        if has_dense && dense % tp != 0 {
+        if has_dense && !dense.is_multiple_of(tp) {
             return bad(format!("tensor_parallel_size {tp} does not divide the dense MLP's intermediate_size {dense}"));
         }
         if cfg.n_routed_experts == 0 || w == 1 {
@@ -97,7 +97,7 @@ impl ParallelConfig {
             ));
         }
         let shared = inter * cfg.n_shared_experts;
-        if shared % w != 0 {
+        if !shared.is_multiple_of(w) {
             return bad(format!("{what} does not divide the shared experts' intermediate size {shared}"));
         }
         if let Some(Quantization::Awq(a)) = &cfg.quantization {

@@ -1,7 +1,7 @@
 //! DeepSeek-V3/R1 tool calls read out of a token stream, by token id.
 //!
-//! The model writes `<｜tool▁calls▁begin｜>`, then per call `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`
-//! + "\n```json\n" + ARGUMENTS + "\n```" + `<｜tool▁call▁end｜>`, then `<｜tool▁calls▁end｜>`. V3.1 writes
+//! The model writes `<｜tool▁calls▁begin｜>`, then per call `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`,
+//! "\n```json\n", ARGUMENTS, "\n```" and `<｜tool▁call▁end｜>`, then `<｜tool▁calls▁end｜>`. V3.1 writes
 //! `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGUMENTS<｜tool▁call▁end｜>`; both are read. The markers are
 //! recognized by id (their text is empty when special tokens are skipped, their literal text
 //! otherwise), so a model quoting the marker text inside an answer cannot start a call. Arguments
