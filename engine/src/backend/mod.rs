@@ -57,6 +57,17 @@ impl<T> Clone for Rotary<'_, T> {
 }
 impl<T> Copy for Rotary<'_, T> {}
 
+/// The shape check of [`Backend::linear_split`], one for every backend: a cut inside the
+/// weight's `out` columns, an input of its `inp` columns.
+pub fn check_split(first: usize, out: usize, x_cols: usize, inp: usize) -> Result<()> {
+    if !(1..out).contains(&first) || x_cols != inp {
+        return Err(crate::error::EngineError::Backend(format!(
+            "linear_split: a cut after column {first} of {out} outputs, an input of {x_cols} columns for {inp}"
+        )));
+    }
+    Ok(())
+}
+
 /// MLA's step between the projections and attention, as separate ops: what
 /// [`Backend::mla_prologue`] does unless a backend fuses it.
 #[allow(clippy::too_many_arguments)]
@@ -359,5 +370,24 @@ pub trait Backend {
     fn replay(&self, g: &Self::Graph) -> Result<()> {
         let _ = g;
         Err(crate::error::EngineError::Backend(format!("{}: this backend captures no graphs", self.name())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu::{CpuBackend, CpuWeight};
+    use super::*;
+
+    #[test]
+    fn linear_split_cuts_inside_the_weight_only() {
+        let be = CpuBackend;
+        let w = CpuWeight { out: 3, inp: 2, data: vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0] };
+        let x = be.upload(&[2.0, 3.0], 1, 2).unwrap();
+        let (a, b) = be.linear_split(&x, &w, 2).unwrap();
+        assert_eq!((a.data, b.data), (vec![2.0, 3.0], vec![5.0]));
+        for bad in [0, 3] {
+            assert!(be.linear_split(&x, &w, bad).is_err(), "a cut after column {bad} of 3");
+        }
+        assert!(be.linear_split(&be.upload(&[1.0; 3], 1, 3).unwrap(), &w, 1).is_err(), "input width");
     }
 }

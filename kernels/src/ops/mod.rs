@@ -142,7 +142,8 @@ mod tests {
         assert!(Pdl::All.takes("ggp32_64_6_silu") && !Pdl::Light.takes("ggp32_64_6_silu"));
         assert!(Pdl::Light.takes("gemv_bf16_r1") && !Pdl::Off.takes("gemv_bf16_r1"));
         assert!(!Pdl::All.takes("sample_rows"));
-        assert!(Pdl::Light.takes("qgp8_awq_256_64_4_f32") && !Pdl::Off.takes("qgp_fp8_64_128_4_silu"));
+        assert!(Pdl::Light.takes("qgp8_awq_256_64_4_f32") && Pdl::Light.takes("qgp_fp8_64_128_4_silu"));
+        assert!(!Pdl::Light.takes("qgemm_reduce_") && !Pdl::Light.takes("qgp"), "names match whole");
     }
 
     #[test]

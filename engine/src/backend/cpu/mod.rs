@@ -7,7 +7,9 @@ mod moe;
 
 use rayon::prelude::*;
 
-use super::{AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, NoGraph, RouterParams, SampleRow, NO_SLOT};
+use super::{
+    check_split, AttnBatch, Backend, ExpertSource, KvLayout, MlaDims, NoGraph, RouterParams, SampleRow, NO_SLOT,
+};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 
@@ -168,9 +170,7 @@ impl Backend for CpuBackend {
     }
 
     fn linear_split(&self, x: &CpuTensor, w: &CpuWeight, first: usize) -> Result<(CpuTensor, CpuTensor)> {
-        if !(1..w.out).contains(&first) {
-            return Err(EngineError::Backend(format!("linear_split: a cut after column {first} of {}", w.out)));
-        }
+        check_split(first, w.out, x.cols, w.inp)?;
         let y = w.apply(x)?;
         let (mut a, mut b) = (Vec::with_capacity(x.rows * first), Vec::with_capacity(x.rows * (w.out - first)));
         for r in 0..y.rows {

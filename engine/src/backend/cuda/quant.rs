@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
 use super::{kerr, CudaBackend, CudaTensor, CudaWeight, Precision, QRows, WeightData, QGEMM_MAX_ROWS};
-use crate::backend::Backend;
+use crate::backend::{check_split, Backend};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 
@@ -283,12 +283,7 @@ impl CudaBackend {
     /// cut made by the split-K reduction (or a copy of the one split); otherwise the linear, then
     /// a copy that cuts.
     pub(super) fn linear_cut(&self, x: &CudaTensor, w: &CudaWeight, first: usize) -> Result<(CudaTensor, CudaTensor)> {
-        if !(1..w.out).contains(&first) || x.cols != w.inp {
-            return Err(EngineError::Backend(format!(
-                "linear_split: a cut after column {first} of {} outputs, input of {} columns for {}",
-                w.out, x.cols, w.inp
-            )));
-        }
+        check_split(first, w.out, x.cols, w.inp)?;
         let (rows, n) = (x.rows, w.out);
         let (a, b) = (self.tensor(rows, first)?, self.tensor(rows, n - first)?);
         if rows == 0 {
