@@ -137,7 +137,8 @@ impl Ctx<'_> {
     /// A MoE layer's end through `Backend::moe` on `n` tokens: routed from random logits (the
     /// shape's last `shared` experts folded in), combined, added to a random residual and
     /// RMS-normalized; CUDA with its fusions at their limits (route and sort in one kernel up to
-    /// ROUTE_ALIGN_MAX_TOKENS tokens, combine and norm in one unless shared experts run dense)
+    /// ROUTE_ALIGN_MAX_TOKENS tokens; combine and norm in one, dense shared experts summed into
+    /// the residual before it)
     /// against the CPU's separate ops, the next input and the residual both compared.
     fn check_moe_layer(&mut self, ec: &CpuExperts, eg: &CudaExperts, s: ExpertShape, n: usize) -> Result<()> {
         let (h, routed) = (s.h, s.e - s.shared);

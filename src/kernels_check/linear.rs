@@ -14,7 +14,7 @@ impl Ctx<'_> {
     /// cuBLAS at every size, then the shadows.
     pub fn linear(&mut self) -> Result<()> {
         let def = self.cu.variants();
-        let mut alts = vec![(" cublas".to_string(), Variants { gemv_rows: 0, ..def })];
+        let mut alts = vec![(" cublas".to_string(), Variants { gemv_rows: 0, router_gemv_rows: 0, ..def })];
         if def.gemv_rows < GEMV_MAX_ROWS {
             alts.push((format!(" gemv{GEMV_MAX_ROWS}"), Variants { gemv_rows: GEMV_MAX_ROWS, ..def }));
         }
@@ -42,9 +42,9 @@ impl Ctx<'_> {
         };
         // The router gate (by its checkpoint name) runs in f32: tolerance 1e-3.
         let router: &[(usize, usize, usize)] = if self.quick {
-            &[(7, 12, 72)]
+            &[(7, 12, 72), (19, 12, 72)]
         } else {
-            &[(1, 64, 2048), (4, 256, 7168), (64, 64, 2048), (4096, 256, 7168)]
+            &[(1, 64, 2048), (4, 256, 7168), (64, 64, 2048), (256, 64, 2048), (256, 256, 7168), (4096, 256, 7168)]
         };
         for (i, &(n, m, k)) in shapes.iter().chain(router).enumerate() {
             let gate = i >= shapes.len();

@@ -45,8 +45,8 @@ __device__ __forceinline__ void gemv_x(const float* x, const bf16_t* xb, int ldx
     }
 }
 
-// R: the rows this instance is compiled for (rows <= R). Needs k and ldx multiples of V and
-// 16-byte aligned x, xb and w (checked by the launcher).
+// R: the rows this instance is compiled for; block row y takes rows [y R, y R + R) of `rows`.
+// Needs k and ldx multiples of V and 16-byte aligned x, xb and w (checked by the launcher).
 // Two weights over the same x may share the launch (MLA's q and kv_a projections): the blocks
 // past the first weight's (n) columns compute the second's (w2, y2, n2).
 template <typename W, int R>
@@ -56,6 +56,16 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
     constexpr int V = 16 / sizeof(W);
     constexpr bool ROUND = sizeof(W) == 2;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5, first = (n + GEMV_COLS - 1) / GEMV_COLS;
+    // Row groups of R along y (the router's GEMV at decode batches beyond R rows).
+    if (blockIdx.y > 0) {
+        const u64 r0 = (u64)blockIdx.y * R;
+        x += r0 * ldx;
+        if (xb) xb += r0 * ldx;
+        y += r0 * n;
+        y2 += r0 * n2;
+        rows -= (int)r0;
+    }
+    rows = min(R, rows);
     int col0 = blockIdx.x * GEMV_COLS;
     if ((int)blockIdx.x >= first) {
         w = w2;
@@ -83,18 +93,37 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
             pdl_enter();
             waited = true;
         }
+        if constexpr (ROUND) {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (r < rows) {
-                float xv[V];
-                gemv_x<V, ROUND>(x, xb, ldx, r, k0, xv);
+            for (int r = 0; r < R; r++) {
+                if (r < rows) {
+                    float xv[V];
+                    gemv_x<V, ROUND>(x, xb, ldx, r, k0, xv);
 #pragma unroll
-                for (int c = 0; c < GEMV_COLS; c++) {
-                    float wv[V];
-                    gemv_unpack(wr[c], wv, w);
+                    for (int c = 0; c < GEMV_COLS; c++) {
+                        float wv[V];
+                        gemv_unpack(wr[c], wv, w);
 #pragma unroll
-                    for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[i], wv[i], acc[r][c]);
+                        for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[i], wv[i], acc[r][c]);
+                    }
                 }
+            }
+        } else {
+            // f32 (the router, up to hundreds of rows in groups): every row's inputs are loaded
+            // before any product (rows past `rows` repeat the last, their sums dropped), so their
+            // latencies overlap instead of adding up row by row. (bf16 weights keep the loop above:
+            // hoisted, their 4-row instance took 172 registers against 104.)
+            float xv[R][V];
+#pragma unroll
+            for (int r = 0; r < R; r++) gemv_x<V, ROUND>(x, xb, ldx, min(r, rows - 1), k0, xv[r]);
+#pragma unroll
+            for (int c = 0; c < GEMV_COLS; c++) {
+                float wv[V];
+                gemv_unpack(wr[c], wv, w);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[r][i], wv[i], acc[r][c]);
             }
         }
     }

@@ -1,5 +1,6 @@
-//! Dense linears of one to eight rows (`gemv.cu`): memory-bound decode GEMVs over bf16 or f32
-//! weights, in place of cuBLAS GEMMs at those sizes.
+//! Dense linears of a few rows (`gemv.cu`): memory-bound decode GEMVs over bf16 or f32 weights,
+//! in place of cuBLAS GEMMs at those sizes; more rows run in groups of eight (the f32 router,
+//! whose weights stay in L2).
 
 use crate::{Arg, Gpu, KernelError, Result};
 
@@ -22,13 +23,21 @@ pub const GEMV_KERNELS: &[&str] = &[
 const GEMV_BF16: usize = 0;
 const GEMV_F32: usize = 4;
 
-/// The instance of the kind starting at `kind` compiled for `rows` (1 to 8).
-fn instance(kind: usize, rows: usize) -> &'static str {
-    GEMV_KERNELS[kind + rows.next_power_of_two().trailing_zeros() as usize]
+/// The instance of the kind starting at `kind` for `rows` rows, and the rows of each group (a row
+/// of blocks): up to [`GEMV_MAX_ROWS`] the instance compiled for them in one group, beyond, the
+/// 4-row instance over groups of 4 (the 8-row one, with every group's inputs loaded at once,
+/// needs 230 registers and gets one block per SM).
+fn instance(kind: usize, rows: usize) -> (&'static str, usize) {
+    if rows > GEMV_MAX_ROWS {
+        return (GEMV_KERNELS[kind + 2], GEMV_GROUP_ROWS);
+    }
+    (GEMV_KERNELS[kind + rows.next_power_of_two().trailing_zeros() as usize], rows.max(1))
 }
 
-/// The most rows one launch takes.
+/// The most rows one group of blocks computes; more rows run in groups of [`GEMV_GROUP_ROWS`],
+/// every group reading the weights again (for weights that stay in L2: the router's gate).
 pub const GEMV_MAX_ROWS: usize = 8;
+const GEMV_GROUP_ROWS: usize = 4;
 
 /// Output columns per block (`GEMV_COLS` in gemv.cu).
 const GEMV_COLS: usize = 8;
@@ -68,7 +77,11 @@ impl GemvWeight {
 impl Gpu {
     /// Whether [`Gpu::gemv`] takes `rows` rows of `k` inputs (row stride `ldx`) over `w`.
     pub fn gemv_takes(w: GemvWeight, rows: usize, k: usize, ldx: usize) -> bool {
-        (1..=GEMV_MAX_ROWS).contains(&rows) && k > 0 && k.is_multiple_of(w.lanes()) && ldx.is_multiple_of(w.lanes())
+        rows > 0
+            && rows <= i32::MAX as usize
+            && k > 0
+            && k.is_multiple_of(w.lanes())
+            && ldx.is_multiple_of(w.lanes())
     }
 
     /// Row-major `y[rows, n] = x[rows, k] w[n, k]^T + beta y` for each of `outs` (one or two
@@ -98,15 +111,14 @@ impl Gpu {
         let w = first.w;
         if !Self::gemv_takes(w, rows, k, ldx) || ldx < k {
             return Err(KernelError::Invalid(format!(
-                "gemv: {rows} rows of {k} (stride {ldx}) over {w:?}: needs 1..={GEMV_MAX_ROWS} rows and k, \
-                 stride multiples of {}",
+                "gemv: {rows} rows of {k} (stride {ldx}) over {w:?}: needs rows and k, stride multiples of {}",
                 w.lanes()
             )));
         }
         if ![x, xb, first.w.ptr(), second.w.ptr()].iter().all(|p| p.is_multiple_of(16)) {
             return Err(KernelError::Invalid("gemv: x, xb and the weights must be 16-byte aligned".into()));
         }
-        let name = instance(if matches!(w, GemvWeight::F32(_)) { GEMV_F32 } else { GEMV_BF16 }, rows);
+        let (name, group) = instance(if matches!(w, GemvWeight::F32(_)) { GEMV_F32 } else { GEMV_BF16 }, rows);
         let args = [
             Ptr(x),
             Ptr(xb),
@@ -122,7 +134,8 @@ impl Gpu {
             F32(beta),
         ];
         let blocks = first.n.div_ceil(GEMV_COLS) + second.n.div_ceil(GEMV_COLS);
-        self.launch(name, (blocks as u32, 1, 1), 256, 0, &args)
+        let groups = rows.div_ceil(group);
+        self.launch(name, (blocks as u32, groups as u32, 1), 256, 0, &args)
     }
 }
 
@@ -135,7 +148,7 @@ mod tests {
         let b = GemvWeight::Bf16(0);
         assert!(Gpu::gemv_takes(b, 1, 2048, 2048));
         assert!(Gpu::gemv_takes(b, 8, 72, 72));
-        assert!(!Gpu::gemv_takes(b, 9, 2048, 2048));
+        assert!(Gpu::gemv_takes(b, 9, 2048, 2048), "groups of 8 rows");
         assert!(!Gpu::gemv_takes(b, 0, 2048, 2048));
         assert!(!Gpu::gemv_takes(b, 1, 2044, 2044), "k not a multiple of 8 bf16");
         assert!(Gpu::gemv_takes(GemvWeight::F32(0), 3, 2044, 2044));
@@ -144,9 +157,11 @@ mod tests {
 
     #[test]
     fn rows_pick_the_next_compiled_instance() {
-        for (rows, want) in [(1, "r1"), (2, "r2"), (3, "r4"), (4, "r4"), (5, "r8"), (8, "r8")] {
-            assert_eq!(instance(GEMV_F32, rows), format!("gemv_f32_{want}"));
+        for (rows, want, group) in
+            [(1, "r1", 1), (2, "r2", 2), (3, "r4", 3), (4, "r4", 4), (5, "r8", 5), (8, "r8", 8), (9, "r4", 4), (256, "r4", 4)]
+        {
+            assert_eq!(instance(GEMV_F32, rows), (format!("gemv_f32_{want}").as_str(), group));
         }
-        assert_eq!(instance(GEMV_BF16, 1), "gemv_bf16_r1");
+        assert_eq!(instance(GEMV_BF16, 1).0, "gemv_bf16_r1");
     }
 }

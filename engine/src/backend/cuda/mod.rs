@@ -636,8 +636,9 @@ fn check_slots(cache: &CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[
 
 impl CudaBackend {
     /// `y = linear(x, w)` for each `(w, y)` as one GEMV launch, when the variants pick the GEMV
-    /// for `x`'s rows and it takes them (one weight type, uncompressed, aligned): false, with
-    /// nothing launched, otherwise.
+    /// for `x`'s rows (`gemv_rows` over bf16 weights, `router_gemv_rows` over f32 ones) and it
+    /// takes them (one weight type, uncompressed, aligned): false, with nothing launched,
+    /// otherwise.
     fn gemv(&self, x: &CudaTensor, outs: &[(&CudaWeight, &CudaTensor)]) -> Result<bool> {
         let xb = x.bf16_ptr().unwrap_or(0);
         let mut parts = Vec::with_capacity(outs.len());
@@ -654,7 +655,12 @@ impl CudaBackend {
             parts.push(GemvOut { w: g, y: y.ptr(), n: w.out });
         }
         let one_type = parts.windows(2).all(|p| std::mem::discriminant(&p[0].w) == std::mem::discriminant(&p[1].w));
-        if x.rows > self.variants().gemv_rows || !one_type {
+        let v = self.variants();
+        let max_rows = match parts.first().map(|p| p.w) {
+            Some(GemvWeight::F32(_)) => v.router_gemv_rows,
+            _ => v.gemv_rows,
+        };
+        if x.rows > max_rows || !one_type {
             return Ok(false);
         }
         // SAFETY: x holds rows x cols f32 (its shadow, when non-zero, the same in bf16), each

@@ -283,7 +283,8 @@ pub(super) fn experts(
 
 /// Each token's expert rows of `y` (sorted positions `inv`) weighted and summed, plus the shared
 /// experts as dense GEMMs when `dense_shared`; with `end`, joined to the residual
-/// ([`joined`]), in one kernel when nothing comes between.
+/// ([`joined`]). The combine, the residual add and the RMSNorm are one kernel where they can be:
+/// the dense shared experts then accumulate into the residual first.
 #[allow(clippy::too_many_arguments)]
 fn combine(
     be: &CudaBackend,
@@ -301,13 +302,16 @@ fn combine(
         // which add_rms_norm then reports) takes the two kernels.
         Some(e)
             if be.variants().fusion.moe_end
-                && !dense_shared
                 && h.is_multiple_of(4)
                 && e.w.len() == h
                 && (e.residual.rows, e.residual.cols) == (n, h) =>
         {
+            let res = e.residual.ptr_mut();
+            if dense_shared {
+                shared_dense(be, x, ex, res)?;
+            }
             let out = be.tensor_shadowed(n, h)?;
-            let (res, yb) = (e.residual.ptr_mut(), out.bf16_ptr().unwrap_or(0));
+            let yb = out.bf16_ptr().unwrap_or(0);
             gpu.moe_combine_norm(y, inv, ptr(&r.weights), k, res, e.w.ptr(), out.ptr(), yb, n, h, e.eps)
                 .map_err(kerr)?;
             Ok(out)
@@ -316,7 +320,7 @@ fn combine(
             let out = be.tensor(n, h)?;
             gpu.moe_combine(y, inv, ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
             if dense_shared {
-                shared_dense(be, x, ex, &out)?;
+                shared_dense(be, x, ex, out.ptr())?;
             }
             joined(be, out, end)
         }
@@ -357,8 +361,8 @@ fn fp8_wgmma_experts(
 /// `out += shared(x)` for the shared experts folded into the last slots of `ex`, as dense GEMMs
 /// over those slots (compressed ones expanded to bf16 first): one GEMM for every slot's
 /// interleaved gate/up rows, SiLU-mul over the pairs, then each slot's down projection
-/// accumulated into `out`.
-fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: &CudaTensor) -> Result<()> {
+/// accumulated into `out` (f32 `[x.rows, hidden]`, an allocation of `be`).
+fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: u64) -> Result<()> {
     let (n, h, i, s, gpu) = (x.rows, ex.hidden, ex.inter, ex.shared, be.gpu());
     let first = ex.experts - s;
     let expanded;
@@ -387,7 +391,7 @@ fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: &CudaTe
     gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, s * i, true).map_err(kerr)?;
     for j in 0..s {
         let (a, w) = (ptr(&act) + (j * i * 2) as u64, wdn + (j * h * i * 2) as u64);
-        gpu.linear_bf16_acc(a, s * i, w, out.ptr(), n, h, i).map_err(kerr)?;
+        gpu.linear_bf16_acc(a, s * i, w, out, n, h, i).map_err(kerr)?;
     }
     Ok(())
 }

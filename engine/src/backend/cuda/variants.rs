@@ -17,6 +17,7 @@ use crate::error::{EngineError, Result};
 /// [`QPersist::default_for`]), `CLEAVE_MOE_ROWS32=off|32xBN/BK/STAGES/PREFETCH` (default
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
+/// `CLEAVE_ROUTER_GEMV=off|ROWS` (default [`DEFAULT_ROUTER_GEMV_ROWS`]),
 /// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
@@ -62,6 +63,9 @@ pub struct Variants {
     /// [`GEMV_MAX_ROWS`]) through the GEMV kernel instead of cuBLAS (the first of two projections
     /// of one input, MLA's q and kv_a, in one launch); 0: never.
     pub gemv_rows: usize,
+    /// Linears over f32 weights (the MoE router's gate) of at most this many rows through the
+    /// GEMV kernel, in groups of [`GEMV_MAX_ROWS`] rows, instead of cuBLAS's SGEMM; 0: never.
+    pub router_gemv_rows: usize,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
@@ -151,6 +155,15 @@ pub const DEFAULT_PDL: Pdl = Pdl::Light;
 /// 4.95 ms; run 48).
 pub const DEFAULT_GEMV_ROWS: usize = 4;
 
+/// The f32 router gate runs on the GEMV up to this many rows (every decode batch up to
+/// `max_num_seqs` 256); cuBLAS's SGEMM took about 14 us per layer at 64 and 256 rows (run 90's
+/// events profile) for 512 KB of weights.
+pub const DEFAULT_ROUTER_GEMV_ROWS: usize = 256;
+
+/// The largest `CLEAVE_ROUTER_GEMV` (beyond, each 8-row group re-reading the gate and the
+/// blocks' grid growing with the batch, cuBLAS is the better GEMM).
+pub const ROUTER_GEMV_MAX_ROWS: usize = 1024;
+
 /// The default persistent grouped-GEMM configuration: the fastest in `kernels-check --stages
 /// moe_tune` at the V2-Lite and V3 decode shapes of 16 and 64 tokens (82-98% of HBM bandwidth on
 /// an H200, kernels/bench/results/run6-tune.txt) and in whole V2-Lite decode steps.
@@ -210,6 +223,7 @@ impl Variants {
         qgemm_rows8: 0,
         fold_shared: false,
         gemv_rows: 0,
+        router_gemv_rows: 0,
         fused_prologue: false,
         pdl: Pdl::Off,
         fusion: Fusion::OFF,
@@ -235,6 +249,12 @@ impl Variants {
             }
         };
         v.gemv_rows = parse_count("CLEAVE_DENSE_GEMV", &var("CLEAVE_DENSE_GEMV"), DEFAULT_GEMV_ROWS, GEMV_MAX_ROWS)?;
+        v.router_gemv_rows = parse_count(
+            "CLEAVE_ROUTER_GEMV",
+            &var("CLEAVE_ROUTER_GEMV"),
+            DEFAULT_ROUTER_GEMV_ROWS,
+            ROUTER_GEMV_MAX_ROWS,
+        )?;
         v.fusion = Fusion {
             route_align: parse_count(
                 "CLEAVE_ROUTE_ALIGN",
@@ -370,6 +390,7 @@ impl Variants {
             qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
+            router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
@@ -399,6 +420,7 @@ mod tests {
                 qgemm_rows8: ROWS8_MAX_AVG,
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
+                router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
                 fused_prologue: true,
                 pdl: DEFAULT_PDL,
                 fusion: Fusion::DEFAULT,
@@ -411,6 +433,7 @@ mod tests {
             qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
+            router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
@@ -425,6 +448,10 @@ mod tests {
         assert_eq!(Variants::parse_rows8("16").unwrap(), 16);
         assert!(Variants::parse_rows8("-1").unwrap_err().to_string().contains("CLEAVE_QGEMM_ROWS8"));
         assert_eq!(gemv("4").unwrap(), 4);
+        let router = |v| parse_count("CLEAVE_ROUTER_GEMV", v, DEFAULT_ROUTER_GEMV_ROWS, ROUTER_GEMV_MAX_ROWS);
+        assert_eq!(router("").unwrap(), DEFAULT_ROUTER_GEMV_ROWS);
+        assert_eq!(router("64").unwrap(), 64);
+        assert!(router("1025").unwrap_err().to_string().contains("CLEAVE_ROUTER_GEMV"));
         assert!(fused_or_separate("CLEAVE_MOE_END", "").unwrap());
         assert!(!fused_or_separate("CLEAVE_MOE_END", "separate").unwrap());
         assert!(fused_or_separate("CLEAVE_MOE_END", "on").unwrap_err().to_string().contains("CLEAVE_MOE_END"));
