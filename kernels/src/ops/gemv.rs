@@ -77,11 +77,7 @@ impl GemvWeight {
 impl Gpu {
     /// Whether [`Gpu::gemv`] takes `rows` rows of `k` inputs (row stride `ldx`) over `w`.
     pub fn gemv_takes(w: GemvWeight, rows: usize, k: usize, ldx: usize) -> bool {
-        rows > 0
-            && rows <= i32::MAX as usize
-            && k > 0
-            && k.is_multiple_of(w.lanes())
-            && ldx.is_multiple_of(w.lanes())
+        rows > 0 && rows <= i32::MAX as usize && k > 0 && k.is_multiple_of(w.lanes()) && ldx.is_multiple_of(w.lanes())
     }
 
     /// Row-major `y[rows, n] = x[rows, k] w[n, k]^T + beta y` for each of `outs` (one or two
@@ -157,9 +153,16 @@ mod tests {
 
     #[test]
     fn rows_pick_the_next_compiled_instance() {
-        for (rows, want, group) in
-            [(1, "r1", 1), (2, "r2", 2), (3, "r4", 3), (4, "r4", 4), (5, "r8", 5), (8, "r8", 8), (9, "r4", 4), (256, "r4", 4)]
-        {
+        for (rows, want, group) in [
+            (1, "r1", 1),
+            (2, "r2", 2),
+            (3, "r4", 3),
+            (4, "r4", 4),
+            (5, "r8", 5),
+            (8, "r8", 8),
+            (9, "r4", 4),
+            (256, "r4", 4),
+        ] {
             assert_eq!(instance(GEMV_F32, rows), (format!("gemv_f32_{want}").as_str(), group));
         }
         assert_eq!(instance(GEMV_BF16, 1).0, "gemv_bf16_r1");
