@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cleave_engine::backend::cpu::CpuBackend;
-use cleave_engine::backend::{AddNorm, AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, RouterParams};
+use cleave_engine::backend::{AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, RouterParams};
 use cleave_engine::backend::{SampleRow, StepIndices};
 use cleave_engine::weights::LinearSource;
 use cleave_engine::{Engine, EngineConfig, ParallelConfig, Result};
@@ -56,7 +56,6 @@ impl Backend for Layout {
         rms_norm(x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
         add_rms_norm(residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
         linear(x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
-        linear_add_norm(x: &Self::Tensor, w: &Self::Weight, end: AddNorm<'_, Self::Tensor>) -> Result<Self::Tensor>;
         linear_pair(x: &Self::Tensor, a: &Self::Weight, b: &Self::Weight) -> Result<(Self::Tensor, Self::Tensor)>;
         silu_mul(x: &Self::Tensor) -> Result<Self::Tensor>;
         add_assign(a: &mut Self::Tensor, b: &Self::Tensor) -> Result<()>;

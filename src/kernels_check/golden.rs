@@ -240,7 +240,6 @@ impl Backend for CudaRef<'_> {
         rms_norm(x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> cleave_engine::Result<Self::Tensor>;
         add_rms_norm(residual: &mut Self::Tensor, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> cleave_engine::Result<Self::Tensor>;
         linear(x: &Self::Tensor, w: &Self::Weight) -> cleave_engine::Result<Self::Tensor>;
-        linear_add_norm(x: &Self::Tensor, w: &Self::Weight, end: cleave_engine::backend::AddNorm<'_, Self::Tensor>) -> cleave_engine::Result<Self::Tensor>;
         linear_pair(x: &Self::Tensor, a: &Self::Weight, b: &Self::Weight) -> cleave_engine::Result<(Self::Tensor, Self::Tensor)>;
         linear_split(x: &Self::Tensor, w: &Self::Weight, first: usize) -> cleave_engine::Result<(Self::Tensor, Self::Tensor)>;
         silu_mul(x: &Self::Tensor) -> cleave_engine::Result<Self::Tensor>;

@@ -9,7 +9,7 @@
 use anyhow::{ensure, Result};
 use cleave_engine::backend::cpu::CpuWeight;
 use cleave_engine::backend::cuda::{Fp8Out, QuantGemm, Variants, QGEMM_MAX_ROWS};
-use cleave_engine::backend::{AddNorm, Backend};
+use cleave_engine::backend::Backend;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::Fp8Order;
 use cleave_kernels::ptr;
@@ -28,11 +28,8 @@ impl Ctx<'_> {
         let def = self.cu.variants();
         let persistent = Variants { qgemm: QuantGemm::Persistent(None), fp8_tensor_cores: true, ..def };
         self.cu.set_variants(persistent);
-        let r = self
-            .qdecode_linears(def)
-            .and_then(|()| self.qdecode_stacked())
-            .and_then(|()| self.qdecode_proj_end())
-            .and_then(|()| self.qdecode_experts(def));
+        let r =
+            self.qdecode_linears(def).and_then(|()| self.qdecode_stacked()).and_then(|()| self.qdecode_experts(def));
         self.cu.set_variants(def);
         r
     }
@@ -148,52 +145,6 @@ impl Ctx<'_> {
                     ((na + nb) * k) as f64 * wa.bytes_per_value() + (rows * k * 2 + rows * (na + nb) * 4) as f64;
                 let shape = format!("{rows} x {k} -> {na} + {nb}");
                 self.push(&format!("linear_split {fmt}"), shape, err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
-            }
-        }
-        Ok(())
-    }
-
-    /// An output projection joined to the residual (`linear_add_norm`): at decode sizes the
-    /// split-K partials summed by the RMSNorm, past [`QGEMM_MAX_ROWS`] rows the linear and then
-    /// `add_rms_norm`; the next input and the residual both against the CPU's linear and
-    /// `add_rms_norm`.
-    fn qdecode_proj_end(&mut self) -> Result<()> {
-        // (rows, out, in): V3's o_proj, V2-Lite's.
-        let shapes: &[(usize, usize, usize)] = if self.quick {
-            &[(1, 256, 384), (3, 128, 256), (QGEMM_MAX_ROWS + 2, 128, 256)]
-        } else {
-            &[(1, 7168, 16384), (4, 2048, 2048), (64, 7168, 16384), (200, 2048, 2048)]
-        };
-        for (fmt, make) in super::quant::FORMATS {
-            for &(rows, n, k) in shapes {
-                let w = make(&mut self.rng, n, k);
-                let (wg, wc) = (self.cu.load_linear(&[w.source()])?, self.cpu.load_linear(&[w.source()])?);
-                let (x, res) = (self.rng.vec(rows * k, 1.0), self.rng.vec(rows * n, 2.0));
-                let norm: Vec<f32> = (0..n).map(|_| 0.5 + self.rng.unit()).collect();
-                let (xg, ng) = (self.cu.upload(&x, rows, k)?, self.cu.upload(&norm, 1, n)?);
-                let mut rg = self.cu.upload(&res, rows, n)?;
-                let got = self.cu.download(&self.cu.linear_add_norm(
-                    &xg,
-                    &wg,
-                    AddNorm { residual: &mut rg, w: &ng, eps: 1e-6 },
-                )?)?;
-                let res_got = self.cu.download(&rg)?;
-                // FP8 activations are quantized at decode sizes (past them, on FP8 tensor cores
-                // where the weight has block scales).
-                let tc = wg.fp8_block_scales().is_some()
-                    && matches!(self.cu.fp8_prefill_output(), Fp8Out::F32 | Fp8Out::Bf16);
-                let quantized = fmt.starts_with("fp8") && (rows <= QGEMM_MAX_ROWS || tc);
-                let xr = if quantized { fp8::act_quant(&x, rows, k).dequantized(rows, k) } else { x };
-                let (xc, nc) = (self.cpu.upload(&xr, rows, k)?, self.cpu.upload(&norm, 1, n)?);
-                let mut rc = self.cpu.upload(&res, rows, n)?;
-                let want = self.cpu.linear_add_norm(&xc, &wc, AddNorm { residual: &mut rc, w: &nc, eps: 1e-6 })?;
-                let err = rel_err(&got, &want.data).max(rel_err(&res_got, &rc.data));
-                let us = self.time(|| {
-                    self.cu.linear_add_norm(&xg, &wg, AddNorm { residual: &mut rg, w: &ng, eps: 1e-6 }).map(drop)
-                })?;
-                let bytes = (n * k) as f64 * w.bytes_per_value() + (rows * k * 2 + rows * n * 16) as f64;
-                let shape = format!("{rows} x {k} -> {n}");
-                self.push(&format!("linear + add, norm {fmt}"), shape, err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
             }
         }
         Ok(())

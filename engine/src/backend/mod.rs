@@ -232,18 +232,6 @@ pub trait Backend {
     ) -> Result<Self::Tensor>;
     /// `x @ W^T`.
     fn linear(&self, x: &Self::Tensor, w: &Self::Weight) -> Result<Self::Tensor>;
-    /// `add_rms_norm(end.residual, linear(x, w))`: an output projection joined to the residual
-    /// and the next input returned (attention's `o_proj`), which a backend may fuse (the GPU sums
-    /// a compressed GEMM's split-K partials in the RMSNorm).
-    fn linear_add_norm(
-        &self,
-        x: &Self::Tensor,
-        w: &Self::Weight,
-        end: AddNorm<'_, Self::Tensor>,
-    ) -> Result<Self::Tensor> {
-        let y = self.linear(x, w)?;
-        self.add_rms_norm(end.residual, &y, end.w, end.eps)
-    }
     /// `(linear(x, a), linear(x, b))`: two projections of one input (MLA's q and kv_a), which a
     /// backend may compute in one pass.
     fn linear_pair(

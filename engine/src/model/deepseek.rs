@@ -215,8 +215,8 @@ impl<B: Backend> Model<B> {
         let mut h = be.embedding(&self.embed, &input.ids)?;
         let mut x = be.rms_norm(&h, &self.layers[0].input_norm, eps)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            let end = AddNorm { residual: &mut h, w: &layer.post_norm, eps };
-            x = self.attention(be, &step, cache, i, &layer.attn, &x, end)?;
+            let a = self.attention(be, &step, cache, i, &layer.attn, &x)?;
+            x = be.add_rms_norm(&mut h, &a, &layer.post_norm, eps)?;
             let next = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
             x = self.mlp(be, &step, &layer.mlp, &x, Some(AddNorm { residual: &mut h, w: next, eps }))?;
         }
@@ -226,9 +226,6 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// MLA over the layer's cache, its output projection joined to the residual: the next input
-    /// ([`AddNorm`]).
-    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         be: &B,
@@ -237,7 +234,6 @@ impl<B: Backend> Model<B> {
         layer: usize,
         a: &Attention<B>,
         x: &B::Tensor,
-        end: AddNorm<'_, B::Tensor>,
     ) -> Result<B::Tensor> {
         let (c, input) = (&self.cfg, step.input);
         let d = self.dims;
@@ -252,13 +248,9 @@ impl<B: Backend> Model<B> {
         let rot = Rotary { cos_sin: &self.cos_sin, positions: &input.positions, interleaved: c.rope_interleave };
         be.mla_prologue(&mut q, &kv, &a.kv_a_norm, c.rms_norm_eps, rot, cache, layer, &input.slots, d)?;
         let o = be.mla_attention(&q, cache, layer, &a.kv_b, &input.attn, d)?;
-        // Alone in its tensor-parallel group, the projection and the residual's norm may fuse.
-        if step.alone(Axis::Tp) {
-            return be.linear_add_norm(&o, &a.o, end);
-        }
         let mut y = be.linear(&o, &a.o)?;
         step.reduce(be, Axis::Tp, &mut y)?;
-        be.add_rms_norm(end.residual, &y, end.w, end.eps)
+        Ok(y)
     }
 
     /// The MLP's output, or with `end` the next input ([`AddNorm`]).
@@ -326,19 +318,11 @@ struct Step<'a, B: Backend> {
 }
 
 impl<B: Backend> Step<'_, B> {
-    /// Whether this rank's group over `axis` is itself alone (nothing to reduce).
-    fn alone(&self, axis: Axis) -> bool {
-        self.comm.is_none_or(|c| c.size(axis) <= 1)
-    }
-
     /// Sums partial results over `axis` (nothing to do in a group of one).
     fn reduce(&self, be: &B, axis: Axis, y: &mut B::Tensor) -> Result<()> {
-        if self.alone(axis) {
-            return Ok(());
-        }
         match self.comm {
-            Some(c) => c.all_reduce(be, axis, y),
-            None => Ok(()),
+            Some(c) if c.size(axis) > 1 => c.all_reduce(be, axis, y),
+            _ => Ok(()),
         }
     }
 }

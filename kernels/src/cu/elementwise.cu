@@ -14,12 +14,9 @@ extern "C" __global__ void embedding_f32(const float* table, const u32* ids, flo
 // (the next GEMM's operand, the same rounding as cast_f32_bf16) in the same pass. The row stays in
 // registers (at most RMS_PER_THREAD values per thread, cols <= RMS_PER_THREAD * blockDim.x): all
 // loads are issued before the reduction, nothing is read twice. x, res and y must not overlap.
-// x may be `splits` split-K partials `pstride` floats apart (a compressed GEMM's, see
-// qgemm_reduce): they are summed in order first, as qgemm_reduce sums them.
 #define RMS_PER_THREAD 16
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __restrict__ res, const float* __restrict__ w,
-                                        float* __restrict__ y, bf16_t* __restrict__ yb, int cols, int wc, float eps,
-                                        int splits, u64 pstride) {
+                                        float* __restrict__ y, bf16_t* __restrict__ yb, int cols, int wc, float eps) {
     pdl_enter();
     const int r = blockIdx.x, nt = blockDim.x;
     const float* xr = x + (u64)r * cols;
@@ -30,13 +27,7 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __re
 #pragma unroll
     for (int i = 0; i < RMS_PER_THREAD; i++) {
         const int c = threadIdx.x + i * nt;
-        float s = 0.f;
-        if (splits == 1) {
-            s = c < cols ? xr[c] : 0.f;
-        } else if (c < cols) {
-            for (int z = 0; z < splits; z++) s += xr[(u64)z * pstride + c];
-        }
-        v[i] = c < cols ? s + (rr ? rr[c] : 0.f) : 0.f;
+        v[i] = c < cols ? xr[c] + (rr ? rr[c] : 0.f) : 0.f;
     }
     float ss = 0.f;
 #pragma unroll

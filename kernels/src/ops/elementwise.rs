@@ -25,46 +25,17 @@ impl Gpu {
         wc: usize,
         eps: f32,
     ) -> Result<()> {
-        self.rms_norm_partials(x, 1, res, w, y, yb, rows, cols, wc, eps)
-    }
-
-    /// [`Gpu::rms_norm`] where `x` is `splits` split-K partials of `[rows, cols]` one after the
-    /// other (a compressed GEMM's, [`Gpu::qgemm_reduce`]'s input), summed in order first: the
-    /// reduction and the residual's RMSNorm in one launch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rms_norm_partials(
-        &self,
-        x: u64,
-        splits: usize,
-        res: u64,
-        w: u64,
-        y: u64,
-        yb: u64,
-        rows: usize,
-        cols: usize,
-        wc: usize,
-        eps: f32,
-    ) -> Result<()> {
         // The kernel keeps a row in registers, RMS_PER_THREAD (16) values per thread.
-        if cols > 16 * 1024 || wc > cols || wc == 0 || splits == 0 || splits > i32::MAX as usize {
-            return Err(KernelError::Invalid(format!(
-                "rms_norm: {cols} columns, {wc} normalized (at most 16384), {splits} partials"
-            )));
+        if cols > 16 * 1024 || wc > cols || wc == 0 {
+            return Err(KernelError::Invalid(format!("rms_norm: {cols} columns, {wc} normalized (at most 16384)")));
         }
         let block = (cols.div_ceil(16).div_ceil(32) * 32).max(256) as u32;
-        let args = [
-            Ptr(x),
-            Ptr(res),
-            Ptr(w),
-            Ptr(y),
-            Ptr(yb),
-            I32(cols as i32),
-            I32(wc as i32),
-            F32(eps),
-            I32(splits as i32),
-            U64((rows * cols) as u64),
-        ];
-        self.launch_rows("rms_norm_f32", rows, block, &args)
+        self.launch_rows(
+            "rms_norm_f32",
+            rows,
+            block,
+            &[Ptr(x), Ptr(res), Ptr(w), Ptr(y), Ptr(yb), I32(cols as i32), I32(wc as i32), F32(eps)],
+        )
     }
 
     /// A MoE layer's end, one pass per token: `res += sum_j wts[t, j] y[inv[t, j]]` over its

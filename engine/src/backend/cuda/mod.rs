@@ -447,16 +447,6 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn linear_add_norm(&self, x: &CudaTensor, w: &CudaWeight, mut end: AddNorm<'_, CudaTensor>) -> Result<CudaTensor> {
-        if self.variants().fusion.proj_end {
-            if let Some(y) = self.linear_quant_add_norm(x, w, &mut end)? {
-                return Ok(y);
-            }
-        }
-        let y = self.linear(x, w)?;
-        self.add_rms_norm(end.residual, &y, end.w, end.eps)
-    }
-
     fn linear_pair(&self, x: &CudaTensor, a: &CudaWeight, b: &CudaWeight) -> Result<(CudaTensor, CudaTensor)> {
         // Outputs are allocated only where the GEMV may take the pair (not at batch sizes above it).
         if x.cols == a.inp && x.cols == b.inp && (1..=self.variants().gemv_rows).contains(&x.rows) {

@@ -8,7 +8,7 @@ use cleave_kernels::fp8::BLOCK;
 use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, Route, GGW_FP8_BM};
 use cleave_kernels::{ptr, Gpu};
 
-use super::quant::{QEnd, QIn, QuantWeight};
+use super::quant::{QIn, QuantWeight};
 use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, QRows, ROWS32_MIN_AVG};
 use crate::backend::{AddNorm, Backend, Router, RouterParams};
 use crate::error::{EngineError, Result};
@@ -255,12 +255,12 @@ pub(super) fn experts(
                 let g = QGemm { rows: routed_a, ..g };
                 fp8_wgmma_experts(be, x, [gate_up, down], g, ptr(&y), stages)?;
             } else if bm <= 16 {
-                be.qgemm_decode(gate_up, QIn::F32(x), g, QEnd::Sum)?;
+                be.qgemm_decode(gate_up, QIn::F32(x), g, None)?;
                 be.qgemm_decode(
                     down,
                     QIn::Bf16 { ptr: ptr(&act), rows: a },
                     QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g },
-                    QEnd::Sum,
+                    None,
                 )?;
             } else {
                 gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }).map_err(kerr)?;

@@ -11,33 +11,9 @@ use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 
 use super::{kerr, CudaBackend, CudaTensor, CudaWeight, Precision, QRows, WeightData, QGEMM_MAX_ROWS};
-use crate::backend::{check_split, AddNorm, Backend};
+use crate::backend::{check_split, Backend};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
-
-/// How [`CudaBackend::qgemm_decode`] finishes a dense GEMM's split-K partials.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum QEnd {
-    /// Summed into the result (`qgemm_reduce`; one split writes it directly).
-    Sum,
-    /// Summed and cut in two ([`QCut`]).
-    Cut(QCut),
-    /// Summed, added to a residual and RMS-normalized (`rms_norm_partials`); `g.y` is unused.
-    AddNorm(QNorm),
-}
-
-/// The residual add and RMSNorm that end a dense GEMM ([`QEnd::AddNorm`]): device addresses of
-/// the residual (`[rows, n]` f32, updated), the norm's `wc` weights, the output and its bf16
-/// copy (0: none).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct QNorm {
-    pub residual: u64,
-    pub w: u64,
-    pub wc: usize,
-    pub y: u64,
-    pub yb: u64,
-    pub eps: f32,
-}
 
 /// The activations of a decode GEMM over compressed weights: an f32 tensor (with its bf16 shadow
 /// when it has one), or bf16 rows (`rows` of them, the expert MLP's intermediate).
@@ -300,42 +276,7 @@ impl CudaBackend {
             self.gpu.qdequant(&q, ptr(&wb)).map_err(kerr)?;
             return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
         }
-        self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()), QEnd::Sum)
-    }
-
-    /// [`crate::backend::Backend::linear_add_norm`] over a compressed weight at decode sizes: its
-    /// split-K partials summed by the residual's RMSNorm (one launch for `qgemm_reduce` and
-    /// `add_rms_norm`); `None`, with nothing launched, where that does not apply (past
-    /// `QGEMM_MAX_ROWS` rows, or other shapes than the residual's).
-    pub(super) fn linear_quant_add_norm(
-        &self,
-        x: &CudaTensor,
-        w: &CudaWeight,
-        end: &mut AddNorm<'_, CudaTensor>,
-    ) -> Result<Option<CudaTensor>> {
-        let q = match &w.data {
-            WeightData::Quant(q) => q,
-            _ => return Ok(None),
-        };
-        let (rows, n) = (x.rows, w.out);
-        let fits = (1..=QGEMM_MAX_ROWS).contains(&rows)
-            && x.cols == w.inp
-            && (end.residual.rows, end.residual.cols) == (rows, n)
-            && (1..=n).contains(&end.w.len());
-        if !fits {
-            return Ok(None);
-        }
-        let out = self.tensor_shadowed(rows, n)?;
-        let norm = QNorm {
-            residual: end.residual.ptr_mut(),
-            w: end.w.ptr(),
-            wc: end.w.len(),
-            y: out.ptr(),
-            yb: out.bf16_ptr().unwrap_or(0),
-            eps: end.eps,
-        };
-        self.qgemm_decode(q, QIn::F32(x), QGemm::dense(rows, out.ptr()), QEnd::AddNorm(norm))?;
-        Ok(Some(out))
+        self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()), None)
     }
 
     /// [`crate::backend::Backend::linear_split`]: over a compressed weight at decode sizes, the
@@ -351,7 +292,7 @@ impl CudaBackend {
         let cut = QCut { first, rest: b.ptr() };
         match &w.data {
             WeightData::Quant(q) if rows <= QGEMM_MAX_ROWS => {
-                self.qgemm_decode(q, QIn::F32(x), QGemm::dense(rows, a.ptr()), QEnd::Cut(cut))?;
+                self.qgemm_decode(q, QIn::F32(x), QGemm::dense(rows, a.ptr()), Some(cut))?;
             }
             _ => {
                 let y = self.linear(x, w)?;
@@ -376,10 +317,10 @@ impl CudaBackend {
     /// variants give a shape for the weight's format and grouping (FP8 on FP8 tensor cores, the
     /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
     /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full, its
-    /// partials finished as `end` says.
-    pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm, end: QEnd) -> Result<()> {
-        if !matches!(end, QEnd::Sum) && (g.tiles != 0 || g.silu) {
-            return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut or normalized".into()));
+    /// result cut in two by `cut` (in the split-K reduction, or a copy when there is one split).
+    pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm, cut: Option<QCut>) -> Result<()> {
+        if cut.is_some() && (g.tiles != 0 || g.silu) {
+            return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut".into()));
         }
         let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
@@ -413,8 +354,7 @@ impl CudaBackend {
             (0, None) => self.gpu.qgemm_splits(&q, g.rows, g.bm),
             _ => 1,
         };
-        let part =
-            if splits > 1 || !matches!(end, QEnd::Sum) { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
+        let part = if splits > 1 || cut.is_some() { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
         let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, ..g };
         match persistent {
             Some(cfg) => self.gpu.qgemm_persistent(&q, &run, cfg),
@@ -422,15 +362,7 @@ impl CudaBackend {
         }
         .map_err(kerr)?;
         if let Some(p) = part {
-            let (gpu, rows) = (&self.gpu, g.rows);
-            match end {
-                QEnd::Sum => gpu.qgemm_reduce(ptr(&p), g.y, splits, rows, n, None),
-                QEnd::Cut(cut) => gpu.qgemm_reduce(ptr(&p), g.y, splits, rows, n, Some(cut)),
-                QEnd::AddNorm(e) => {
-                    gpu.rms_norm_partials(ptr(&p), splits, e.residual, e.w, e.y, e.yb, rows, n, e.wc, e.eps)
-                }
-            }
-            .map_err(kerr)?;
+            self.gpu.qgemm_reduce(ptr(&p), g.y, splits, g.rows, n, cut).map_err(kerr)?;
         }
         drop((bf16, fp8));
         Ok(())

@@ -23,8 +23,7 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
 /// [`ROWS8_MAX_AVG`]), and the decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS`
-/// (default [`Fusion::DEFAULT`]), `CLEAVE_MOE_END=fused|separate` (default fused),
-/// `CLEAVE_PROJ_END=fused|separate` (default fused).
+/// (default [`Fusion::DEFAULT`]), `CLEAVE_MOE_END=fused|separate` (default fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -84,17 +83,14 @@ pub struct Fusion {
     pub route_align: usize,
     /// The MoE combine, the residual add and the next RMSNorm in one kernel (`moe_combine_norm`).
     pub moe_end: bool,
-    /// A compressed output projection's split-K partials summed by the residual's RMSNorm
-    /// (`rms_norm_partials`) instead of `qgemm_reduce` then `add_rms_norm`.
-    pub proj_end: bool,
 }
 
 impl Fusion {
-    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false, proj_end: false };
+    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false };
     /// Run 81: a token per warp of `moe_route_align` (at 64 tokens, two per warp, the V2-Lite
     /// step was 2.4% slower than routing and sorting apart); the fused MoE end saved 3% at batch
-    /// 1. The projection's end saves one launch per layer on compressed weights.
-    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true, proj_end: true };
+    /// 1.
+    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true };
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -267,7 +263,6 @@ impl Variants {
                 ROUTE_ALIGN_MAX_TOKENS,
             )?,
             moe_end: fused_or_separate("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"))?,
-            proj_end: fused_or_separate("CLEAVE_PROJ_END", &var("CLEAVE_PROJ_END"))?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
         v.fused_prologue = fused_or_separate("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"))?;
