@@ -201,7 +201,7 @@ __device__ __forceinline__ void gg_persistent(const bf16_t* __restrict__ X, cons
     pdl_enter();
     constexpr int MT = BM / 16, CH = BK / 8, WN = 4 / WK, NT = BN / WN / 8;
     constexpr int CA = (BM * CH + 127) / 128, CB = (BN * CH + 127) / 128;  // 16-byte chunks per thread
-    static_assert((BK == 32 || BK == 64 || BK == 128) && WN * WK == 4 && NT * WN * 8 == BN && BK % (16 * WK) == 0, "shape");
+    static_assert((BK == 32 || BK == 64) && WN * WK == 4 && NT * WN * 8 == BN && BK % (16 * WK) == 0, "shape");
     static_assert((BM == 16 || BM == 32) && (BM == 16 || WK == 1), "rows");
     __shared__ __align__(128) bf16_t sA[ST][BM * BK];
     __shared__ __align__(128) bf16_t sB[ST][BN * BK];
@@ -366,11 +366,6 @@ extern "C" __global__ void __launch_bounds__(128) ggp64_32_6_f32(GGP_ARGS) { gg_
 extern "C" __global__ void __launch_bounds__(128) ggp64_32_6_silu(GGP_ARGS) { gg_persistent<16, 64, 32, 6, 1, 1>(GGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) ggp64_32_8_f32(GGP_ARGS) { gg_persistent<16, 64, 32, 8, 1, 0>(GGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) ggp64_32_8_silu(GGP_ARGS) { gg_persistent<16, 64, 32, 8, 1, 1>(GGP_PASS); }
-// 256-byte k-tiles (each weight row read 256 bytes at a time, twice BK 64's).
-extern "C" __global__ void __launch_bounds__(128) ggp16_128_4_f32(GGP_ARGS) { gg_persistent<16, 16, 128, 4, 2, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp16_128_4_silu(GGP_ARGS) { gg_persistent<16, 16, 128, 4, 2, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_128_3_f32(GGP_ARGS) { gg_persistent<16, 32, 128, 3, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggp32_128_3_silu(GGP_ARGS) { gg_persistent<16, 32, 128, 3, 1, 1>(GGP_PASS); }
 // 32-row tiles (16-32 rows per expert): ggpr32_<BN>_<BK>_<ST>_{f32,silu}.
 extern "C" __global__ void __launch_bounds__(128) ggpr32_32_64_4_f32(GGP_ARGS) { gg_persistent<32, 32, 64, 4, 1, 0>(GGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) ggpr32_32_64_4_silu(GGP_ARGS) { gg_persistent<32, 32, 64, 4, 1, 1>(GGP_PASS); }
@@ -380,5 +375,3 @@ extern "C" __global__ void __launch_bounds__(128) ggpr32_64_32_6_f32(GGP_ARGS) {
 extern "C" __global__ void __launch_bounds__(128) ggpr32_64_32_6_silu(GGP_ARGS) { gg_persistent<32, 64, 32, 6, 1, 1>(GGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) ggpr32_64_64_3_f32(GGP_ARGS) { gg_persistent<32, 64, 64, 3, 1, 0>(GGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) ggpr32_64_64_3_silu(GGP_ARGS) { gg_persistent<32, 64, 64, 3, 1, 1>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggpr32_32_128_2_f32(GGP_ARGS) { gg_persistent<32, 32, 128, 2, 1, 0>(GGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) ggpr32_32_128_2_silu(GGP_ARGS) { gg_persistent<32, 32, 128, 2, 1, 1>(GGP_PASS); }

@@ -8,7 +8,7 @@ use crate::{Arg, Gpu, KernelError, Result};
 use Arg::{Ptr, F32, I32};
 
 /// (bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled persistent grouped-GEMM shape.
-pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 17] = [
+pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
     (16, 16, 32, 8, "ggp16_32_8_f32", "ggp16_32_8_silu"),
     (16, 16, 64, 4, "ggp16_64_4_f32", "ggp16_64_4_silu"),
     (16, 16, 64, 8, "ggp16_64_8_f32", "ggp16_64_8_silu"),
@@ -19,13 +19,10 @@ pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 17] = [
     (16, 64, 32, 4, "ggp64_32_4_f32", "ggp64_32_4_silu"),
     (16, 64, 32, 6, "ggp64_32_6_f32", "ggp64_32_6_silu"),
     (16, 64, 32, 8, "ggp64_32_8_f32", "ggp64_32_8_silu"),
-    (16, 16, 128, 4, "ggp16_128_4_f32", "ggp16_128_4_silu"),
-    (16, 32, 128, 3, "ggp32_128_3_f32", "ggp32_128_3_silu"),
     (32, 32, 64, 4, "ggpr32_32_64_4_f32", "ggpr32_32_64_4_silu"),
     (32, 32, 64, 5, "ggpr32_32_64_5_f32", "ggpr32_32_64_5_silu"),
     (32, 64, 32, 6, "ggpr32_64_32_6_f32", "ggpr32_64_32_6_silu"),
     (32, 64, 64, 3, "ggpr32_64_64_3_f32", "ggpr32_64_64_3_silu"),
-    (32, 32, 128, 2, "ggpr32_32_128_2_f32", "ggpr32_32_128_2_silu"),
 ];
 
 /// (bm, bn, stages, threads) of every compiled wgmma grouped-GEMM shape (wgmma.cu); shape i is the
