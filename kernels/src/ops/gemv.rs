@@ -74,6 +74,16 @@ impl GemvWeight {
     }
 }
 
+/// How many times [`Gpu::gemv`] over `rows` rows reads its weights: once per group of rows
+/// (from L2 after the first).
+pub fn gemv_weight_reads(rows: usize) -> usize {
+    if rows > GEMV_MAX_ROWS {
+        rows.div_ceil(GEMV_GROUP_ROWS)
+    } else {
+        1
+    }
+}
+
 impl Gpu {
     /// Whether [`Gpu::gemv`] takes `rows` rows of `k` inputs (row stride `ldx`) over `w`.
     pub fn gemv_takes(w: GemvWeight, rows: usize, k: usize, ldx: usize) -> bool {
@@ -166,5 +176,6 @@ mod tests {
             assert_eq!(instance(GEMV_F32, rows), (format!("gemv_f32_{want}").as_str(), group));
         }
         assert_eq!(instance(GEMV_BF16, 1).0, "gemv_bf16_r1");
+        assert_eq!((gemv_weight_reads(8), gemv_weight_reads(9), gemv_weight_reads(64)), (1, 3, 16));
     }
 }

@@ -31,7 +31,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use cleave_kernels::ops::{GemvOut, GemvWeight};
+use cleave_kernels::ops::{gemv_weight_reads, GemvOut, GemvWeight};
 pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
@@ -48,7 +48,8 @@ pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
 pub use quant::Fp8Out;
 pub use variants::{
     Fusion, MlaDecode, PersistentGemm, QRows, QuantGemm, Variants, WgmmaGemm, DEFAULT_GEMV_ROWS, DEFAULT_PERSISTENT,
-    DEFAULT_ROWS32, DEFAULT_WGMMA, EXPAND_MIN_ROWS, GEMV_MAX_ROWS, ROWS32_MIN_AVG, ROWS8_MAX_AVG,
+    DEFAULT_ROWS32, DEFAULT_WGMMA, EXPAND_MIN_ROWS, GEMV_MAX_ROWS, ROUTER_GEMV_MAX_READS, ROWS32_MIN_AVG,
+    ROWS8_MAX_AVG,
 };
 pub use weights::{CudaExperts, CudaWeight};
 use weights::{ExpertData, WeightData};
@@ -636,7 +637,8 @@ fn check_slots(cache: &CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[
 
 impl CudaBackend {
     /// `y = linear(x, w)` for each `(w, y)` as one GEMV launch, when the variants pick the GEMV
-    /// for `x`'s rows (`gemv_rows` over bf16 weights, `router_gemv_rows` over f32 ones) and it
+    /// for `x`'s rows (`gemv_rows` over bf16 weights; over f32 ones also `router_gemv_rows`
+    /// within [`ROUTER_GEMV_MAX_READS`]) and it
     /// takes them (one weight type, uncompressed, aligned): false, with nothing launched,
     /// otherwise.
     fn gemv(&self, x: &CudaTensor, outs: &[(&CudaWeight, &CudaTensor)]) -> Result<bool> {
@@ -656,11 +658,14 @@ impl CudaBackend {
         }
         let one_type = parts.windows(2).all(|p| std::mem::discriminant(&p[0].w) == std::mem::discriminant(&p[1].w));
         let v = self.variants();
-        let max_rows = match parts.first().map(|p| p.w) {
-            Some(GemvWeight::F32(_)) => v.router_gemv_rows,
-            _ => v.gemv_rows,
+        let takes = match parts.first().map(|p| p.w) {
+            Some(GemvWeight::F32(_)) => {
+                let reads: usize = parts.iter().map(|p| p.n * x.cols * 4).sum::<usize>() * gemv_weight_reads(x.rows);
+                x.rows <= v.gemv_rows || (x.rows <= v.router_gemv_rows && reads <= ROUTER_GEMV_MAX_READS)
+            }
+            _ => x.rows <= v.gemv_rows,
         };
-        if x.rows > max_rows || !one_type {
+        if !takes || !one_type {
             return Ok(false);
         }
         // SAFETY: x holds rows x cols f32 (its shadow, when non-zero, the same in bf16), each

@@ -64,7 +64,8 @@ pub struct Variants {
     /// of one input, MLA's q and kv_a, in one launch); 0: never.
     pub gemv_rows: usize,
     /// Linears over f32 weights (the MoE router's gate) of at most this many rows through the
-    /// GEMV kernel, in groups of [`GEMV_MAX_ROWS`] rows, instead of cuBLAS's SGEMM; 0: never.
+    /// GEMV kernel (in groups of rows past [`GEMV_MAX_ROWS`], while the groups' weight reads stay
+    /// within [`ROUTER_GEMV_MAX_READS`] bytes) instead of cuBLAS's SGEMM; 0: never.
     pub router_gemv_rows: usize,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
@@ -159,6 +160,12 @@ pub const DEFAULT_GEMV_ROWS: usize = 4;
 /// `max_num_seqs` 256); cuBLAS's SGEMM took about 14 us per layer at 64 and 256 rows (run 90's
 /// events profile) for 512 KB of weights.
 pub const DEFAULT_ROUTER_GEMV_ROWS: usize = 256;
+
+/// The most bytes of f32 weights the router's GEMV reads over all its row groups (each group
+/// reads them again, from L2): V2-Lite's gate (512 KB) up to 128 rows, V3's (7.3 MB) up to 8.
+/// Beyond, cuBLAS was as fast or faster (run 92-93's linear stage: V2-Lite at 256 rows equal in
+/// the step, V3's 256 x 7168 -> 256 79 us against 46).
+pub const ROUTER_GEMV_MAX_READS: usize = 16 << 20;
 
 /// The largest `CLEAVE_ROUTER_GEMV` (beyond, each 8-row group re-reading the gate and the
 /// blocks' grid growing with the batch, cuBLAS is the better GEMM).
