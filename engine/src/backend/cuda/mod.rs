@@ -637,10 +637,9 @@ fn check_slots(cache: &CudaKvCache, layer: usize, latent: &CudaTensor, slots: &[
 
 impl CudaBackend {
     /// `y = linear(x, w)` for each `(w, y)` as one GEMV launch, when the variants pick the GEMV
-    /// for `x`'s rows (`gemv_rows` over bf16 weights; over f32 ones also `router_gemv_rows`
-    /// within [`ROUTER_GEMV_MAX_READS`]) and it
-    /// takes them (one weight type, uncompressed, aligned): false, with nothing launched,
-    /// otherwise.
+    /// for `x`'s rows (`gemv_rows`; over f32 weights also up to `router_gemv_rows` within
+    /// [`ROUTER_GEMV_MAX_READS`]) and it takes them (one weight type, uncompressed, aligned):
+    /// false, with nothing launched, otherwise.
     fn gemv(&self, x: &CudaTensor, outs: &[(&CudaWeight, &CudaTensor)]) -> Result<bool> {
         let xb = x.bf16_ptr().unwrap_or(0);
         let mut parts = Vec::with_capacity(outs.len());

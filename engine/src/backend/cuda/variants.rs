@@ -167,8 +167,8 @@ pub const DEFAULT_ROUTER_GEMV_ROWS: usize = 256;
 /// the step, V3's 256 x 7168 -> 256 79 us against 46).
 pub const ROUTER_GEMV_MAX_READS: usize = 16 << 20;
 
-/// The largest `CLEAVE_ROUTER_GEMV` (beyond, each 8-row group re-reading the gate and the
-/// blocks' grid growing with the batch, cuBLAS is the better GEMM).
+/// The largest `CLEAVE_ROUTER_GEMV` (beyond, with every 4-row group re-reading the gate, cuBLAS
+/// is the better GEMM).
 pub const ROUTER_GEMV_MAX_ROWS: usize = 1024;
 
 /// The default persistent grouped-GEMM configuration: the fastest in `kernels-check --stages
