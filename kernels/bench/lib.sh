@@ -1,9 +1,11 @@
 # Sourced by the run scripts (on the device machine, from the repository root): the CUDA
-# libraries, the kernel cache, the carried binaries ($C, $CB) and a helper that starts a server.
+# libraries, the kernel cache, the carried binaries ($C, $CB, $P) and a helper that starts a server.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
 export CLEAVE_KERNEL_CACHE=/tmp/cleave-kernels
-C=.carry/cleave; CB=.carry/cleave-bench
-chmod +x $C; [ -f $CB ] && chmod +x $CB
+# The carried binaries travel gzipped; $P is an earlier build for A/B runs, when one came along.
+for z in .carry/*.gz; do [ -f "${z%.gz}" ] || gunzip -k "$z"; done
+C=.carry/cleave; CB=.carry/cleave-bench; P=.carry/cleave-prev
+for b in $C $CB $P; do [ -f $b ] && chmod +x $b; done
 
 # start_server LOG ARGS...: `cleave serve ARGS` in the background (its pid in $SP); returns once
 # it logged "ready at" or died, and prints how long that took.

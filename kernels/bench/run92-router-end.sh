@@ -10,9 +10,7 @@
 #   steps:  bf16 V2-Lite, both binaries in the same run, twice; the new one with
 #           CLEAVE_ROUTER_GEMV=off to split the two changes.
 # `bash kernels/bench/run92-router-end.sh [RUN]`.
-for z in .carry/*.gz; do [ -f "${z%.gz}" ] || gunzip -k "$z"; done
 source kernels/bench/lib.sh
-P=.carry/cleave-prev; chmod +x $P
 S=$(date +%s); R=${1:-92}
 ( gen_model v2lite --shape v2-lite ) &
 GP=$!

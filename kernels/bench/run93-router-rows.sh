@@ -6,9 +6,7 @@
 #   steps:  bf16 and AWQ V2-Lite, both binaries in the same run; the new one with
 #           CLEAVE_ROUTER_GEMV=off (only the MoE-end change).
 # `bash kernels/bench/run93-router-rows.sh [RUN]`.
-for z in .carry/*.gz; do [ -f "${z%.gz}" ] || gunzip -k "$z"; done
 source kernels/bench/lib.sh
-P=.carry/cleave-prev; chmod +x $P
 S=$(date +%s); R=${1:-93}
 ( gen_model v2lite --shape v2-lite; gen_model v2awq --shape v2-lite --dtype awq ) &
 GP=$!

@@ -7,9 +7,7 @@
 #   steps:  AWQ and FP8 V2-Lite and four V3 layers in AWQ, both binaries in the same run, and the
 #           new one with CLEAVE_PROJ_END=separate.
 # `bash kernels/bench/run94-proj-end.sh [RUN]`.
-for z in .carry/*.gz; do [ -f "${z%.gz}" ] || gunzip -k "$z"; done
 source kernels/bench/lib.sh
-P=.carry/cleave-prev; chmod +x $P
 S=$(date +%s); R=${1:-94}
 ( gen_model v2awq --shape v2-lite --dtype awq; gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64
   gen_model v2fp8 --shape v2-lite --dtype fp8 ) &

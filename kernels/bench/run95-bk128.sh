@@ -5,7 +5,6 @@
 #   checks: the full experts stage (against the CPU) with both new default candidates forced.
 #   steps:  bf16 V2-Lite, batches 1/16/64 per 16-row shape, 256 per 32-row shape.
 # `bash kernels/bench/run95-bk128.sh [RUN]`.
-for z in .carry/*.gz; do [ -f "${z%.gz}" ] || gunzip -k "$z"; done
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-95}
 ( gen_model v2lite --shape v2-lite ) &

@@ -5,9 +5,7 @@
 #   checks: the quick pass (golden fixtures, tiny-r1, tiny-r1-awq), graphs vs eager.
 #   steps:  four V3 layers in AWQ and bf16 V2-Lite, both binaries in the same run.
 # `bash kernels/bench/run96-final.sh [RUN]`.
-for z in .carry/*.gz; do [ -f "${z%.gz}" ] || gunzip -k "$z"; done
 source kernels/bench/lib.sh
-P=.carry/cleave-prev; chmod +x $P
 S=$(date +%s); R=${1:-96}
 ( gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64; gen_model v2lite --shape v2-lite ) &
 GP=$!
