@@ -1,5 +1,5 @@
 //! Dense linears of a few rows (`gemv.cu`): memory-bound decode GEMVs over bf16 or f32 weights,
-//! in place of cuBLAS GEMMs at those sizes; more rows run in groups of eight (the f32 router,
+//! in place of cuBLAS GEMMs at those sizes; more rows run in groups of four (the f32 router,
 //! whose weights stay in L2).
 
 use crate::{Arg, Gpu, KernelError, Result};
@@ -65,6 +65,11 @@ impl GemvWeight {
         }
     }
 
+    /// Bytes per weight.
+    pub fn bytes(self) -> usize {
+        16 / self.lanes()
+    }
+
     /// Values per 16-byte load: `k` and the activations' row stride must be multiples of it.
     pub fn lanes(self) -> usize {
         match self {
@@ -77,11 +82,7 @@ impl GemvWeight {
 /// How many times [`Gpu::gemv`] over `rows` rows reads its weights: once per group of rows
 /// (from L2 after the first).
 pub fn gemv_weight_reads(rows: usize) -> usize {
-    if rows > GEMV_MAX_ROWS {
-        rows.div_ceil(GEMV_GROUP_ROWS)
-    } else {
-        1
-    }
+    rows.div_ceil(instance(GEMV_BF16, rows).1)
 }
 
 impl Gpu {
@@ -141,6 +142,9 @@ impl Gpu {
         ];
         let blocks = first.n.div_ceil(GEMV_COLS) + second.n.div_ceil(GEMV_COLS);
         let groups = rows.div_ceil(group);
+        if groups > u16::MAX as usize {
+            return Err(KernelError::Invalid(format!("gemv: {rows} rows need {groups} row groups, at most 65535")));
+        }
         self.launch(name, (blocks as u32, groups as u32, 1), 256, 0, &args)
     }
 }
@@ -159,6 +163,7 @@ mod tests {
         assert!(!Gpu::gemv_takes(b, 1, 2044, 2044), "k not a multiple of 8 bf16");
         assert!(Gpu::gemv_takes(GemvWeight::F32(0), 3, 2044, 2044));
         assert!(!Gpu::gemv_takes(b, 2, 2048, 2052), "row stride");
+        assert_eq!((b.bytes(), GemvWeight::F32(0).bytes()), (2, 4));
     }
 
     #[test]

@@ -659,7 +659,8 @@ impl CudaBackend {
         let v = self.variants();
         let takes = match parts.first().map(|p| p.w) {
             Some(GemvWeight::F32(_)) => {
-                let reads: usize = parts.iter().map(|p| p.n * x.cols * 4).sum::<usize>() * gemv_weight_reads(x.rows);
+                let bytes: usize = parts.iter().map(|p| p.n * x.cols * p.w.bytes()).sum();
+                let reads = bytes * gemv_weight_reads(x.rows);
                 x.rows <= v.gemv_rows || (x.rows <= v.router_gemv_rows && reads <= ROUTER_GEMV_MAX_READS)
             }
             _ => x.rows <= v.gemv_rows,
