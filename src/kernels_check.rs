@@ -9,6 +9,7 @@ mod collectives;
 mod experts;
 mod fp8;
 mod golden;
+mod group_bench;
 mod linear;
 mod moe_tune;
 mod nccl;
@@ -70,6 +71,15 @@ pub struct Args {
     /// Prompt length of the prefill benchmark (0: skip).
     #[arg(long, default_value_t = 4096)]
     prefill: usize,
+    /// With --bench-model: TP ranks of the benchmarked group (GPUs 0..tp*dp, NCCL collectives).
+    #[arg(long, default_value_t = 1)]
+    tensor_parallel_size: usize,
+    /// With --bench-model: DP ranks of the benchmarked group.
+    #[arg(long, default_value_t = 1)]
+    data_parallel_size: usize,
+    /// With --bench-model: whole routed experts per rank of the group.
+    #[arg(long)]
+    enable_expert_parallel: bool,
     /// NCCL KV-block transfer between GPU 0 and GPU 1 at the full V3 shape, then the engine's
     /// collectives against raw NCCL at decode and prefill sizes.
     #[arg(long)]
@@ -354,7 +364,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         failed += prefix::run(dir, a.device)?;
     }
     if let Some(dir) = &a.bench_model {
-        bench::run(&cu, dir, &a.batches, a.ctx, a.prefill, a.seed)?;
+        let par = cleave_engine::ParallelConfig {
+            tensor_parallel_size: a.tensor_parallel_size,
+            data_parallel_size: a.data_parallel_size,
+            enable_expert_parallel: a.enable_expert_parallel,
+        };
+        if par.world() > 1 {
+            group_bench::run(dir, par, &a.batches, a.ctx, a.prefill, a.seed)?;
+        } else {
+            bench::run(&cu, dir, &a.batches, a.ctx, a.prefill, a.seed)?;
+        }
     }
     if failed > 0 {
         bail!("kernels-check: {failed} check(s) over tolerance or failed");

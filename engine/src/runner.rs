@@ -130,6 +130,10 @@ impl<B: Backend> ModelRunner<B> {
     pub fn kv_cache(&self) -> &B::KvCache {
         &self.cache
     }
+    /// The backend with the cache it may write (benchmarks fill it with synthetic context).
+    pub fn backend_and_cache(&mut self) -> (&B, &mut B::KvCache) {
+        (&self.be, &mut self.cache)
+    }
     /// Gives this rank its end of the KV links between groups.
     pub fn set_port(&mut self, port: Box<dyn KvPort<B>>) {
         self.port = Some(port);

@@ -142,8 +142,11 @@ impl NcclComm {
     }
 
     /// Queues every send and receive of one transfer on `gpu`'s stream as one NCCL group.
+    /// Profiled as `nccl_p2p` ([`Gpu::profile_start`]).
     pub fn transfer(&self, gpu: &Gpu, sends: &[P2p], recvs: &[P2p]) -> Result<()> {
-        self.transfer_on(gpu, &gpu.stream, sends, recvs)
+        let t = gpu.prof_mark()?;
+        self.transfer_on(gpu, &gpu.stream, sends, recvs)?;
+        gpu.prof_end("nccl_p2p", t)
     }
 
     /// Like [`NcclComm::transfer`], on `stream`.
@@ -191,7 +194,8 @@ impl NcclComm {
         Ok(())
     }
 
-    /// Queues an in-place f32 sum of `count` values at `ptr` over every rank, on `gpu`'s stream.
+    /// Queues an in-place f32 sum of `count` values at `ptr` over every rank, on `gpu`'s stream
+    /// (profiled as `nccl_all_reduce`).
     ///
     /// # Safety
     /// `ptr` must address at least `count` f32 values in memory of `gpu`'s context that stay
@@ -202,13 +206,15 @@ impl NcclComm {
             return Ok(());
         }
         gpu.ctx.bind_to_thread()?;
+        let t = gpu.prof_mark()?;
         let stream = gpu.stream.cu_stream() as sys::cudaStream_t;
         let (f32t, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY: the caller guarantees the buffer; in place is allowed (send == recv).
         let status =
             unsafe { nccl::all_reduce(ptr as *const c_void, ptr as *mut c_void, count, f32t, sum, self.comm, stream) }
                 .map_err(|e| err("ncclAllReduce", e))?;
-        self.enqueued(status, "ncclAllReduce")
+        self.enqueued(status, "ncclAllReduce")?;
+        gpu.prof_end("nccl_all_reduce", t)
     }
 
     /// Queues an all-gather of `count` f32 values from every rank into `recv` (`count * world`

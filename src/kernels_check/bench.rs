@@ -17,7 +17,7 @@ use super::{XRng, HBM_BYTES_PER_S, TC_FLOPS};
 
 /// Parameters of the per-token dense path of one layer, its routed-expert size, and the rest,
 /// with the bytes per parameter the GPU reads for each.
-struct Counts {
+pub(super) struct Counts {
     /// Per layer: attention projections (kv_b included) and dense MLP or router + shared experts.
     layer_dense: Vec<f64>,
     /// Per layer: the bytes of `layer_dense` as kept on the GPU.
@@ -39,7 +39,7 @@ fn bytes_per_param(c: &ModelConfig) -> f64 {
     }
 }
 
-fn counts(c: &ModelConfig) -> Counts {
+pub(super) fn counts(c: &ModelConfig) -> Counts {
     let (h, heads) = (c.hidden_size as f64, c.num_attention_heads as f64);
     let (nope, rope, v, l) =
         (c.qk_nope_head_dim as f64, c.qk_rope_head_dim as f64, c.v_head_dim as f64, c.kv_lora_rank as f64);
@@ -68,6 +68,33 @@ fn counts(c: &ModelConfig) -> Counts {
         expert: 3.0 * h * mi,
         expert_bytes: 3.0 * h * mi * bpp,
         lm_head: c.vocab_size as f64 * h,
+    }
+}
+
+impl Counts {
+    /// Bytes one copy of the model reads in a decode step of `b` sequences at context `ctx`
+    /// touching `experts` routed experts over all MoE layers: weights, KV, and the lm_head when
+    /// the step samples.
+    pub(super) fn decode_bytes(&self, c: &ModelConfig, b: usize, ctx: usize, experts: usize, lm_head: bool) -> f64 {
+        let weights: f64 = self.layer_bytes.iter().sum::<f64>() + self.expert_bytes * experts as f64;
+        let kv = (b * ctx * c.latent_dim() * 2 * c.num_hidden_layers) as f64;
+        weights + kv + if lm_head { self.lm_head * 2.0 } else { 0.0 }
+    }
+
+    /// FLOPs of a `p`-token prefill: (linear layers with top-k experts per token and the
+    /// lm_head for one row, causal attention over the latent).
+    pub(super) fn prefill_flops(&self, c: &ModelConfig, p: usize) -> (f64, f64) {
+        let top_k = c.num_experts_per_tok as f64;
+        let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
+        let linear = 2.0 * p as f64 * (self.layer_dense.iter().sum::<f64>() + moe_layers * top_k * self.expert)
+            + 2.0 * self.lm_head;
+        let heads = c.num_attention_heads as f64;
+        let attn = (p * (p + 1) / 2) as f64
+            * heads
+            * (c.latent_dim() + c.kv_lora_rank) as f64
+            * 2.0
+            * c.num_hidden_layers as f64;
+        (linear, attn)
     }
 }
 
@@ -124,7 +151,7 @@ fn graph_step(
     Ok(GraphStep { step: median(ts), capture, diff, allocs })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -267,10 +294,8 @@ pub fn run(
         if b == 1 || b == 64 || b == 256 {
             profile(cu, &format!("decode batch {b}"), || step(&input, &mut cache))?;
         }
-        let weights: f64 = k.layer_bytes.iter().sum::<f64>() + k.expert_bytes * used_total as f64;
-        let kv = (b * ctx * width * 2 * c.num_hidden_layers) as f64;
-        let bytes_full = weights + k.lm_head * 2.0 + kv;
-        let bytes_bare = weights + kv;
+        let bytes_full = k.decode_bytes(&c, b, ctx, used_total, true);
+        let bytes_bare = k.decode_bytes(&c, b, ctx, used_total, false);
         let moe_layers = used.len().max(1);
         println!(
             "{b:>6} {:>10.3} {:>10.0} {:>11.1} {:>9.2} {:>10.0} {:>9.1}% {:>9.3}ms {:>9.1}% {:>9.3}ms",
@@ -357,13 +382,7 @@ pub fn run(
         cu.set_variants(def);
         println!("\nprefill on the first kernel versions (absorbed attention, v1 grouped GEMM): {:.1} ms", s1 * 1e3);
         profile(cu, "prefill", || model.forward(cu, &mut cache, None, &input).map(drop))?;
-        let top_k = c.num_experts_per_tok as f64;
-        let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
-        let linear =
-            2.0 * p as f64 * (k.layer_dense.iter().sum::<f64>() + moe_layers * top_k * k.expert) + 2.0 * k.lm_head;
-        let heads = c.num_attention_heads as f64;
-        let attn_core =
-            (p * (p + 1) / 2) as f64 * heads * (width + c.kv_lora_rank) as f64 * 2.0 * c.num_hidden_layers as f64;
+        let (linear, attn_core) = k.prefill_flops(&c, p);
         let flops = linear + attn_core;
         println!("\nprefill of one {p}-token prompt (one step, no chunking)");
         println!(

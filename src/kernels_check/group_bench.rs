@@ -1,0 +1,355 @@
+//! The decode-step and prefill benchmark of [`super::bench`] over a parallel group on GPUs
+//! `0..world`: each rank loads its shard on a thread of its own with its NCCL communicators (the
+//! engine's [`nccl_runners`]) and runs the same step plans as the engine's core would send it.
+//! Ranks start each step together (the engine's group answers every step before the next); a
+//! step takes as long as its slowest rank. The HBM share counts the bytes one copy of the model
+//! reads (what one GPU would read) over the whole group's bandwidth; the collectives' share is
+//! what a profiled step spent in NCCL calls on each rank, waiting for peers included.
+
+use std::path::Path;
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use cleave_engine::backend::cuda::collectives::nccl_runners;
+use cleave_engine::backend::cuda::{CudaBackend, Precision};
+use cleave_engine::backend::{AttnBatch, AttnSeq, SampleRow};
+use cleave_engine::model::{ModelConfig, StepInput};
+use cleave_engine::parallel::RankCoord;
+use cleave_engine::runner::{ModelRunner, RankBatch, StepPlan};
+use cleave_engine::{EngineConfig, ParallelConfig};
+
+use super::bench::{counts, median};
+use super::{XRng, TC_FLOPS};
+
+/// Device-copy bandwidth (read + write) of each GPU kind, the HBM ceiling: H200 as measured in
+/// GPU.md; H100 as measured on the lent H100s (KINDS.md, about 3.0 TB/s).
+fn hbm_ceiling(gpu_name: &str) -> f64 {
+    if gpu_name.contains("H100") {
+        3.0e12
+    } else {
+        super::HBM_BYTES_PER_S
+    }
+}
+
+/// How long a rank waits for its peers at a step boundary before the benchmark gives up.
+const STEP_WAIT: Duration = Duration::from_secs(600);
+const TIMED_STEPS: usize = 10;
+
+/// Every rank starts a step together; a rank that failed releases the others with its error.
+struct StepBarrier {
+    n: usize,
+    state: Mutex<(usize, u64, Option<String>)>,
+    cv: Condvar,
+}
+
+impl StepBarrier {
+    fn new(n: usize) -> Self {
+        StepBarrier { n, state: Mutex::new((0, 0, None)), cv: Condvar::new() }
+    }
+
+    fn wait(&self) -> anyhow::Result<()> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = g.1;
+        g.0 += 1;
+        if g.0 == self.n {
+            g.0 = 0;
+            g.1 += 1;
+            self.cv.notify_all();
+        }
+        let end = Instant::now() + STEP_WAIT;
+        while g.1 == generation && g.2.is_none() {
+            if Instant::now() >= end {
+                bail!("a peer rank did not reach the step within {} s", STEP_WAIT.as_secs());
+            }
+            g = self.cv.wait_timeout(g, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        match &g.2 {
+            Some(why) => bail!("a peer rank failed: {why}"),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, why: String) {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.2.get_or_insert(why);
+        self.cv.notify_all();
+    }
+}
+
+/// A step the group runs: its plan, the tokens it processes, and whether it decodes.
+struct Scenario {
+    label: String,
+    plan: StepPlan,
+    batch: usize,
+    decode: bool,
+}
+
+/// What one rank measured in one scenario.
+#[derive(Default)]
+struct RankRun {
+    times: Vec<f64>,
+    /// Routed experts this rank ran, summed over the MoE layers (warm-up step).
+    experts: usize,
+    /// (kernel, ms, launches) of a profiled step.
+    profile: Vec<(String, f64, usize)>,
+}
+
+struct RankReport {
+    rank: usize,
+    loaded_s: f64,
+    mem_gib: f64,
+    gpu: String,
+    runs: Vec<RankRun>,
+}
+
+fn greedy(rows: usize) -> Vec<SampleRow> {
+    (0..rows as u32)
+        .map(|row| SampleRow { row, temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, u: 0.0, mask: SampleRow::NO_MASK })
+        .collect()
+}
+
+/// Splits `n` sequences over `dp` ranks as evenly as the engine's scheduler would fill them.
+fn share(n: usize, dp: usize) -> Vec<usize> {
+    (0..dp).map(|d| n / dp + usize::from(d < n % dp)).collect()
+}
+
+/// The plan of a decode step of `b` sequences at context `ctx`, spread over the DP ranks, each
+/// sequence in its own blocks of its DP rank's cache.
+fn decode_plan(par: ParallelConfig, b: usize, ctx: usize, bs: usize, vocab: usize, rng: &mut XRng) -> StepPlan {
+    let per_seq = ctx.div_ceil(bs) + 1;
+    let rows = share(b, par.data_parallel_size);
+    let dp_rows = if par.data_parallel_size > 1 { rows.clone() } else { Vec::new() };
+    let ranks = rows
+        .iter()
+        .map(|&n| {
+            let mut input = StepInput { dp_rows: dp_rows.clone(), ..StepInput::default() };
+            for s in 0..n {
+                let table: Vec<u32> = (0..per_seq as u32).map(|j| (s * per_seq) as u32 + j).collect();
+                let pos = ctx - 1;
+                input.ids.push(rng.below(vocab) as u32);
+                input.positions.push(pos as u32);
+                input.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
+                input.attn.seqs.push(AttnSeq { q_start: s, q_len: 1, ctx_len: ctx, block_table: table });
+                input.sample_rows.push(s as u32);
+            }
+            RankBatch { input, device: greedy(n), ..RankBatch::default() }
+        })
+        .collect();
+    StepPlan { ranks, ..StepPlan::default() }
+}
+
+/// One `p`-token prompt prefilled on DP rank 0 (the others join its MoE exchanges empty).
+fn prefill_plan(par: ParallelConfig, p: usize, bs: usize, vocab: usize, rng: &mut XRng) -> StepPlan {
+    let dp = par.data_parallel_size;
+    let dp_rows = if dp > 1 { (0..dp).map(|d| if d == 0 { p } else { 0 }).collect() } else { Vec::new() };
+    let mut ranks = vec![RankBatch::default(); dp];
+    for (d, r) in ranks.iter_mut().enumerate() {
+        r.input.dp_rows = dp_rows.clone();
+        if d == 0 {
+            r.input.ids = (0..p).map(|_| rng.below(vocab) as u32).collect();
+            r.input.positions = (0..p as u32).collect();
+            r.input.slots = (0..p as u32).collect();
+            let table = (0..p.div_ceil(bs) as u32).collect();
+            r.input.attn = AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }] };
+            r.input.sample_rows = vec![p as u32 - 1];
+            r.device = greedy(1);
+        }
+    }
+    StepPlan { ranks, ..StepPlan::default() }
+}
+
+/// One rank's whole benchmark on its own thread: load, fill the cache, then every scenario
+/// (a warm-up step counting the experts it runs, a second warm-up, the timed steps, a profiled
+/// step), each step started with the other ranks.
+fn rank_main(
+    runner: cleave_engine::Result<ModelRunner<CudaBackend>>,
+    t0: Instant,
+    scenarios: &[Scenario],
+    barrier: &StepBarrier,
+    seed: u64,
+) -> anyhow::Result<RankReport> {
+    let mut runner = runner?;
+    let rank = runner.coord().rank();
+    let (be, cache) = runner.backend_and_cache();
+    be.fill_kv_random(cache, seed + rank as u64)?;
+    be.sync()?;
+    let loaded_s = t0.elapsed().as_secs_f64();
+    let (free, total) = be.gpu().mem_info()?;
+    let (mem_gib, gpu) = ((total - free) as f64 / (1u64 << 30) as f64, be.gpu().name.clone());
+    let mut runs = Vec::new();
+    for sc in scenarios {
+        let mut run = RankRun::default();
+        runner.backend().record_expert_stats(sc.decode);
+        barrier.wait()?;
+        runner.execute(&sc.plan)?;
+        run.experts = runner.backend().take_expert_stats().iter().sum();
+        runner.backend().record_expert_stats(false);
+        barrier.wait()?;
+        runner.execute(&sc.plan)?;
+        for _ in 0..if sc.decode { TIMED_STEPS } else { 3 } {
+            barrier.wait()?;
+            let t = Instant::now();
+            runner.execute(&sc.plan)?;
+            runner.backend().sync()?;
+            run.times.push(t.elapsed().as_secs_f64());
+        }
+        barrier.wait()?;
+        runner.backend().gpu().profile_start();
+        runner.execute(&sc.plan)?;
+        run.profile = runner.backend().gpu().profile_stop()?;
+        runs.push(run);
+    }
+    Ok(RankReport { rank, loaded_s, mem_gib, gpu, runs })
+}
+
+/// `--bench-model DIR` with `--tensor-parallel-size`/`--data-parallel-size` above one.
+pub fn run(
+    dir: &Path,
+    par: ParallelConfig,
+    batches: &[usize],
+    ctx: usize,
+    prefill: usize,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let c = ModelConfig::from_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    par.validate(&c)?;
+    let world = par.world();
+    let gpus = cleave_kernels::probe().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(gpus >= world, "a group of {world} ranks needs {world} GPUs, {gpus} visible");
+    let bs = 64;
+    let per_seq = ctx.div_ceil(bs) + 1;
+    let max_b = batches.iter().copied().max().unwrap_or(1);
+    let per_dp = share(max_b, par.data_parallel_size)[0];
+    let num_blocks = (per_dp * per_seq).max(prefill.div_ceil(bs) + 1);
+    let cfg = EngineConfig {
+        block_size: bs,
+        num_blocks,
+        max_model_len: Some((ctx + 16).max(prefill + 16)),
+        max_num_seqs: max_b,
+        ..EngineConfig::default()
+    };
+    let mut rng = XRng::new(seed);
+    let mut scenarios: Vec<Scenario> = batches
+        .iter()
+        .map(|&b| Scenario {
+            label: format!("decode batch {b}"),
+            plan: decode_plan(par, b, ctx, bs, c.vocab_size, &mut rng),
+            batch: b,
+            decode: true,
+        })
+        .collect();
+    if prefill > 0 {
+        let plan = prefill_plan(par, prefill, bs, c.vocab_size, &mut rng);
+        scenarios.push(Scenario { label: format!("prefill {prefill}"), plan, batch: prefill, decode: false });
+    }
+    println!(
+        "\ngroup bench: {} on GPUs 0..{world}: tensor_parallel_size {} data_parallel_size {} enable_expert_parallel {}; \
+         {num_blocks} KV blocks of {bs} per rank, context {ctx}",
+        dir.display(),
+        par.tensor_parallel_size,
+        par.data_parallel_size,
+        par.enable_expert_parallel
+    );
+    let make = nccl_runners(par, (0..world).collect(), dir, cfg, Precision::Bf16, 0.9)?;
+    let (scenarios, barrier) = (Arc::new(scenarios), Arc::new(StepBarrier::new(world)));
+    let (tx, rx) = channel();
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..world)
+        .map(|r| {
+            let (make, scenarios, barrier, tx) = (make.clone(), scenarios.clone(), barrier.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let coord: RankCoord = par.coord(r);
+                let got = rank_main(make(coord), t0, &scenarios, &barrier, seed);
+                if let Err(e) = &got {
+                    barrier.fail(format!("rank {r}: {e:#}"));
+                }
+                let _ = tx.send((r, got));
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut reports: Vec<RankReport> = Vec::new();
+    let mut errors = Vec::new();
+    for (r, got) in rx {
+        match got {
+            Ok(rep) => reports.push(rep),
+            Err(e) => errors.push(format!("rank {r}: {e:#}")),
+        }
+    }
+    threads.into_iter().for_each(|t| drop(t.join()));
+    if !errors.is_empty() {
+        bail!("group bench failed: {}", errors.join("; "));
+    }
+    reports.sort_by_key(|r| r.rank);
+    report(&c, par, &scenarios, &reports, ctx);
+    Ok(())
+}
+
+fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports: &[RankReport], ctx: usize) {
+    let world = par.world() as f64;
+    for r in reports {
+        println!("  rank {} ({}): ready in {:.1} s, {:.1} GiB in use", r.rank, r.gpu, r.loaded_s, r.mem_gib);
+    }
+    let hbm = hbm_ceiling(&reports[0].gpu);
+    let k = counts(c);
+    let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count().max(1);
+    println!(
+        "{:>16} {:>10} {:>10} {:>10} {:>9} {:>16} {:>16} {:>10}",
+        "step", "ms", "tok/s", "experts/L", "GB/step", "of group HBM", "of group TC", "NCCL ms"
+    );
+    for (i, sc) in scenarios.iter().enumerate() {
+        // Per step, the slowest rank.
+        let n = reports.iter().map(|r| r.runs[i].times.len()).min().unwrap_or(0);
+        let steps: Vec<f64> =
+            (0..n).map(|s| reports.iter().map(|r| r.runs[i].times[s]).fold(0.0, f64::max)).collect();
+        let step = median(steps);
+        let experts: usize = if par.enable_expert_parallel {
+            reports.iter().map(|r| r.runs[i].experts).sum()
+        } else {
+            reports[0].runs[i].experts
+        };
+        let nccl: Vec<f64> = reports
+            .iter()
+            .map(|r| r.runs[i].profile.iter().filter(|p| p.0.starts_with("nccl")).map(|p| p.1).sum())
+            .collect();
+        let kernels: f64 = reports[0].runs[i].profile.iter().map(|p| p.1).sum();
+        let nccl_list: Vec<String> = nccl.iter().map(|t| format!("{t:.2}")).collect();
+        if sc.decode {
+            let bytes = k.decode_bytes(c, sc.batch, ctx, experts, true);
+            println!(
+                "{:>16} {:>10.3} {:>10.0} {:>10.1} {:>9.2} {:>15.1}% {:>16} {:>10}",
+                sc.label,
+                step * 1e3,
+                sc.batch as f64 / step,
+                experts as f64 / moe_layers as f64,
+                bytes / 1e9,
+                100.0 * bytes / step / (world * hbm),
+                "-",
+                nccl_list.join("/")
+            );
+        } else {
+            let (linear, attn) = k.prefill_flops(c, sc.batch);
+            println!(
+                "{:>16} {:>10.3} {:>10.0} {:>10} {:>9} {:>16} {:>15.1}% {:>10}",
+                sc.label,
+                step * 1e3,
+                sc.batch as f64 / step,
+                "-",
+                "-",
+                "-",
+                100.0 * (linear + attn) / step / (world * TC_FLOPS),
+                nccl_list.join("/")
+            );
+        }
+        let top: Vec<String> =
+            reports[0].runs[i].profile.iter().take(8).map(|(n, t, c)| format!("{n} {t:.2}ms/{c}")).collect();
+        println!(
+            "{:>16} rank 0 profiled: kernels {kernels:.2} ms, NCCL {:.1}% of them: {}",
+            "",
+            100.0 * nccl[0] / kernels.max(1e-9),
+            top.join(", ")
+        );
+    }
+}
