@@ -1,5 +1,5 @@
 //! `cleave gen-checkpoint`: random-weight DeepSeek-V3-architecture checkpoints at real shapes
-//! (HF layout: config.json + model.safetensors) for performance work. Weights are uniform in
+//! (HF layout: config.json + model.safetensors, or 5 GB shards and their index) for performance work. Weights are uniform in
 //! +-sqrt(3 / fan_in) (unit-variance outputs), norms are 1, routing biases 0; bf16, fp8 e4m3
 //! with 128x128 `weight_scale_inv` blocks, or AutoAWQ "gemm" int4 with groups of 64 (4-bit values
 //! and zero points spread over their range, f16 scales that give the same output variance) for
@@ -296,17 +296,65 @@ fn fill(buf: &mut [u8], kind: Kind, fan_in: usize, seed: u64, first: usize) {
     }
 }
 
-/// Writes `config.json`, a tokenizer of the model's vocabulary and `model.safetensors` into `dir`; returns the bytes of weights written.
+/// Largest shard file, as transformers' `save_pretrained` cuts checkpoints (its default 5 GB):
+/// a model above it is written as numbered shards with `model.safetensors.index.json`.
+const SHARD_BYTES: usize = 5_000_000_000;
+
+/// Writes `config.json`, a tokenizer of the model's vocabulary and the weights into `dir`:
+/// `model.safetensors`, or shards of at most [`SHARD_BYTES`] written in parallel and their index;
+/// returns the bytes of weights written.
 pub fn write(dir: &Path, shape: Shape, dims: Dims, dtype: WeightDtype, seed: u64) -> anyhow::Result<u64> {
+    write_sharded(dir, shape, dims, dtype, seed, SHARD_BYTES)
+}
+
+fn write_sharded(
+    dir: &Path,
+    shape: Shape,
+    dims: Dims,
+    dtype: WeightDtype,
+    seed: u64,
+    shard_bytes: usize,
+) -> anyhow::Result<u64> {
     let cfg = config(shape, dims, dtype);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg)?)?;
     let dim = |k: &str| cfg[k].as_u64().unwrap_or(0) as usize;
     crate::gen_tokenizer::write(dir, dim("vocab_size"), dim("max_position_embeddings"))?;
     let specs = specs(&cfg, dtype);
+    let bytes = |s: &Spec| s.shape.iter().product::<usize>() * dtype_and_size(s.kind).1;
+    // Consecutive tensors per shard (a tensor's seed is its index in `specs`, whatever the shard).
+    let mut shards: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut size = 0;
+    for (t, s) in specs.iter().enumerate() {
+        match shards.last_mut() {
+            Some(r) if size + bytes(s) <= shard_bytes => r.end = t + 1,
+            _ => {
+                shards.push(t..t + 1);
+                size = 0;
+            }
+        }
+        size += bytes(s);
+    }
+    let n = shards.len();
+    let name = |i: usize| if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+    shards.par_iter().enumerate().try_for_each(|(i, r)| write_shard(&dir.join(name(i)), &specs, r.clone(), seed))?;
+    let total: usize = specs.iter().map(bytes).sum();
+    if n > 1 {
+        let mut map = serde_json::Map::new();
+        for (i, r) in shards.iter().enumerate() {
+            specs[r.clone()].iter().for_each(|s| drop(map.insert(s.name.clone(), json!(name(i)))));
+        }
+        let index = json!({"metadata": {"total_size": total}, "weight_map": map});
+        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?)?;
+    }
+    Ok(total as u64)
+}
+
+/// One safetensors file holding `specs[range]`.
+fn write_shard(path: &Path, specs: &[Spec], range: std::ops::Range<usize>, seed: u64) -> anyhow::Result<()> {
     let mut header = serde_json::Map::new();
     let mut off = 0usize;
-    for s in &specs {
+    for s in &specs[range.clone()] {
         let (dt, es) = dtype_and_size(s.kind);
         let n = s.shape.iter().product::<usize>() * es;
         header.insert(s.name.clone(), json!({"dtype": dt, "shape": s.shape, "data_offsets": [off, off + n]}));
@@ -317,16 +365,16 @@ pub fn write(dir: &Path, shape: Shape, dims: Dims, dtype: WeightDtype, seed: u64
     while hbytes.len() % 8 != 0 {
         hbytes.push(b' ');
     }
-    let path = dir.join("model.safetensors");
     let mut w = BufWriter::with_capacity(
         1 << 24,
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?,
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
     );
     w.write_all(&(hbytes.len() as u64).to_le_bytes())?;
     w.write_all(&hbytes)?;
-    let chunk_elems = 1usize << 26;
+    let chunk_elems = 1usize << 24;
     let mut buf = Vec::new();
-    for (t, s) in specs.iter().enumerate() {
+    for t in range {
+        let s = &specs[t];
         let (_, es) = dtype_and_size(s.kind);
         let n: usize = s.shape.iter().product();
         let fan_in = *s.shape.last().unwrap_or(&1);
@@ -341,7 +389,7 @@ pub fn write(dir: &Path, shape: Shape, dims: Dims, dtype: WeightDtype, seed: u64
         }
     }
     w.flush()?;
-    Ok(off as u64)
+    Ok(())
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -387,6 +435,30 @@ mod tests {
             Model::load(&CpuBackend, &dir, Some(64)).unwrap();
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    #[test]
+    fn sharded_checkpoints_hold_the_same_weights() {
+        let dims = Dims { layers: Some(2), routed_experts: Some(8) };
+        let base = std::env::temp_dir().join(format!("cleave-gen-shards-{}", std::process::id()));
+        let (one, many) = (base.join("one"), base.join("many"));
+        let total = write(&one, Shape::Tiny, dims, WeightDtype::Awq, 7).unwrap();
+        assert_eq!(write_sharded(&many, Shape::Tiny, dims, WeightDtype::Awq, 7, 300_000).unwrap(), total);
+        let index: Value =
+            serde_json::from_str(&std::fs::read_to_string(many.join("model.safetensors.index.json")).unwrap()).unwrap();
+        assert_eq!(index["metadata"]["total_size"].as_u64(), Some(total));
+        let files: std::collections::BTreeSet<&str> =
+            index["weight_map"].as_object().unwrap().values().filter_map(Value::as_str).collect();
+        assert!(files.len() > 3, "{files:?}");
+        assert!(!many.join("model.safetensors").exists());
+        let greedy = |dir: &Path| {
+            let cfg = cleave_engine::EngineConfig { max_model_len: Some(64), ..Default::default() };
+            let mut e = cleave_engine::Engine::load(CpuBackend, dir, cfg).unwrap();
+            let out = e.generate_greedy(&[vec![5, 9, 13, 17]], &[8]).unwrap();
+            out[0].iter().map(|t| (t.token, t.logprob.to_bits())).collect::<Vec<_>>()
+        };
+        assert_eq!(greedy(&one), greedy(&many));
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

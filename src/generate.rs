@@ -69,6 +69,9 @@ pub struct Args {
     /// Place whole routed experts per rank instead of splitting each expert.
     #[arg(long)]
     enable_expert_parallel: bool,
+    /// Run every step eagerly: capture no CUDA graphs (vLLM's flag).
+    #[arg(long)]
+    enforce_eager: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -99,6 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         block_size: 64,
         num_blocks: max_len.div_ceil(64),
         max_model_len: Some(max_len),
+        enforce_eager: a.enforce_eager,
         ..EngineConfig::default()
     };
     let par = ParallelConfig {

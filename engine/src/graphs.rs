@@ -2,9 +2,12 @@
 //! which steps replay one, and how a step is padded to its graph. The backend's half (graph
 //! mode, fixed input buffers, the graphs' workspace) is `backend::cuda::graph`.
 //!
-//! A step replays a graph when every sequence decodes one token, the rank has no collectives
-//! and its inputs are ones the eager forward pass would accept; any other step runs eagerly, so
-//! a bad input still gets the eager path's precise error. Padding rows read one key of block 0
+//! A step replays a graph when every sequence decodes one token and its inputs are ones the
+//! eager forward pass would accept; any other step runs eagerly, so a bad input still gets the
+//! eager path's precise error. A rank of a group captures its collectives with the step (NCCL's
+//! kernels are graph nodes): every TP rank gets the same input, so all replay the same graph.
+//! Groups with data parallelism run eagerly: a DP step's MoE exchange depends on every DP rank's
+//! rows. Padding rows read one key of block 0
 //! and write no KV ([`NO_SLOT`]); their outputs are never sampled.
 
 use std::time::Instant;
@@ -12,6 +15,7 @@ use std::time::Instant;
 use crate::backend::{AttnBatch, AttnSeq, Backend, GraphLimits, StepIndices, NO_SLOT};
 use crate::error::{EngineError, Result};
 use crate::model::{Model, StepInput};
+use crate::parallel::Collectives;
 
 /// The largest batch captured by default (vLLM's default bound).
 pub const MAX_CAPTURE_ROWS: usize = 512;
@@ -103,17 +107,21 @@ fn placeholder(rows: usize) -> StepInput {
 
 impl<B: Backend> DecodeGraphs<B> {
     /// Captures a decode step of each of `sizes` rows (largest first, so that smaller ones reuse
-    /// its buffers) on a rank without collectives.
+    /// its buffers), with the rank's collectives `comm` (every rank of the group must capture
+    /// the same sizes at the same time: the warm-up steps run the collectives).
     pub fn capture(
         be: &B,
         model: &Model<B>,
         cache: &mut B::KvCache,
+        comm: Option<&dyn Collectives<B>>,
         sizes: &[usize],
-        block_size: usize,
-        num_blocks: usize,
+        (block_size, num_blocks): (usize, usize),
     ) -> Result<(Self, CaptureReport)> {
-        if model.coord().par.world() > 1 {
-            return Err(EngineError::Config("CUDA graphs are captured on groups of one rank only".into()));
+        if model.coord().par.data_parallel_size > 1 {
+            return Err(EngineError::Config("CUDA graphs are not captured on groups with data parallelism".into()));
+        }
+        if model.coord().par.world() > 1 && !comm.is_some_and(|c| c.capturable()) {
+            return Err(EngineError::Config("this group's collectives cannot be captured in a CUDA graph".into()));
         }
         let t0 = Instant::now();
         let mut sizes: Vec<usize> = sizes.iter().copied().filter(|&s| s > 0).collect();
@@ -128,7 +136,7 @@ impl<B: Backend> DecodeGraphs<B> {
         let mut graphs = Vec::with_capacity(sizes.len());
         for &rows in sizes.iter().rev() {
             let input = placeholder(rows);
-            let (graph, logits) = be.capture_step(limits, &mut || model.forward(be, cache, None, &input))?;
+            let (graph, logits) = be.capture_step(limits, &mut || model.forward(be, cache, comm, &input))?;
             let logits = logits.ok_or_else(|| EngineError::Backend("a captured step produced no logits".into()))?;
             graphs.push(Captured { rows, graph, logits });
         }

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
+use crate::graphs::CaptureReport;
 use crate::kv_port::{KvPort, MemHub, PortMaker};
 use crate::parallel::{ParallelConfig, RankCoord};
 use crate::runner::{ModelRunner, RankOutput, StepPlan};
@@ -58,6 +59,8 @@ enum Cmd {
     /// Gives the rank a port on an in-process hub, with this id.
     Link(MemHub, usize),
     Kv(KvCmd),
+    /// Capture decode steps of these sizes (every rank at once).
+    Capture(Vec<usize>),
     /// Fault injection: panic inside the next step.
     ArmPanic,
 }
@@ -68,6 +71,7 @@ enum Reply {
     Output(Option<RankOutput>),
     Linked,
     Kv(Option<u64>),
+    Captured,
     Armed,
 }
 
@@ -115,8 +119,9 @@ fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd
     }
     let mut armed = false;
     while let Ok(cmd) = rx.recv() {
-        // Only a failed step leaves the group's collectives out of step; a failed KV move does not.
-        let step = matches!(cmd, Cmd::Execute(_));
+        // Only a failed step or capture leaves the group's collectives out of step; a failed KV
+        // move does not.
+        let step = matches!(cmd, Cmd::Execute(_) | Cmd::Capture(_));
         let r = guarded(rank, || match cmd {
             Cmd::Execute(_) if std::mem::take(&mut armed) => panic!("injected fault: rank {rank} panics in a step"),
             Cmd::Execute(plan) => runner.execute(&plan).map(Reply::Output),
@@ -129,6 +134,7 @@ fn serve<B: Backend>(make: &RunnerFactory<B>, coord: RankCoord, rx: Receiver<Cmd
                 Ok(Reply::Linked)
             }
             Cmd::Kv(kv) => kv.run(&mut runner).map(Reply::Kv),
+            Cmd::Capture(sizes) => runner.capture_graphs(&sizes).map(|_| Reply::Captured),
         });
         if let (Err(e), true) = (&r, step) {
             runner.abandon(&format!("rank {rank}: {e}"));
@@ -334,6 +340,51 @@ impl<B: Backend> RankGroup<B> {
             .enumerate()
             .map(|(dp, o)| o.ok_or_else(|| EngineError::Backend(format!("DP rank {dp} returned no samples"))))
             .collect()
+    }
+
+    /// Whether every rank can capture decode steps (they share one layout and backend kind).
+    pub fn can_capture(&self) -> bool {
+        self.local.can_capture()
+    }
+
+    /// Captures decode steps of `sizes` rows on every rank at once (their warm-up steps run the
+    /// group's collectives). A failure on any rank leaves the collectives out of step: the
+    /// group's communicators are then abandoned and the error returned.
+    pub fn capture_graphs(&mut self, sizes: &[usize]) -> Result<CaptureReport> {
+        let mut failure = None;
+        for p in &self.peers {
+            if let Err(e) = p.send(Cmd::Capture(sizes.to_vec())) {
+                failure.get_or_insert(e);
+            }
+        }
+        if let Some(e) = &failure {
+            self.local.abandon(&e.to_string());
+        }
+        let local = guarded(0, || self.local.capture_graphs(sizes));
+        let report = match local {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.local.abandon(&format!("rank 0: capturing decode steps failed: {e}"));
+                failure.get_or_insert(e);
+                None
+            }
+        };
+        for p in &self.peers {
+            match p.reply() {
+                Ok(Reply::Captured) => {}
+                Ok(_) => {
+                    failure.get_or_insert(EngineError::Backend("a rank answered out of turn".into()));
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        match (failure, report) {
+            (None, Some(r)) => Ok(r),
+            (Some(e), _) => Err(e),
+            (None, None) => Err(EngineError::Backend("rank 0 captured nothing".into())),
+        }
     }
 
     /// Fault injection: group rank `rank` (1.., a rank on its own thread) panics inside the next

@@ -226,21 +226,24 @@ impl<B: Backend> ModelRunner<B> {
     }
 
     /// Captures decode steps of `sizes` rows (see [`crate::graphs`]); later decode steps of at most
-    /// the largest size replay them. Replaces graphs captured before.
+    /// the largest size replay them. Replaces graphs captured before. In a group, every rank
+    /// captures the same sizes at the same time ([`crate::group::RankGroup::capture_graphs`]).
     /// On failure no graph is kept and their workspace is freed.
     pub fn capture_graphs(&mut self, sizes: &[usize]) -> Result<CaptureReport> {
         self.drop_graphs();
-        let captured =
-            DecodeGraphs::capture(&self.be, &self.model, &mut self.cache, sizes, self.block_size, self.num_blocks);
+        let (comm, shape) = (self.comm.as_deref(), (self.block_size, self.num_blocks));
+        let captured = DecodeGraphs::capture(&self.be, &self.model, &mut self.cache, comm, sizes, shape);
         let (g, report) = captured.inspect_err(|_| self.be.release_graphs())?;
         self.graphs = Some(g);
         Ok(report)
     }
 
-    /// Whether this rank can capture decode steps (its backend captures graphs, it has no
-    /// collectives).
+    /// Whether this rank can capture decode steps: its backend captures graphs, its group has no
+    /// data parallelism and its collectives (if any) are device work a graph can hold.
     pub fn can_capture(&self) -> bool {
-        self.be.can_capture() && self.comm.is_none()
+        self.be.can_capture()
+            && self.coord().par.data_parallel_size == 1
+            && self.comm.as_deref().is_none_or(|c| c.capturable())
     }
 
     /// Drops the captured steps and frees their workspace: every step runs eagerly.

@@ -132,7 +132,7 @@ fn graph_step(
 ) -> anyhow::Result<GraphStep> {
     let t = Instant::now();
     let b = input.ids.len();
-    let (graphs, _) = DecodeGraphs::capture(cu, model, cache, &[b], block_size, num_blocks)?;
+    let (graphs, _) = DecodeGraphs::capture(cu, model, cache, None, &[b], (block_size, num_blocks))?;
     cu.sync()?;
     let capture = t.elapsed().as_secs_f64();
     let eager = cu.download(&model.forward(cu, cache, None, input)?.context("no logits")?)?;

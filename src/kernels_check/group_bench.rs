@@ -78,12 +78,14 @@ impl StepBarrier {
     }
 }
 
-/// A step the group runs: its plan, the tokens it processes, and whether it decodes.
+/// A step the group runs: its plan, the tokens it processes, whether it decodes, and whether
+/// it replays a CUDA graph captured for it.
 struct Scenario {
     label: String,
     plan: StepPlan,
     batch: usize,
     decode: bool,
+    graph: bool,
 }
 
 /// What one rank measured in one scenario.
@@ -101,7 +103,9 @@ struct RankReport {
     loaded_s: f64,
     mem_gib: f64,
     gpu: String,
+    /// The scenarios run, in order, up to the first that failed.
     runs: Vec<RankRun>,
+    error: Option<String>,
 }
 
 fn greedy(rows: usize) -> Vec<SampleRow> {
@@ -160,9 +164,41 @@ fn prefill_plan(par: ParallelConfig, p: usize, bs: usize, vocab: usize, rng: &mu
     StepPlan { ranks, ..StepPlan::default() }
 }
 
-/// One rank's whole benchmark on its own thread: load, fill the cache, then every scenario
-/// (a warm-up step counting the experts it runs, a second warm-up, the timed steps, a profiled
-/// step), each step started with the other ranks.
+/// One scenario on one rank: a warm-up step counting the experts it runs, a second warm-up, the
+/// timed steps and a profiled step, each started with the other ranks.
+fn run_scenario(runner: &mut ModelRunner<CudaBackend>, sc: &Scenario, barrier: &StepBarrier) -> anyhow::Result<RankRun> {
+    let mut run = RankRun::default();
+    if sc.graph {
+        barrier.wait()?;
+        runner.capture_graphs(&[sc.batch])?;
+    }
+    runner.backend().record_expert_stats(sc.decode);
+    barrier.wait()?;
+    runner.execute(&sc.plan)?;
+    run.experts = runner.backend().take_expert_stats().iter().sum();
+    runner.backend().record_expert_stats(false);
+    barrier.wait()?;
+    runner.execute(&sc.plan)?;
+    for _ in 0..if sc.decode { TIMED_STEPS } else { 3 } {
+        barrier.wait()?;
+        let t = Instant::now();
+        runner.execute(&sc.plan)?;
+        runner.backend().sync()?;
+        run.times.push(t.elapsed().as_secs_f64());
+    }
+    barrier.wait()?;
+    runner.backend().gpu().profile_start();
+    runner.execute(&sc.plan)?;
+    run.profile = runner.backend().gpu().profile_stop()?;
+    if sc.graph {
+        anyhow::ensure!(runner.graph_replays() > 0, "{}: the steps did not replay the captured graph", sc.label);
+        runner.drop_graphs();
+    }
+    Ok(run)
+}
+
+/// One rank's whole benchmark on its own thread: load, fill the cache, then every scenario until
+/// one fails (its peers are then released, and its communicators aborted).
 fn rank_main(
     runner: cleave_engine::Result<ModelRunner<CudaBackend>>,
     t0: Instant,
@@ -178,30 +214,20 @@ fn rank_main(
     let loaded_s = t0.elapsed().as_secs_f64();
     let (free, total) = be.gpu().mem_info()?;
     let (mem_gib, gpu) = ((total - free) as f64 / (1u64 << 30) as f64, be.gpu().name.clone());
-    let mut runs = Vec::new();
+    let mut rep = RankReport { rank, loaded_s, mem_gib, gpu, runs: Vec::new(), error: None };
     for sc in scenarios {
-        let mut run = RankRun::default();
-        runner.backend().record_expert_stats(sc.decode);
-        barrier.wait()?;
-        runner.execute(&sc.plan)?;
-        run.experts = runner.backend().take_expert_stats().iter().sum();
-        runner.backend().record_expert_stats(false);
-        barrier.wait()?;
-        runner.execute(&sc.plan)?;
-        for _ in 0..if sc.decode { TIMED_STEPS } else { 3 } {
-            barrier.wait()?;
-            let t = Instant::now();
-            runner.execute(&sc.plan)?;
-            runner.backend().sync()?;
-            run.times.push(t.elapsed().as_secs_f64());
+        match run_scenario(&mut runner, sc, barrier) {
+            Ok(run) => rep.runs.push(run),
+            Err(e) => {
+                let why = format!("rank {rank}, {}: {e:#}", sc.label);
+                barrier.fail(why.clone());
+                runner.abandon(&why);
+                rep.error = Some(why);
+                break;
+            }
         }
-        barrier.wait()?;
-        runner.backend().gpu().profile_start();
-        runner.execute(&sc.plan)?;
-        run.profile = runner.backend().gpu().profile_stop()?;
-        runs.push(run);
     }
-    Ok(RankReport { rank, loaded_s, mem_gib, gpu, runs })
+    Ok(rep)
 }
 
 /// `--bench-model DIR` with `--tensor-parallel-size`/`--data-parallel-size` above one.
@@ -231,18 +257,20 @@ pub fn run(
         ..EngineConfig::default()
     };
     let mut rng = XRng::new(seed);
-    let mut scenarios: Vec<Scenario> = batches
-        .iter()
-        .map(|&b| Scenario {
-            label: format!("decode batch {b}"),
-            plan: decode_plan(par, b, ctx, bs, c.vocab_size, &mut rng),
-            batch: b,
-            decode: true,
-        })
-        .collect();
+    // Decode steps eagerly, then replayed from a graph where the group captures them (no DP).
+    let graphs = par.data_parallel_size == 1;
+    let mut scenarios = Vec::new();
+    for &b in batches {
+        let plan = decode_plan(par, b, ctx, bs, c.vocab_size, &mut rng);
+        for graph in [false, true].into_iter().filter(|&g| !g || graphs) {
+            let label = format!("decode {b}{}", if graph { " graph" } else { "" });
+            scenarios.push(Scenario { label, plan: plan.clone(), batch: b, decode: true, graph });
+        }
+    }
     if prefill > 0 {
         let plan = prefill_plan(par, prefill, bs, c.vocab_size, &mut rng);
-        scenarios.push(Scenario { label: format!("prefill {prefill}"), plan, batch: prefill, decode: false });
+        let label = format!("prefill {prefill}");
+        scenarios.push(Scenario { label, plan, batch: prefill, decode: false, graph: false });
     }
     println!(
         "\ngroup bench: {} on GPUs 0..{world}: tensor_parallel_size {} data_parallel_size {} enable_expert_parallel {}; \
@@ -284,6 +312,10 @@ pub fn run(
     }
     reports.sort_by_key(|r| r.rank);
     report(&c, par, &scenarios, &reports, ctx);
+    let failed: Vec<&str> = reports.iter().filter_map(|r| r.error.as_deref()).collect();
+    if !failed.is_empty() {
+        bail!("group bench stopped: {}", failed.join("; "));
+    }
     Ok(())
 }
 
@@ -299,16 +331,20 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
         "{:>16} {:>10} {:>10} {:>10} {:>9} {:>16} {:>16} {:>10}",
         "step", "ms", "tok/s", "experts/L", "GB/step", "of group HBM", "of group TC", "NCCL ms"
     );
-    for (i, sc) in scenarios.iter().enumerate() {
+    let done = reports.iter().map(|r| r.runs.len()).min().unwrap_or(0);
+    for (i, sc) in scenarios.iter().enumerate().take(done) {
         // Per step, the slowest rank.
         let n = reports.iter().map(|r| r.runs[i].times.len()).min().unwrap_or(0);
         let steps: Vec<f64> =
             (0..n).map(|s| reports.iter().map(|r| r.runs[i].times[s]).fold(0.0, f64::max)).collect();
         let step = median(steps);
+        // A replayed step counts no experts (the count is host code): the eager step before it
+        // routed the same batch.
+        let at = if sc.graph { i.saturating_sub(1) } else { i };
         let experts: usize = if par.enable_expert_parallel {
-            reports.iter().map(|r| r.runs[i].experts).sum()
+            reports.iter().map(|r| r.runs[at].experts).sum()
         } else {
-            reports[0].runs[i].experts
+            reports[0].runs[at].experts
         };
         let nccl: Vec<f64> = reports
             .iter()

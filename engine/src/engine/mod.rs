@@ -235,15 +235,23 @@ impl<B: Backend> Engine<B> {
 
     fn from_group(mut group: RankGroup<B>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Self> {
         check_limits(&cfg, group.local().model().max_len())?;
-        if !cfg.enforce_eager && group.local().can_capture() {
+        if !cfg.enforce_eager && group.can_capture() {
             let t0 = std::time::Instant::now();
-            match group.local_mut().capture_graphs(&crate::graphs::capture_sizes(cfg.max_num_seqs)) {
+            let world = group.parallel().world();
+            match group.capture_graphs(&crate::graphs::capture_sizes(cfg.max_num_seqs)) {
                 Ok(r) => tracing::info!(
                     graphs = r.sizes.len(),
                     largest = r.sizes.last().copied().unwrap_or(0),
+                    ranks = world,
                     ms = t0.elapsed().as_millis() as u64,
                     "captured decode steps (CUDA graphs; enforce_eager turns them off)"
                 ),
+                // A group's collectives are out of step after a failed capture: it cannot serve.
+                Err(e) if world > 1 => {
+                    return Err(EngineError::Backend(format!(
+                        "capturing CUDA graphs on the group failed ({e}); enforce_eager runs every step eagerly"
+                    )))
+                }
                 Err(e) => tracing::warn!(error = %e, "CUDA graph capture failed: every step runs eagerly"),
             }
         }

@@ -38,6 +38,11 @@ pub trait Collectives<B: Backend> {
     /// Makes the group's pending and future collectives fail (this rank failed; its peers must
     /// not wait for it).
     fn abandon(&self, why: &str);
+    /// Whether the collectives are device work on the backend's stream, which a CUDA graph can
+    /// capture (not where they go through the host).
+    fn capturable(&self) -> bool {
+        false
+    }
 }
 
 /// How long an in-process collective waits for the other ranks.

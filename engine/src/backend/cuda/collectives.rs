@@ -160,6 +160,10 @@ impl Collectives<CudaBackend> for NcclCollectives {
         }
     }
 
+    fn capturable(&self) -> bool {
+        true
+    }
+
     fn abandon(&self, why: &str) {
         tracing::warn!(rank = self.coord.rank(), why, "aborting the group's NCCL communicators");
         for c in self.all() {

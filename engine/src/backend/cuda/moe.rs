@@ -69,6 +69,13 @@ fn routing_for(
     Ok((CudaRouting { ids, weights, rows: n, top_k: k }, launch))
 }
 
+/// Whether `n` tokens, `top_k` routed experts each, give the layer's `group_routed` routed
+/// experts (over the whole group: a rank holds only some with expert parallelism) 32 rows or
+/// more on average: prefill-sized tiles.
+fn prefill_sized(n: usize, top_k: usize, group_routed: usize) -> bool {
+    n * top_k >= 32 * group_routed
+}
+
 /// The routed experts' weighted sum per token or, with `end`, the next input (the combine, the
 /// residual add and the RMSNorm in one kernel where no dense shared MLP comes between).
 pub(super) fn experts(
@@ -101,15 +108,25 @@ pub(super) fn experts(
     if k <= s {
         return Err(EngineError::Backend(format!("moe_experts: {k} experts per token, {s} of them shared")));
     }
-    let prefill = n * (k - s) >= 32 * (e - s);
+    // Tile sizes follow the rows each expert gets on average: the routed assignments spread over
+    // the whole layer's routed experts, of which a rank holds `e - s` with expert parallelism.
+    let group_routed = match &routing {
+        Routing::Router(r) => r.params.n_experts,
+        Routing::Done(_) => e - s,
+    }
+    .max(e - s);
+    let prefill = prefill_sized(n, k - s, group_routed);
     // Shared experts folded in run as dense GEMMs over their slots of the stack at prefill sizes
     // (cuBLAS there beats the grouped GEMM's 64-row tiles) and beyond FOLDED_SHARED_MAX_ROWS
     // rows (compressed slots are then expanded to bf16 per call). Aligning only the routed
     // experts gives the shared assignments no row and no weight in the combine.
     let dense_shared = s > 0 && (prefill || n > FOLDED_SHARED_MAX_ROWS) && !matches!(ex.data, ExpertData::F32 { .. });
     let (aligned, routed_a) = if dense_shared { (e - s, n * (k - s)) } else { (e, a) };
+    // The assignments this rank's experts expect: its share of the routed ones, and the shared
+    // experts' rows when they are folded in.
+    let local_a = n * (k - s) * (e - s) / group_routed + if dense_shared { 0 } else { n * s };
     let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {
-        (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if routed_a >= ROWS32_MIN_AVG * aligned => Some(cfg),
+        (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if local_a >= ROWS32_MIN_AVG * aligned => Some(cfg),
         _ => None,
     };
     // Prefill-sized batches on Hopper's warpgroup MMA, with its row tiles: bf16 experts, and FP8
@@ -135,7 +152,7 @@ pub(super) fn experts(
     // tiled kernel's 16.
     let quant_bm = match &ex.data {
         ExpertData::Quant { gate_up, down } => {
-            let avg = routed_a.div_ceil(aligned.max(1));
+            let avg = local_a.div_ceil(aligned.max(1));
             let rows = QRows::Tiles(if avg <= v.qgemm_rows8 { 8 } else { 16 });
             let shape = |w: &QuantWeight| be.qgemm_shape(w, rows).map(|c| c.bm);
             match (shape(gate_up), shape(down)) {
@@ -394,4 +411,23 @@ fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: u64) ->
         gpu.linear_bf16_acc(a, s * i, w, out, n, h, i).map_err(kerr)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefill_sized;
+
+    #[test]
+    fn tile_rows_follow_the_whole_groups_experts() {
+        // One GPU: V3's 256 routed experts at decode batch 256 (8 rows each), a 4k prompt (128).
+        assert!(!prefill_sized(256, 8, 256));
+        assert!(prefill_sized(4096, 8, 256));
+        // A rank of a 4-way expert-parallel group holds 64 of them, and still gets 8 rows per
+        // expert at batch 256: judged by its own 64, the 2,048 assignments looked like 32 each.
+        assert!(prefill_sized(256, 8, 64));
+        assert!(prefill_sized(1024, 8, 256));
+        // V2-Lite's 64 experts, 6 per token: decode at 256 rows, prefill from 342 tokens.
+        assert!(!prefill_sized(256, 6, 64));
+        assert!(prefill_sized(342, 6, 64));
+    }
 }
