@@ -32,11 +32,12 @@ pub fn capture_sizes(max_num_seqs: usize) -> Vec<usize> {
     sizes
 }
 
-/// One captured step: its rows, the graph, and the logits buffer every replay writes.
+/// One captured step: its rows, the graph, and the logits buffer every replay writes (none on a
+/// rank of a group that does not sample).
 struct Captured<B: Backend> {
     rows: usize,
     graph: B::Graph,
-    logits: B::Tensor,
+    logits: Option<B::Tensor>,
 }
 
 /// What capturing cost.
@@ -137,7 +138,9 @@ impl<B: Backend> DecodeGraphs<B> {
         for &rows in sizes.iter().rev() {
             let input = placeholder(rows);
             let (graph, logits) = be.capture_step(limits, &mut || model.forward(be, cache, comm, &input))?;
-            let logits = logits.ok_or_else(|| EngineError::Backend("a captured step produced no logits".into()))?;
+            if logits.is_none() == model.coord().samples() {
+                return Err(EngineError::Backend("a captured step's logits disagree with the rank's sampling".into()));
+            }
             graphs.push(Captured { rows, graph, logits });
         }
         graphs.reverse();
@@ -152,10 +155,10 @@ impl<B: Backend> DecodeGraphs<B> {
         self.check.accepts(input).then(|| self.graphs.iter().find(|g| g.rows >= n)).flatten()
     }
 
-    /// Replays the graph for `input` when it has one (see the module docs): the logits of
-    /// `input.sample_rows`, in the graph's buffer (padding rows after them); `None` when the step
-    /// must run eagerly.
-    pub fn run(&self, be: &B, input: &StepInput) -> Result<Option<&B::Tensor>> {
+    /// Replays the graph for `input` when it has one (see the module docs): `Some` with the logits
+    /// of `input.sample_rows` in the graph's buffer (padding rows after them) where this rank
+    /// samples; `None` when the step must run eagerly.
+    pub fn run(&self, be: &B, input: &StepInput) -> Result<Option<Option<&B::Tensor>>> {
         let Some(g) = self.pick(input) else {
             return Ok(None);
         };
@@ -177,7 +180,7 @@ impl<B: Backend> DecodeGraphs<B> {
         })?;
         be.replay(&g.graph)?;
         self.replays.set(self.replays.get() + 1);
-        Ok(Some(&g.logits))
+        Ok(Some(g.logits.as_ref()))
     }
 
     /// Steps replayed so far.

@@ -189,7 +189,7 @@ impl<B: Backend> ModelRunner<B> {
         };
         let eager;
         let logits = match replayed {
-            Some(l) => Some(l),
+            Some(l) => l,
             None => {
                 eager = self.model.forward(&self.be, &mut self.cache, comm, &b.input)?;
                 eager.as_ref()
@@ -199,7 +199,7 @@ impl<B: Backend> ModelRunner<B> {
             c.settle(&self.be)?;
         }
         let Some(logits) = logits else {
-            // A sampling rank whose DP rank had no tokens this step.
+            // A rank that does not sample, or a sampling rank whose DP rank had no tokens.
             return Ok(self.coord().samples().then(RankOutput::default));
         };
         let device = if b.masked.is_empty() {

@@ -136,12 +136,12 @@ fn graph_step(
     cu.sync()?;
     let capture = t.elapsed().as_secs_f64();
     let eager = cu.download(&model.forward(cu, cache, None, input)?.context("no logits")?)?;
-    let replayed = cu.download(graphs.run(cu, input)?.context("the decode step did not replay its graph")?)?;
+    let replayed = cu.download(graphs.run(cu, input)?.flatten().context("the decode step did not replay its graph")?)?;
     let diff = eager.iter().zip(&replayed).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
     let (mut ts, allocs0, n) = (Vec::new(), cu.device_allocs(), 12);
     for i in 0..n {
         let t = Instant::now();
-        let logits = graphs.run(cu, input)?.context("no replay")?;
+        let logits = graphs.run(cu, input)?.flatten().context("no replay")?;
         cu.sample(logits, greedy, &[])?;
         if i >= 2 {
             ts.push(t.elapsed().as_secs_f64());
