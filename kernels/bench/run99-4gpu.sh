@@ -22,7 +22,7 @@ if [ $MODE = tp ]; then
   gen_model tinyb --shape tiny --dtype bf16
   gen_model v3l2 --shape v3-layers --layers 2 --routed-experts 64 --dtype awq
   mkdir -p /tmp/g
-  g() { local out=$1; shift; timeout 150 $C generate --device cuda --dtype float32 --output json --ignore-eos --prompt-ids 5,9,13,17,21,25,29,33 --max-tokens 24 "$@" 2>/tmp/gen.err | tail -1 > $out || { echo "FAILED: $*"; grep -iE "error|panic" /tmp/gen.err | tail -3; }; grep -E "captured decode" /tmp/gen.err | tail -1 | cut -c1-200; }
+  g() { local out=$1; shift; RUST_LOG=info timeout 60 $C generate --device cuda --dtype float32 --output json --ignore-eos --prompt-ids 5,9,13,17,21,25,29,33 --max-tokens 24 "$@" 2>/tmp/gen.err | tail -1 > $out || { echo "FAILED: $*"; grep -iE "error|panic" /tmp/gen.err | tail -3; }; grep -E "captured decode" /tmp/gen.err | tail -1 | cut -c1-200; }
   rm -rf /tmp/g/*
   g /tmp/g/tinyb-one.json --model /dev/shm/tinyb
   g /tmp/g/tinyb-tp4.json --model /dev/shm/tinyb --tensor-parallel-size 4
