@@ -8,7 +8,7 @@ use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::backend::Backend;
 use cleave_engine::tokenizer::{ChatMessage, ChatOptions};
-use cleave_engine::{Engine, EngineConfig, ParallelConfig, Request, SamplingParams};
+use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -60,15 +60,8 @@ pub struct Args {
     /// Numeric format on `--device cuda`: bfloat16 (fast) or float32 (matches the CPU reference).
     #[arg(long, value_enum, default_value = "auto")]
     dtype: Dtype,
-    /// Ranks splitting attention heads and MLPs (vLLM's flag).
-    #[arg(long, default_value_t = 1)]
-    tensor_parallel_size: usize,
-    /// Ranks each attending their own sequences, exchanging tokens in the MoE layers.
-    #[arg(long, default_value_t = 1)]
-    data_parallel_size: usize,
-    /// Place whole routed experts per rank instead of splitting each expert.
-    #[arg(long)]
-    enable_expert_parallel: bool,
+    #[command(flatten)]
+    parallel: crate::parallel_args::ParallelArgs,
     /// Run every step eagerly: capture no CUDA graphs (vLLM's flag).
     #[arg(long)]
     enforce_eager: bool,
@@ -105,11 +98,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         enforce_eager: a.enforce_eager,
         ..EngineConfig::default()
     };
-    let par = ParallelConfig {
-        tensor_parallel_size: a.tensor_parallel_size,
-        data_parallel_size: a.data_parallel_size,
-        enable_expert_parallel: a.enable_expert_parallel,
-    };
+    let par = a.parallel.config();
     par.validate(&model_cfg).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     let loading = || format!("loading {}", dir.display());
     match a.device {

@@ -71,15 +71,9 @@ pub struct Args {
     /// Prompt length of the prefill benchmark (0: skip).
     #[arg(long, default_value_t = 4096)]
     prefill: usize,
-    /// With --bench-model: TP ranks of the benchmarked group (GPUs 0..tp*dp, NCCL collectives).
-    #[arg(long, default_value_t = 1)]
-    tensor_parallel_size: usize,
-    /// With --bench-model: DP ranks of the benchmarked group.
-    #[arg(long, default_value_t = 1)]
-    data_parallel_size: usize,
-    /// With --bench-model: whole routed experts per rank of the group.
-    #[arg(long)]
-    enable_expert_parallel: bool,
+    // With --bench-model above one rank: the benchmark over a group on GPUs 0..tp*dp.
+    #[command(flatten)]
+    parallel: crate::parallel_args::ParallelArgs,
     /// NCCL KV-block transfer between GPU 0 and GPU 1 at the full V3 shape, then the engine's
     /// collectives against raw NCCL at decode and prefill sizes.
     #[arg(long)]
@@ -364,11 +358,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         failed += prefix::run(dir, a.device)?;
     }
     if let Some(dir) = &a.bench_model {
-        let par = cleave_engine::ParallelConfig {
-            tensor_parallel_size: a.tensor_parallel_size,
-            data_parallel_size: a.data_parallel_size,
-            enable_expert_parallel: a.enable_expert_parallel,
-        };
+        let par = a.parallel.config();
         if par.world() > 1 {
             group_bench::run(dir, par, &a.batches, a.ctx, a.prefill, a.seed)?;
         } else {

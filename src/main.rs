@@ -6,6 +6,7 @@ mod generate;
 mod kernels_check;
 mod logging;
 mod model_dir;
+mod parallel_args;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cleave_engine::backend::cuda::{CudaBackend, PersistentGemm, Variants, DEFAULT_PERSISTENT};
-use cleave_engine::backend::{AttnSeq, Backend, KvLayout, SampleRow};
+use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, KvLayout, SampleRow};
 use cleave_engine::graphs::DecodeGraphs;
 use cleave_engine::model::{Model, ModelConfig, Quantization, StepInput};
 
@@ -151,6 +151,43 @@ fn graph_step(
     Ok(GraphStep { step: median(ts), capture, diff, allocs })
 }
 
+/// A decode step of `n` sequences at context `ctx`, each in its own blocks (sequence `s` in blocks
+/// `s * per_seq..`), with random tokens; every row sampled.
+pub(super) fn decode_input(n: usize, ctx: usize, bs: usize, vocab: usize, rng: &mut XRng) -> StepInput {
+    let per_seq = ctx.div_ceil(bs) + 1;
+    let mut input = StepInput::default();
+    for s in 0..n {
+        let table: Vec<u32> = (0..per_seq as u32).map(|j| (s * per_seq) as u32 + j).collect();
+        let pos = ctx - 1;
+        input.ids.push(rng.below(vocab) as u32);
+        input.positions.push(pos as u32);
+        input.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
+        input.attn.seqs.push(AttnSeq { q_start: s, q_len: 1, ctx_len: ctx, block_table: table });
+        input.sample_rows.push(s as u32);
+    }
+    input
+}
+
+/// One `p`-token prompt of random tokens in blocks `0..`, its last row sampled.
+pub(super) fn prefill_input(p: usize, bs: usize, vocab: usize, rng: &mut XRng) -> StepInput {
+    let table: Vec<u32> = (0..p.div_ceil(bs) as u32).collect();
+    StepInput {
+        ids: (0..p).map(|_| rng.below(vocab) as u32).collect(),
+        positions: (0..p as u32).collect(),
+        slots: (0..p as u32).collect(),
+        attn: AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }] },
+        sample_rows: vec![p as u32 - 1],
+        dp_rows: Vec::new(),
+    }
+}
+
+/// Greedy sampling of rows `0..n`.
+pub(super) fn greedy_rows(n: usize) -> Vec<SampleRow> {
+    (0..n as u32)
+        .map(|row| SampleRow { row, temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, u: 0.0, mask: SampleRow::NO_MASK })
+        .collect()
+}
+
 pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -201,27 +238,8 @@ pub fn run(
     );
     let mut allocating = Vec::new();
     for &b in batches {
-        let mut input = StepInput::default();
-        for s in 0..b {
-            let table: Vec<u32> = (0..per_seq as u32).map(|j| (s * per_seq) as u32 + j).collect();
-            let pos = ctx - 1;
-            input.ids.push(rng.below(vocab) as u32);
-            input.positions.push(pos as u32);
-            input.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
-            input.attn.seqs.push(AttnSeq { q_start: s, q_len: 1, ctx_len: ctx, block_table: table });
-            input.sample_rows.push(s as u32);
-        }
-        let greedy: Vec<SampleRow> = (0..b as u32)
-            .map(|row| SampleRow {
-                row,
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                u: 0.0,
-                mask: SampleRow::NO_MASK,
-            })
-            .collect();
+        let input = decode_input(b, ctx, bs, vocab, &mut rng);
+        let greedy = greedy_rows(b);
         // What the engine does per step: the forward pass, then sampling where the logits are.
         let step = |inp: &StepInput, cache: &mut _| -> cleave_engine::Result<()> {
             let logits = model.forward(cu, cache, None, inp)?;
@@ -352,17 +370,7 @@ pub fn run(
     }
     if prefill > 0 {
         let p = prefill;
-        let table: Vec<u32> = (0..p.div_ceil(bs) as u32).collect();
-        let input = StepInput {
-            ids: (0..p).map(|_| rng.below(vocab) as u32).collect(),
-            positions: (0..p as u32).collect(),
-            slots: (0..p as u32).collect(),
-            attn: cleave_engine::backend::AttnBatch {
-                seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }],
-            },
-            sample_rows: vec![p as u32 - 1],
-            dp_rows: Vec::new(),
-        };
+        let input = prefill_input(p, bs, vocab, &mut rng);
         let mut run = |n: usize| -> anyhow::Result<f64> {
             let mut ts = Vec::new();
             for i in 0..n + 1 {

@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use cleave_engine::backend::cuda::collectives::nccl_runners;
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
-use cleave_engine::backend::{AttnBatch, AttnSeq, SampleRow};
 use cleave_engine::model::{ModelConfig, StepInput};
 use cleave_engine::parallel::RankCoord;
 use cleave_engine::runner::{ModelRunner, RankBatch, StepPlan};
 use cleave_engine::{EngineConfig, ParallelConfig};
 
-use super::bench::{counts, median};
+use super::bench::{counts, decode_input, greedy_rows, median, prefill_input};
 use super::{XRng, TC_FLOPS};
 
 /// Device-copy bandwidth (read + write) of each GPU kind, the HBM ceiling: H200 as measured in
@@ -108,12 +107,6 @@ struct RankReport {
     error: Option<String>,
 }
 
-fn greedy(rows: usize) -> Vec<SampleRow> {
-    (0..rows as u32)
-        .map(|row| SampleRow { row, temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, u: 0.0, mask: SampleRow::NO_MASK })
-        .collect()
-}
-
 /// Splits `n` sequences over `dp` ranks as evenly as the engine's scheduler would fill them.
 fn share(n: usize, dp: usize) -> Vec<usize> {
     (0..dp).map(|d| n / dp + usize::from(d < n % dp)).collect()
@@ -122,23 +115,13 @@ fn share(n: usize, dp: usize) -> Vec<usize> {
 /// The plan of a decode step of `b` sequences at context `ctx`, spread over the DP ranks, each
 /// sequence in its own blocks of its DP rank's cache.
 fn decode_plan(par: ParallelConfig, b: usize, ctx: usize, bs: usize, vocab: usize, rng: &mut XRng) -> StepPlan {
-    let per_seq = ctx.div_ceil(bs) + 1;
     let rows = share(b, par.data_parallel_size);
     let dp_rows = if par.data_parallel_size > 1 { rows.clone() } else { Vec::new() };
     let ranks = rows
         .iter()
         .map(|&n| {
-            let mut input = StepInput { dp_rows: dp_rows.clone(), ..StepInput::default() };
-            for s in 0..n {
-                let table: Vec<u32> = (0..per_seq as u32).map(|j| (s * per_seq) as u32 + j).collect();
-                let pos = ctx - 1;
-                input.ids.push(rng.below(vocab) as u32);
-                input.positions.push(pos as u32);
-                input.slots.push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
-                input.attn.seqs.push(AttnSeq { q_start: s, q_len: 1, ctx_len: ctx, block_table: table });
-                input.sample_rows.push(s as u32);
-            }
-            RankBatch { input, device: greedy(n), ..RankBatch::default() }
+            let input = StepInput { dp_rows: dp_rows.clone(), ..decode_input(n, ctx, bs, vocab, rng) };
+            RankBatch { input, device: greedy_rows(n), ..RankBatch::default() }
         })
         .collect();
     StepPlan { ranks, ..StepPlan::default() }
@@ -149,18 +132,8 @@ fn prefill_plan(par: ParallelConfig, p: usize, bs: usize, vocab: usize, rng: &mu
     let dp = par.data_parallel_size;
     let dp_rows = if dp > 1 { (0..dp).map(|d| if d == 0 { p } else { 0 }).collect() } else { Vec::new() };
     let mut ranks = vec![RankBatch::default(); dp];
-    for (d, r) in ranks.iter_mut().enumerate() {
-        r.input.dp_rows = dp_rows.clone();
-        if d == 0 {
-            r.input.ids = (0..p).map(|_| rng.below(vocab) as u32).collect();
-            r.input.positions = (0..p as u32).collect();
-            r.input.slots = (0..p as u32).collect();
-            let table = (0..p.div_ceil(bs) as u32).collect();
-            r.input.attn = AttnBatch { seqs: vec![AttnSeq { q_start: 0, q_len: p, ctx_len: p, block_table: table }] };
-            r.input.sample_rows = vec![p as u32 - 1];
-            r.device = greedy(1);
-        }
-    }
+    ranks[0] = RankBatch { input: prefill_input(p, bs, vocab, rng), device: greedy_rows(1), ..RankBatch::default() };
+    ranks.iter_mut().for_each(|r| r.input.dp_rows = dp_rows.clone());
     StepPlan { ranks, ..StepPlan::default() }
 }
 
