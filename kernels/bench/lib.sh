@@ -46,3 +46,33 @@ bench_steps() {
 # gen_model NAME ARGS...: `cleave gen-checkpoint ARGS` into /dev/shm/NAME (host memory), then
 # /dev/shm/NAME.done, which bench_steps waits for.
 gen_model() { $C gen-checkpoint "${@:2}" --out /dev/shm/$1 > /dev/null 2>&1; touch /dev/shm/$1.done; }
+
+# ids_run OUT ARGS...: `cleave generate --device cuda --output json ARGS` (logs at info), its JSON
+# into OUT; a failure or a timeout ($IDS_TIMEOUT, default 120 s) is printed with the log's errors.
+ids_run() {
+  local out=$1; shift
+  RUST_LOG=info timeout ${IDS_TIMEOUT:-120} $C generate --device cuda --output json "$@" > /tmp/ids.out 2> /tmp/ids.err
+  local rc=$?
+  tail -n 1 /tmp/ids.out > $out
+  [ $rc -eq 0 ] || { echo "FAILED rc=$rc: $*"; grep -iE "error|panic" /tmp/ids.err | tail -3 | cut -c1-200; }
+}
+
+# ids_compare DIR LAYOUT...: for every DIR/NAME-one.json, NAME-LAYOUT.json's greedy ids against it
+# and the largest logprob difference.
+ids_compare() {
+  python3 - "$@" <<'PY'
+import glob, json, os, sys
+d, lays = sys.argv[1], sys.argv[2:]
+def load(p):
+    try: return json.load(open(p))
+    except Exception: return None
+for one in sorted(glob.glob(f"{d}/*-one.json")):
+    base = one[:-len("-one.json")]; name = os.path.basename(base); a = load(one)
+    for lay in lays:
+        if not os.path.exists(f"{base}-{lay}.json"): continue
+        b = load(f"{base}-{lay}.json")
+        if a is None or b is None: print(f"{name:10} {lay:10} NO OUTPUT ({'one GPU' if a is None else lay})"); continue
+        lps = [abs(x - y) for x, y in zip(a.get("logprobs", []), b.get("logprobs", []))]
+        print(f"{name:10} {lay:10} ids {'equal' if a['token_ids'] == b['token_ids'] else 'DIFFER'} ({len(a['token_ids'])} tokens), max |dlogprob| {max(lps) if lps else float('nan'):.2e}")
+PY
+}
