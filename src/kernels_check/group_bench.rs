@@ -362,3 +362,34 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequences_spread_over_dp_ranks_evenly() {
+        assert_eq!(share(10, 4), vec![3, 3, 2, 2]);
+        assert_eq!(share(1, 4), vec![1, 0, 0, 0]);
+        assert_eq!(share(256, 1), vec![256]);
+    }
+
+    #[test]
+    fn the_step_barrier_releases_all_or_reports_a_failed_peer() {
+        let b = Arc::new(StepBarrier::new(2));
+        let peer = {
+            let b = b.clone();
+            std::thread::spawn(move || (0..3).try_for_each(|_| b.wait()))
+        };
+        (0..3).try_for_each(|_| b.wait()).unwrap();
+        peer.join().unwrap().unwrap();
+        let waiter = {
+            let b = b.clone();
+            std::thread::spawn(move || b.wait())
+        };
+        b.fail("rank 1 ran out of memory".into());
+        let e = waiter.join().unwrap().unwrap_err().to_string();
+        assert!(e.contains("rank 1 ran out of memory"), "{e}");
+        assert!(b.wait().is_err(), "a failed barrier stays failed");
+    }
+}
