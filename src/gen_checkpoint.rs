@@ -1,9 +1,9 @@
 //! `cleave gen-checkpoint`: random-weight DeepSeek-V3-architecture checkpoints at real shapes
-//! (HF layout: config.json + model.safetensors, or 5 GB shards and their index) for performance work. Weights are uniform in
-//! +-sqrt(3 / fan_in) (unit-variance outputs), norms are 1, routing biases 0; bf16, fp8 e4m3
-//! with 128x128 `weight_scale_inv` blocks, or AutoAWQ "gemm" int4 with groups of 64 (4-bit values
-//! and zero points spread over their range, f16 scales that give the same output variance) for
-//! every linear layer but the router and lm_head.
+//! (HF layout: config.json + model.safetensors, or 5 GB shards and their index) for performance
+//! work. Weights are uniform in +-sqrt(3 / fan_in) (unit-variance outputs), norms are 1, routing
+//! biases 0; bf16, fp8 e4m3 with 128x128 `weight_scale_inv` blocks, or AutoAWQ "gemm" int4 with
+//! groups of 64 (4-bit values and zero points spread over their range, f16 scales that give the
+//! same output variance) for every linear layer but the router and lm_head.
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -336,7 +336,13 @@ fn write_sharded(
         size += bytes(s);
     }
     let n = shards.len();
-    let name = |i: usize| if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+    let name = |i: usize| {
+        if n == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+        }
+    };
     shards.par_iter().enumerate().try_for_each(|(i, r)| write_shard(&dir.join(name(i)), &specs, r.clone(), seed))?;
     let total: usize = specs.iter().map(bytes).sum();
     if n > 1 {

@@ -31,6 +31,16 @@ use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Precision};
 
 /// Ceilings measured on the H200 test machines (GPU.md).
 pub const HBM_BYTES_PER_S: f64 = 4.3e12;
+
+/// The HBM ceiling of the GPU named `gpu_name` (device copy, read + write): the H200's above;
+/// an H100's as measured on the lent H100s (KINDS.md, about 3.0 TB/s).
+pub fn hbm_ceiling(gpu_name: &str) -> f64 {
+    if gpu_name.contains("H100") {
+        3.0e12
+    } else {
+        HBM_BYTES_PER_S
+    }
+}
 pub const TC_FLOPS: f64 = 790e12;
 /// Measured FP8 tensor-core ceiling (cuBLASLt, per-tensor scales, 8192^3, H200).
 pub const FP8_TC_FLOPS: f64 = 1450e12;

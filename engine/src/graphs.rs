@@ -118,7 +118,7 @@ impl<B: Backend> DecodeGraphs<B> {
         sizes: &[usize],
         (block_size, num_blocks): (usize, usize),
     ) -> Result<(Self, CaptureReport)> {
-        if model.coord().par.data_parallel_size > 1 {
+        if !model.coord().par.graphs_capture_steps() {
             return Err(EngineError::Config("CUDA graphs are not captured on groups with data parallelism".into()));
         }
         if model.coord().par.world() > 1 && !comm.is_some_and(|c| c.capturable()) {

@@ -294,48 +294,80 @@ impl<B: Backend> RankGroup<B> {
         &mut self.local
     }
 
+    /// Sends `cmd` to every peer (each, whatever failed before); the first failure to send.
+    fn send_all(&self, cmd: impl Fn(RankCoord) -> Cmd) -> Option<EngineError> {
+        let mut failure = None;
+        for p in &self.peers {
+            if let Err(e) = p.send(cmd(p.coord)) {
+                failure.get_or_insert(e);
+            }
+        }
+        failure
+    }
+
+    /// Reads every peer's answer, in rank order; `take` accepts one (false: out of turn). The
+    /// first failure, or answer out of turn, goes to `failure` unless one is there.
+    fn answers(&self, failure: &mut Option<EngineError>, mut take: impl FnMut(RankCoord, Reply) -> bool) {
+        for p in &self.peers {
+            let taken = p.reply().and_then(|r| {
+                take(p.coord, r).then_some(()).ok_or_else(|| EngineError::Backend("a rank answered out of turn".into()))
+            });
+            if let Err(e) = taken {
+                failure.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Runs `cmd` on every peer and `local` on rank 0 at the same time, for work that runs the
+    /// group's collectives: a failure anywhere abandons them, so that no rank waits for a peer
+    /// that will not come. Rank 0's result, and the first failure.
+    fn collective<T>(
+        &mut self,
+        cmd: impl Fn(RankCoord) -> Cmd,
+        local: impl FnOnce(&mut ModelRunner<B>) -> Result<T>,
+        take: impl FnMut(RankCoord, Reply) -> bool,
+    ) -> (Option<T>, Option<EngineError>) {
+        let mut failure = self.send_all(cmd);
+        if let Some(e) = &failure {
+            // A rank is gone: the others must not wait for it in the collectives.
+            self.local.abandon(&e.to_string());
+        }
+        let mine = match guarded(0, || local(&mut self.local)) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.local.abandon(&format!("rank 0: {e}"));
+                failure.get_or_insert(e);
+                None
+            }
+        };
+        self.answers(&mut failure, take);
+        (mine, failure)
+    }
+
     /// Runs `plan` on every rank; returns each DP rank's samples, in DP order.
     pub fn execute(&mut self, plan: StepPlan) -> Result<Vec<RankOutput>> {
         if self.peers.is_empty() {
             return Ok(self.local.execute(&plan)?.into_iter().collect());
         }
         let plan = Arc::new(plan);
-        let mut failure = None;
-        for p in &self.peers {
-            if let Err(e) = p.send(Cmd::Execute(plan.clone())) {
-                failure.get_or_insert(e);
-            }
-        }
         let mut outs = vec![None; self.parallel().data_parallel_size];
-        if let Some(e) = &failure {
-            // A rank is gone: the others must not wait for it in the collectives.
-            self.local.abandon(&e.to_string());
-        }
-        match guarded(0, || self.local.execute(&plan)) {
-            Ok(o) => outs[0] = o,
-            Err(e) => {
-                self.local.abandon(&format!("rank 0: {e}"));
-                failure.get_or_insert(e);
-            }
-        }
-        for p in &self.peers {
-            match p.reply() {
-                Ok(Reply::Output(o)) => {
+        let (mine, failure) = self.collective(
+            |_| Cmd::Execute(plan.clone()),
+            |r| r.execute(&plan),
+            |c, r| match r {
+                Reply::Output(o) => {
                     if o.is_some() {
-                        outs[p.coord.dp] = o;
+                        outs[c.dp] = o;
                     }
+                    true
                 }
-                Ok(_) => {
-                    failure.get_or_insert(EngineError::Backend("a rank answered out of turn".into()));
-                }
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
-            }
-        }
+                _ => false,
+            },
+        );
         if let Some(e) = failure {
             return Err(e);
         }
+        outs[0] = mine.flatten();
         outs.into_iter()
             .enumerate()
             .map(|(dp, o)| o.ok_or_else(|| EngineError::Backend(format!("DP rank {dp} returned no samples"))))
@@ -351,35 +383,11 @@ impl<B: Backend> RankGroup<B> {
     /// group's collectives). A failure on any rank leaves the collectives out of step: the
     /// group's communicators are then abandoned and the error returned.
     pub fn capture_graphs(&mut self, sizes: &[usize]) -> Result<CaptureReport> {
-        let mut failure = None;
-        for p in &self.peers {
-            if let Err(e) = p.send(Cmd::Capture(sizes.to_vec())) {
-                failure.get_or_insert(e);
-            }
-        }
-        if let Some(e) = &failure {
-            self.local.abandon(&e.to_string());
-        }
-        let local = guarded(0, || self.local.capture_graphs(sizes));
-        let report = match local {
-            Ok(r) => Some(r),
-            Err(e) => {
-                self.local.abandon(&format!("rank 0: capturing decode steps failed: {e}"));
-                failure.get_or_insert(e);
-                None
-            }
-        };
-        for p in &self.peers {
-            match p.reply() {
-                Ok(Reply::Captured) => {}
-                Ok(_) => {
-                    failure.get_or_insert(EngineError::Backend("a rank answered out of turn".into()));
-                }
-                Err(e) => {
-                    failure.get_or_insert(e);
-                }
-            }
-        }
+        let (report, failure) = self.collective(
+            |_| Cmd::Capture(sizes.to_vec()),
+            |r| r.capture_graphs(sizes),
+            |_, r| matches!(r, Reply::Captured),
+        );
         match (failure, report) {
             (None, Some(r)) => Ok(r),
             (Some(e), _) => Err(e),
@@ -403,22 +411,13 @@ impl<B: Backend> RankGroup<B> {
     /// Gives every rank a port on the in-process hub `hub`, with id `base` + its group rank
     /// (ranks that are threads of this process: tests and checks).
     pub fn link_in_process(&mut self, hub: &MemHub, base: usize) -> Result<()> {
-        for p in &self.peers {
-            p.send(Cmd::Link(hub.clone(), base + p.coord.rank()))?;
-        }
+        let mut failure = self.send_all(|c| Cmd::Link(hub.clone(), base + c.rank()));
         self.local.set_port(Box::new(hub.port(base)));
-        let mut result = Ok(());
-        for p in &self.peers {
-            match p.reply() {
-                Ok(Reply::Linked) => {}
-                Ok(_) => result = result.and(Err(EngineError::Backend("a rank answered out of turn".into()))),
-                Err(e) => result = result.and(Err(e)),
-            }
-        }
+        self.answers(&mut failure, |_, r| matches!(r, Reply::Linked));
         for (c, id) in &mut self.ports {
             *id = Some(base + c.rank());
         }
-        result
+        failure.map_or(Ok(()), Err)
     }
 }
 

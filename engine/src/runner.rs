@@ -242,7 +242,7 @@ impl<B: Backend> ModelRunner<B> {
     /// data parallelism and its collectives (if any) are device work a graph can hold.
     pub fn can_capture(&self) -> bool {
         self.be.can_capture()
-            && self.coord().par.data_parallel_size == 1
+            && self.coord().par.graphs_capture_steps()
             && self.comm.as_deref().is_none_or(|c| c.capturable())
     }
 

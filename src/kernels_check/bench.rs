@@ -13,7 +13,7 @@ use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, KvLayout, SampleRow};
 use cleave_engine::graphs::DecodeGraphs;
 use cleave_engine::model::{Model, ModelConfig, Quantization, StepInput};
 
-use super::{XRng, HBM_BYTES_PER_S, TC_FLOPS};
+use super::{hbm_ceiling, XRng, TC_FLOPS};
 
 /// Parameters of the per-token dense path of one layer, its routed-expert size, and the rest,
 /// with the bytes per parameter the GPU reads for each.
@@ -136,7 +136,8 @@ fn graph_step(
     cu.sync()?;
     let capture = t.elapsed().as_secs_f64();
     let eager = cu.download(&model.forward(cu, cache, None, input)?.context("no logits")?)?;
-    let replayed = cu.download(graphs.run(cu, input)?.flatten().context("the decode step did not replay its graph")?)?;
+    let replayed =
+        cu.download(graphs.run(cu, input)?.flatten().context("the decode step did not replay its graph")?)?;
     let diff = eager.iter().zip(&replayed).map(|(a, b)| (a - b).abs() as f64).fold(0.0, f64::max);
     let (mut ts, allocs0, n) = (Vec::new(), cu.device_allocs(), 12);
     for i in 0..n {
@@ -184,7 +185,15 @@ pub(super) fn prefill_input(p: usize, bs: usize, vocab: usize, rng: &mut XRng) -
 /// Greedy sampling of rows `0..n`.
 pub(super) fn greedy_rows(n: usize) -> Vec<SampleRow> {
     (0..n as u32)
-        .map(|row| SampleRow { row, temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, u: 0.0, mask: SampleRow::NO_MASK })
+        .map(|row| SampleRow {
+            row,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            u: 0.0,
+            mask: SampleRow::NO_MASK,
+        })
         .collect()
 }
 
@@ -227,6 +236,7 @@ pub fn run(
     cu.fill_kv_random(&mut cache, seed)?;
     println!("KV cache: {num_blocks} blocks of {bs} tokens ({:.2} GiB); kv_cache.gpu_memory_utilization 0.9 would allow {fit}", (num_blocks * layout.block_values() * 2) as f64 / (1u64 << 30) as f64);
     let k = counts(&c);
+    let hbm = hbm_ceiling(&cu.gpu().name);
     let mut rng = XRng::new(seed);
     let vocab = c.vocab_size;
     println!(
@@ -322,9 +332,9 @@ pub fn run(
             used_total as f64 / moe_layers as f64,
             bytes_full / 1e9,
             bytes_full / full / 1e9,
-            100.0 * bytes_full / full / HBM_BYTES_PER_S,
+            100.0 * bytes_full / full / hbm,
             bare * 1e3,
-            100.0 * bytes_bare / bare / HBM_BYTES_PER_S,
+            100.0 * bytes_bare / bare / hbm,
             v1 * 1e3
         );
         let show = |cfg: Option<PersistentGemm>| cfg.map_or("gg16 v2".to_string(), |c| format!("ggp {c}"));
@@ -338,7 +348,7 @@ pub fn run(
             println!("{:>6} step ms by 32-row expert tiles: {}", "", line.join(", "));
         }
         if let Some((c, t)) = sweep.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
-            let pct = 100.0 * bytes_full / t / HBM_BYTES_PER_S;
+            let pct = 100.0 * bytes_full / t / hbm;
             println!("{:>6} fastest: {} at {:.3} ms ({pct:.1}% of HBM)", "", show(*c), t * 1e3);
         }
         println!("{:>6} host time to enqueue the forward pass: {:.3} ms (of {:.3} ms)", "", enqueue * 1e3, bare * 1e3);
@@ -347,7 +357,7 @@ pub fn run(
             "{:>6} CUDA graph: step {:.3} ms ({:.1}% of HBM; eager {:.3} ms), capture {:.0} ms, logits max|d| vs eager {:.1e}, allocations in 12 replays {}",
             "",
             g.step * 1e3,
-            100.0 * bytes_full / g.step / HBM_BYTES_PER_S,
+            100.0 * bytes_full / g.step / hbm,
             full * 1e3,
             g.capture * 1e3,
             g.diff,

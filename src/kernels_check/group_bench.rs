@@ -20,17 +20,7 @@ use cleave_engine::runner::{ModelRunner, RankBatch, StepPlan};
 use cleave_engine::{EngineConfig, ParallelConfig};
 
 use super::bench::{counts, decode_input, greedy_rows, median, prefill_input};
-use super::{XRng, TC_FLOPS};
-
-/// Device-copy bandwidth (read + write) of each GPU kind, the HBM ceiling: H200 as measured in
-/// GPU.md; H100 as measured on the lent H100s (KINDS.md, about 3.0 TB/s).
-fn hbm_ceiling(gpu_name: &str) -> f64 {
-    if gpu_name.contains("H100") {
-        3.0e12
-    } else {
-        super::HBM_BYTES_PER_S
-    }
-}
+use super::{hbm_ceiling, XRng, TC_FLOPS};
 
 /// How long a rank waits for its peers at a step boundary before the benchmark gives up.
 const STEP_WAIT: Duration = Duration::from_secs(600);
@@ -139,7 +129,11 @@ fn prefill_plan(par: ParallelConfig, p: usize, bs: usize, vocab: usize, rng: &mu
 
 /// One scenario on one rank: a warm-up step counting the experts it runs, a second warm-up, the
 /// timed steps and a profiled step, each started with the other ranks.
-fn run_scenario(runner: &mut ModelRunner<CudaBackend>, sc: &Scenario, barrier: &StepBarrier) -> anyhow::Result<RankRun> {
+fn run_scenario(
+    runner: &mut ModelRunner<CudaBackend>,
+    sc: &Scenario,
+    barrier: &StepBarrier,
+) -> anyhow::Result<RankRun> {
     let mut run = RankRun::default();
     if sc.graph {
         barrier.wait()?;
@@ -231,7 +225,7 @@ pub fn run(
     };
     let mut rng = XRng::new(seed);
     // Decode steps eagerly, then replayed from a graph where the group captures them (no DP).
-    let graphs = par.data_parallel_size == 1;
+    let graphs = par.graphs_capture_steps();
     let mut scenarios = Vec::new();
     for &b in batches {
         let plan = decode_plan(par, b, ctx, bs, c.vocab_size, &mut rng);
@@ -308,12 +302,12 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
     for (i, sc) in scenarios.iter().enumerate().take(done) {
         // Per step, the slowest rank.
         let n = reports.iter().map(|r| r.runs[i].times.len()).min().unwrap_or(0);
-        let steps: Vec<f64> =
-            (0..n).map(|s| reports.iter().map(|r| r.runs[i].times[s]).fold(0.0, f64::max)).collect();
+        let steps: Vec<f64> = (0..n).map(|s| reports.iter().map(|r| r.runs[i].times[s]).fold(0.0, f64::max)).collect();
         let step = median(steps);
-        // A replayed step counts no experts (the count is host code): the eager step before it
-        // routed the same batch.
-        let at = if sc.graph { i.saturating_sub(1) } else { i };
+        // A replayed step counts no experts (the count is host code): the eager step of the same
+        // batch routed the same tokens.
+        let eager = |s: &Scenario| s.decode && !s.graph && s.batch == sc.batch;
+        let at = if sc.graph { scenarios.iter().position(eager).unwrap_or(i) } else { i };
         let experts: usize = if par.enable_expert_parallel {
             reports.iter().map(|r| r.runs[at].experts).sum()
         } else {
@@ -324,7 +318,9 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
             .map(|r| r.runs[i].profile.iter().filter(|p| p.0.starts_with("nccl")).map(|p| p.1).sum())
             .collect();
         let kernels: f64 = reports[0].runs[i].profile.iter().map(|p| p.1).sum();
-        let nccl_list: Vec<String> = nccl.iter().map(|t| format!("{t:.2}")).collect();
+        // Inside a graph the collectives are nodes of one replay: not timed apart.
+        let nccl_list: Vec<String> =
+            if sc.graph { vec!["in graph".into()] } else { nccl.iter().map(|t| format!("{t:.2}")).collect() };
         if sc.decode {
             let bytes = k.decode_bytes(c, sc.batch, ctx, experts, true);
             println!(

@@ -53,6 +53,12 @@ impl ParallelConfig {
         RankCoord { par: *self, tp: r % tp, dp: r / tp }
     }
 
+    /// Whether a CUDA graph can hold a decode step of this layout: not with data parallelism,
+    /// whose MoE exchange depends on every DP rank's rows that step.
+    pub fn graphs_capture_steps(&self) -> bool {
+        self.data_parallel_size == 1
+    }
+
     /// Checks the sizes themselves (each at least 1).
     pub fn check(&self) -> Result<()> {
         for (name, v) in

@@ -76,6 +76,12 @@ fn prefill_sized(n: usize, top_k: usize, group_routed: usize) -> bool {
     n * top_k >= 32 * group_routed
 }
 
+/// The routed assignments a rank holding `local` of the `group_routed` routed experts expects
+/// from `n` tokens with `top_k` each (all of them in a group of one).
+fn local_assignments(n: usize, top_k: usize, local: usize, group_routed: usize) -> usize {
+    n * top_k * local / group_routed
+}
+
 /// The routed experts' weighted sum per token or, with `end`, the next input (the combine, the
 /// residual add and the RMSNorm in one kernel where no dense shared MLP comes between).
 pub(super) fn experts(
@@ -124,7 +130,7 @@ pub(super) fn experts(
     let (aligned, routed_a) = if dense_shared { (e - s, n * (k - s)) } else { (e, a) };
     // The assignments this rank's experts expect: its share of the routed ones, and the shared
     // experts' rows when they are folded in.
-    let local_a = n * (k - s) * (e - s) / group_routed + if dense_shared { 0 } else { n * s };
+    let local_a = local_assignments(n, k - s, e - s, group_routed) + if dense_shared { 0 } else { n * s };
     let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {
         (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if local_a >= ROWS32_MIN_AVG * aligned => Some(cfg),
         _ => None,
@@ -415,15 +421,18 @@ fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: u64) ->
 
 #[cfg(test)]
 mod tests {
-    use super::prefill_sized;
+    use super::{local_assignments, prefill_sized};
 
     #[test]
     fn tile_rows_follow_the_whole_groups_experts() {
         // One GPU: V3's 256 routed experts at decode batch 256 (8 rows each), a 4k prompt (128).
         assert!(!prefill_sized(256, 8, 256));
         assert!(prefill_sized(4096, 8, 256));
-        // A rank of a 4-way expert-parallel group holds 64 of them, and still gets 8 rows per
-        // expert at batch 256: judged by its own 64, the 2,048 assignments looked like 32 each.
+        assert_eq!(local_assignments(256, 8, 256, 256), 2048, "a group of one expects every assignment");
+        // A rank of a 4-way expert-parallel group holds 64 of them: at batch 256 it expects a
+        // quarter of the 2,048 assignments, 8 rows per expert, decode tiles. Judged by its own 64
+        // experts (the rule before run 99), the 2,048 looked like 32 rows each: prefill tiles.
+        assert_eq!(local_assignments(256, 8, 64, 256) / 64, 8);
         assert!(prefill_sized(256, 8, 64));
         assert!(prefill_sized(1024, 8, 256));
         // V2-Lite's 64 experts, 6 per token: decode at 256 rows, prefill from 342 tokens.
