@@ -8,6 +8,7 @@ use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::backend::Backend;
 use cleave_engine::tokenizer::{ChatMessage, ChatOptions};
+use cleave_engine::weights::LoadFormat;
 use cleave_engine::{Engine, EngineConfig, Request, SamplingParams};
 
 #[derive(clap::Args)]
@@ -65,6 +66,10 @@ pub struct Args {
     /// Run every step eagerly: capture no CUDA graphs (vLLM's flag).
     #[arg(long)]
     enforce_eager: bool,
+    /// auto / safetensors: the model directory's weight files; dummy: random weights of the
+    /// shapes and format its config.json declares (vLLM's flag).
+    #[arg(long, default_value = "auto")]
+    load_format: LoadFormat,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -96,6 +101,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         num_blocks: max_len.div_ceil(64),
         max_model_len: Some(max_len),
         enforce_eager: a.enforce_eager,
+        load_format: a.load_format,
         ..EngineConfig::default()
     };
     let par = a.parallel.config();

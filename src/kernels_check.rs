@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Precision};
+use cleave_engine::weights::LoadFormat;
 
 /// Ceilings measured on the H200 test machines (GPU.md).
 pub const HBM_BYTES_PER_S: f64 = 4.3e12;
@@ -73,6 +74,10 @@ pub struct Args {
     /// Checkpoint to benchmark (decode steps and one long prefill), e.g. from gen-checkpoint.
     #[arg(long)]
     bench_model: Option<PathBuf>,
+    /// How --bench-model's weights are loaded: auto (its files) or dummy (random weights of its
+    /// config.json's shapes and format; no weight files needed).
+    #[arg(long, default_value = "auto")]
+    load_format: LoadFormat,
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     batches: Vec<usize>,
     /// Context length of every sequence in the decode benchmark.
@@ -370,9 +375,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if let Some(dir) = &a.bench_model {
         let par = a.parallel.config();
         if par.world() > 1 {
-            group_bench::run(dir, par, &a.batches, a.ctx, a.prefill, a.seed)?;
+            group_bench::run(dir, a.load_format, par, &a.batches, a.ctx, a.prefill, a.seed)?;
         } else {
-            bench::run(&cu, dir, &a.batches, a.ctx, a.prefill, a.seed)?;
+            bench::run(&cu, dir, a.load_format, &a.batches, a.ctx, a.prefill, a.seed)?;
         }
     }
     if failed > 0 {

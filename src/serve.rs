@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use cleave_actors::config::{DeployConfig, Device, Dtype, ServeFlags};
 use cleave_actors::Cluster;
+use cleave_engine::weights::LoadFormat;
 use cleave_gateway::{GatewayConfig, Server};
 
 #[derive(clap::Args)]
@@ -120,6 +121,11 @@ pub struct Args {
     /// decode steps at start-up). Sets `enforce_eager` of the config.
     #[arg(long)]
     enforce_eager: bool,
+    /// Where the weights come from: auto / safetensors (the model directory's files) or dummy
+    /// (random weights of the shapes and format its config.json declares; for benchmarks).
+    /// Sets `load_format` of the config.
+    #[arg(long)]
+    load_format: Option<LoadFormat>,
     /// cleave never runs code from a checkpoint; accepted so vLLM command lines run unchanged.
     #[arg(long)]
     trust_remote_code: bool,
@@ -191,6 +197,7 @@ impl Args {
                 _ => None,
             },
             enforce_eager: self.enforce_eager,
+            load_format: self.load_format,
             host: self.host.clone(),
             port: self.port,
             max_num_seqs: self.max_num_seqs,

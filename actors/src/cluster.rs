@@ -210,6 +210,7 @@ impl Cluster {
                 max_model_len: Some(info.max_model_len),
                 enable_prefix_caching: cfg.enable_prefix_caching,
                 enforce_eager: cfg.enforce_eager,
+                load_format: cfg.load_format,
             }
         };
         let infos: Vec<RankInfo> = groups

@@ -262,9 +262,11 @@ mod tests {
     #[test]
     fn the_placeholder_step_runs_and_writes_no_kv() {
         use crate::backend::{cpu::CpuBackend, KvLayout};
+        use crate::model::LoadOptions;
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/golden/bf16-qlora");
         let be = CpuBackend;
-        let model = Model::load(&be, &dir, Some(128)).expect("golden model");
+        let model =
+            Model::load(&be, &dir, LoadOptions { max_len: Some(128), ..Default::default() }).expect("golden model");
         let c = model.config();
         let layout = KvLayout { layers: c.num_hidden_layers, num_blocks: 2, block_size: 64, width: c.latent_dim() };
         let mut cache = be.alloc_kv_cache(layout).unwrap();

@@ -10,7 +10,7 @@ use crate::backend::{Backend, KvLayout, SampleRow};
 use crate::error::{EngineError, Result};
 use crate::graphs::{CaptureReport, DecodeGraphs};
 use crate::kv_port::KvPort;
-use crate::model::{Model, StepInput};
+use crate::model::{LoadOptions, Model, StepInput};
 use crate::parallel::{Collectives, RankCoord};
 use crate::structured::MaskBoard;
 
@@ -105,12 +105,12 @@ impl<B: Backend> ModelRunner<B> {
     pub fn load(
         be: B,
         dir: &Path,
-        max_len: Option<usize>,
+        opts: LoadOptions,
         size: CacheSize,
         coord: RankCoord,
         comm: Option<Box<dyn Collectives<B>>>,
     ) -> Result<Self> {
-        let model = Model::load_shard(&be, dir, max_len, coord)?;
+        let model = Model::load_shard(&be, dir, opts, coord)?;
         Self::new(be, model, size, comm)
     }
 

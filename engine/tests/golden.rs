@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, KvLayout};
-use cleave_engine::model::{Model, StepInput};
+use cleave_engine::model::{LoadOptions, Model, StepInput};
 use cleave_engine::{Engine, EngineConfig, TokenOutput};
 use serde_json::Value;
 
@@ -144,7 +144,7 @@ fn first_step_logits_match_hf() {
     let case = "bf16-qlora";
     let exp = expected(case);
     let be = CpuBackend;
-    let model = Model::load(&be, &case_dir(case), Some(256)).unwrap();
+    let model = Model::load(&be, &case_dir(case), LoadOptions { max_len: Some(256), ..Default::default() }).unwrap();
     let cfg = model.config().clone();
     let prompt = &exp.prompts[0].0;
     let n = prompt.len();

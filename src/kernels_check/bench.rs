@@ -11,7 +11,8 @@ use anyhow::Context;
 use cleave_engine::backend::cuda::{CudaBackend, PersistentGemm, Variants, DEFAULT_PERSISTENT};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, KvLayout, SampleRow};
 use cleave_engine::graphs::DecodeGraphs;
-use cleave_engine::model::{Model, ModelConfig, Quantization, StepInput};
+use cleave_engine::model::{LoadOptions, Model, ModelConfig, Quantization, StepInput};
+use cleave_engine::weights::LoadFormat;
 
 use super::{hbm_ceiling, XRng, TC_FLOPS};
 
@@ -205,6 +206,7 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 pub fn run(
     cu: &CudaBackend,
     dir: &Path,
+    format: LoadFormat,
     batches: &[usize],
     ctx: usize,
     prefill: usize,
@@ -212,7 +214,8 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let max_len = (ctx + 16).max(prefill + 16);
-    let model = Model::load(cu, dir, Some(max_len)).with_context(|| format!("loading {}", dir.display()))?;
+    let opts = LoadOptions { max_len: Some(max_len), format };
+    let model = Model::load(cu, dir, opts).with_context(|| format!("loading {}", dir.display()))?;
     cu.sync()?;
     let c = model.config().clone();
     let (free, total) = cu.gpu().mem_info()?;

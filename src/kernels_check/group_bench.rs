@@ -17,6 +17,7 @@ use cleave_engine::backend::cuda::{CudaBackend, Precision};
 use cleave_engine::model::{ModelConfig, StepInput};
 use cleave_engine::parallel::RankCoord;
 use cleave_engine::runner::{ModelRunner, RankBatch, StepPlan};
+use cleave_engine::weights::LoadFormat;
 use cleave_engine::{EngineConfig, ParallelConfig};
 
 use super::bench::{counts, decode_input, greedy_rows, median, prefill_input};
@@ -200,6 +201,7 @@ fn rank_main(
 /// `--bench-model DIR` with `--tensor-parallel-size`/`--data-parallel-size` above one.
 pub fn run(
     dir: &Path,
+    load_format: LoadFormat,
     par: ParallelConfig,
     batches: &[usize],
     ctx: usize,
@@ -221,6 +223,7 @@ pub fn run(
         num_blocks,
         max_model_len: Some((ctx + 16).max(prefill + 16)),
         max_num_seqs: max_b,
+        load_format,
         ..EngineConfig::default()
     };
     let mut rng = XRng::new(seed);

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use cleave_engine::weights::LoadFormat;
+
 use super::{ConfigError, DeployConfig, Device, Dtype};
 
 /// The flags of `cleave serve`, each `None` when not given.
@@ -20,6 +22,8 @@ pub struct ServeFlags {
     pub enable_prefix_caching: Option<bool>,
     /// vLLM's `--enforce-eager` (given: on).
     pub enforce_eager: bool,
+    /// vLLM's `--load-format`.
+    pub load_format: Option<LoadFormat>,
     /// vLLM's `--chat-template` (a file or the template itself).
     pub chat_template: Option<String>,
     pub host: Option<String>,
@@ -124,6 +128,7 @@ impl ServeFlags {
         }
         set(&mut cfg.enable_prefix_caching, &self.enable_prefix_caching);
         cfg.enforce_eager |= self.enforce_eager;
+        set(&mut cfg.load_format, &self.load_format);
         if self.chat_template.is_some() {
             cfg.chat_template = self.chat_template.clone();
         }

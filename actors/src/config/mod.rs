@@ -7,6 +7,7 @@
 //! max_model_len: 2048              # optional; default: the model's max_position_embeddings
 //! enable_prefix_caching: true      # reuse the KV of cached prompt prefixes (vLLM's default)
 //! enforce_eager: false             # true: capture no CUDA graphs (decode steps run eagerly)
+//! load_format: auto                # auto | safetensors | dummy (random weights of config.json's shapes)
 //! chat_template: examples/tool_chat_template_deepseekr1.jinja  # optional: replaces the model's (a file or the template)
 //! server: {host: 127.0.0.1, port: 8000, max_concurrent_requests: 256}
 //! prefill: {ranks: [0], tensor_parallel_size: 1, max_num_batched_tokens: 8192}
@@ -29,6 +30,7 @@ mod validate;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use cleave_engine::weights::LoadFormat;
 use cleave_engine::ParallelConfig;
 use serde::{Deserialize, Serialize};
 
@@ -121,6 +123,11 @@ pub struct DeployConfig {
     /// CUDA ranks of groups of one capture their decode steps at start-up).
     #[serde(default)]
     pub enforce_eager: bool,
+    /// vLLM's `--load-format`: `auto` / `safetensors` reads the weight files, `dummy` makes
+    /// random weights of the shapes and format `config.json` declares (no weight files needed;
+    /// for benchmarks).
+    #[serde(default)]
+    pub load_format: LoadFormat,
     /// vLLM's `--chat-template`: a Jinja file, or the template itself, used instead of the
     /// checkpoint's (e.g. one that renders `tools` for DeepSeek-R1).
     #[serde(default)]
@@ -331,6 +338,7 @@ impl DeployConfig {
             max_model_len: None,
             enable_prefix_caching: true,
             enforce_eager: false,
+            load_format: LoadFormat::default(),
             chat_template: None,
             server: ServerConfig::default(),
             prefill: PrefillConfig::default(),

@@ -177,6 +177,7 @@ fn find_key(text: &str, key: &str, from: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::super::{ConfigError, DeployConfig};
+    use cleave_engine::weights::LoadFormat;
 
     fn err(yaml: &str) -> ConfigError {
         DeployConfig::from_yaml_str(yaml).expect_err("should be rejected")
@@ -230,6 +231,15 @@ mod tests {
         let e = err("model: m\ndtype: bfloat16\n");
         assert_eq!((e.field.as_deref(), e.line), (Some("dtype"), Some(2)), "{e}");
         assert!(err("model: m\ndtype: float16\n").message.contains("unknown variant `float16`"));
+        let e = err("model: m\nload_format: npcache\n");
+        assert_eq!((e.field.as_deref(), e.line), (Some("load_format"), Some(2)), "{e}");
+        assert!(e.message.contains("unknown variant `npcache`"), "{e}");
+        for (text, want) in
+            [("auto", LoadFormat::Safetensors), ("safetensors", LoadFormat::Safetensors), ("dummy", LoadFormat::Dummy)]
+        {
+            let c = DeployConfig::from_yaml_str(&format!("model: m\nload_format: {text}\n")).unwrap();
+            assert_eq!(c.load_format, want, "{text}");
+        }
         let e = err("model: m\nprefill: {ranks: [3, 3]}\n");
         assert_eq!(e.field.as_deref(), Some("prefill.ranks[1]"));
         let e = err("model: m\nmax_model_len: 4096\nkv_cache: {block_size: 64, num_blocks: 8}\n");

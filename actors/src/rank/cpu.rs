@@ -57,7 +57,7 @@ impl RankFactory for CpuRankFactory {
         let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
         let tokenizer = Some(info.tokenizer.clone());
         if info.parallel.world() == 1 {
-            let model = Model::load(&CpuBackend, &info.model_dir, info.engine.max_model_len).map_err(load)?;
+            let model = Model::load(&CpuBackend, &info.model_dir, info.engine.load_options()).map_err(load)?;
             let mut engine = Engine::new(CpuBackend, model, tokenizer, info.engine).map_err(load)?;
             engine.set_port(Box::new(self.hub.port(info.rank))).map_err(load)?;
             return Ok(engine);

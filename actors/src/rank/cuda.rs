@@ -169,7 +169,7 @@ impl RankFactory for CudaRankFactory {
         tracing::info!(rank, gpu = %be.gpu().name, ms = t0.elapsed().as_millis() as u64, "GPU open");
         let link = self.links.link(&be, rank)?;
         let load = |e: cleave_engine::EngineError| ActorError::Load(format!("{}: {e}", info.model_dir.display()));
-        let model = Model::load(&be, &info.model_dir, info.engine.max_model_len).map_err(load)?;
+        let model = Model::load(&be, &info.model_dir, info.engine.load_options()).map_err(load)?;
         let mut cfg = info.engine;
         if cfg.num_blocks == 0 {
             let mc = model.config();

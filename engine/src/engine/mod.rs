@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 use crate::error::{EngineError, Result};
 use crate::group::{RankGroup, RunnerFactory};
-use crate::model::Model;
+use crate::model::{LoadOptions, Model};
 use crate::parallel::{InProcGroup, ParallelConfig};
 use crate::request_check::RequestLimits;
 use crate::runner::{CacheSize, ModelRunner};
@@ -20,6 +20,7 @@ use crate::sampler::{skip_samples, Rng, SamplingParams};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::stop::StopMatcher;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
+use crate::weights::LoadFormat;
 
 /// Limits of one group; `num_blocks` is per DP rank (each holds its own cache).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,6 +37,8 @@ pub struct EngineConfig {
     /// whose backend captures graphs and that has no collectives captures decode steps of
     /// [`crate::graphs::capture_sizes`]`(max_num_seqs)` rows at start-up.
     pub enforce_eager: bool,
+    /// Where the weights come from (vLLM's `--load-format`).
+    pub load_format: LoadFormat,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +51,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             enable_prefix_caching: true,
             enforce_eager: false,
+            load_format: LoadFormat::Safetensors,
         }
     }
 }
@@ -170,6 +174,11 @@ impl EngineConfig {
     pub fn cache_size(&self) -> CacheSize {
         CacheSize { block_size: self.block_size, num_blocks: self.num_blocks }
     }
+
+    /// How each rank loads its part of the model.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions { max_len: self.max_model_len, format: self.load_format }
+    }
 }
 
 impl<B: Backend + 'static> Engine<B> {
@@ -199,7 +208,7 @@ impl<B: Backend + 'static> Engine<B> {
         Arc::new(move |coord: crate::parallel::RankCoord| {
             let comm: Box<dyn crate::parallel::Collectives<B>> = Box::new(comms.member(coord.rank()));
             let be = backend(coord.rank())?;
-            ModelRunner::load(be, &path, cfg.max_model_len, cfg.cache_size(), coord, Some(comm))
+            ModelRunner::load(be, &path, cfg.load_options(), cfg.cache_size(), coord, Some(comm))
         })
     }
 
@@ -222,7 +231,7 @@ impl<B: Backend + 'static> Engine<B> {
 impl<B: Backend> Engine<B> {
     /// Loads the checkpoint in `dir` (and its tokenizer when present) onto `be`: a group of one.
     pub fn load(be: B, dir: &Path, cfg: EngineConfig) -> Result<Self> {
-        let model = Model::load(&be, dir, cfg.max_model_len)?;
+        let model = Model::load(&be, dir, cfg.load_options())?;
         let tokenizer = Tokenizer::from_dir_if_present(dir)?;
         Self::new(be, model, tokenizer, cfg)
     }

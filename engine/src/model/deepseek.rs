@@ -9,7 +9,7 @@ use super::rope::cos_sin_table;
 use crate::backend::{AddNorm, AttnBatch, Backend, MlaDims, Rotary, Router, RouterParams};
 use crate::error::{EngineError, Result};
 use crate::parallel::{Axis, Collectives, RankCoord};
-use crate::weights::Checkpoint;
+use crate::weights::{LoadFormat, Weights};
 
 /// The two projections of an attention layer's input: q's (`q_a_proj` under q LoRA, else
 /// `q_proj`) and `kv_a_proj_with_mqa`'s, apart or stacked into one weight
@@ -78,6 +78,15 @@ pub struct Model<B: Backend> {
     router: RouterParams,
 }
 
+/// How a model is loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The longest sequence served (the RoPE table's size); `None`: the model's
+    /// `max_position_embeddings`.
+    pub max_len: Option<usize>,
+    pub format: LoadFormat,
+}
+
 /// The tokens of one forward step on one rank, flattened over its sequences.
 #[derive(Debug, Clone, Default)]
 pub struct StepInput {
@@ -94,36 +103,26 @@ pub struct StepInput {
 }
 
 impl<B: Backend> Model<B> {
-    /// Loads the checkpoint in `dir` onto `be`. `max_len` caps the positions served
-    /// (the RoPE table size); `None` means the model's `max_position_embeddings`.
-    pub fn load(be: &B, dir: &Path, max_len: Option<usize>) -> Result<Self> {
-        Self::load_shard(be, dir, max_len, RankCoord::single())
+    /// Loads the model in `dir` onto `be`: a group of one.
+    pub fn load(be: &B, dir: &Path, opts: LoadOptions) -> Result<Self> {
+        Self::load_shard(be, dir, opts, RankCoord::single())
     }
 
-    /// Loads rank `coord`'s part of the checkpoint in `dir` (reading only that part).
-    pub fn load_shard(be: &B, dir: &Path, max_len: Option<usize>, coord: RankCoord) -> Result<Self> {
+    /// Loads rank `coord`'s part of the model in `dir` (reading only that part).
+    pub fn load_shard(be: &B, dir: &Path, opts: LoadOptions, coord: RankCoord) -> Result<Self> {
         let cfg = ModelConfig::from_dir(dir)?;
-        let ck = Checkpoint::open(dir)?;
-        Self::from_checkpoint(be, cfg, &ck, max_len, coord)
-    }
-
-    /// Builds rank `coord`'s part of the model from an opened checkpoint.
-    pub fn from_checkpoint(
-        be: &B,
-        cfg: ModelConfig,
-        ck: &Checkpoint,
-        max_len: Option<usize>,
-        coord: RankCoord,
-    ) -> Result<Self> {
         coord.par.validate(&cfg)?;
-        let l = Loader { be, ck, cfg: &cfg, coord };
+        let weights = Weights::open(dir, &cfg, opts.format)?;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed = be.upload(&ck.f32("model.embed_tokens.weight", &[v, h])?, v, h)?;
+        let outside = weights.part(None);
+        let l = Loader { be, ck: &outside, cfg: &cfg, coord };
+        let embed = be.upload(&outside.f32("model.embed_tokens.weight", &[v, h])?, v, h)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         let t0 = std::time::Instant::now();
         let mut last = t0;
         for i in 0..cfg.num_hidden_layers {
-            layers.push(l.layer(i)?);
+            let part = weights.part(Some(i));
+            layers.push(Loader { be, ck: &part, cfg: &cfg, coord }.layer(i)?);
             // A progress line per rank every 10 s of a long load (R1 is 163 files).
             if last.elapsed().as_secs() >= 10 {
                 last = std::time::Instant::now();
@@ -131,15 +130,15 @@ impl<B: Backend> Model<B> {
                 tracing::info!(rank = coord.rank(), layer, of, s, "loading");
             }
         }
-        let lm_name = if ck.contains("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
+        let lm_name = if outside.contains("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
         let lm_head = if coord.samples() { Some(l.linear(lm_name, v, h)?) } else { None };
         let norm = l.vector("model.norm.weight", h)?;
-        let max_len = max_len.unwrap_or(cfg.max_position_embeddings);
+        let max_len = opts.max_len.unwrap_or(cfg.max_position_embeddings);
         if max_len == 0 {
             return Err(EngineError::InvalidRequest("max_model_len must be positive".into()));
         }
         let mtp = format!("model.layers.{}.", cfg.num_hidden_layers);
-        let unread: Vec<String> = ck.unread().into_iter().filter(|n| !n.starts_with(&mtp)).collect();
+        let unread: Vec<String> = weights.unread().into_iter().filter(|n| !n.starts_with(&mtp)).collect();
         // A rank of a larger group reads only its part.
         if !unread.is_empty() && coord.par.world() == 1 {
             tracing::warn!(count = unread.len(), first = %unread[0], "checkpoint tensors not used by the model");

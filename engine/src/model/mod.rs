@@ -6,4 +6,4 @@ mod load;
 pub mod rope;
 
 pub use config::{AwqConfig, ModelConfig, Quantization};
-pub use deepseek::{Model, StepInput};
+pub use deepseek::{LoadOptions, Model, StepInput};

@@ -1,11 +1,12 @@
 //! Memory-mapped safetensors checkpoints in the Hugging Face layout: one `model.safetensors` or
-//! shards listed by `model.safetensors.index.json`. Tensors are read lazily by name; every error
-//! names the file and the tensor.
+//! shards listed by `model.safetensors.index.json`, or random weights of the same names made on
+//! demand ([`LoadFormat::Dummy`]). Tensors are read lazily by name; every error names the file
+//! and the tensor.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use cleave_kernels::fp8::e4m3_to_f32;
 use memmap2::Mmap;
@@ -15,9 +16,14 @@ use safetensors::SafeTensors;
 use crate::error::{EngineError, Result};
 use crate::model::Quantization;
 
+pub mod random;
 mod shard;
+mod source;
 
 pub use shard::OwnedLinear;
+pub use source::{LoadFormat, Weights, DUMMY_SEED};
+
+use random::TensorSpec;
 
 struct Shard {
     path: PathBuf,
@@ -26,11 +32,24 @@ struct Shard {
     meta: Metadata,
 }
 
-/// An opened checkpoint directory.
+/// Where a [`Checkpoint`]'s tensors live.
+enum Store {
+    Files {
+        shards: Vec<Shard>,
+        by_name: HashMap<String, usize>,
+    },
+    /// Made on first read, kept until the checkpoint is dropped; `path` names them in messages.
+    Random {
+        path: PathBuf,
+        seed: u64,
+        tensors: HashMap<String, (TensorSpec, OnceLock<Vec<u8>>)>,
+    },
+}
+
+/// An opened checkpoint directory, or a set of random tensors.
 pub struct Checkpoint {
     dir: PathBuf,
-    shards: Vec<Shard>,
-    by_name: HashMap<String, usize>,
+    store: Store,
     read: Mutex<HashSet<String>>,
 }
 
@@ -101,7 +120,7 @@ impl Checkpoint {
                 if found.is_empty() {
                     return Err(EngineError::checkpoint(
                         dir,
-                        "no model.safetensors, model.safetensors.index.json or *.safetensors file",
+                        "no model.safetensors, model.safetensors.index.json or *.safetensors file (load_format dummy makes random weights of config.json's shapes instead)",
                     ));
                 }
                 found
@@ -120,7 +139,14 @@ impl Checkpoint {
             }
             shards.push(Shard { path, mmap, data_start: 8 + header_len, meta });
         }
-        Ok(Checkpoint { dir: dir.to_path_buf(), shards, by_name, read: Mutex::new(HashSet::new()) })
+        Ok(Checkpoint { dir: dir.to_path_buf(), store: Store::Files { shards, by_name }, read: Mutex::default() })
+    }
+
+    /// The tensors `specs` of the model in `dir`, random ([`random`]), each made when first read.
+    pub fn random(dir: &Path, specs: Vec<TensorSpec>, seed: u64) -> Self {
+        let tensors = specs.into_iter().map(|s| (s.name.clone(), (s, OnceLock::new()))).collect();
+        let path = dir.join("<random weights>");
+        Checkpoint { dir: dir.to_path_buf(), store: Store::Random { path, seed, tensors }, read: Mutex::default() }
     }
 
     /// The checkpoint directory.
@@ -130,12 +156,18 @@ impl Checkpoint {
 
     /// Whether a tensor of this name exists.
     pub fn contains(&self, name: &str) -> bool {
-        self.by_name.contains_key(name)
+        match &self.store {
+            Store::Files { by_name, .. } => by_name.contains_key(name),
+            Store::Random { tensors, .. } => tensors.contains_key(name),
+        }
     }
 
     /// All tensor names, sorted.
     pub fn names(&self) -> Vec<&str> {
-        let mut v: Vec<&str> = self.by_name.keys().map(String::as_str).collect();
+        let mut v: Vec<&str> = match &self.store {
+            Store::Files { by_name, .. } => by_name.keys().map(String::as_str).collect(),
+            Store::Random { tensors, .. } => tensors.keys().map(String::as_str).collect(),
+        };
         v.sort_unstable();
         v
     }
@@ -143,26 +175,31 @@ impl Checkpoint {
     /// Names of tensors never read so far, sorted.
     pub fn unread(&self) -> Vec<String> {
         let read = self.read.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<String> = self.by_name.keys().filter(|k| !read.contains(*k)).cloned().collect();
-        v.sort_unstable();
-        v
+        self.names().into_iter().filter(|k| !read.contains(*k)).map(str::to_string).collect()
     }
 
     /// The stored tensor `name`.
     pub fn raw(&self, name: &str) -> Result<RawTensor<'_>> {
-        let shard = &self.shards[*self
-            .by_name
-            .get(name)
-            .ok_or_else(|| EngineError::MissingTensor { dir: self.dir.clone(), name: name.to_string() })?];
-        let info: &TensorInfo = shard.meta.info(name).expect("indexed tensor has info");
-        let (a, b) = info.data_offsets;
-        let bytes = shard
-            .mmap
-            .get(shard.data_start + a..shard.data_start + b)
-            .ok_or_else(|| EngineError::checkpoint(&shard.path, format!("tensor `{name}` lies outside the file")))?;
-        let (key, _) = self.by_name.get_key_value(name).expect("present");
-        self.read.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone());
-        Ok(RawTensor { name: key, path: &shard.path, dtype: info.dtype, shape: &info.shape, bytes })
+        let missing = || EngineError::MissingTensor { dir: self.dir.clone(), name: name.to_string() };
+        let t = match &self.store {
+            Store::Files { shards, by_name } => {
+                let (key, &i) = by_name.get_key_value(name).ok_or_else(missing)?;
+                let shard = &shards[i];
+                let info: &TensorInfo = shard.meta.info(name).expect("indexed tensor has info");
+                let (a, b) = info.data_offsets;
+                let bytes = shard.mmap.get(shard.data_start + a..shard.data_start + b).ok_or_else(|| {
+                    EngineError::checkpoint(&shard.path, format!("tensor `{name}` lies outside the file"))
+                })?;
+                RawTensor { name: key, path: &shard.path, dtype: info.dtype, shape: &info.shape, bytes }
+            }
+            Store::Random { path, seed, tensors } => {
+                let (key, (spec, bytes)) = tensors.get_key_value(name).ok_or_else(missing)?;
+                let bytes = bytes.get_or_init(|| spec.generate(*seed));
+                RawTensor { name: key, path, dtype: spec.kind.dtype().0, shape: &spec.shape, bytes }
+            }
+        };
+        self.read.lock().unwrap_or_else(|p| p.into_inner()).insert(t.name.to_string());
+        Ok(t)
     }
 
     /// The stored tensor `name`, checked to have `shape`.

@@ -192,7 +192,7 @@ pub fn nccl_runners(
         let gpu = gpus[coord.rank()];
         let be = CudaBackend::with_precision(gpu, precision)?;
         let comm = NcclCollectives::join(&be, &ids, coord)?;
-        let model = Model::load_shard(&be, &path, cfg.max_model_len, coord)?;
+        let model = Model::load_shard(&be, &path, cfg.load_options(), coord)?;
         let mut size = cfg.cache_size();
         if size.num_blocks == 0 {
             let mc = model.config();
