@@ -5,7 +5,9 @@
 //! the device.
 
 use cleave_kernels::fp8::BLOCK;
-use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, Route, GGW_FP8_BM};
+use cleave_kernels::ops::QWeights;
+use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, Route, WgmmaGemm, GGW_FP8_BM};
+use cleave_kernels::quant::QFormat;
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::{QIn, QuantWeight};
@@ -153,6 +155,20 @@ pub(super) fn experts(
         }
         _ => None,
     };
+    // Prefill-sized AWQ experts with enough rows each: expanded to bf16 for this call, on the
+    // bf16 wgmma GEMM.
+    let awq_expand = match (&ex.data, v.prefill_gemm) {
+        (ExpertData::Quant { gate_up, .. }, Some(cfg))
+            if prefill
+                && gpu.has_wgmma()
+                && gate_up.view().shape.format == QFormat::AwqInt4
+                && v.awq_prefill_rows > 0
+                && local_a >= v.awq_prefill_rows * aligned =>
+        {
+            Some(cfg)
+        }
+        _ => None,
+    };
     // Decode-sized compressed experts: the persistent shape's tiles when both GEMMs have one (8
     // rows for AWQ experts of a few rows each; `qgemm_decode` asks the same question), else the
     // tiled kernel's 16.
@@ -168,7 +184,7 @@ pub(super) fn experts(
         }
         _ => 16,
     };
-    let bm = if let Some(cfg) = wgmma {
+    let bm = if let Some(cfg) = wgmma.or(awq_expand) {
         cfg.bm
     } else if fp8_wgmma.is_some() {
         GGW_FP8_BM
@@ -273,7 +289,21 @@ pub(super) fn experts(
             };
             // Decode-sized tiles as the variants pick; prefill's on FP8 wgmma or, 64 rows each, on
             // the tiled kernel.
-            if let Some(stages) = fp8_wgmma {
+            if let Some(cfg) = awq_expand {
+                let gemm = GroupedGemm {
+                    silu: true,
+                    x: xb.ptr(),
+                    rowidx: ptr(&sorted_tok),
+                    w: 0,
+                    y: ptr(&act),
+                    tiles,
+                    meta,
+                    max_tiles,
+                    n: 2 * i,
+                    k: h,
+                };
+                awq_expanded_experts(be, [gate_up, down], aligned, gemm, ptr(&y), cfg)?;
+            } else if let Some(stages) = fp8_wgmma {
                 // Only the routed rows are aligned (and computed): the SiLU output's others are never read.
                 let g = QGemm { rows: routed_a, ..g };
                 fp8_wgmma_experts(be, x, [gate_up, down], g, ptr(&y), stages)?;
@@ -356,6 +386,37 @@ fn joined(be: &CudaBackend, y: CudaTensor, end: Option<AddNorm<'_, CudaTensor>>)
         Some(e) => be.add_rms_norm(e.residual, &y, e.w, e.eps),
         None => Ok(y),
     }
+}
+
+/// The gate/up (`gate_up`'s SiLU-gated GEMM) and down (into `y`) GEMMs over the first `experts`
+/// AWQ experts of the stacks, each stack expanded to bf16 (one buffer, gate/up's then down's)
+/// just before its GEMM on the bf16 wgmma kernel in shape `cfg`.
+fn awq_expanded_experts(
+    be: &CudaBackend,
+    [gate_up, down]: [&QuantWeight; 2],
+    experts: usize,
+    gemm: GroupedGemm,
+    y: u64,
+    cfg: WgmmaGemm,
+) -> Result<()> {
+    let gpu = be.gpu();
+    let (gu, dn) = (gate_up.view(), down.view());
+    let (gu, dn) = match (gu.matrices(0, experts), dn.matrices(0, experts)) {
+        (Some(a), Some(b)) => (a, b),
+        _ => {
+            return Err(EngineError::Backend(format!(
+                "moe_experts: {experts} experts of a stack of {}",
+                gu.shape.experts
+            )))
+        }
+    };
+    let values = |q: &QWeights| q.shape.experts * q.shape.n * q.shape.k;
+    let wide = be.buf::<u16>(values(&gu).max(values(&dn)))?;
+    gpu.qdequant(&gu, ptr(&wide)).map_err(kerr)?;
+    gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &GroupedGemm { w: ptr(&wide), ..gemm }).map_err(kerr)?;
+    gpu.qdequant(&dn, ptr(&wide)).map_err(kerr)?;
+    let down = GroupedGemm { silu: false, x: gemm.y, rowidx: 0, w: ptr(&wide), y, n: gemm.k, k: gemm.n / 2, ..gemm };
+    gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &down).map_err(kerr)
 }
 
 /// The routed experts' gate/up (SiLU into `g.y`, `rows` rows of the intermediate size) and down (f32

@@ -22,7 +22,7 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
-/// [`ROWS8_MAX_AVG`]), and the decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS`
+/// [`ROWS8_MAX_AVG`]), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS`
 /// (default [`Fusion::DEFAULT`]), `CLEAVE_MOE_END=fused|separate` (default fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
@@ -36,6 +36,10 @@ pub struct Variants {
     /// (W8A8, activations quantized per token per 128 channels; on sm_90a, with
     /// `fp8_tensor_cores`); elsewhere, or when None, the tiled kernel on bf16 tensor cores.
     pub prefill_fp8: Option<usize>,
+    /// Prefill-sized AWQ expert batches averaging at least this many rows per expert: the
+    /// routed experts expanded to bf16 for the call and run on the bf16 wgmma grouped GEMM
+    /// (`prefill_gemm`) instead of the tiled int4 kernel's 64-row tiles; 0: never.
+    pub awq_prefill_rows: usize,
     /// Decode-sized expert batches (row tiles of 16) through the persistent grouped GEMM in this
     /// configuration instead of one block per (tile, 128 columns).
     pub moe_persistent: Option<PersistentGemm>,
@@ -144,6 +148,14 @@ pub enum QRows {
 /// experts then needing two tiles).
 pub const ROWS8_MAX_AVG: usize = 4;
 
+/// Rows per expert on average from which prefill's AWQ experts are expanded to bf16 for the
+/// wgmma GEMM (`Variants::awq_prefill_rows`): the expansion writes the experts' bf16 bytes once
+/// per call, which the wgmma tiles' speed repays only with enough rows per expert.
+pub const AWQ_EXPAND_MIN_AVG: usize = 64;
+
+/// Most rows per expert `CLEAVE_AWQ_PREFILL` takes.
+const AWQ_EXPAND_MAX_AVG: usize = 1 << 16;
+
 pub const EXPAND_MIN_ROWS: usize = 64;
 
 /// Which kernels take programmatic dependent launch by default (run 49: every listed kernel made
@@ -222,6 +234,7 @@ impl Variants {
         gemm_v2: false,
         prefill_gemm: None,
         prefill_fp8: None,
+        awq_prefill_rows: 0,
         moe_persistent: None,
         moe_rows32: None,
         expanded_prefill: false,
@@ -248,6 +261,8 @@ impl Variants {
         v.moe_rows32 = Self::parse_rows32(&var("CLEAVE_MOE_ROWS32"))?;
         v.prefill_gemm = Self::parse_prefill_gemm(&var("CLEAVE_PREFILL_GEMM"))?;
         v.prefill_fp8 = Self::parse_prefill_fp8(&var("CLEAVE_PREFILL_FP8"))?;
+        v.awq_prefill_rows =
+            parse_count("CLEAVE_AWQ_PREFILL", &var("CLEAVE_AWQ_PREFILL"), AWQ_EXPAND_MIN_AVG, AWQ_EXPAND_MAX_AVG)?;
         v.fold_shared = match var("CLEAVE_SHARED_EXPERTS").as_str() {
             "" | "folded" => true,
             "separate" => false,
@@ -389,6 +404,7 @@ impl Variants {
             gemm_v2,
             prefill_gemm: Some(DEFAULT_WGMMA),
             prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
+            awq_prefill_rows: AWQ_EXPAND_MIN_AVG,
             moe_persistent,
             moe_rows32,
             expanded_prefill,
@@ -419,6 +435,7 @@ mod tests {
                 gemm_v2: true,
                 prefill_gemm: Some(DEFAULT_WGMMA),
                 prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
+                awq_prefill_rows: AWQ_EXPAND_MIN_AVG,
                 moe_persistent: Some(DEFAULT_PERSISTENT),
                 moe_rows32: Some(DEFAULT_ROWS32),
                 expanded_prefill: true,
@@ -437,6 +454,7 @@ mod tests {
         let later = Variants {
             prefill_gemm: Some(DEFAULT_WGMMA),
             prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
+            awq_prefill_rows: AWQ_EXPAND_MIN_AVG,
             qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
