@@ -308,14 +308,19 @@ extern "C" __global__ void qdequant_fp8(QD_ARGS) { qdequant<1>(Wq, S, Z, out, E,
 
 // The AWQ expansion of prefill, 32 weights per thread: thread (e, n, kt) reads the four packed words
 // of row n in k-tile kt (one 16-byte load; word t holds k = 8a + 2t + b as nibble a + 4b) and
-// writes the tile's 32 bf16 values as four 16-byte stores, so consecutive threads write
-// consecutive 64-byte runs. Groups must be multiples of 32 (a k-tile inside one group) and
-// K % 32 == 0; the values equal qdequant's (the same f32 product, rounded once).
+// writes the tile's 32 bf16 values as four 16-byte stores (64 contiguous bytes). The 8 rows of a
+// packed unit are consecutive threads, so 8 threads read the unit's 128 contiguous bytes and
+// share its zero word and 16 bytes of scales (run 101: with k-tiles consecutive instead, each
+// 16-byte read was 128 bytes from the next and the expansion wrote 1.2 TB/s). N % 8 == 0, groups
+// multiples of 32 (a k-tile inside one group) and K % 32 == 0; the values equal qdequant's (the
+// same f32 product, rounded once).
 extern "C" __global__ void qdequant_awq_tiles(QD_ARGS) {
-    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G;
+    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8;
     const u64 total = (u64)E * N * KT;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const int kt = (int)(i % KT), n = (int)((i / KT) % N), e = (int)(i / ((u64)N * KT));
+        const u64 unit = i / 8;
+        const int kt = (int)(unit % KT), nb = (int)((unit / KT) % NB), e = (int)(unit / ((u64)NB * KT));
+        const int n = nb * 8 + (int)(i % 8);
         const int grp = kt * 32 / G;
         const uint4 w = *reinterpret_cast<const uint4*>(Wq + (((u64)e * (Np / 8) + (n >> 3)) * KUT + kt) * 32 + (n & 7) * 4);
         const float z = (float)((Z[((u64)e * KG + grp) * (Np / 8) + (n >> 3)] >> (4 * (n & 7))) & 0xfu);

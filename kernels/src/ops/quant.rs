@@ -199,7 +199,7 @@ impl Gpu {
 
     fn awq_tiles(w: &QWeights) -> bool {
         let s = w.shape;
-        s.format == QFormat::AwqInt4 && s.group.is_multiple_of(32) && s.k.is_multiple_of(32)
+        s.format == QFormat::AwqInt4 && s.group.is_multiple_of(32) && s.k.is_multiple_of(32) && s.n.is_multiple_of(8)
     }
 
     /// [`Gpu::qdequant`] with the per-value reference kernel (`reference`) or the k-tile one
@@ -212,8 +212,8 @@ impl Gpu {
             }
             (QFormat::AwqInt4, false) => {
                 return Err(KernelError::Invalid(format!(
-                    "qdequant_awq_tiles: group {} or input {} is not a multiple of 32",
-                    s.group, s.k
+                    "qdequant_awq_tiles: group {} or input {} is not a multiple of 32, or output {} of 8",
+                    s.group, s.k, s.n
                 )))
             }
             (QFormat::AwqInt4, true) => ("qdequant_awq", (s.experts * s.n * s.k) as u64),
