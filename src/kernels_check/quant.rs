@@ -223,8 +223,8 @@ impl Ctx<'_> {
 
     fn quant_experts(&mut self) -> Result<()> {
         let (e, h, i, top) = if self.quick { (8, 256, 128, 3) } else { (64, 2048, 1408, 6) };
-        // 200 quick rows average 75 per expert: the AWQ prefill expansion runs (CLEAVE_AWQ_PREFILL).
-        let sizes: &[usize] = if self.quick { &[1, 5, 100, 200] } else { &[1, 16, 64, 256, 4096] };
+        // 600 quick rows average 225 per expert: the AWQ prefill expansion runs (CLEAVE_AWQ_PREFILL).
+        let sizes: &[usize] = if self.quick { &[1, 5, 100, 600] } else { &[1, 16, 64, 256, 4096] };
         for (fmt, make) in FORMATS {
             let layers = RandomQuant::experts(&mut self.rng, make, e, h, i);
             let sources = RandomQuant::expert_sources(&layers);
