@@ -248,6 +248,19 @@ pub(super) fn experts(
     let xb = be.bf16_in(x)?;
     let act = be.alloc_u16(a * i)?;
     let (tiles, meta) = (ptr(&tiles), ptr(&meta));
+    // The gate/up GEMM over bf16 weights (at `w`), SiLU-gated into `act`.
+    let bf16_gate_up = GroupedGemm {
+        silu: true,
+        x: xb.ptr(),
+        rowidx: ptr(&sorted_tok),
+        w: 0,
+        y: ptr(&act),
+        tiles,
+        meta,
+        max_tiles,
+        n: 2 * i,
+        k: h,
+    };
     match &ex.data {
         ExpertData::Bf16 { gate_up, down } => {
             let kernel = match (wgmma, v.moe_persistent, rows32) {
@@ -256,22 +269,9 @@ pub(super) fn experts(
                 (_, Some(cfg), _) if bm == 16 => GemmKernel::Persistent(cfg),
                 _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },
             };
-            let gate_up = GroupedGemm {
-                silu: true,
-                x: xb.ptr(),
-                rowidx: ptr(&sorted_tok),
-                w: ptr(gate_up),
-                y: ptr(&act),
-                tiles,
-                meta,
-                max_tiles,
-                n: 2 * i,
-                k: h,
-            };
+            let gate_up = GroupedGemm { w: ptr(gate_up), ..bf16_gate_up };
             gpu.grouped_gemm(kernel, &gate_up).map_err(kerr)?;
-            let down =
-                GroupedGemm { silu: false, x: ptr(&act), rowidx: 0, w: ptr(down), y: ptr(&y), n: h, k: i, ..gate_up };
-            gpu.grouped_gemm(kernel, &down).map_err(kerr)?;
+            gpu.grouped_gemm(kernel, &down_of(&gate_up, ptr(down), ptr(&y))).map_err(kerr)?;
         }
         ExpertData::Quant { gate_up, down } => {
             let g = QGemm {
@@ -290,19 +290,7 @@ pub(super) fn experts(
             // Decode-sized tiles as the variants pick; prefill's on FP8 wgmma or, 64 rows each, on
             // the tiled kernel.
             if let Some(cfg) = awq_expand {
-                let gemm = GroupedGemm {
-                    silu: true,
-                    x: xb.ptr(),
-                    rowidx: ptr(&sorted_tok),
-                    w: 0,
-                    y: ptr(&act),
-                    tiles,
-                    meta,
-                    max_tiles,
-                    n: 2 * i,
-                    k: h,
-                };
-                awq_expanded_experts(be, [gate_up, down], aligned, gemm, ptr(&y), cfg)?;
+                awq_expanded_experts(be, [gate_up, down], aligned, bf16_gate_up, ptr(&y), cfg)?;
             } else if let Some(stages) = fp8_wgmma {
                 // Only the routed rows are aligned (and computed): the SiLU output's others are never read.
                 let g = QGemm { rows: routed_a, ..g };
@@ -415,8 +403,13 @@ fn awq_expanded_experts(
     gpu.qdequant(&gu, ptr(&wide)).map_err(kerr)?;
     gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &GroupedGemm { w: ptr(&wide), ..gemm }).map_err(kerr)?;
     gpu.qdequant(&dn, ptr(&wide)).map_err(kerr)?;
-    let down = GroupedGemm { silu: false, x: gemm.y, rowidx: 0, w: ptr(&wide), y, n: gemm.k, k: gemm.n / 2, ..gemm };
-    gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &down).map_err(kerr)
+    gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &down_of(&gemm, ptr(&wide), y)).map_err(kerr)
+}
+
+/// The down GEMM after the gate/up GEMM `gate_up`: its SiLU output through bf16 weights at `w`
+/// into `y`.
+fn down_of(gate_up: &GroupedGemm, w: u64, y: u64) -> GroupedGemm {
+    GroupedGemm { silu: false, x: gate_up.y, rowidx: 0, w, y, n: gate_up.k, k: gate_up.n / 2, ..*gate_up }
 }
 
 /// The routed experts' gate/up (SiLU into `g.y`, `rows` rows of the intermediate size) and down (f32
