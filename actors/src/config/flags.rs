@@ -215,9 +215,11 @@ mod tests {
             max_model_len: Some(8000),
             served_model_name: Some("r1".into()),
             port: Some(9000),
+            load_format: Some(LoadFormat::Dummy),
             ..Default::default()
         };
         let c = f.apply(None).unwrap();
+        assert_eq!(c.load_format, LoadFormat::Dummy);
         assert_eq!(c.decode.ranks, vec![0, 1, 2, 3]);
         assert_eq!((c.decode.tensor_parallel_size, c.decode.data_parallel_size), (2, 2));
         assert!(c.decode.enable_expert_parallel && c.prefill.ranks.is_empty());

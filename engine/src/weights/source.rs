@@ -70,6 +70,7 @@ impl Weights {
         Ok(match format {
             LoadFormat::Safetensors => Weights::Files(Checkpoint::open(dir)?),
             LoadFormat::Dummy => {
+                tracing::info!(dir = %dir.display(), "load_format dummy: random weights of config.json's shapes and format");
                 let mut layers = vec![Vec::new(); cfg.num_hidden_layers];
                 let mut outside = Vec::new();
                 for s in random::specs(cfg) {
