@@ -117,27 +117,61 @@ pub fn pack(
     scale: impl Fn(usize, usize) -> f32,
     zero: impl Fn(usize, usize) -> u8,
 ) -> Option<QPacked> {
-    let (f, n, k, np, kp) = (shape.format, shape.n, shape.k, shape.np(), shape.kp());
+    let (f, n, k) = (shape.format, shape.n, shape.k);
     let wpl = f.words_per_lane();
     let mut words = vec![0u32; shape.words_per_matrix()];
     // Each block of 8 output columns owns a contiguous run of words: packed in parallel.
-    words.par_chunks_mut((kp / 32) * 32 * wpl).enumerate().for_each(|(nb, block)| {
-        for ku in 0..kp / 32 {
+    words.par_chunks_mut((shape.kp() / 32) * 32 * wpl).enumerate().for_each(|(nb, block)| {
+        for (ku, unit) in block.chunks_mut(32 * wpl).enumerate() {
             for lane in 0..32 {
                 let (g, t) = (lane / 4, lane % 4);
                 let col = 8 * nb + g;
-                let base = (ku * 32 + lane) * wpl;
                 for j in 0..8 {
                     let kk = 32 * ku + slot_k(f, t, j);
                     let v = if col < n && kk < k { value(col, kk) as u32 } else { 0 };
                     match f {
-                        QFormat::AwqInt4 => block[base] |= (v & 0xf) << (4 * j),
-                        QFormat::Fp8E4m3 => block[base + j / 4] |= v << (8 * (j % 4)),
+                        QFormat::AwqInt4 => unit[lane] |= (v & 0xf) << (4 * j),
+                        QFormat::Fp8E4m3 => unit[lane * 2 + j / 4] |= v << (8 * (j % 4)),
                     }
                 }
             }
         }
     });
+    pack_scales(shape, words, scale, zero)
+}
+
+/// [`pack`] for AWQ int4, 8 columns at a time: `fill(block, words)` ORs the values of columns
+/// `8 block..8 block + 8` into their words, the value of column `8 block + g`, input channel
+/// `32 u + i` as `words[32 u + 4 g + t] |= v << (4 j)` with `(t, j) = awq_slot(i)`. A source then
+/// reads each stored word once (`pack`'s call per value made the load of a rank of R1 mostly
+/// repacking: run 100).
+pub fn pack_awq(
+    shape: &QShape,
+    fill: impl Fn(usize, &mut [u32]) + Sync,
+    scale: impl Fn(usize, usize) -> f32,
+    zero: impl Fn(usize, usize) -> u8,
+) -> Option<QPacked> {
+    assert_eq!(shape.format, QFormat::AwqInt4, "pack_awq packs AWQ int4");
+    let mut words = vec![0u32; shape.words_per_matrix()];
+    words.par_chunks_mut((shape.kp() / 32) * 32).enumerate().for_each(|(nb, block)| fill(nb, block));
+    pack_scales(shape, words, scale, zero)
+}
+
+/// Where channel `i` (0..32) of a unit goes in an AWQ column's four words: word `t`, nibble `j`
+/// ([`pack_awq`]).
+pub const fn awq_slot(i: usize) -> (usize, usize) {
+    // The inverse of slot_k: i = 2 t + 8 (j & 3) + (j >> 2).
+    ((i % 8) / 2, (i / 8) | ((i % 2) << 2))
+}
+
+/// `words` with the matrix's scales and AWQ zero points.
+fn pack_scales(
+    shape: &QShape,
+    words: Vec<u32>,
+    scale: impl Fn(usize, usize) -> f32,
+    zero: impl Fn(usize, usize) -> u8,
+) -> Option<QPacked> {
+    let (f, n, np) = (shape.format, shape.n, shape.np());
     let mut scales = Vec::with_capacity(shape.scales_per_matrix() * f.scale_bytes());
     let mut zeros = vec![0u32; shape.zero_words_per_matrix()];
     for grp in 0..shape.groups() {
@@ -237,6 +271,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn awq_by_units_packs_what_awq_by_values_packs() {
+        // Columns past n (padding to 8) and inputs past k (padding to 128) included.
+        let (n, k, group) = (20, 100, 32);
+        let shape = QShape { format: QFormat::AwqInt4, experts: 1, n, k, group };
+        let value = |c: usize, kk: usize| ((c * 7 + kk * 13 + (c * kk) % 5) % 16) as u8;
+        let scale = |g: usize, c: usize| 0.25 * (1 + (g + c) % 3) as f32;
+        let zero = |g: usize, c: usize| ((g * 3 + c) % 16) as u8;
+        assert!((0..4).all(|t| (0..8).all(|j| awq_slot(slot_k(QFormat::AwqInt4, t, j)) == (t, j))));
+        let fill = |nb: usize, words: &mut [u32]| {
+            for g in (0..8).filter(|g| 8 * nb + g < n) {
+                for kk in 0..k {
+                    let (t, j) = awq_slot(kk % 32);
+                    words[kk / 32 * 32 + 4 * g + t] |= (value(8 * nb + g, kk) as u32) << (4 * j);
+                }
+            }
+        };
+        let (a, b) = (pack(&shape, value, scale, zero).unwrap(), pack_awq(&shape, fill, scale, zero).unwrap());
+        assert_eq!((a.words, a.scales, a.zeros), (b.words, b.scales, b.zeros));
     }
 
     #[test]

@@ -100,6 +100,20 @@ pub struct AwqSource<'a> {
 /// Column offset (within a group of 8) held by nibble `i` of an AWQ packed word.
 pub const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
+/// Bit offset of output `n`'s nibble in its AWQ packed word.
+pub const fn awq_shift(n: usize) -> usize {
+    const SLOT: [usize; 8] = {
+        let mut s = [0; 8];
+        let mut i = 0;
+        while i < 8 {
+            s[AWQ_ORDER[i]] = i;
+            i += 1;
+        }
+        s
+    };
+    4 * SLOT[n % 8]
+}
+
 impl Checkpoint {
     /// Opens `dir`, mapping every shard and indexing tensor names.
     pub fn open(dir: &Path) -> Result<Self> {
@@ -437,21 +451,17 @@ impl AwqSource<'_> {
         unpack_int4(self.qzeros.bytes, self.out())
     }
 
-    /// The 4-bit value of input channel `k`, output `n` (0..16), read from its packed word.
-    pub fn nibble(&self, k: usize, n: usize) -> u8 {
-        const SLOT: [usize; 8] = {
-            let mut s = [0; 8];
-            let mut i = 0;
-            while i < 8 {
-                s[AWQ_ORDER[i]] = i;
-                i += 1;
-            }
-            s
-        };
+    /// The packed word holding input channel `k`'s outputs `8 (n / 8)..8 (n / 8) + 8` (output
+    /// `n` at bit [`awq_shift`]`(n)`).
+    pub fn word(&self, k: usize, n: usize) -> u32 {
         let at = (k * (self.out() / 8) + n / 8) * 4;
         let b = &self.qweight.bytes[at..at + 4];
-        let word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        ((word >> (4 * SLOT[n % 8])) & 0xf) as u8
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    /// The 4-bit value of input channel `k`, output `n` (0..16), read from its packed word.
+    pub fn nibble(&self, k: usize, n: usize) -> u8 {
+        ((self.word(k, n) >> awq_shift(n)) & 0xf) as u8
     }
 
     /// `[out, in]` row-major f32: `W[n, k] = (q[k, n] - z[k/g, n]) * s[k/g, n]`.

@@ -5,7 +5,7 @@ use cleave_kernels::blaslt::{Fp8BlockGemm, LT_WORKSPACE_BYTES};
 use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::{Fp8Order, QCut, QGemm, QPersist, QWeights};
-use cleave_kernels::quant::{pack, QFormat, QPacked, QShape};
+use cleave_kernels::quant::{awq_slot, pack, pack_awq, QFormat, QPacked, QShape};
 use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
@@ -13,7 +13,7 @@ use safetensors::tensor::Dtype;
 use super::{kerr, CudaBackend, CudaTensor, CudaWeight, Precision, QRows, WeightData, QGEMM_MAX_ROWS};
 use crate::backend::{check_split, Backend};
 use crate::error::{EngineError, Result};
-use crate::weights::LinearSource;
+use crate::weights::{awq_shift, AwqSource, LinearSource};
 
 /// The activations of a decode GEMM over compressed weights: an f32 tensor (with its bf16 shadow
 /// when it has one), or bf16 rows (`rows` of them, the expert MLP's intermediate).
@@ -95,30 +95,87 @@ pub(super) fn stack_together(a: &LinearSource<'_>, b: &LinearSource<'_>) -> bool
     plan(a).is_some() && plan(a) == plan(b) && a.dims().1 == b.dims().1
 }
 
-/// One source as `[n, k]` values (AWQ nibbles or e4m3 bytes) with per-(group, column) scales and
-/// zero points.
-struct Host {
+/// One source's `[n, k]` values (AWQ nibbles or e4m3 bytes), read where they are stored, with
+/// per-(group, column) scales and zero points.
+struct Host<'a> {
     n: usize,
     k: usize,
     group: usize,
-    values: Vec<u8>,
+    values: Values<'a>,
     scales: Vec<f32>,
     zeros: Vec<u8>,
 }
 
-fn host(src: &LinearSource<'_>, group: usize) -> Result<Host> {
+/// Where a [`Host`]'s values are read from: no unpacked copy is made (run 100: the load of a
+/// rank of R1 was mostly this repacking).
+#[derive(Clone, Copy)]
+enum Values<'a> {
+    /// e4m3 bytes, `[n, k]` row-major.
+    Fp8(&'a [u8]),
+    /// AutoAWQ's packed words.
+    Awq(AwqSource<'a>),
+}
+
+impl Host<'_> {
+    fn value(&self, row: usize, kk: usize) -> u8 {
+        match self.values {
+            Values::Fp8(b) => b[row * self.k + kk],
+            Values::Awq(a) => a.nibble(kk, row),
+        }
+    }
+}
+
+/// A stored AWQ word's column run feeding one block of the packed layout ([`fill_awq`]).
+#[derive(Clone, Copy)]
+struct SourceWords<'a> {
+    src: AwqSource<'a>,
+    /// The first of the 8 outputs its words hold.
+    first: usize,
+    /// (column in the block, nibble shift) of the outputs this block takes, `n` of them.
+    cols: [(usize, usize); 8],
+    n: usize,
+}
+
+/// Columns `8 nb..8 nb + 8` of an AWQ matrix stacked from `at`, for [`pack_awq`]. Each stored
+/// word is read once: it holds 8 outputs of one part, which the stacking puts all in this block
+/// (sequential) or half (gate/up interleaved).
+fn fill_awq(at: &[(&Host<'_>, usize)], k: usize, nb: usize, block: &mut [u32]) {
+    let mut words: [Option<SourceWords<'_>>; 8] = [None; 8];
+    let mut count = 0;
+    for (g, &(h, row)) in at.iter().skip(8 * nb).take(8).enumerate() {
+        let Values::Awq(src) = h.values else { unreachable!("an AWQ stack holds AWQ parts") };
+        let first = row - row % 8;
+        let same = |w: &Option<SourceWords<'_>>| {
+            w.as_ref().is_some_and(|w| std::ptr::eq(w.src.qweight.bytes, src.qweight.bytes) && w.first == first)
+        };
+        let slot = words[..count].iter().position(same).unwrap_or_else(|| {
+            words[count] = Some(SourceWords { src, first, cols: [(0, 0); 8], n: 0 });
+            count += 1;
+            count - 1
+        });
+        let w = words[slot].as_mut().expect("filled above");
+        w.cols[w.n] = (g, awq_shift(row));
+        w.n += 1;
+    }
+    for (kk, unit) in (0..k).step_by(32).zip(block.chunks_mut(32)) {
+        for i in 0..32.min(k - kk) {
+            let (t, j) = awq_slot(i);
+            for w in words[..count].iter().flatten() {
+                let word = w.src.word(kk + i, w.first);
+                for &(g, shift) in &w.cols[..w.n] {
+                    unit[4 * g + t] |= ((word >> shift) & 0xf) << (4 * j);
+                }
+            }
+        }
+    }
+}
+
+fn host<'a>(src: &LinearSource<'a>, group: usize) -> Result<Host<'a>> {
     let (n, k) = src.dims();
     let groups = k.div_ceil(group);
     Ok(match src {
         LinearSource::Awq(a) => {
-            // Straight from the packed words into `[n, k]`, rows in parallel.
-            let mut values = vec![0u8; n * k];
-            values.par_chunks_mut(k).enumerate().for_each(|(c, row)| {
-                for (kk, v) in row.iter_mut().enumerate() {
-                    *v = a.nibble(kk, c);
-                }
-            });
-            Host { n, k, group, values, scales: a.scales.to_f32()?, zeros: a.unpack_zeros() }
+            Host { n, k, group, values: Values::Awq(*a), scales: a.scales.to_f32()?, zeros: a.unpack_zeros() }
         }
         LinearSource::Dense { weight, scale_inv } => {
             let (s, [b0, b1]) = scale_inv.as_ref().expect("planned as fp8");
@@ -130,13 +187,13 @@ fn host(src: &LinearSource<'_>, group: usize) -> Result<Host> {
                     scales[g * n + c] = s[(c / b0) * sc + g];
                 }
             }
-            Host { n, k, group, values: weight.bytes.to_vec(), scales, zeros: Vec::new() }
+            Host { n, k, group, values: Values::Fp8(weight.bytes), scales, zeros: Vec::new() }
         }
     })
 }
 
 /// The (part, row) each row of the matrix stacked from `parts` comes from.
-fn stacked_rows(parts: &[Host], stacking: Stacking) -> Vec<(&Host, usize)> {
+fn stacked_rows<'h, 'a>(parts: &'h [Host<'a>], stacking: Stacking) -> Vec<(&'h Host<'a>, usize)> {
     let n: usize = parts.iter().map(|p| p.n).sum();
     match stacking {
         Stacking::Interleaved => (0..n).map(|row| (&parts[row % parts.len()], row / parts.len())).collect(),
@@ -149,12 +206,13 @@ fn pack_matrix(format: QFormat, parts: &[Host], stacking: Stacking) -> Option<QP
     let (k, group) = (parts[0].k, parts[0].group);
     let at = stacked_rows(parts, stacking);
     let n = at.len();
-    pack(
-        &QShape { format, experts: 1, n, k, group },
-        |c, kk| at[c].0.values[at[c].1 * k + kk],
-        |g, c| at[c].0.scales[g * at[c].0.n + at[c].1],
-        |g, c| at[c].0.zeros.get(g * at[c].0.n + at[c].1).copied().unwrap_or(0),
-    )
+    let shape = QShape { format, experts: 1, n, k, group };
+    let scale = |g: usize, c: usize| at[c].0.scales[g * at[c].0.n + at[c].1];
+    let zero = |g: usize, c: usize| at[c].0.zeros.get(g * at[c].0.n + at[c].1).copied().unwrap_or(0);
+    match format {
+        QFormat::AwqInt4 => pack_awq(&shape, |nb, block| fill_awq(&at, k, nb, block), scale, zero),
+        QFormat::Fp8E4m3 => pack(&shape, |c, kk| at[c].0.value(at[c].1, kk), scale, zero),
+    }
 }
 
 /// The scales of an FP8 matrix stacked from `parts` per 128 x 128 block, in cuBLASLt's layout
@@ -440,10 +498,65 @@ impl CudaBackend {
 mod tests {
     use super::*;
 
-    fn part(n: usize, k: usize, scale: impl Fn(usize, usize) -> f32) -> Host {
+    fn part(n: usize, k: usize, scale: impl Fn(usize, usize) -> f32) -> Host<'static> {
         let groups = k / BLOCK;
         let scales = (0..groups * n).map(|i| scale(i / n, i % n)).collect();
-        Host { n, k, group: BLOCK, values: vec![0; n * k], scales, zeros: Vec::new() }
+        Host { n, k, group: BLOCK, values: Values::Fp8(&[]), scales, zeros: Vec::new() }
+    }
+
+    /// AWQ stacks packed a stored word at a time equal the per-value packing, gate/up
+    /// interleaved and sequential, with inputs short of the layout's 128-channel padding.
+    #[test]
+    fn awq_stacks_pack_like_the_per_value_reference() {
+        use crate::weights::random::{Fill, TensorSpec};
+        use crate::weights::RawTensor;
+        let (n, k, group) = (24, 160, 32);
+        let spec = |name: &str, shape: Vec<usize>, kind| TensorSpec { name: name.into(), shape, kind }.generate(3);
+        let (qs, zs, ss) = ([k, n / 8], [k / group, n / 8], [k / group, n]);
+        let bytes: Vec<[Vec<u8>; 3]> = ["gate", "up"]
+            .iter()
+            .map(|p| {
+                [
+                    spec(&format!("{p}.q"), qs.to_vec(), Fill::AwqQ),
+                    spec(&format!("{p}.z"), zs.to_vec(), Fill::AwqZeros),
+                    spec(&format!("{p}.s"), ss.to_vec(), Fill::AwqScales(k)),
+                ]
+            })
+            .collect();
+        let path = std::path::Path::new("t");
+        let raw =
+            |name, dtype, shape: &'static [usize], bytes: &'static [u8]| RawTensor { name, path, dtype, shape, bytes };
+        let leak = |v: &Vec<u8>| -> &'static [u8] { Box::leak(v.clone().into_boxed_slice()) };
+        let (qs, zs, ss): (&'static [usize], &'static [usize], &'static [usize]) =
+            (Box::leak(Box::new(qs)), Box::leak(Box::new(zs)), Box::leak(Box::new(ss)));
+        let sources: Vec<LinearSource<'static>> = bytes
+            .iter()
+            .map(|[q, z, s]| {
+                LinearSource::Awq(AwqSource {
+                    qweight: raw("q", Dtype::I32, qs, leak(q)),
+                    qzeros: raw("z", Dtype::I32, zs, leak(z)),
+                    scales: raw("s", Dtype::F16, ss, leak(s)),
+                })
+            })
+            .collect();
+        let hosts: Vec<Host<'_>> = sources.iter().map(|s| host(s, group).unwrap()).collect();
+        for (parts, stacking) in [
+            (&hosts[..], Stacking::Interleaved),
+            (&hosts[..], Stacking::Sequential),
+            (&hosts[..1], Stacking::Sequential),
+        ] {
+            let at = stacked_rows(parts, stacking);
+            let shape = QShape { format: QFormat::AwqInt4, experts: 1, n: at.len(), k, group };
+            let want = pack(
+                &shape,
+                |c, kk| at[c].0.value(at[c].1, kk),
+                |g, c| at[c].0.scales[g * at[c].0.n + at[c].1],
+                |g, c| at[c].0.zeros[g * at[c].0.n + at[c].1],
+            )
+            .unwrap();
+            let got = pack_matrix(QFormat::AwqInt4, parts, stacking).unwrap();
+            assert_eq!((got.words, got.scales, got.zeros), (want.words, want.scales, want.zeros), "{stacking:?}");
+        }
     }
 
     #[test]
