@@ -8,7 +8,8 @@ use cleave_kernels::ops::SrcDtype;
 use cleave_kernels::ptr;
 use safetensors::tensor::Dtype;
 
-use super::quant::{self, Stacking};
+use super::quant;
+use super::repack::Stacking;
 use super::{kerr, CudaBackend, CudaExperts, CudaWeight, ExpertData, Precision, WeightData};
 use crate::backend::ExpertSource;
 use crate::error::{EngineError, Result};

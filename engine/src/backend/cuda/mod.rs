@@ -22,6 +22,7 @@ mod load;
 mod moe;
 mod pool;
 mod quant;
+mod repack;
 mod sample;
 pub mod transfer;
 mod variants;
@@ -371,7 +372,7 @@ impl Backend for CudaBackend {
     }
 
     fn stacks_projections(&self, a: &LinearSource<'_>, b: &LinearSource<'_>) -> bool {
-        self.precision == Precision::Bf16 && quant::stack_together(a, b)
+        self.precision == Precision::Bf16 && repack::stack_together(a, b)
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
