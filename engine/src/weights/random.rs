@@ -25,8 +25,8 @@ pub struct TensorSpec {
 /// How a tensor's values are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fill {
-    /// bf16 uniform +-sqrt(3 / fan_in).
-    Linear,
+    /// bf16 uniform +-sqrt(3 / fan_in), this fan-in.
+    Linear(usize),
     /// fp8 e4m3 values of either sign up to 448 (its scales are a separate tensor).
     Fp8,
     /// f32 `weight_scale_inv` of an fp8 weight with this fan-in.
@@ -47,7 +47,7 @@ impl Fill {
     /// The stored dtype and its bytes per element.
     pub fn dtype(self) -> (Dtype, usize) {
         match self {
-            Fill::Linear | Fill::Ones => (Dtype::BF16, 2),
+            Fill::Linear(_) | Fill::Ones => (Dtype::BF16, 2),
             Fill::Fp8 => (Dtype::F8_E4M3, 1),
             Fill::Fp8Scale(_) | Fill::Zeros => (Dtype::F32, 4),
             Fill::AwqQ | Fill::AwqZeros => (Dtype::I32, 4),
@@ -64,7 +64,7 @@ impl TensorSpec {
 
     /// Elements `first..first + buf.len() / element size` of the tensor, into `buf`.
     pub fn fill(&self, buf: &mut [u8], seed: u64, first: usize) {
-        fill(buf, self.kind, *self.shape.last().unwrap_or(&1), tensor_seed(&self.name, seed), first);
+        fill(buf, self.kind, tensor_seed(&self.name, seed), first);
     }
 
     /// The whole tensor.
@@ -96,7 +96,7 @@ pub fn specs(cfg: &ModelConfig) -> Vec<TensorSpec> {
                 let blocks = vec![out.div_ceil(*b0), inp.div_ceil(*b1)];
                 s.push(spec(format!("{name}.weight_scale_inv"), blocks, Fill::Fp8Scale(inp)));
             }
-            _ => s.push(spec(format!("{name}.weight"), vec![out, inp], Fill::Linear)),
+            _ => s.push(spec(format!("{name}.weight"), vec![out, inp], Fill::Linear(inp))),
         }
     };
     let norm =
@@ -106,7 +106,11 @@ pub fn specs(cfg: &ModelConfig) -> Vec<TensorSpec> {
         lin(s, format!("{prefix}.up_proj"), inter, h, true);
         lin(s, format!("{prefix}.down_proj"), h, inter, true);
     };
-    s.push(TensorSpec { name: "model.embed_tokens.weight".into(), shape: vec![c.vocab_size, h], kind: Fill::Linear });
+    s.push(TensorSpec {
+        name: "model.embed_tokens.weight".into(),
+        shape: vec![c.vocab_size, h],
+        kind: Fill::Linear(h),
+    });
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}");
         norm(&mut s, format!("{p}.input_layernorm.weight"), h);
@@ -162,18 +166,25 @@ fn tensor_seed(name: &str, seed: u64) -> u64 {
     splitmix(h ^ splitmix(seed))
 }
 
+/// The bound `a` of uniform +-a weights with unit-variance outputs over `fan_in` inputs.
+fn amplitude(fan_in: usize) -> f32 {
+    (3.0 / fan_in.max(1) as f64).sqrt() as f32
+}
+
 /// Fills `buf` (the bytes of elements `first..`) for one tensor, in parallel.
-fn fill(buf: &mut [u8], kind: Fill, fan_in: usize, seed: u64, first: usize) {
-    let a = (3.0 / fan_in.max(1) as f64).sqrt() as f32;
+fn fill(buf: &mut [u8], kind: Fill, seed: u64, first: usize) {
     let es = kind.dtype().1;
     // Element `i` of the tensor draws splitmix(seed ^ i), so any split of the tensor gives the
     // same values.
     let draw = |i: usize| splitmix(seed ^ i as u64);
     match kind {
-        Fill::Linear => elements(buf, es, first, &|i, v| {
-            let u = (draw(i) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            v.copy_from_slice(&half::bf16::from_f32(u * a).to_bits().to_le_bytes());
-        }),
+        Fill::Linear(fan) => {
+            let a = amplitude(fan);
+            elements(buf, es, first, &|i, v| {
+                let u = (draw(i) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                v.copy_from_slice(&half::bf16::from_f32(u * a).to_bits().to_le_bytes());
+            })
+        }
         // Magnitudes up to 448 (exponent <= 14), never the NaN pattern.
         Fill::Fp8 => elements(buf, es, first, &|i, v| {
             let b = draw(i) as u8;
@@ -181,7 +192,7 @@ fn fill(buf: &mut [u8], kind: Fill, fan_in: usize, seed: u64, first: usize) {
         }),
         // Dequantized weights then span about +-448 * scale: aim at +-a.
         Fill::Fp8Scale(fan) => {
-            let s = (3.0 / fan.max(1) as f64).sqrt() as f32 / 240.0;
+            let s = amplitude(fan) / 240.0;
             buf.chunks_exact_mut(4).for_each(|v| v.copy_from_slice(&s.to_le_bytes()));
         }
         Fill::AwqQ => elements(buf, es, first, &|i, v| v.copy_from_slice(&(draw(i) as u32).to_le_bytes())),
@@ -192,7 +203,7 @@ fn fill(buf: &mut [u8], kind: Fill, fan_in: usize, seed: u64, first: usize) {
         }),
         // (q - z) spans about +-10 around 0 with q uniform in 0..16: aim at +-a.
         Fill::AwqScales(fan) => {
-            let s = half::f16::from_f32((3.0 / fan.max(1) as f64).sqrt() as f32 / 8.0);
+            let s = half::f16::from_f32(amplitude(fan) / 8.0);
             buf.chunks_exact_mut(2).for_each(|v| v.copy_from_slice(&s.to_bits().to_le_bytes()));
         }
         Fill::Ones => buf.chunks_exact_mut(2).for_each(|v| v.copy_from_slice(&half::bf16::ONE.to_bits().to_le_bytes())),
@@ -234,7 +245,7 @@ mod tests {
 
     #[test]
     fn linear_values_have_the_stated_range() {
-        let spec = TensorSpec { name: "w".into(), shape: vec![256, 300], kind: Fill::Linear };
+        let spec = TensorSpec { name: "w".into(), shape: vec![256, 300], kind: Fill::Linear(300) };
         let bytes = spec.generate(1);
         let v: Vec<f32> =
             bytes.chunks_exact(2).map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect();

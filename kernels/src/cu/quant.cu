@@ -310,20 +310,20 @@ extern "C" __global__ void qdequant_fp8(QD_ARGS) { qdequant<1>(Wq, S, Z, out, E,
 // of row n in k-tile kt (one 16-byte load; word t holds k = 8a + 2t + b as nibble a + 4b) and
 // writes the tile's 32 bf16 values as four 16-byte stores (64 contiguous bytes). The 8 rows of a
 // packed unit are consecutive threads, so 8 threads read the unit's 128 contiguous bytes and
-// share its zero word and 16 bytes of scales. Index arithmetic is 32-bit where the count of
-// threads fits (run 102: with 64-bit divisions per thread the expansion wrote about 1 TB/s).
-// N % 8 == 0, groups multiples of 32 (a k-tile inside one group) and K % 32 == 0; the values
-// equal qdequant's (the same f32 product, rounded once).
-template <typename I>
-__device__ __forceinline__ void qdequant_awq_tiles_body(QD_ARGS) {
-    const I KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8;
-    const I total = (I)E * NB * KT * 8;
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
-        const I unit = i / 8, kt = unit % KT, rest = unit / KT, nb = rest % NB, e = rest / NB;
-        const I n = nb * 8 + (i % 8);
-        const I grp = kt * 32 / G;
-        const uint4 w = *reinterpret_cast<const uint4*>(Wq + (((u64)e * (Np / 8) + nb) * KUT + kt) * 32 + (n & 7) * 4);
-        const float z = (float)((Z[((u64)e * KG + grp) * (Np / 8) + nb] >> (4 * (n & 7))) & 0xfu);
+// share its zero word and 16 bytes of scales. N % 8 == 0, groups multiples of 32 (a k-tile
+// inside one group) and K % 32 == 0; the values equal qdequant's (the same f32 product, rounded
+// once). It writes about 1.1 TB/s on an H100 (runs 102-103; kernels/NOTES.md): neither this
+// thread order nor 32-bit index arithmetic (tried in run 103) moved it.
+extern "C" __global__ void qdequant_awq_tiles(QD_ARGS) {
+    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8;
+    const u64 total = (u64)E * N * KT;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const u64 unit = i / 8;
+        const int kt = (int)(unit % KT), nb = (int)((unit / KT) % NB), e = (int)(unit / ((u64)NB * KT));
+        const int n = nb * 8 + (int)(i % 8);
+        const int grp = kt * 32 / G;
+        const uint4 w = *reinterpret_cast<const uint4*>(Wq + (((u64)e * (Np / 8) + (n >> 3)) * KUT + kt) * 32 + (n & 7) * 4);
+        const float z = (float)((Z[((u64)e * KG + grp) * (Np / 8) + (n >> 3)] >> (4 * (n & 7))) & 0xfu);
         const float sc = h2f(reinterpret_cast<const unsigned short*>(S)[((u64)e * KG + grp) * Np + n]);
         const u32 ws[4] = {w.x, w.y, w.z, w.w};
         bf16_t* o = out + ((u64)e * N + n) * K + kt * 32;
@@ -338,14 +338,6 @@ __device__ __forceinline__ void qdequant_awq_tiles_body(QD_ARGS) {
             }
             *reinterpret_cast<uint4*>(o + 8 * a) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
         }
-    }
-}
-extern "C" __global__ void qdequant_awq_tiles(QD_ARGS) {
-    // One more grid stride must not wrap a 32-bit index either.
-    if ((u64)E * N * (K / 32) + (u64)gridDim.x * blockDim.x < (1ull << 32)) {
-        qdequant_awq_tiles_body<u32>(Wq, S, Z, out, E, N, K, Np, Kp, G);
-    } else {
-        qdequant_awq_tiles_body<u64>(Wq, S, Z, out, E, N, K, Np, Kp, G);
     }
 }
 

@@ -5,8 +5,7 @@
 //! the device.
 
 use cleave_kernels::fp8::BLOCK;
-use cleave_kernels::ops::QWeights;
-use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, Route, WgmmaGemm, GGW_FP8_BM};
+use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, QWeights, Route, WgmmaGemm, GGW_FP8_BM};
 use cleave_kernels::quant::QFormat;
 use cleave_kernels::{ptr, Gpu};
 
@@ -139,10 +138,8 @@ pub(super) fn experts(
     };
     // Prefill-sized batches on Hopper's warpgroup MMA, with its row tiles: bf16 experts, and FP8
     // experts on FP8 tensor cores where both GEMMs' inputs are whole 128-channel blocks.
-    let wgmma = match (&ex.data, v.prefill_gemm) {
-        (ExpertData::Bf16 { .. }, Some(cfg)) if prefill && gpu.has_wgmma() => Some(cfg),
-        _ => None,
-    };
+    let bf16_wgmma = v.prefill_gemm.filter(|_| prefill && gpu.has_wgmma());
+    let wgmma = bf16_wgmma.filter(|_| matches!(ex.data, ExpertData::Bf16 { .. }));
     let fp8_wgmma = match (&ex.data, v.prefill_fp8) {
         (ExpertData::Quant { gate_up, down }, Some(stages))
             if prefill
@@ -156,19 +153,15 @@ pub(super) fn experts(
         _ => None,
     };
     // Prefill-sized AWQ experts with enough rows each: expanded to bf16 for this call, on the
-    // bf16 wgmma GEMM.
-    let awq_expand = match (&ex.data, v.prefill_gemm) {
-        (ExpertData::Quant { gate_up, .. }, Some(cfg))
-            if prefill
-                && gpu.has_wgmma()
-                && gate_up.view().shape.format == QFormat::AwqInt4
+    // same bf16 wgmma GEMM.
+    let awq_expand = bf16_wgmma.filter(|_| match &ex.data {
+        ExpertData::Quant { gate_up, .. } => {
+            gate_up.view().shape.format == QFormat::AwqInt4
                 && v.awq_prefill_rows > 0
-                && local_a >= v.awq_prefill_rows * aligned =>
-        {
-            Some(cfg)
+                && local_a >= v.awq_prefill_rows * aligned
         }
-        _ => None,
-    };
+        _ => false,
+    });
     // Decode-sized compressed experts: the persistent shape's tiles when both GEMMs have one (8
     // rows for AWQ experts of a few rows each; `qgemm_decode` asks the same question), else the
     // tiled kernel's 16.
@@ -287,8 +280,8 @@ pub(super) fn experts(
                 bm,
                 splits: 1,
             };
-            // Decode-sized tiles as the variants pick; prefill's on FP8 wgmma or, 64 rows each, on
-            // the tiled kernel.
+            // Decode-sized tiles as the variants pick; prefill's expanded to bf16 (AWQ with enough
+            // rows), on FP8 wgmma, or 64 rows each on the tiled kernel.
             if let Some(cfg) = awq_expand {
                 awq_expanded_experts(be, [gate_up, down], aligned, bf16_gate_up, ptr(&y), cfg)?;
             } else if let Some(stages) = fp8_wgmma {

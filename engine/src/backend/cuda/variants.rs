@@ -22,8 +22,9 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
-/// [`ROWS8_MAX_AVG`]), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS`
-/// (default [`Fusion::DEFAULT`]), `CLEAVE_MOE_END=fused|separate` (default fused).
+/// [`ROWS8_MAX_AVG`]), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the
+/// decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS` (default [`Fusion::DEFAULT`]),
+/// `CLEAVE_MOE_END=fused|separate` (default fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
