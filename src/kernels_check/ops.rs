@@ -443,6 +443,7 @@ impl Ctx<'_> {
         if self.quick {
             return Ok(());
         }
+        let tp4 = MlaDims { heads: 32, ..lite };
         for (label, d, b, ctx) in [
             ("decode", lite, 1, 1024),
             ("decode", lite, 64, 1024),
@@ -452,6 +453,11 @@ impl Ctx<'_> {
             ("decode V3 heads", v3, 64, 1024),
             ("decode V3 heads", v3, 64, 2048),
             ("decode V3 heads", v3, 256, 1024),
+            ("decode V3 heads", v3, 256, 2048),
+            // One rank of a TP4 group: 32 of the 128 heads, every sequence's whole cache.
+            ("decode TP4 rank", tp4, 64, 2048),
+            ("decode TP4 rank", tp4, 256, 2048),
+            ("decode TP4 rank", tp4, 64, 8192),
         ] {
             let seqs: Vec<(usize, usize)> = (0..b).map(|_| (1, ctx)).collect();
             self.attention_case(label, d, &seqs, 16, true)?;

@@ -10,6 +10,7 @@ use anyhow::{ensure, Result};
 use cleave_engine::backend::cuda::{QuantGemm, Variants};
 use cleave_engine::backend::{Backend, ExpertSource};
 use cleave_engine::weights::{pack_int4, AwqSource, LinearSource, RawTensor};
+use cleave_kernels::ops::Expansion;
 use cleave_kernels::ptr;
 use safetensors::tensor::Dtype;
 
@@ -141,8 +142,8 @@ impl Ctx<'_> {
         r.and_then(|()| self.quant_expand())
     }
 
-    /// The AWQ expansion of prefill by k-tiles (`qdequant_awq_tiles`) equals the per-value
-    /// reference bit for bit; both timed (bytes: the packed weights read, bf16 written).
+    /// The AWQ expansions of prefill (`qdequant_awq_tiles`, `qdequant_awq_rows`) equal the
+    /// per-value reference bit for bit; each timed (bytes: the packed weights read, bf16 written).
     fn quant_expand(&mut self) -> Result<()> {
         // (out, in): V2-Lite q_proj, V3 q_b_proj and the V3 dense MLP's gate/up.
         let shapes: &[(usize, usize)] =
@@ -155,16 +156,18 @@ impl Ctx<'_> {
                 let gpu = self.cu.gpu();
                 let (a, b) = (gpu.alloc::<u16>(n * k)?, gpu.alloc::<u16>(n * k)?);
                 gpu.memset(ptr(&b), 0xff, n * k * 2)?;
-                gpu.qdequant_with(&q, ptr(&a), true)?;
-                gpu.qdequant_with(&q, ptr(&b), false)?;
-                let (mut va, mut vb) = (vec![0u16; n * k], vec![0u16; n * k]);
-                gpu.dtoh(ptr(&a), &mut va)?;
-                gpu.dtoh(ptr(&b), &mut vb)?;
-                let bad = va.iter().zip(&vb).filter(|(x, y)| x != y).count();
+                gpu.qdequant_with(&q, ptr(&a), Expansion::PerValue)?;
                 let bytes = (n * k) as f64 * (w.bytes_per_value() + 2.0);
-                for (reference, label) in [(true, "reference"), (false, "k-tiles")] {
-                    let us = self.time(|| gpu.qdequant_with(&q, ptr(&b), reference).map_err(kerr))?;
-                    let differing = if reference { 0 } else { bad };
+                for (how, label) in
+                    [(Expansion::PerValue, "reference"), (Expansion::KTiles, "k-tiles"), (Expansion::Rows, "rows")]
+                {
+                    gpu.memset(ptr(&b), 0xff, n * k * 2)?;
+                    gpu.qdequant_with(&q, ptr(&b), how)?;
+                    let (mut va, mut vb) = (vec![0u16; n * k], vec![0u16; n * k]);
+                    gpu.dtoh(ptr(&a), &mut va)?;
+                    gpu.dtoh(ptr(&b), &mut vb)?;
+                    let differing = va.iter().zip(&vb).filter(|(x, y)| x != y).count();
+                    let us = self.time(|| gpu.qdequant_with(&q, ptr(&b), how).map_err(kerr))?;
                     self.push_exact(
                         &format!("expand {fmt} {label}"),
                         format!("{n} x {k}"),

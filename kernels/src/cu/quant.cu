@@ -341,6 +341,51 @@ extern "C" __global__ void qdequant_awq_tiles(QD_ARGS) {
     }
 }
 
+// The AWQ expansion by rows (same contract and values as qdequant_awq_tiles): a block of 8 warps
+// takes one packed column block (8 output rows, warp w row 8 nb + w) and 16 k-tiles of it; lane
+// (s, a) = (lane / 4, lane % 4) writes k-tiles s and s + 8 at k offsets 8a..8a+7, so each store
+// instruction writes 512 contiguous bytes of one row. The 8 values come from nibbles a and a + 4
+// of the tile's four words (k = 8a + 2t + b: word t, nibble a + 4b), which the four lanes of a
+// tile load together (one 16-byte load, broadcast). A nibble becomes a float exactly by its bits
+// under 2^23's exponent: (2^23 + q) - (2^23 + z) = q - z, then times the scale, rounded once.
+extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows(QD_ARGS) {
+    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8, KC = (KT + 15) / 16;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 2, a = lane & 3;
+    const int items = E * NB * KC;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const int kc = item % KC, nb = (item / KC) % NB, e = item / (KC * NB);
+        const int n = nb * 8 + warp;
+        const u32* wrow = Wq + ((u64)e * (Np / 8) + nb) * KUT * 32 + warp * 4;
+        const u32* zrow = Z + (u64)e * KG * (Np / 8) + nb;
+        const unsigned short* srow = reinterpret_cast<const unsigned short*>(S) + (u64)e * KG * Np + n;
+        bf16_t* orow = out + ((u64)e * N + n) * K + 8 * a;
+        uint4 w[2];
+        int kt[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            kt[h] = kc * 16 + sub + 8 * h;
+            w[h] = kt[h] < KT ? *reinterpret_cast<const uint4*>(wrow + kt[h] * 32) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (kt[h] >= KT) continue;
+            const int grp = kt[h] * 32 / G;
+            const u32 z = (zrow[(u64)grp * (Np / 8)] >> (4 * warp)) & 0xfu;
+            const float zb = __uint_as_float(0x4B000000u | z);
+            const float sc = h2f(srow[(u64)grp * Np]);
+            const u32 ws[4] = {w[h].x >> (4 * a), w[h].y >> (4 * a), w[h].z >> (4 * a), w[h].w >> (4 * a)};
+            u32 pk[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float v0 = (__uint_as_float(0x4B000000u | (ws[t] & 0xfu)) - zb) * sc;
+                const float v1 = (__uint_as_float(0x4B000000u | ((ws[t] >> 16) & 0xfu)) - zb) * sc;
+                pk[t] = pack_bf16(v0, v1);
+            }
+            *reinterpret_cast<uint4*>(orow + kt[h] * 32) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        }
+    }
+}
+
 // Matrix 0 of an FP8 stack as row-major e4m3 bytes `[N, K]` (K % 4 == 0), for the block-scaled
 // tensor-core GEMM of prefill: four bytes per thread.
 extern "C" __global__ void qbytes_fp8(const u32* __restrict__ Wq, u32* __restrict__ out, int N, int K, int Np, int Kp) {

@@ -24,7 +24,7 @@ pub use moe::{
 mod qdecode;
 pub use qdecode::{Fp8Order, QPersist, QDECODE_KERNELS};
 mod quant;
-pub use quant::{QCut, QGemm, QWeights, QUANT_KERNELS};
+pub use quant::{Expansion, QCut, QGemm, QWeights, QUANT_KERNELS};
 mod sample;
 pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 

@@ -107,6 +107,17 @@ pub struct QCut {
 }
 
 /// The functions of quant.cu; the `qg*` GEMMs get the opt-in dynamic shared memory at start-up.
+/// Which kernel expands compressed weights to bf16 ([`Gpu::qdequant_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expansion {
+    /// One value per thread, any shape: the reference (`qdequant_awq`, `qdequant_fp8`).
+    PerValue,
+    /// AWQ, 32 values of one row per thread (`qdequant_awq_tiles`).
+    KTiles,
+    /// AWQ, 8 rows per block, each store a warp's 512 contiguous bytes (`qdequant_awq_rows`).
+    Rows,
+}
+
 pub const QUANT_KERNELS: &[&str] = &[
     "qg16_awq_f32",
     "qg16_awq_silu",
@@ -119,6 +130,7 @@ pub const QUANT_KERNELS: &[&str] = &[
     "qgemm_reduce",
     "qdequant_awq",
     "qdequant_awq_tiles",
+    "qdequant_awq_rows",
     "qdequant_fp8",
     "qbytes_fp8",
 ];
@@ -192,9 +204,10 @@ impl Gpu {
     }
 
     /// Expands `w` to bf16 `[experts * n, k]` at `out`: AWQ with groups and inputs of a multiple
-    /// of 32 by k-tiles of 32 (`qdequant_awq_tiles`), anything else by the per-value reference.
+    /// of 32 by rows of k-tiles (`qdequant_awq_rows`), anything else by the per-value reference.
     pub fn qdequant(&self, w: &QWeights, out: u64) -> Result<()> {
-        self.qdequant_with(w, out, !Self::awq_tiles(w))
+        let how = if Self::awq_tiles(w) { Expansion::Rows } else { Expansion::PerValue };
+        self.qdequant_with(w, out, how)
     }
 
     fn awq_tiles(w: &QWeights) -> bool {
@@ -202,22 +215,26 @@ impl Gpu {
         s.format == QFormat::AwqInt4 && s.group.is_multiple_of(32) && s.k.is_multiple_of(32) && s.n.is_multiple_of(8)
     }
 
-    /// [`Gpu::qdequant`] with the per-value reference kernel (`reference`) or the k-tile one
-    /// (AWQ, groups and inputs of a multiple of 32), for kernels-check to compare them.
-    pub fn qdequant_with(&self, w: &QWeights, out: u64, reference: bool) -> Result<()> {
+    /// [`Gpu::qdequant`] by the kernel `how` names, for kernels-check to compare them.
+    pub fn qdequant_with(&self, w: &QWeights, out: u64, how: Expansion) -> Result<()> {
         let s = w.shape;
-        let (name, total) = match (s.format, reference) {
-            (QFormat::AwqInt4, false) if Self::awq_tiles(w) => {
-                ("qdequant_awq_tiles", (s.experts * s.n * s.k / 32) as u64)
-            }
-            (QFormat::AwqInt4, false) => {
+        let (name, grid) = match (s.format, how) {
+            (QFormat::AwqInt4, Expansion::PerValue) => ("qdequant_awq", self.grid1((s.experts * s.n * s.k) as u64)),
+            (QFormat::Fp8E4m3, _) => ("qdequant_fp8", self.grid1((s.experts * s.n * s.k) as u64)),
+            (QFormat::AwqInt4, _) if !Self::awq_tiles(w) => {
                 return Err(KernelError::Invalid(format!(
-                    "qdequant_awq_tiles: group {} or input {} is not a multiple of 32, or output {} of 8",
+                    "qdequant_awq_{how:?}: group {} or input {} is not a multiple of 32, or output {} of 8",
                     s.group, s.k, s.n
                 )))
             }
-            (QFormat::AwqInt4, true) => ("qdequant_awq", (s.experts * s.n * s.k) as u64),
-            (QFormat::Fp8E4m3, _) => ("qdequant_fp8", (s.experts * s.n * s.k) as u64),
+            (QFormat::AwqInt4, Expansion::KTiles) => {
+                ("qdequant_awq_tiles", self.grid1((s.experts * s.n * s.k / 32) as u64))
+            }
+            (QFormat::AwqInt4, Expansion::Rows) => {
+                // One block per (column block of 8 rows, 16 k-tiles), at most 8 per SM.
+                let items = s.experts * (s.n / 8) * (s.k / 32).div_ceil(16);
+                ("qdequant_awq_rows", items.clamp(1, self.sm_count as usize * 8) as u32)
+            }
         };
         let args = [
             Ptr(w.words),
@@ -231,7 +248,7 @@ impl Gpu {
             I32(s.kp() as i32),
             I32(s.group as i32),
         ];
-        self.launch(name, (self.grid1(total), 1, 1), 256, 0, &args)
+        self.launch(name, (grid, 1, 1), 256, 0, &args)
     }
 
     /// Matrix 0 of an FP8 stack as row-major e4m3 bytes `[n, k]` at `out` (for
