@@ -54,11 +54,14 @@ pub struct Args {
     /// Skip the per-op checks.
     #[arg(long)]
     no_ops: bool,
-    /// Run only these per-op stages (elementwise, linear, quant, fp8_prefill, qdecode, attention, router, experts,
+    /// Run only these per-op stages (elementwise, linear, quant, expand, fp8_prefill, qdecode, attention, router, experts,
     /// prefill, sample; the shape sweeps moe_tune (bf16 grouped GEMM) and qgemm_tune (compressed decode GEMM) run
     /// only when named).
     #[arg(long, value_delimiter = ',')]
     stages: Vec<String>,
+    /// Check and time the default kernel variants only, not the alternatives beside them.
+    #[arg(long)]
+    default_variants: bool,
     /// Directory of golden checkpoints: generate on CPU and CUDA and compare.
     #[arg(long)]
     golden: Option<PathBuf>,
@@ -300,12 +303,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             rows: Vec::new(),
             iters: a.iters,
             precise: false,
+            defaults_only: a.default_variants,
             tag: String::new(),
         };
         let stages = [
             "elementwise",
             "linear",
             "quant",
+            "expand",
             "fp8_prefill",
             "qdecode",
             "attention",
@@ -323,6 +328,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "elementwise" => ctx.elementwise(),
                 "linear" => ctx.linear(),
                 "quant" => ctx.quant(),
+                "expand" => ctx.quant_expand(),
                 "fp8_prefill" => ctx.fp8_prefill(),
                 "attention" => ctx.attention(),
                 "prefill" => ctx.prefill(),
@@ -350,6 +356,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             rows: Vec::new(),
             iters: 3,
             precise: true,
+            defaults_only: true,
             tag: String::new(),
         };
         for (name, r) in [("linear", pctx.linear()), ("attention", pctx.attention()), ("experts", pctx.experts())] {

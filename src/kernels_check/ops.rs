@@ -23,6 +23,8 @@ pub struct Ctx<'a> {
     pub iters: usize,
     /// The backend runs at reference (f32) precision: tolerance 1e-3 everywhere.
     pub precise: bool,
+    /// Check the default kernel variants only, not the alternatives (`--default-variants`).
+    pub defaults_only: bool,
     /// Appended to op names (the kernel variant under test).
     pub tag: String,
 }
@@ -407,7 +409,7 @@ impl Ctx<'_> {
         let def = self.cu.variants();
         self.tag = default_tag.to_string();
         let mut r = check(self);
-        if !self.precise {
+        if !self.precise && !self.defaults_only {
             for (tag, v) in alts {
                 if r.is_err() {
                     break;

@@ -261,9 +261,10 @@ __device__ __forceinline__ void mla_decode3_t(
 
 #define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int splits, float scale, bf16_t* __restrict__ o_lat
 #define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, splits, scale, o_lat
-// Pipeline stages by heads per block (kernels-check, run 33): 16 heads keep two stages (two
-// blocks fit per SM), 64 heads take three; 32 heads (a TP4 rank of V3: one block per SM by its
-// registers) take three, for a second tile in flight (run 105).
+// Pipeline stages by heads per block (kernels-check, run 33): 16 and 32 heads keep two stages
+// (two blocks of 16 heads fit per SM; three stages at 32 heads measured no better, run 105), 64
+// heads take three. 32 heads (a TP4 rank of V3) are held to 128 registers so that two blocks
+// share an SM and one's softmax runs under the other's MMAs (run 106).
 extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }
-extern "C" __global__ void __launch_bounds__(256) mla_decode3_h32(MLA3_ARGS) { mla_decode3_t<2, 3>(MLA3_PASS); }
+extern "C" __global__ void __launch_bounds__(256, 2) mla_decode3_h32(MLA3_ARGS) { mla_decode3_t<2, 2>(MLA3_PASS); }
 extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { mla_decode3_t<4, 3>(MLA3_PASS); }

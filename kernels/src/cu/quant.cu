@@ -348,8 +348,9 @@ extern "C" __global__ void qdequant_awq_tiles(QD_ARGS) {
 // of the tile's four words (k = 8a + 2t + b: word t, nibble a + 4b), which the four lanes of a
 // tile load together (one 16-byte load, broadcast). A nibble becomes a float exactly by its bits
 // under 2^23's exponent: (2^23 + q) - (2^23 + z) = q - z, then times the scale, rounded once.
-extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows(QD_ARGS) {
-    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8, KC = (KT + 15) / 16;
+template <int KPL>
+__device__ __forceinline__ void qdequant_awq_rows_t(QD_ARGS) {
+    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8, KC = (KT + 8 * KPL - 1) / (8 * KPL);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 2, a = lane & 3;
     const int items = E * NB * KC;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -359,15 +360,15 @@ extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows(QD_ARGS) {
         const u32* zrow = Z + (u64)e * KG * (Np / 8) + nb;
         const unsigned short* srow = reinterpret_cast<const unsigned short*>(S) + (u64)e * KG * Np + n;
         bf16_t* orow = out + ((u64)e * N + n) * K + 8 * a;
-        uint4 w[2];
-        int kt[2];
+        uint4 w[KPL];
+        int kt[KPL];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            kt[h] = kc * 16 + sub + 8 * h;
+        for (int h = 0; h < KPL; h++) {
+            kt[h] = kc * 8 * KPL + sub + 8 * h;
             w[h] = kt[h] < KT ? *reinterpret_cast<const uint4*>(wrow + kt[h] * 32) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < KPL; h++) {
             if (kt[h] >= KT) continue;
             const int grp = kt[h] * 32 / G;
             const u32 z = (zrow[(u64)grp * (Np / 8)] >> (4 * warp)) & 0xfu;
@@ -385,6 +386,9 @@ extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows(QD_ARGS) {
         }
     }
 }
+
+extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows(QD_ARGS) { qdequant_awq_rows_t<2>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
+extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows4(QD_ARGS) { qdequant_awq_rows_t<4>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 
 // Matrix 0 of an FP8 stack as row-major e4m3 bytes `[N, K]` (K % 4 == 0), for the block-scaled
 // tensor-core GEMM of prefill: four bytes per thread.

@@ -109,7 +109,7 @@ impl MlaLaunch {
                 // (an uncompiled head count, only constructible in code, takes 16)
                 let (name, hb, stages) = match h.unwrap_or_else(|| MlaDecode::v3_heads(self.heads)) {
                     64 => ("mla_decode3_h64", 64, 3),
-                    32 => ("mla_decode3_h32", 32, 3),
+                    32 => ("mla_decode3_h32", 32, 2),
                     _ => ("mla_decode3_h16", 16, 2),
                 };
                 let (g, w, tt) = (hb / 16, V3_SHAPE.0 + V3_SHAPE.1, MLA_TILE);

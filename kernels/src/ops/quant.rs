@@ -116,6 +116,8 @@ pub enum Expansion {
     KTiles,
     /// AWQ, 8 rows per block, each store a warp's 512 contiguous bytes (`qdequant_awq_rows`).
     Rows,
+    /// [`Expansion::Rows`] with 32 k-tiles per block (four loads per lane in flight).
+    Rows4,
 }
 
 pub const QUANT_KERNELS: &[&str] = &[
@@ -131,6 +133,7 @@ pub const QUANT_KERNELS: &[&str] = &[
     "qdequant_awq",
     "qdequant_awq_tiles",
     "qdequant_awq_rows",
+    "qdequant_awq_rows4",
     "qdequant_fp8",
     "qbytes_fp8",
 ];
@@ -230,10 +233,11 @@ impl Gpu {
             (QFormat::AwqInt4, Expansion::KTiles) => {
                 ("qdequant_awq_tiles", self.grid1((s.experts * s.n * s.k / 32) as u64))
             }
-            (QFormat::AwqInt4, Expansion::Rows) => {
-                // One block per (column block of 8 rows, 16 k-tiles), at most 8 per SM.
-                let items = s.experts * (s.n / 8) * (s.k / 32).div_ceil(16);
-                ("qdequant_awq_rows", items.clamp(1, self.sm_count as usize * 8) as u32)
+            (QFormat::AwqInt4, Expansion::Rows | Expansion::Rows4) => {
+                // One block per (column block of 8 rows, 16 or 32 k-tiles), at most 8 per SM.
+                let (name, per) = if how == Expansion::Rows { ("qdequant_awq_rows", 16) } else { ("qdequant_awq_rows4", 32) };
+                let items = s.experts * (s.n / 8) * (s.k / 32).div_ceil(per);
+                (name, items.clamp(1, self.sm_count as usize * 8) as u32)
             }
         };
         let args = [

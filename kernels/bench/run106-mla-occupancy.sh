@@ -1,0 +1,45 @@
+#!/bin/bash
+# run 106 (one GPU): the MLA decode at 32 heads per block held to 128 registers (two blocks per
+# SM) against $P (the same build without that bound), and the AWQ expansion by rows with 16 or
+# 32 k-tiles per block.
+#   checks: the quick pass (golden fixtures, tiny-r1, tiny-r1-awq), then the expand stage (every
+#           expansion kernel bit for bit against the per-value one, timed).
+#   attention: kernels-check's attention stage, default kernels only, for both builds: the
+#           128-head and 32-head decode rows side by side.
+#   prefill: one 4,096-token prompt on four V3 layers AWQ with 256 experts (128 rows per expert)
+#           with the expansion off, at 64 rows and at the default; V2-Lite AWQ at the default.
+#           The loads time the host repacking.
+# `[PARTS="checks quant attn prefill"] bash kernels/bench/run106-mla-occupancy.sh [RUN]` (the parts
+# named, all by default).
+source kernels/bench/lib.sh
+S=$(date +%s); R=${1:-106}; PARTS=${PARTS:-checks quant attn prefill}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+nvidia-smi --query-gpu=name --format=csv,noheader
+part checks && quick_checks $R
+if part quant; then
+timeout 120 $C kernels-check --stages expand > $OUT/run$R-quant.txt 2>&1
+echo "expand stage rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-quant.txt)"
+grep -E "^expand|over tol|FAIL" $OUT/run$R-quant.txt | grep -v " 136 x\| 256 x 640" | cut -c1-175 | head -24
+fi
+part attn && for b in new prev; do
+  bin=$C; [ $b = prev ] && bin=$P
+  timeout 200 $bin kernels-check --stages attention --default-variants > $OUT/run$R-attn-$b.txt 2>&1
+  echo "attention $b rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-attn-$b.txt)"
+  grep -E "over tol|FAIL|panic" $OUT/run$R-attn-$b.txt | head -5 | cut -c1-170
+done
+if part prefill; then
+$C gen-checkpoint --config-only --shape v2-lite --dtype awq --out /tmp/v2awq > /dev/null
+$C gen-checkpoint --config-only --shape v3-layers --dtype awq --out /tmp/v3x256 > /dev/null
+for run in "v3x256 off" "v3x256 64" "v3x256 default" "v2awq default"; do
+  set -- $run; m=$1; mode=$2; [ $mode = default ] && mode=
+  CLEAVE_AWQ_PREFILL=$mode timeout 90 $C kernels-check --no-ops --bench-model /tmp/$m --load-format dummy --batches 1 --prefill 4096 > $OUT/run$R-$m-${2}.txt 2>&1
+  echo "$m $2 rc=$? $(( $(date +%s) - S )) s: $(grep -o 'loaded in [0-9.]* s' $OUT/run$R-$m-$2.txt) $(grep -A1 'prefill of one' $OUT/run$R-$m-$2.txt | tail -1 | tr -s ' ' | cut -c1-110)"
+  grep -E "profile prefill" $OUT/run$R-$m-$2.txt | cut -c1-260; grep -iE "error|panic" $OUT/run$R-$m-$2.txt | head -3 | cut -c1-200
+done
+fi
+if part attn; then
+  echo "== MLA decode (err, tol, us, GB/s, TFLOP/s, of HBM): new, then prev"
+  for b in new prev; do
+    grep -E "^mla.*(decode V3 heads|decode TP4 rank)" $OUT/run$R-attn-$b.txt | sed "s/^/$b /" | tr -s ' ' | cut -c1-150
+  done
+fi
