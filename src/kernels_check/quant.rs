@@ -142,8 +142,8 @@ impl Ctx<'_> {
         r
     }
 
-    /// The AWQ expansions of prefill (`qdequant_awq_tiles`, `qdequant_awq_rows`) equal the
-    /// per-value reference bit for bit; each timed (bytes: the packed weights read, bf16 written).
+    /// The AWQ expansion of prefill (`qdequant_awq_rows`) equals the per-value reference bit for
+    /// bit; both timed (bytes: the packed weights read, bf16 written).
     pub fn quant_expand(&mut self) -> Result<()> {
         // (out, in): V2-Lite q_proj, V3 q_b_proj and the V3 dense MLP's gate/up.
         let shapes: &[(usize, usize)] =
@@ -159,7 +159,7 @@ impl Ctx<'_> {
                 gpu.qdequant_with(&q, ptr(&a), Expansion::PerValue)?;
                 let bytes = (n * k) as f64 * (w.bytes_per_value() + 2.0);
                 for (how, label) in
-                    [(Expansion::PerValue, "reference"), (Expansion::KTiles, "k-tiles"), (Expansion::Rows, "rows"), (Expansion::Rows4, "rows4")]
+                    [(Expansion::PerValue, "reference"), (Expansion::Rows, "rows")]
                 {
                     gpu.memset(ptr(&b), 0xff, n * k * 2)?;
                     gpu.qdequant_with(&q, ptr(&b), how)?;

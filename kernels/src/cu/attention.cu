@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers,
     int layer, int bs, int splits, float scale) {
-    const int hg = (heads + HB - 1) / HB, row = blockIdx.x / hg, split = blockIdx.y, h0 = (blockIdx.x % hg) * HB;
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HB;
     const int W = L + R, Wp = (W + 15) & ~15, S = Wp + 8;
     const int KBUF = TT * S + 64;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -324,7 +324,7 @@ __device__ __forceinline__ void mla_decode2_t(
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int L, int R, int nope, int qk, int layers,
     int layer, int bs, int splits, float scale) {
     if (LC > 0) L = LC, R = RC, bs = BSC;
-    const int hg = (heads + HB - 1) / HB, row = blockIdx.x / hg, split = blockIdx.y, h0 = (blockIdx.x % hg) * HB;
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HB;
     const int W = L + R, Wp = (W + 15) & ~15, S = Wp + 8;
     const int KBUF = TT * S + 64;
     extern __shared__ __align__(16) unsigned char smem_raw[];

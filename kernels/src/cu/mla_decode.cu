@@ -37,10 +37,7 @@ __device__ __forceinline__ void mla_decode3_t(
     int splits, float scale, bf16_t* __restrict__ o_lat) {
     pdl_enter();
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
-    // The head groups of a row are adjacent blocks, so a key tile that one reads from HBM the
-    // others mostly find in L2 (with the groups in gridDim.z, V3's 128 heads at batch 256 read
-    // the cache twice).
-    const int hg = (heads + HBK - 1) / HBK, row = blockIdx.x / hg, split = blockIdx.y, h0 = (blockIdx.x % hg) * HBK;
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);                // [ST][TT][S]
     float* sSp = reinterpret_cast<float*>(sK + ST * V3_TT * V3_S);    // [G][4][16][SP]
@@ -262,9 +259,10 @@ __device__ __forceinline__ void mla_decode3_t(
 #define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int splits, float scale, bf16_t* __restrict__ o_lat
 #define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, splits, scale, o_lat
 // Pipeline stages by heads per block (kernels-check, run 33): 16 and 32 heads keep two stages
-// (two blocks of 16 heads fit per SM; three stages at 32 heads measured no better, run 105), 64
-// heads take three. 32 heads (a TP4 rank of V3) are held to 128 registers so that two blocks
-// share an SM and one's softmax runs under the other's MMAs (run 106).
+// (two blocks of 16 heads fit per SM; three at 32 heads measured mixed, run 105), 64 heads take
+// three. 32 heads (a TP4 rank of V3) are held to 128 registers so that two blocks share an SM
+// and one's softmax runs under the other's MMAs: 256 x 2,048 keys 324 -> 269 us, 64 x 8,192
+// 311 -> 278 us (run 106).
 extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }
 extern "C" __global__ void __launch_bounds__(256, 2) mla_decode3_h32(MLA3_ARGS) { mla_decode3_t<2, 2>(MLA3_PASS); }
 extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { mla_decode3_t<4, 3>(MLA3_PASS); }

@@ -306,50 +306,20 @@ __device__ __forceinline__ void qdequant(const u32* __restrict__ Wq, const void*
 extern "C" __global__ void qdequant_awq(QD_ARGS) { qdequant<0>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 extern "C" __global__ void qdequant_fp8(QD_ARGS) { qdequant<1>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 
-// The AWQ expansion of prefill, 32 weights per thread: thread (e, n, kt) reads the four packed words
-// of row n in k-tile kt (one 16-byte load; word t holds k = 8a + 2t + b as nibble a + 4b) and
-// writes the tile's 32 bf16 values as four 16-byte stores (64 contiguous bytes). The 8 rows of a
-// packed unit are consecutive threads, so 8 threads read the unit's 128 contiguous bytes and
-// share its zero word and 16 bytes of scales. N % 8 == 0, groups multiples of 32 (a k-tile
-// inside one group) and K % 32 == 0; the values equal qdequant's (the same f32 product, rounded
-// once). It writes about 1.1 TB/s on an H100 (runs 102-103; kernels/NOTES.md): neither this
-// thread order nor 32-bit index arithmetic (tried in run 103) moved it.
-extern "C" __global__ void qdequant_awq_tiles(QD_ARGS) {
-    const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8;
-    const u64 total = (u64)E * N * KT;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
-        const u64 unit = i / 8;
-        const int kt = (int)(unit % KT), nb = (int)((unit / KT) % NB), e = (int)(unit / ((u64)NB * KT));
-        const int n = nb * 8 + (int)(i % 8);
-        const int grp = kt * 32 / G;
-        const uint4 w = *reinterpret_cast<const uint4*>(Wq + (((u64)e * (Np / 8) + (n >> 3)) * KUT + kt) * 32 + (n & 7) * 4);
-        const float z = (float)((Z[((u64)e * KG + grp) * (Np / 8) + (n >> 3)] >> (4 * (n & 7))) & 0xfu);
-        const float sc = h2f(reinterpret_cast<const unsigned short*>(S)[((u64)e * KG + grp) * Np + n]);
-        const u32 ws[4] = {w.x, w.y, w.z, w.w};
-        bf16_t* o = out + ((u64)e * N + n) * K + kt * 32;
-#pragma unroll
-        for (int a = 0; a < 4; a++) {
-            u32 pk[4];
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const float v0 = ((float)((ws[t] >> (4 * a)) & 0xfu) - z) * sc;
-                const float v1 = ((float)((ws[t] >> (4 * (a + 4))) & 0xfu) - z) * sc;
-                pk[t] = pack_bf16(v0, v1);
-            }
-            *reinterpret_cast<uint4*>(o + 8 * a) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        }
-    }
-}
-
-// The AWQ expansion by rows (same contract and values as qdequant_awq_tiles): a block of 8 warps
+// The AWQ expansion of prefill (the values equal qdequant's: the same f32 product, rounded once;
+// N % 8 == 0, groups multiples of 32 and K % 32 == 0, so a k-tile of 32 lies in one group), by
+// rows: a block of 8 warps
 // takes one packed column block (8 output rows, warp w row 8 nb + w) and 16 k-tiles of it; lane
 // (s, a) = (lane / 4, lane % 4) writes k-tiles s and s + 8 at k offsets 8a..8a+7, so each store
 // instruction writes 512 contiguous bytes of one row. The 8 values come from nibbles a and a + 4
 // of the tile's four words (k = 8a + 2t + b: word t, nibble a + 4b), which the four lanes of a
 // tile load together (one 16-byte load, broadcast). A nibble becomes a float exactly by its bits
 // under 2^23's exponent: (2^23 + q) - (2^23 + z) = q - z, then times the scale, rounded once.
-template <int KPL>
-__device__ __forceinline__ void qdequant_awq_rows_t(QD_ARGS) {
+// H200 (run 106): the V3 gate/up stack (36864 x 7168) in 296 us, 2.27 TB/s read + written,
+// where a thread per row k-tile (four 16-byte stores into four rows' half sectors each) took 435.
+// Four k-tiles per lane measured the same (-5% on that stack, +8% on q_b_proj's).
+extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows(QD_ARGS) {
+    constexpr int KPL = 2;  // k-tiles per lane
     const int KUT = Kp / 32, KT = K / 32, KG = (K + G - 1) / G, NB = N / 8, KC = (KT + 8 * KPL - 1) / (8 * KPL);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane >> 2, a = lane & 3;
     const int items = E * NB * KC;
@@ -386,9 +356,6 @@ __device__ __forceinline__ void qdequant_awq_rows_t(QD_ARGS) {
         }
     }
 }
-
-extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows(QD_ARGS) { qdequant_awq_rows_t<2>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
-extern "C" __global__ void __launch_bounds__(256) qdequant_awq_rows4(QD_ARGS) { qdequant_awq_rows_t<4>(Wq, S, Z, out, E, N, K, Np, Kp, G); }
 
 // Matrix 0 of an FP8 stack as row-major e4m3 bytes `[N, K]` (K % 4 == 0), for the block-scaled
 // tensor-core GEMM of prefill: four bytes per thread.

@@ -93,10 +93,7 @@ impl Gpu {
             (vec![heads, l, r, nope, qk, layers, layer, bs], vec![])
         };
         let args: Vec<Arg> = ptrs.into_iter().chain(dims).chain(tail).chain(last).collect();
-        // Blocks (row, head group) along x, head groups fastest; splits along y.
-        let blocks = u32::try_from(p.rows * hg)
-            .map_err(|_| KernelError::Invalid(format!("mla_decode: {} rows x {hg} head groups", p.rows)))?;
-        self.launch(k.name, (blocks, splits as u32, 1), k.threads, k.smem as u32, &args)
+        self.launch(k.name, (p.rows as u32, splits as u32, hg as u32), k.threads, k.smem as u32, &args)
     }
 
     /// Merges [`Gpu::mla_decode`]'s partials into the bf16 `[rows, heads, kv_lora]` output,

@@ -112,12 +112,8 @@ pub struct QCut {
 pub enum Expansion {
     /// One value per thread, any shape: the reference (`qdequant_awq`, `qdequant_fp8`).
     PerValue,
-    /// AWQ, 32 values of one row per thread (`qdequant_awq_tiles`).
-    KTiles,
     /// AWQ, 8 rows per block, each store a warp's 512 contiguous bytes (`qdequant_awq_rows`).
     Rows,
-    /// [`Expansion::Rows`] with 32 k-tiles per block (four loads per lane in flight).
-    Rows4,
 }
 
 pub const QUANT_KERNELS: &[&str] = &[
@@ -131,9 +127,7 @@ pub const QUANT_KERNELS: &[&str] = &[
     "qg64_fp8_silu",
     "qgemm_reduce",
     "qdequant_awq",
-    "qdequant_awq_tiles",
     "qdequant_awq_rows",
-    "qdequant_awq_rows4",
     "qdequant_fp8",
     "qbytes_fp8",
 ];
@@ -209,11 +203,11 @@ impl Gpu {
     /// Expands `w` to bf16 `[experts * n, k]` at `out`: AWQ with groups and inputs of a multiple
     /// of 32 by rows of k-tiles (`qdequant_awq_rows`), anything else by the per-value reference.
     pub fn qdequant(&self, w: &QWeights, out: u64) -> Result<()> {
-        let how = if Self::awq_tiles(w) { Expansion::Rows } else { Expansion::PerValue };
+        let how = if Self::awq_rows(w) { Expansion::Rows } else { Expansion::PerValue };
         self.qdequant_with(w, out, how)
     }
 
-    fn awq_tiles(w: &QWeights) -> bool {
+    fn awq_rows(w: &QWeights) -> bool {
         let s = w.shape;
         s.format == QFormat::AwqInt4 && s.group.is_multiple_of(32) && s.k.is_multiple_of(32) && s.n.is_multiple_of(8)
     }
@@ -224,20 +218,19 @@ impl Gpu {
         let (name, grid) = match (s.format, how) {
             (QFormat::AwqInt4, Expansion::PerValue) => ("qdequant_awq", self.grid1((s.experts * s.n * s.k) as u64)),
             (QFormat::Fp8E4m3, _) => ("qdequant_fp8", self.grid1((s.experts * s.n * s.k) as u64)),
-            (QFormat::AwqInt4, _) if !Self::awq_tiles(w) => {
+            (QFormat::AwqInt4, Expansion::Rows) if !Self::awq_rows(w) => {
                 return Err(KernelError::Invalid(format!(
-                    "qdequant_awq_{how:?}: group {} or input {} is not a multiple of 32, or output {} of 8",
+                    "qdequant_awq_rows: group {} or input {} is not a multiple of 32, or output {} of 8",
                     s.group, s.k, s.n
                 )))
             }
-            (QFormat::AwqInt4, Expansion::KTiles) => {
-                ("qdequant_awq_tiles", self.grid1((s.experts * s.n * s.k / 32) as u64))
-            }
-            (QFormat::AwqInt4, Expansion::Rows | Expansion::Rows4) => {
-                // One block per (column block of 8 rows, 16 or 32 k-tiles), at most 8 per SM.
-                let (name, per) = if how == Expansion::Rows { ("qdequant_awq_rows", 16) } else { ("qdequant_awq_rows4", 32) };
-                let items = s.experts * (s.n / 8) * (s.k / 32).div_ceil(per);
-                (name, items.clamp(1, self.sm_count as usize * 8) as u32)
+            (QFormat::AwqInt4, Expansion::Rows) => {
+                // One block per (column block of 8 rows, 16 k-tiles), at most 8 per SM.
+                let items = s.experts * (s.n / 8) * (s.k / 32).div_ceil(16);
+                if items > i32::MAX as usize {
+                    return Err(KernelError::Invalid(format!("qdequant_awq_rows: {items} blocks of work")));
+                }
+                ("qdequant_awq_rows", items.clamp(1, self.sm_count as usize * 8) as u32)
             }
         };
         let args = [

@@ -151,10 +151,10 @@ pub const ROWS8_MAX_AVG: usize = 4;
 
 /// Rows per expert on average from which prefill's AWQ experts are expanded to bf16 for the
 /// wgmma GEMM (`Variants::awq_prefill_rows`). The expansion writes the experts' bf16 bytes once
-/// per call (about 100 us per V3 expert on an H100, at ~1.1 TB/s), which the wgmma tiles repay at
-/// about 0.53 us per row (0.72 on the int4 tiles, 0.19 on wgmma): break-even near 194 rows (runs
-/// 102-103; V3 with 128 rows per expert lost 11%, 512 gained 13%, V2-Lite's 384 gained 23%).
-pub const AWQ_EXPAND_MIN_AVG: usize = 192;
+/// per call (54 us per V3 expert on an H200 since `qdequant_awq_rows`, run 106), which the wgmma
+/// tiles repay at 0.58 us per row (0.83 on the int4 tiles, 0.25 on wgmma): break-even near 92
+/// rows. Four V3 layers with 128 rows per expert: 69.0 -> 63.8 ms (run 106).
+pub const AWQ_EXPAND_MIN_AVG: usize = 96;
 
 /// Most rows per expert `CLEAVE_AWQ_PREFILL` takes.
 const AWQ_EXPAND_MAX_AVG: usize = 1 << 16;
