@@ -12,6 +12,7 @@ pub mod fp8;
 pub mod graph;
 pub mod nccl;
 pub mod ops;
+pub mod peer;
 pub mod quant;
 
 use std::cell::{Cell, RefCell};
@@ -68,6 +69,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
     ("qdecode", include_str!("cu/qdecode.cu"), ops::QDECODE_KERNELS),
     ("wgmma", include_str!("cu/wgmma.cu"), ops::GGW_KERNELS),
+    ("peer", include_str!("cu/peer.cu"), &["peer_all_reduce_f32"]),
     ("routing", include_str!("cu/routing.cu"), &["moe_route", "moe_align", "moe_route_align", "moe_combine"]),
     (
         "moe",

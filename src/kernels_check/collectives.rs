@@ -3,7 +3,11 @@
 //! gather (DP+EP's token exchange, a group of sends and receives, since ranks hold different row
 //! counts) beside `ncclAllReduce`, `ncclAllGather` and `ncclReduceScatter` on the same buffers.
 //! Each rank runs on its own thread with its own backend and communicators; the results are
-//! checked (sums and gathered rows) before anything is timed.
+//! checked (sums and gathered rows) before anything is timed, and the sum again after. The
+//! engine's all-reduce takes the peer kernel up to `CLEAVE_ALLREDUCE`'s bytes (2 MB by default:
+//! the 1- and 64-row cases here), NCCL above. Single calls are timed with a synchronization each
+//! (latency as a host waits for it); "x50" rows time 50 calls queued back to back, as a step's
+//! all-reduces run, per call.
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -50,43 +54,59 @@ fn rank(r: usize, ids: GroupIds, raw_id: NcclId, barrier: Arc<Barrier>) -> Resul
             "gathered rows differ"
         );
         let out = be.upload(&vec![0.0; 2 * n], 2 * rows, HIDDEN)?;
-        let mut time = |what: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        let mut time_n = |what: &'static str, calls: usize, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
             let mut ts = Vec::with_capacity(REPS);
             for i in 0..REPS + 3 {
                 barrier.wait();
                 let t = Instant::now();
-                f()?;
+                for _ in 0..calls {
+                    f()?;
+                }
                 be.sync()?;
                 if i >= 3 {
-                    ts.push(t.elapsed().as_secs_f64() * 1e3);
+                    ts.push(t.elapsed().as_secs_f64() * 1e3 / calls as f64);
                 }
             }
             times.push((what, rows, median(ts)));
             Ok(())
         };
         let mut y = be.upload(&mine, rows, HIDDEN)?;
-        time("engine all-reduce", &mut || Ok(engine.all_reduce(&be, Axis::Tp, &mut y)?))?;
+        time_n("engine all-reduce", 1, &mut || Ok(engine.all_reduce(&be, Axis::Tp, &mut y)?))?;
         // A step ends with one settle (polling the communicators, with a deadline) after all of
         // its collectives: its cost per step, here after a single all-reduce.
-        time("engine all-reduce+settle", &mut || {
+        time_n("engine all-reduce+settle", 1, &mut || {
             engine.all_reduce(&be, Axis::Tp, &mut y)?;
             Ok(engine.settle(&be)?)
         })?;
         let p = y.ptr_mut();
         // SAFETY: `p` addresses y's `n` f32 values on this rank's GPU; y outlives the
         // synchronization that ends each timed call.
-        time("raw ncclAllReduce", &mut || Ok(unsafe { raw.all_reduce_sum_f32(be.gpu(), p, n) }?))?;
-        time("engine row gather", &mut || Ok(engine.all_gather_rows(&be, Axis::Tp, &x, &[rows, rows]).map(drop)?))?;
+        time_n("raw ncclAllReduce", 1, &mut || Ok(unsafe { raw.all_reduce_sum_f32(be.gpu(), p, n) }?))?;
+        if rows <= 256 {
+            // Sums of sums (y's values grow to infinity over these calls; only time is taken).
+            time_n("engine all-reduce x50", 50, &mut || Ok(engine.all_reduce(&be, Axis::Tp, &mut y)?))?;
+            // SAFETY: as above.
+            time_n("raw ncclAllReduce x50", 50, &mut || Ok(unsafe { raw.all_reduce_sum_f32(be.gpu(), p, n) }?))?;
+        }
+        time_n("engine row gather", 1, &mut || Ok(engine.all_gather_rows(&be, Axis::Tp, &x, &[rows, rows]).map(drop)?))?;
         // SAFETY: x holds `n` f32 values and `out` 2n (both ranks' parts) on this rank's GPU, alive
         // past the synchronization that ends each timed call.
-        time("raw ncclAllGather", &mut || Ok(unsafe { raw.all_gather_f32(be.gpu(), x.ptr(), out.ptr(), n) }?))?;
+        time_n("raw ncclAllGather", 1, &mut || Ok(unsafe { raw.all_gather_f32(be.gpu(), x.ptr(), out.ptr(), n) }?))?;
         let half = n / 2;
         // SAFETY: x holds the `n` = 2 * half f32 values summed and `out` receives this rank's
         // half; both live past the synchronization that ends each timed call.
-        time("raw ncclReduceScatter", &mut || {
+        time_n("raw ncclReduceScatter", 1, &mut || {
             Ok(unsafe { raw.reduce_scatter_sum_f32(be.gpu(), x.ptr(), out.ptr(), half) }?)
         })?;
         raw.wait(be.gpu(), Duration::from_secs(30))?;
+        // The sum again, after the calls above left the peer kernel's buffers in use.
+        let mut x = be.upload(&mine, rows, HIDDEN)?;
+        engine.all_reduce(&be, Axis::Tp, &mut x)?;
+        engine.settle(&be)?;
+        ensure!(
+            be.download(&x)?.iter().enumerate().all(|(i, &v)| v == ((i % 97) as f32) + 1.0),
+            "all-reduce sums differ after the timed calls"
+        );
     }
     Ok(times)
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use cleave_kernels::nccl::{NcclComm, NcclId, P2p};
 
+use super::peer::{peer_bytes_from_env, PeerBoard, PeerLine};
 use super::{kerr, CudaBackend, CudaTensor, Precision};
 use crate::backend::Backend;
 use crate::engine::{Engine, EngineConfig};
@@ -28,34 +29,54 @@ fn nerr(what: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Backend(format!("{what}: {e}"))
 }
 
-/// The rendezvous ids of a group's communicators, made once before its rank threads start.
+/// One communicator line's meeting points: its NCCL id and its peer all-reduce board.
+#[derive(Clone)]
+struct Line {
+    id: NcclId,
+    board: Arc<PeerBoard>,
+}
+
+/// The rendezvous of a group's communicators, made once before its rank threads start.
 #[derive(Clone)]
 pub struct GroupIds {
     par: ParallelConfig,
-    world: NcclId,
+    world: Line,
     /// One per TP line (by DP rank) and per DP line (by TP rank).
-    tp: Vec<NcclId>,
-    dp: Vec<NcclId>,
+    tp: Vec<Line>,
+    dp: Vec<Line>,
+    /// Bytes up to which all-reduces take the peer kernel (0: never; `CLEAVE_ALLREDUCE`).
+    peer_bytes: usize,
 }
 
 impl GroupIds {
     pub fn new(par: ParallelConfig) -> Result<Self> {
-        let id = || NcclComm::unique_id().map_err(|e| nerr("a parallel group on GPUs needs NCCL", e));
+        let line = |n: usize| -> Result<Line> {
+            let id = NcclComm::unique_id().map_err(|e| nerr("a parallel group on GPUs needs NCCL", e))?;
+            Ok(Line { id, board: PeerBoard::new(n) })
+        };
+        let (tp, dp) = (par.tensor_parallel_size, par.data_parallel_size);
         Ok(GroupIds {
             par,
-            world: id()?,
-            tp: (0..par.data_parallel_size).map(|_| id()).collect::<Result<_>>()?,
-            dp: (0..par.tensor_parallel_size).map(|_| id()).collect::<Result<_>>()?,
+            world: line(par.world())?,
+            tp: (0..dp).map(|_| line(tp)).collect::<Result<_>>()?,
+            dp: (0..tp).map(|_| line(dp)).collect::<Result<_>>()?,
+            peer_bytes: peer_bytes_from_env()?,
         })
     }
+}
+
+/// One axis of a rank: its NCCL communicator and, for small sums, the peer all-reduce.
+struct AxisComm {
+    nccl: RefCell<NcclComm>,
+    peer: Option<PeerLine>,
 }
 
 /// One rank's communicators (none for an axis of one rank).
 pub struct NcclCollectives {
     coord: RankCoord,
-    world: Option<RefCell<NcclComm>>,
-    tp: Option<RefCell<NcclComm>>,
-    dp: Option<RefCell<NcclComm>>,
+    world: Option<AxisComm>,
+    tp: Option<AxisComm>,
+    dp: Option<AxisComm>,
 }
 
 impl NcclCollectives {
@@ -64,23 +85,27 @@ impl NcclCollectives {
     pub fn join(be: &CudaBackend, ids: &GroupIds, coord: RankCoord) -> Result<Self> {
         let deadline = Instant::now() + JOIN_DEADLINE;
         let par = ids.par;
-        let join = |id: NcclId, rank: usize, n: usize, what: &str| -> Result<Option<RefCell<NcclComm>>> {
+        let join = |line: &Line, rank: usize, n: usize, what: &str| -> Result<Option<AxisComm>> {
             if n == 1 {
                 return Ok(None);
             }
-            let c = NcclComm::init(be.gpu(), id, rank, n, deadline)
+            let c = NcclComm::init(be.gpu(), line.id, rank, n, deadline)
                 .map_err(|e| nerr(&format!("rank {}: the {what} communicator", coord.rank()), e))?;
-            Ok(Some(RefCell::new(c)))
+            let peer = match ids.peer_bytes {
+                0 => None,
+                bytes => PeerLine::join(be.gpu(), &line.board, rank, bytes, deadline)?,
+            };
+            Ok(Some(AxisComm { nccl: RefCell::new(c), peer }))
         };
         Ok(NcclCollectives {
             coord,
-            world: join(ids.world, coord.rank(), par.world(), "group")?,
-            tp: join(ids.tp[coord.dp], coord.tp, par.tensor_parallel_size, "TP")?,
-            dp: join(ids.dp[coord.tp], coord.dp, par.data_parallel_size, "DP")?,
+            world: join(&ids.world, coord.rank(), par.world(), "group")?,
+            tp: join(&ids.tp[coord.dp], coord.tp, par.tensor_parallel_size, "TP")?,
+            dp: join(&ids.dp[coord.tp], coord.dp, par.data_parallel_size, "DP")?,
         })
     }
 
-    fn comm(&self, axis: Axis) -> Option<&RefCell<NcclComm>> {
+    fn axis(&self, axis: Axis) -> Option<&AxisComm> {
         match axis {
             Axis::Tp => self.tp.as_ref(),
             Axis::Dp => self.dp.as_ref(),
@@ -88,7 +113,11 @@ impl NcclCollectives {
         }
     }
 
-    fn all(&self) -> impl Iterator<Item = &RefCell<NcclComm>> {
+    fn comm(&self, axis: Axis) -> Option<&RefCell<NcclComm>> {
+        self.axis(axis).map(|a| &a.nccl)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &AxisComm> {
         [&self.world, &self.tp, &self.dp].into_iter().flatten()
     }
 }
@@ -99,12 +128,17 @@ impl Collectives<CudaBackend> for NcclCollectives {
     }
 
     fn all_reduce(&self, be: &CudaBackend, axis: Axis, x: &mut CudaTensor) -> Result<()> {
-        let Some(c) = self.comm(axis) else { return Ok(()) };
+        let Some(a) = self.axis(axis) else { return Ok(()) };
         let n = x.len();
         let p = x.ptr_mut();
-        // SAFETY: `p` addresses the tensor's `n` f32 values on this backend's GPU; the tensor
-        // outlives the step, whose end synchronizes the stream.
-        unsafe { c.borrow().all_reduce_sum_f32(be.gpu(), p, n) }.map_err(kerr)
+        // SAFETY (both): `p` addresses the tensor's `n` f32 values on this backend's GPU; the
+        // tensor outlives the step, whose end synchronizes the stream; the peers' regions live
+        // until every rank of the line reached teardown.
+        match a.peer.as_ref().and_then(|l| l.takes(n)) {
+            Some(peer) => unsafe { peer.all_reduce_f32(be.gpu(), p, n) },
+            None => unsafe { a.nccl.borrow().all_reduce_sum_f32(be.gpu(), p, n) },
+        }
+        .map_err(kerr)
     }
 
     fn all_gather_rows(&self, be: &CudaBackend, axis: Axis, x: &CudaTensor, rows: &[usize]) -> Result<CudaTensor> {
@@ -142,11 +176,11 @@ impl Collectives<CudaBackend> for NcclCollectives {
         let t0 = Instant::now();
         loop {
             let mut done = true;
-            for c in self.all() {
-                done &= c.borrow_mut().poll(&ev).map_err(kerr)?;
+            for a in self.all() {
+                done &= a.nccl.borrow_mut().poll(&ev).map_err(kerr)?;
             }
             if done {
-                return Ok(());
+                return self.peers_arrived(be);
             }
             if t0.elapsed() > STEP_DEADLINE {
                 self.abandon("a step's collectives timed out");
@@ -166,9 +200,28 @@ impl Collectives<CudaBackend> for NcclCollectives {
 
     fn abandon(&self, why: &str) {
         tracing::warn!(rank = self.coord.rank(), why, "aborting the group's NCCL communicators");
-        for c in self.all() {
-            c.borrow_mut().abort();
+        for a in self.all() {
+            a.nccl.borrow_mut().abort();
         }
+    }
+}
+
+impl NcclCollectives {
+    /// After a step: an error if a peer all-reduce gave up waiting for a peer (its sums are
+    /// wrong), which also abandons the group.
+    fn peers_arrived(&self, be: &CudaBackend) -> Result<()> {
+        for a in self.all() {
+            if let Some(l) = &a.peer {
+                if l.timed_out(be.gpu())? {
+                    self.abandon("a peer all-reduce timed out");
+                    return Err(EngineError::Timeout(format!(
+                        "rank {}: a peer all-reduce waited for a peer that never came",
+                        self.coord.rank()
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -16,6 +16,7 @@
 mod attention;
 mod buffers;
 pub mod collectives;
+mod peer;
 mod graph;
 mod kv;
 mod load;

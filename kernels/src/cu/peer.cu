@@ -1,0 +1,85 @@
+// One-shot all-reduce over peer memory, for the decode-sized sums of a TP group whose GPUs can
+// read each other's memory (NVLink). NCCL's ring or tree takes tens of microseconds for a few
+// KB; here every rank copies its values into its own staging buffer, tells each peer so through
+// a flag in the peer's memory, waits for every peer's flag, and sums all ranks' staging buffers
+// itself, reading the peers' over the link. Every rank sums in rank order, so all ranks hold the
+// same bits.
+//
+// Each rank's region (peer.rs lays it out): two staging buffers of `cap` bytes (alternate calls
+// use alternate buffers), then flags [PEER_BLOCKS][PEER_MAX_RANKS] (flag [b][r]: the last call
+// in which rank r's block b had staged its slice), then one call counter per block, then a
+// status word (1 after a wait timed out). Every call has PEER_BLOCKS blocks, block b owning the
+// same slice on every rank, and counts its own calls, so the counters agree across ranks without
+// any host input: a captured CUDA graph replays the kernel as it is.
+//
+// Why two buffers suffice: a rank writes buffer p in call c only after its call c - 1 saw every
+// peer's flag for c - 1, so every peer had finished call c - 2, the last reader of buffer p.
+// A flag may run ahead of the waiter (a fast peer already in the next call), so the wait is for
+// flag >= call, not ==.
+
+#define PEER_MAX_RANKS 8
+#define PEER_BLOCKS 32
+#define PEER_TIMEOUT_NS 5000000000ull
+
+__device__ __forceinline__ void st_relaxed_sys(u32* p, u32 v) {
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_acquire_sys(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// x: this rank's n f32 values (n % 4 == 0), summed in place; bases: every rank's region (device
+// addresses this GPU can read), `ranks` of them; cap: bytes per staging buffer (>= 4 n).
+extern "C" __global__ void __launch_bounds__(512) peer_all_reduce_f32(const u64* __restrict__ bases, float* x, int n,
+                                                                       int rank, int ranks, u64 cap) {
+    const int blk = blockIdx.x, tid = threadIdx.x;
+    unsigned char* own = reinterpret_cast<unsigned char*>(bases[rank]);
+    u32* flags = reinterpret_cast<u32*>(own + 2 * cap);
+    u32* counters = flags + PEER_BLOCKS * PEER_MAX_RANKS;
+    u32* status = counters + PEER_BLOCKS;
+    __shared__ u32 s_call;
+    if (tid == 0) {
+        s_call = counters[blk] + 1;
+        counters[blk] = s_call;
+    }
+    __syncthreads();
+    const u32 call = s_call;
+    const u64 half = (u64)(call & 1) * cap;
+    const int n4 = n / 4, per = (n4 + PEER_BLOCKS - 1) / PEER_BLOCKS;
+    const int lo = min(n4, blk * per), hi = min(n4, lo + per);
+    float4* x4 = reinterpret_cast<float4*>(x);
+    float4* mine = reinterpret_cast<float4*>(own + half);
+    for (int i = lo + tid; i < hi; i += blockDim.x) mine[i] = x4[i];
+    __syncthreads();
+    if (tid < ranks) {
+        // The block's staged slice before the flag, to every peer (cumulative over the barrier).
+        __threadfence_system();
+        u32* theirs = reinterpret_cast<u32*>(reinterpret_cast<unsigned char*>(bases[tid]) + 2 * cap);
+        st_relaxed_sys(theirs + blk * PEER_MAX_RANKS + rank, call);
+        const u32* wait = flags + blk * PEER_MAX_RANKS + tid;
+        const u64 t0 = global_ns();
+        while ((int)(ld_acquire_sys(wait) - call) < 0) {
+            if (global_ns() - t0 > PEER_TIMEOUT_NS) {
+                atomicExch(status, 1u);
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = lo + tid; i < hi; i += blockDim.x) {
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int r = 0; r < ranks; r++) {
+            // L2 (the owner's, over the link for a peer), never a stale L1 line.
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(reinterpret_cast<const unsigned char*>(bases[r]) + half) + i);
+            s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+        }
+        x4[i] = s;
+    }
+}
