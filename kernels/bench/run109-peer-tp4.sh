@@ -1,0 +1,26 @@
+#!/bin/bash
+# run 109 (nvidia-h100-x4): the peer all-reduce on a TP4+EP group against NCCL's: the 61-layer V3
+# shape in AWQ with 64 routed experts per layer (run 99's model, which fits four H100s; dummy
+# weights), decode at batch 1/64/256 (context 2048), eager and from CUDA graphs, peer
+# (CLEAVE_ALLREDUCE default) then NCCL; then greedy ids of a tiny model, one GPU against TP4
+# with the peer all-reduce (graphs).
+# `timeout 570 bash kernels/bench/run109-peer-tp4.sh [RUN]`
+source kernels/bench/lib.sh
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+S=$(date +%s); R=${1:-109}
+nvidia-smi -L | head -4
+$C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq --out /tmp/v3x64 > /dev/null
+for ar in peer nccl; do
+  CLEAVE_ALLREDUCE=$ar timeout 240 $C kernels-check --no-ops --bench-model /tmp/v3x64 --load-format dummy --ctx 2048 \
+    --batches 1,64,256 --prefill 0 --tensor-parallel-size 4 --enable-expert-parallel > $OUT/run$R-group-$ar.txt 2>&1
+  echo "group $ar rc=$? $(( $(date +%s) - S )) s $(grep -o 'loaded in [0-9.]* s' $OUT/run$R-group-$ar.txt)"
+  grep -E "decode|profiled" $OUT/run$R-group-$ar.txt | grep -v "graph replay" | cut -c1-300
+  grep -iE "error|panic" $OUT/run$R-group-$ar.txt | head -3 | cut -c1-200
+done
+gen_model tinyb --shape tiny --dtype bf16
+mkdir -p /tmp/g; rm -rf /tmp/g/*
+g() { local out=$1; shift; timeout 60 $C generate --device cuda --dtype float32 --output json --ignore-eos --prompt-ids 5,9,13,17,21,25,29,33 --max-tokens 24 "$@" 2>/tmp/gen.err | tail -1 > $out || { echo "FAILED: $*"; grep -iE "error|panic" /tmp/gen.err | tail -3 | cut -c1-200; }; }
+g /tmp/g/tinyb-one.json --model /dev/shm/tinyb
+g /tmp/g/tinyb-tp4.json --model /dev/shm/tinyb --tensor-parallel-size 4
+ids_compare /tmp/g tp4 | tee $OUT/run$R-ids.txt
+echo "done $(( $(date +%s) - S )) s"
