@@ -2,8 +2,8 @@
 # run 101 (one GPU): prefill's AWQ experts expanded to bf16 per call and run on the bf16 wgmma
 # grouped GEMM (CLEAVE_AWQ_PREFILL, default from 64 rows per expert) against the int4 tiled
 # kernel's 64-row tiles (CLEAVE_AWQ_PREFILL=off), same binary.
-#   checks: the quick pass (golden fixtures, tiny-r1, tiny-r1-awq), then the full quant stage
-#           (AWQ experts at 4,096 tokens against the CPU take the new path).
+#   checks: the quick pass (golden fixtures, tiny-r1, tiny-r1-awq), then meant the full quant
+#           stage, but `--no-ops` below skips every per-op stage, so it ran none (run 105 ran it).
 #   prefill: one 4,096-token prompt on V2-Lite AWQ, four V3 layers AWQ with 64 and with 256 routed
 #           experts (dummy weights from config-only directories), off and on.
 # `[SKIP_QUICK=1] bash kernels/bench/run101-awq-prefill.sh [RUN]` (run 103: SKIP_QUICK=1).
