@@ -13,8 +13,8 @@ use crate::{Arg, Gpu, KernelError, Result};
 pub const PEER_MAX_RANKS: usize = 8;
 /// Blocks of every call (`PEER_BLOCKS` in peer.cu).
 const PEER_BLOCKS: usize = 32;
-/// Bytes after the two staging buffers: flags, per-block call counters, the status word.
-const PEER_TAIL: usize = (PEER_BLOCKS * PEER_MAX_RANKS + PEER_BLOCKS + 1) * 4;
+/// Bytes after the two staging buffers: two flag arrays, per-block call counters, the status word.
+const PEER_TAIL: usize = (2 * PEER_BLOCKS * PEER_MAX_RANKS + PEER_BLOCKS + 1) * 4;
 
 /// Device memory from `cuMemAlloc`, freed on drop in the context that allocated it.
 pub struct PeerMem {
@@ -125,13 +125,15 @@ impl PeerAllReduce {
         self.cap / 4
     }
 
-    /// Queues the sum of `count` f32 values at `x` over the ranks, in place, on `gpu`'s stream.
-    /// Every rank must make the same calls in the same order.
+    /// Queues the sum of `count` f32 values at `x` over the ranks, in place, on `gpu`'s stream:
+    /// one-shot (every rank reads every peer's whole buffer) or, with `two_shot`, each rank
+    /// reducing its chunk and then gathering the others' (fewer bytes over the links, one more
+    /// wait). Every rank must make the same calls in the same order.
     ///
     /// # Safety
     /// `x` must address `count` f32 values of `gpu`'s memory that stay allocated until the
     /// stream passes the kernel; the peers' regions must stay allocated while any rank may run it.
-    pub unsafe fn all_reduce_f32(&self, gpu: &Gpu, x: u64, count: usize) -> Result<()> {
+    pub unsafe fn all_reduce_f32(&self, gpu: &Gpu, x: u64, count: usize, two_shot: bool) -> Result<()> {
         if count > self.max_f32() || !count.is_multiple_of(4) {
             return Err(KernelError::Invalid(format!(
                 "peer all-reduce of {count} values (a multiple of 4, at most {})",
@@ -145,6 +147,7 @@ impl PeerAllReduce {
             Arg::I32(self.rank as i32),
             Arg::I32(self.ranks as i32),
             Arg::U64(self.cap as u64),
+            Arg::I32(two_shot as i32),
         ];
         gpu.launch("peer_all_reduce_f32", (PEER_BLOCKS as u32, 1, 1), 512, 0, &args)
     }

@@ -135,7 +135,7 @@ impl Collectives<CudaBackend> for NcclCollectives {
         // tensor outlives the step, whose end synchronizes the stream; the peers' regions live
         // until every rank of the line reached teardown.
         match a.peer.as_ref().and_then(|l| l.takes(n)) {
-            Some(peer) => unsafe { peer.all_reduce_f32(be.gpu(), p, n) },
+            Some((peer, two_shot)) => unsafe { peer.all_reduce_f32(be.gpu(), p, n, two_shot) },
             None => unsafe { a.nccl.borrow().all_reduce_sum_f32(be.gpu(), p, n) },
         }
         .map_err(kerr)

@@ -14,9 +14,13 @@ use super::kerr;
 use crate::error::{EngineError, Result};
 
 /// Default bytes up to which an all-reduce takes the peer kernel (`CLEAVE_ALLREDUCE`): 256 rows
-/// of V3's hidden state in f32 reach 7.3 MB; the one-shot kernel reads every peer's whole buffer,
-/// which pays for decode sizes, where NCCL's ring is latency.
-pub const DEFAULT_PEER_BYTES: usize = 2 << 20;
+/// of V3's hidden state in f32 (7.3 MB), the largest decode batch.
+pub const DEFAULT_PEER_BYTES: usize = 8 << 20;
+/// Bytes up to which the peer kernel runs one-shot (every rank reads every peer's whole buffer);
+/// above, on more than two ranks, two-shot (a chunk each, then gathered), which reads
+/// 2 (R - 1) / R of the bytes over the links instead of R - 1 times them, for one more wait.
+/// One-shot measured even with NCCL at 1.8 MB on four ranks (run 109).
+pub const ONE_SHOT_MAX_BYTES: usize = 512 << 10;
 /// How long a rank waits for its peers at teardown before freeing its region anyway.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
 
@@ -124,9 +128,10 @@ impl PeerLine {
         Ok(Some(PeerLine { reduce: Some(reduce), board: board.clone() }))
     }
 
-    /// The kernel, for a sum of `count` f32 values it takes.
-    pub fn takes(&self, count: usize) -> Option<&PeerAllReduce> {
-        self.reduce.as_ref().filter(|r| count > 0 && count <= r.max_f32() && count.is_multiple_of(4))
+    /// The kernel and whether it runs two-shot, for a sum of `count` f32 values it takes.
+    pub fn takes(&self, count: usize) -> Option<(&PeerAllReduce, bool)> {
+        let r = self.reduce.as_ref().filter(|r| count > 0 && count <= r.max_f32() && count.is_multiple_of(4))?;
+        Some((r, self.board.n > 2 && count * 4 > ONE_SHOT_MAX_BYTES))
     }
 
     /// Whether an earlier call's wait for a peer timed out (synchronizes the stream).
