@@ -5,8 +5,9 @@
 //! counts) beside `ncclAllReduce`, `ncclAllGather` and `ncclReduceScatter` on the same buffers.
 //! Each rank runs on its own thread with its own backend and communicators; the results are
 //! checked (sums and gathered rows) before anything is timed, and the sum again after. The
-//! engine's all-reduce takes the peer kernel up to `CLEAVE_ALLREDUCE`'s bytes (8 MB by default:
-//! up to the 256-row case here; one-shot on two ranks), NCCL above. Single calls are timed with a synchronization each
+//! engine's all-reduce takes the peer kernel up to `CLEAVE_ALLREDUCE`'s bytes (4 MB by default:
+//! up to the 64-row case here; one-shot on two ranks, two-shot above 512 KB on four), NCCL
+//! above (`CLEAVE_ALLREDUCE=peer:8388608` takes the 256-row case too). Single calls are timed with a synchronization each
 //! (latency as a host waits for it); "x50" rows time 50 calls queued back to back, as a step's
 //! all-reduces run, per call.
 
