@@ -76,3 +76,24 @@ for one in sorted(glob.glob(f"{d}/*-one.json")):
         print(f"{name:10} {lay:10} ids {'equal' if a['token_ids'] == b['token_ids'] else 'DIFFER'} ({len(a['token_ids'])} tokens), max |dlogprob| {max(lps) if lps else float('nan'):.2e}")
 PY
 }
+
+# greedy_ids OUT ARGS...: `cleave generate` at float32 of 24 greedy tokens after a fixed 8-token
+# prompt (ARGS name the model and layout), its JSON into OUT; a failure is printed with the log's
+# errors. Compare files with ids_compare.
+greedy_ids() {
+  local out=$1; shift
+  timeout ${IDS_TIMEOUT:-90} $C generate --device cuda --dtype float32 --output json --ignore-eos \
+    --prompt-ids 5,9,13,17,21,25,29,33 --max-tokens 24 "$@" 2>/tmp/gen.err | tail -1 > $out \
+    || { echo "FAILED: $*"; grep -iE "error|panic" /tmp/gen.err | tail -3 | cut -c1-200; }
+}
+
+# awq_prefill MODEL MODE: one 4,096-token prefill of /tmp/MODEL (a config-only directory, dummy
+# weights) with CLEAVE_AWQ_PREFILL=MODE ("default": unset), into $OUT/run$R-MODEL-MODE.txt;
+# prints the load time, the prefill line and its kernel profile.
+awq_prefill() {
+  local m=$1 mode=$2 f=$OUT/run$R-$1-$2.txt
+  CLEAVE_AWQ_PREFILL=${mode/default/} timeout 90 $C kernels-check --no-ops --bench-model /tmp/$m --load-format dummy \
+    --batches 1 --prefill 4096 > $f 2>&1
+  echo "$m $mode rc=$? $(( $(date +%s) - S )) s: $(grep -o 'loaded in [0-9.]* s' $f) $(grep -A1 'prefill of one' $f | tail -1 | tr -s ' ' | cut -c1-110)"
+  grep -E "profile prefill" $f | cut -c1-260; grep -iE "error|panic" $f | head -3 | cut -c1-200
+}

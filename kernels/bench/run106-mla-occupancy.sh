@@ -30,12 +30,7 @@ done
 if part prefill; then
 $C gen-checkpoint --config-only --shape v2-lite --dtype awq --out /tmp/v2awq > /dev/null
 $C gen-checkpoint --config-only --shape v3-layers --dtype awq --out /tmp/v3x256 > /dev/null
-for run in "v3x256 off" "v3x256 64" "v3x256 default" "v2awq default"; do
-  set -- $run; m=$1; mode=$2; [ $mode = default ] && mode=
-  CLEAVE_AWQ_PREFILL=$mode timeout 90 $C kernels-check --no-ops --bench-model /tmp/$m --load-format dummy --batches 1 --prefill 4096 > $OUT/run$R-$m-${2}.txt 2>&1
-  echo "$m $2 rc=$? $(( $(date +%s) - S )) s: $(grep -o 'loaded in [0-9.]* s' $OUT/run$R-$m-$2.txt) $(grep -A1 'prefill of one' $OUT/run$R-$m-$2.txt | tail -1 | tr -s ' ' | cut -c1-110)"
-  grep -E "profile prefill" $OUT/run$R-$m-$2.txt | cut -c1-260; grep -iE "error|panic" $OUT/run$R-$m-$2.txt | head -3 | cut -c1-200
-done
+for run in "v3x256 off" "v3x256 64" "v3x256 default" "v2awq default"; do awq_prefill $run; done
 fi
 if part attn; then
   echo "== MLA decode (err, tol, us, GB/s, TFLOP/s, of HBM): new, then prev"

@@ -26,13 +26,12 @@ if part ids; then
   gen_model tinyb --shape tiny --dtype bf16
   gen_model v3l2 --shape v3-layers --layers 2 --routed-experts 64 --dtype awq
   mkdir -p /tmp/g; rm -rf /tmp/g/*
-  g() { local out=$1; shift; RUST_LOG=info timeout 90 $C generate --device cuda --dtype float32 --output json --ignore-eos --prompt-ids 5,9,13,17,21,25,29,33 --max-tokens 24 "$@" 2>/tmp/gen.err | tail -1 > $out || { echo "FAILED: $*"; grep -iE "error|panic" /tmp/gen.err | tail -3 | cut -c1-200; }; }
   for m in tinyb v3l2; do
     ep=; [ $m = v3l2 ] && ep=--enable-expert-parallel
-    g /tmp/g/$m-one.json --model /dev/shm/$m
-    g /tmp/g/$m-peer.json --model /dev/shm/$m --tensor-parallel-size 2 $ep
-    CLEAVE_ALLREDUCE=nccl g /tmp/g/$m-nccl.json --model /dev/shm/$m --tensor-parallel-size 2 $ep
-    g /tmp/g/$m-eager.json --model /dev/shm/$m --tensor-parallel-size 2 $ep --enforce-eager
+    greedy_ids /tmp/g/$m-one.json --model /dev/shm/$m
+    greedy_ids /tmp/g/$m-peer.json --model /dev/shm/$m --tensor-parallel-size 2 $ep
+    CLEAVE_ALLREDUCE=nccl greedy_ids /tmp/g/$m-nccl.json --model /dev/shm/$m --tensor-parallel-size 2 $ep
+    greedy_ids /tmp/g/$m-eager.json --model /dev/shm/$m --tensor-parallel-size 2 $ep --enforce-eager
   done
   echo "ids done $(( $(date +%s) - S )) s"
   ids_compare /tmp/g peer nccl eager | tee $OUT/run$R-ids.txt

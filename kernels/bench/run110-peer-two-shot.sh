@@ -24,8 +24,8 @@ done
 gen_model tinyb --shape tiny --dtype bf16
 mkdir -p /tmp/g; rm -rf /tmp/g/*
 g() { local out=$1; shift; timeout 60 $C generate --device cuda --dtype float32 --output json --ignore-eos --prompt-ids 5,9,13,17,21,25,29,33 --max-tokens 24 "$@" 2>/tmp/gen.err | tail -1 > $out || { echo "FAILED: $*"; grep -iE "error|panic" /tmp/gen.err | tail -3 | cut -c1-200; }; }
-g /tmp/g/tinyb-one.json --model /dev/shm/tinyb
-g /tmp/g/tinyb-tp4.json --model /dev/shm/tinyb --tensor-parallel-size 4
+greedy_ids /tmp/g/tinyb-one.json --model /dev/shm/tinyb
+greedy_ids /tmp/g/tinyb-tp4.json --model /dev/shm/tinyb --tensor-parallel-size 4
 ids_compare /tmp/g tp4 | tee $OUT/run$R-ids.txt
 echo "ids done $(( $(date +%s) - S )) s"
 [ $(( $(date +%s) - S )) -lt 380 ] && quick_checks $R

@@ -102,7 +102,9 @@ impl PeerAllReduce {
     /// [`PeerMem::ptr`] to the peers, then [`PeerAllReduce::connect`].
     pub fn region(gpu: &Gpu, max_f32: usize) -> Result<PeerMem> {
         if max_f32 == 0 || !max_f32.is_multiple_of(4) {
-            return Err(KernelError::Invalid(format!("peer all-reduce of {max_f32} values (a positive multiple of 4)")));
+            return Err(KernelError::Invalid(format!(
+                "peer all-reduce of {max_f32} values (a positive multiple of 4)"
+            )));
         }
         gpu.peer_mem(2 * max_f32 * 4 + PEER_TAIL)
     }

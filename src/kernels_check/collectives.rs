@@ -135,7 +135,9 @@ pub fn run() -> Result<()> {
     for (r, j) in joined.into_iter().enumerate() {
         outs.push(j.map_err(|e| anyhow!("rank {r}: {e:#}"))?);
     }
-    println!("\ncollectives on {ranks} GPUs, rows x {HIDDEN} f32 per rank (median of {REPS}, rank 0; results checked first)");
+    println!(
+        "\ncollectives on {ranks} GPUs, rows x {HIDDEN} f32 per rank (median of {REPS}, rank 0; results checked first)"
+    );
     println!("{:<26} {:>6} {:>10} {:>10} {:>10}", "operation", "rows", "MB/rank", "ms", "GB/s");
     for &(what, rows, ms) in &outs[0] {
         let mb = (rows * HIDDEN * 4) as f64 / 1e6;

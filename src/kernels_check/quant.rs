@@ -158,9 +158,7 @@ impl Ctx<'_> {
                 gpu.memset(ptr(&b), 0xff, n * k * 2)?;
                 gpu.qdequant_with(&q, ptr(&a), Expansion::PerValue)?;
                 let bytes = (n * k) as f64 * (w.bytes_per_value() + 2.0);
-                for (how, label) in
-                    [(Expansion::PerValue, "reference"), (Expansion::Rows, "rows")]
-                {
+                for (how, label) in [(Expansion::PerValue, "reference"), (Expansion::Rows, "rows")] {
                     gpu.memset(ptr(&b), 0xff, n * k * 2)?;
                     gpu.qdequant_with(&q, ptr(&b), how)?;
                     let (mut va, mut vb) = (vec![0u16; n * k], vec![0u16; n * k]);

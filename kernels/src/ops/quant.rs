@@ -230,7 +230,7 @@ impl Gpu {
                 if items > i32::MAX as usize {
                     return Err(KernelError::Invalid(format!("qdequant_awq_rows: {items} blocks of work")));
                 }
-                ("qdequant_awq_rows", items.clamp(1, self.sm_count as usize * 8) as u32)
+                ("qdequant_awq_rows", items.clamp(1, self.sm_count * 8) as u32)
             }
         };
         let args = [

@@ -16,11 +16,11 @@
 mod attention;
 mod buffers;
 pub mod collectives;
-mod peer;
 mod graph;
 mod kv;
 mod load;
 mod moe;
+mod peer;
 mod pool;
 mod quant;
 mod repack;

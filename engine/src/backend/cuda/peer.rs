@@ -61,7 +61,11 @@ struct BoardState {
 
 impl PeerBoard {
     pub fn new(n: usize) -> Arc<Self> {
-        Arc::new(PeerBoard { n, state: Mutex::new(BoardState { slots: vec![None; n], leaving: 0 }), cv: Condvar::new() })
+        Arc::new(PeerBoard {
+            n,
+            state: Mutex::new(BoardState { slots: vec![None; n], leaving: 0 }),
+            cv: Condvar::new(),
+        })
     }
 
     /// Publishes rank `me`'s slot and returns everyone's, waiting until `deadline`.
