@@ -9,21 +9,22 @@
 #   prefill: one 4,096-token prompt on four V3 layers AWQ with 256 experts (128 rows per expert)
 #           with the expansion off, at 64 rows and at the default; V2-Lite AWQ at the default.
 #           The loads time the host repacking.
-# `[PARTS="checks quant attn prefill"] bash kernels/bench/run105-mla-expand.sh [RUN]` (the parts
-# named, all by default).
+# `[PARTS="checks quant attn prefill"] [QUANT_STAGE=expand] [ATTN_FLAGS=--default-variants] bash
+# kernels/bench/run105-mla-expand.sh [RUN]` (the parts named, all by default; run 106 took the
+# expand stage alone and the default attention kernels only).
 source kernels/bench/lib.sh
-S=$(date +%s); R=${1:-105}; PARTS=${PARTS:-checks quant attn prefill}
+S=$(date +%s); R=${1:-105}; PARTS=${PARTS:-checks quant attn prefill}; QS=${QUANT_STAGE:-quant}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name --format=csv,noheader
 part checks && quick_checks $R
 if part quant; then
-timeout 240 $C kernels-check --stages quant > $OUT/run$R-quant.txt 2>&1
-echo "quant stage rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-quant.txt)"
+timeout 240 $C kernels-check --stages $QS > $OUT/run$R-quant.txt 2>&1
+echo "$QS stage rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-quant.txt)"
 grep -E "^expand|moe_experts awq.*4096|over tol|FAIL" $OUT/run$R-quant.txt | grep -v " 136 x\| 256 x 640" | cut -c1-175 | head -24
 fi
 part attn && for b in new prev; do
   bin=$C; [ $b = prev ] && bin=$P
-  timeout 200 $bin kernels-check --stages attention > $OUT/run$R-attn-$b.txt 2>&1
+  timeout 200 $bin kernels-check --stages attention $ATTN_FLAGS > $OUT/run$R-attn-$b.txt 2>&1
   echo "attention $b rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-attn-$b.txt)"
   grep -E "over tol|FAIL|panic" $OUT/run$R-attn-$b.txt | head -5 | cut -c1-170
 done

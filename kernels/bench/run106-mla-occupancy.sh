@@ -9,32 +9,6 @@
 #   prefill: one 4,096-token prompt on four V3 layers AWQ with 256 experts (128 rows per expert)
 #           with the expansion off, at 64 rows and at the default; V2-Lite AWQ at the default.
 #           The loads time the host repacking.
-# `[PARTS="checks quant attn prefill"] bash kernels/bench/run106-mla-occupancy.sh [RUN]` (the parts
-# named, all by default).
-source kernels/bench/lib.sh
-S=$(date +%s); R=${1:-106}; PARTS=${PARTS:-checks quant attn prefill}
-part() { [[ " $PARTS " == *" $1 "* ]]; }
-nvidia-smi --query-gpu=name --format=csv,noheader
-part checks && quick_checks $R
-if part quant; then
-timeout 120 $C kernels-check --stages expand > $OUT/run$R-quant.txt 2>&1
-echo "expand stage rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-quant.txt)"
-grep -E "^expand|over tol|FAIL" $OUT/run$R-quant.txt | grep -v " 136 x\| 256 x 640" | cut -c1-175 | head -24
-fi
-part attn && for b in new prev; do
-  bin=$C; [ $b = prev ] && bin=$P
-  timeout 200 $bin kernels-check --stages attention --default-variants > $OUT/run$R-attn-$b.txt 2>&1
-  echo "attention $b rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-attn-$b.txt)"
-  grep -E "over tol|FAIL|panic" $OUT/run$R-attn-$b.txt | head -5 | cut -c1-170
-done
-if part prefill; then
-$C gen-checkpoint --config-only --shape v2-lite --dtype awq --out /tmp/v2awq > /dev/null
-$C gen-checkpoint --config-only --shape v3-layers --dtype awq --out /tmp/v3x256 > /dev/null
-for run in "v3x256 off" "v3x256 64" "v3x256 default" "v2awq default"; do awq_prefill $run; done
-fi
-if part attn; then
-  echo "== MLA decode (err, tol, us, GB/s, TFLOP/s, of HBM): new, then prev"
-  for b in new prev; do
-    grep -E "^mla.*(decode V3 heads|decode TP4 rank)" $OUT/run$R-attn-$b.txt | sed "s/^/$b /" | tr -s ' ' | cut -c1-150
-  done
-fi
+# Run 105's script with the expand stage alone and the default attention kernels only:
+# `bash kernels/bench/run106-mla-occupancy.sh [RUN]`
+QUANT_STAGE=expand ATTN_FLAGS=--default-variants exec bash kernels/bench/run105-mla-expand.sh ${1:-106}
