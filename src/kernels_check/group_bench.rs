@@ -299,7 +299,7 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
     let moe_layers = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).count().max(1);
     println!(
         "{:>16} {:>10} {:>10} {:>10} {:>9} {:>16} {:>16} {:>10}",
-        "step", "ms", "tok/s", "experts/L", "GB/step", "of group HBM", "of group TC", "NCCL ms"
+        "step", "ms", "tok/s", "experts/L", "GB/step", "of group HBM", "of group TC", "coll. ms"
     );
     let done = reports.iter().map(|r| r.runs.len()).min().unwrap_or(0);
     for (i, sc) in scenarios.iter().enumerate().take(done) {
@@ -316,10 +316,10 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
         } else {
             reports[0].runs[at].experts
         };
-        let nccl: Vec<f64> = reports
-            .iter()
-            .map(|r| r.runs[i].profile.iter().filter(|p| p.0.starts_with("nccl")).map(|p| p.1).sum())
-            .collect();
+        // The collectives: NCCL's calls and the peer all-reduce kernel.
+        let collective = |name: &str| name.starts_with("nccl") || name.starts_with("peer_all_reduce");
+        let nccl: Vec<f64> =
+            reports.iter().map(|r| r.runs[i].profile.iter().filter(|p| collective(&p.0)).map(|p| p.1).sum()).collect();
         let kernels: f64 = reports[0].runs[i].profile.iter().map(|p| p.1).sum();
         // Inside a graph the collectives are nodes of one replay: not timed apart.
         let nccl_list: Vec<String> =
@@ -354,7 +354,7 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
         let top: Vec<String> =
             reports[0].runs[i].profile.iter().take(8).map(|(n, t, c)| format!("{n} {t:.2}ms/{c}")).collect();
         println!(
-            "{:>16} rank 0 profiled: kernels {kernels:.2} ms, NCCL {:.1}% of them: {}",
+            "{:>16} rank 0 profiled: kernels {kernels:.2} ms, collectives {:.1}% of them: {}",
             "",
             100.0 * nccl[0] / kernels.max(1e-9),
             top.join(", ")
