@@ -55,17 +55,23 @@ pub struct PeerBoard {
 struct BoardState {
     /// Each rank's GPU ordinal and region.
     slots: Vec<Option<(usize, u64)>>,
+    /// Why a rank could not publish (its peers stop waiting).
+    failed: Option<String>,
     /// Ranks that reached teardown.
     leaving: usize,
 }
 
 impl PeerBoard {
     pub fn new(n: usize) -> Arc<Self> {
-        Arc::new(PeerBoard {
-            n,
-            state: Mutex::new(BoardState { slots: vec![None; n], leaving: 0 }),
-            cv: Condvar::new(),
-        })
+        let state = BoardState { slots: vec![None; n], failed: None, leaving: 0 };
+        Arc::new(PeerBoard { n, state: Mutex::new(state), cv: Condvar::new() })
+    }
+
+    /// Rank `me` cannot publish: the ranks waiting in [`PeerBoard::publish`] fail at once.
+    fn fail(&self, me: usize, why: &str) {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.failed.get_or_insert_with(|| format!("rank {me}: {why}"));
+        self.cv.notify_all();
     }
 
     /// Publishes rank `me`'s slot and returns everyone's, waiting until `deadline`.
@@ -74,6 +80,9 @@ impl PeerBoard {
         g.slots[me] = Some(slot);
         self.cv.notify_all();
         loop {
+            if let Some(why) = &g.failed {
+                return Err(EngineError::Backend(format!("the peer all-reduce's setup failed on {why}")));
+            }
             if g.slots.iter().all(Option::is_some) {
                 return Ok(g.slots.iter().map(|s| s.expect("checked")).collect());
             }
@@ -115,7 +124,13 @@ impl PeerLine {
         if board.n > PEER_MAX_RANKS {
             return Ok(None);
         }
-        let region = PeerAllReduce::region(gpu, (bytes / 16).max(1) * 4).map_err(kerr)?;
+        let region = match PeerAllReduce::region(gpu, (bytes / 16).max(1) * 4) {
+            Ok(r) => r,
+            Err(e) => {
+                board.fail(me, &e.to_string());
+                return Err(kerr(e));
+            }
+        };
         let slots = board.publish(me, (gpu.ctx.ordinal(), region.ptr()), deadline)?;
         let gpus: Vec<usize> = slots.iter().map(|s| s.0).collect();
         for &a in &gpus {
@@ -194,5 +209,17 @@ mod tests {
         let lonely = PeerBoard::new(2);
         let e = lonely.publish(0, (0, 1), Instant::now() + Duration::from_millis(20)).unwrap_err();
         assert!(e.to_string().contains("did not all arrive"), "{e}");
+        // A rank that cannot publish releases the others at once, not at the deadline.
+        let broken = PeerBoard::new(2);
+        let t0 = Instant::now();
+        let e = std::thread::scope(|s| {
+            let b = broken.clone();
+            let waiter = s.spawn(move || b.publish(0, (0, 1), Instant::now() + Duration::from_secs(60)));
+            std::thread::sleep(Duration::from_millis(20));
+            broken.fail(1, "out of memory");
+            waiter.join().unwrap().unwrap_err()
+        });
+        assert!(e.to_string().contains("rank 1: out of memory"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(10));
     }
 }
