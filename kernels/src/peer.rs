@@ -32,9 +32,11 @@ impl PeerMem {
 impl Drop for PeerMem {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: `ptr` came from `malloc_sync` in this context and is freed once, here;
-            // the kernels that read it were queued on streams that the owner synchronizes
-            // before dropping (the group's teardown).
+            // SAFETY: `ptr` came from `malloc_sync` in this context and is freed once, here. No
+            // kernel reads it afterwards: this rank's own stream is past its last step (the
+            // owner settles every step), and the peers' are too, since the engine drops a
+            // line's regions only after every rank of the line reached teardown
+            // (`PeerLine`'s board).
             let _ = unsafe { drv::free_sync(self.ptr) };
         }
     }
@@ -74,9 +76,14 @@ impl Gpu {
         let peer_dev = drv::device::get(peer as i32)?;
         let mut peer_ctx: drv_sys::CUcontext = std::ptr::null_mut();
         self.ctx.bind_to_thread()?;
-        // SAFETY: retain/release pair on a valid device; the handle is used only in between.
+        // SAFETY: `peer_ctx` is a plain out-parameter; `peer_dev` is a valid device. Retaining
+        // adds a reference to the primary context that the peer's rank already made (the
+        // board is only passed once every rank has its GPU open), so nothing is created here.
         unsafe { drv_sys::cuDevicePrimaryCtxRetain(&mut peer_ctx, peer_dev) }.result()?;
+        // SAFETY: `peer_ctx` was just retained and stays alive until the release below; the
+        // current context is this rank's (bound above), the one that gains the mapping.
         let r = unsafe { drv_sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
+        // SAFETY: releases exactly the reference retained above; `peer_ctx` is not used after.
         unsafe { drv_sys::cuDevicePrimaryCtxRelease_v2(peer_dev) }.result()?;
         match r {
             drv_sys::CUresult::CUDA_SUCCESS | drv_sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),

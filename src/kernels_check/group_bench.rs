@@ -318,12 +318,12 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
         };
         // The collectives: NCCL's calls and the peer all-reduce kernel.
         let collective = |name: &str| name.starts_with("nccl") || name.starts_with("peer_all_reduce");
-        let nccl: Vec<f64> =
+        let coll: Vec<f64> =
             reports.iter().map(|r| r.runs[i].profile.iter().filter(|p| collective(&p.0)).map(|p| p.1).sum()).collect();
         let kernels: f64 = reports[0].runs[i].profile.iter().map(|p| p.1).sum();
         // Inside a graph the collectives are nodes of one replay: not timed apart.
-        let nccl_list: Vec<String> =
-            if sc.graph { vec!["in graph".into()] } else { nccl.iter().map(|t| format!("{t:.2}")).collect() };
+        let coll_list: Vec<String> =
+            if sc.graph { vec!["in graph".into()] } else { coll.iter().map(|t| format!("{t:.2}")).collect() };
         if sc.decode {
             let bytes = k.decode_bytes(c, sc.batch, ctx, experts, true);
             println!(
@@ -335,7 +335,7 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
                 bytes / 1e9,
                 100.0 * bytes / step / (world * hbm),
                 "-",
-                nccl_list.join("/")
+                coll_list.join("/")
             );
         } else {
             let (linear, attn) = k.prefill_flops(c, sc.batch);
@@ -348,7 +348,7 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
                 "-",
                 "-",
                 100.0 * (linear + attn) / step / (world * TC_FLOPS),
-                nccl_list.join("/")
+                coll_list.join("/")
             );
         }
         let top: Vec<String> =
@@ -356,7 +356,7 @@ fn report(c: &ModelConfig, par: ParallelConfig, scenarios: &[Scenario], reports:
         println!(
             "{:>16} rank 0 profiled: kernels {kernels:.2} ms, collectives {:.1}% of them: {}",
             "",
-            100.0 * nccl[0] / kernels.max(1e-9),
+            100.0 * coll[0] / kernels.max(1e-9),
             top.join(", ")
         );
     }

@@ -20,7 +20,8 @@
 
 #define PEER_MAX_RANKS 8
 #define PEER_BLOCKS 32
-#define PEER_TIMEOUT_NS 5000000000ull
+// Well above any host skew between ranks, below the step's 60 s settle deadline.
+#define PEER_TIMEOUT_NS 30000000000ull
 
 __device__ __forceinline__ void st_relaxed_sys(u32* p, u32 v) {
     asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

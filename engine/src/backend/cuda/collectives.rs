@@ -85,23 +85,25 @@ impl NcclCollectives {
     pub fn join(be: &CudaBackend, ids: &GroupIds, coord: RankCoord) -> Result<Self> {
         let deadline = Instant::now() + JOIN_DEADLINE;
         let par = ids.par;
-        let join = |line: &Line, rank: usize, n: usize, what: &str| -> Result<Option<AxisComm>> {
+        let join = |line: &Line, rank: usize, n: usize, what: &str, sums: bool| -> Result<Option<AxisComm>> {
             if n == 1 {
                 return Ok(None);
             }
             let c = NcclComm::init(be.gpu(), line.id, rank, n, deadline)
                 .map_err(|e| nerr(&format!("rank {}: the {what} communicator", coord.rank()), e))?;
             let peer = match ids.peer_bytes {
-                0 => None,
-                bytes => PeerLine::join(be.gpu(), &line.board, rank, bytes, deadline)?,
+                bytes if bytes > 0 && sums => PeerLine::join(be.gpu(), &line.board, rank, bytes, deadline)?,
+                _ => None,
             };
             Ok(Some(AxisComm { nccl: RefCell::new(c), peer }))
         };
         Ok(NcclCollectives {
             coord,
-            world: join(&ids.world, coord.rank(), par.world(), "group")?,
-            tp: join(&ids.tp[coord.dp], coord.tp, par.tensor_parallel_size, "TP")?,
-            dp: join(&ids.dp[coord.tp], coord.dp, par.data_parallel_size, "DP")?,
+            // The model sums over TP (attention, dense MLPs) and the group (MoE); DP lines only
+            // gather rows, so they get no peer region (their sums, if any, take NCCL).
+            world: join(&ids.world, coord.rank(), par.world(), "group", true)?,
+            tp: join(&ids.tp[coord.dp], coord.tp, par.tensor_parallel_size, "TP", true)?,
+            dp: join(&ids.dp[coord.tp], coord.dp, par.data_parallel_size, "DP", false)?,
         })
     }
 
