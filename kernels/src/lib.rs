@@ -202,6 +202,9 @@ pub struct Gpu {
     allocs: Cell<u64>,
     /// Which kernels are launched with programmatic dependent launch.
     pdl: Cell<ops::Pdl>,
+    /// The persistent compressed GEMMs' stream-K hand-over buffers (allocated at start-up, so
+    /// that graphs capture fixed addresses).
+    streamk: RefCell<Option<ops::StreamK>>,
 }
 
 impl Gpu {
@@ -270,8 +273,10 @@ impl Gpu {
             xfer: RefCell::new(None),
             allocs: Cell::new(0),
             pdl: Cell::new(ops::Pdl::Off),
+            streamk: RefCell::new(None),
         };
         gpu.set_blas_workspace()?;
+        *gpu.streamk.borrow_mut() = Some(gpu.streamk_workspace()?);
         Ok(gpu)
     }
 

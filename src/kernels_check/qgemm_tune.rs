@@ -158,6 +158,7 @@ impl Ctx<'_> {
                     rows: a,
                     bm: 16,
                     splits: 1,
+                    streamk: false,
                 };
                 let down = QGemm { silu: false, rowidx: 0, ..base };
                 let eight =
@@ -271,8 +272,11 @@ impl Ctx<'_> {
         self.push(&format!("qg tiled {tag}"), label, ok, 1e-2, t_us, c.bytes, 0.0, Ceiling::Mem);
         let fp8 = w.shape.format == QFormat::Fp8E4m3;
         let mut want: Option<Vec<f32>> = (!fp8).then_some(tiled_out);
-        let mut best: Option<(f64, QPersist)> = None;
-        for (&cfg, &splits) in shapes.iter().zip(&p_splits) {
+        let mut best: Option<(f64, QPersist, bool)> = None;
+        // Each shape with whole items per block (split-K for dense GEMMs, as the backend picks)
+        // and with stream-K (one split, equal runs of k-tiles per block).
+        let runs = shapes.iter().zip(&p_splits).flat_map(|(&cfg, &splits)| [(cfg, splits, false), (cfg, 1, true)]);
+        for (cfg, splits, streamk) in runs {
             let run = || -> cleave_engine::Result<()> {
                 let y = if splits > 1 { ptr(&part) } else { ptr(&out) };
                 let (xp, xs) = if fp8 { (x.fp8(), x.fp8_scales()) } else { (x.bf16(), 0) };
@@ -280,7 +284,8 @@ impl Ctx<'_> {
                     Some(t) if cfg.bm == 8 => t,
                     _ => c.g,
                 };
-                g.qgemm_persistent(&w, &QGemm { x: xp, x_scales: xs, y, splits, ..base }, cfg).map_err(kerr)?;
+                let run = QGemm { x: xp, x_scales: xs, y, splits, streamk, ..base };
+                g.qgemm_persistent(&w, &run, cfg, None).map_err(kerr)?;
                 if splits > 1 {
                     g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows, n, None).map_err(kerr)?;
                 }
@@ -297,15 +302,16 @@ impl Ctx<'_> {
                 }
             };
             let us = self.time(run)?;
-            let label = format!("{} ({splits} splits)", c.label);
+            let label = if streamk { format!("{} (stream-K)", c.label) } else { format!("{} ({splits} splits)", c.label) };
             self.push(&format!("qgp {tag} {cfg}"), label, err, 1e-3, us, c.bytes, 0.0, Ceiling::Mem);
-            if err <= 1e-3 && best.is_none_or(|(b, _)| us < b) {
-                best = Some((us, cfg));
+            if err <= 1e-3 && best.is_none_or(|(b, _, _)| us < b) {
+                best = Some((us, cfg, streamk));
             }
         }
         let hbm = |t: f64| 100.0 * c.bytes / (t * 1e-6) / HBM_BYTES_PER_S;
-        let best =
-            best.map_or("none passed".to_string(), |(us, cfg)| format!("{cfg} {us:.1} us ({:.1}% HBM)", hbm(us)));
+        let best = best.map_or("none passed".to_string(), |(us, cfg, sk)| {
+            format!("{cfg}{} {us:.1} us ({:.1}% HBM)", if sk { " stream-K" } else { "" }, hbm(us))
+        });
         summary.push(format!("  {tag} {}: tiled {t_us:.1} us ({:.1}% HBM), persistent {best}", c.label, hbm(t_us)));
         Ok(())
     }

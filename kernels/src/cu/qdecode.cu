@@ -19,6 +19,25 @@ __device__ __forceinline__ void mma_e4m3(float* c, const u32 (&a)[4], u32 b0, u3
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// Stream-K hand-over flags between blocks of one launch (release after the partial sums, acquire
+// before reading them).
+__device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// The f32 value of a dense result's row `row` at column `col` < N: [rows, N] at Y, or with a cut
+// after column `first` < N, columns [0, first) to Y as [rows, first] and the rest to Y2 as
+// [rows, N - first].
+__device__ __forceinline__ void store_cut(float* Y, float* Y2, u64 row, int col, int N, int first, float v) {
+    if (col < first)
+        Y[row * first + col] = v;
+    else
+        Y2[row * (N - first) + (col - first)] = v;
+}
 // Byte offset of 16-byte chunk c of row r in rows of CH chunks, XOR-swizzled so that ldmatrix over
 // eight consecutive rows touches distinct banks.
 template <int CH>
@@ -36,12 +55,23 @@ __device__ __forceinline__ int qswz(int r, int c) {
 // (Kp / BK) % splits == 0. FMT 1: X holds e4m3 bytes [*, K], XS f32 scales [*, K / 128], K % 128 == 0.
 // 4 warps, each over BN / 4 columns (NT n-tiles of 8), every k step and all MT 16-row tiles (the
 // weights are unpacked once for MT MMAs).
+// Blocks take whole items, or with stream-K (`sk_ws` non-null, one split) equal runs of the
+// items' k-tiles, so that every block streams the same bytes whatever the item count. An item
+// cut between blocks is finished by the block holding its first k-tile, which reaches it last:
+// the later pieces' blocks (which start with them) leave their partial sums in their slot of
+// `sk_ws` (BM x BN floats per block) and raise their flag in `sk_flag`; the first piece's block
+// adds them in block order (so the result does not depend on timing), lowers the flags and
+// stores. The grid must fit on the GPU at once (the launcher's resident blocks): a block waits
+// only on blocks after it, which never wait before they hand over. Dense f32 results of one
+// split are cut after column `first` (< N) into Y and Y2 (first == N: no cut).
 template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16>
 __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const int* __restrict__ rowidx,
                                               const u32* __restrict__ Wq, const void* __restrict__ S,
                                               const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
                                               const int* __restrict__ meta, int M, int N, int K, int Np, int Kp,
-                                              int G, const float* __restrict__ XS, int splits) {
+                                              int G, const float* __restrict__ XS, int splits,
+                                              float* __restrict__ sk_ws, u32* __restrict__ sk_flag,
+                                              float* __restrict__ Y2, int first) {
     constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
     constexpr int BM = TOK * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
@@ -64,9 +94,12 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     const int NB = (N + BN - 1) / BN, KT = Kp / BK, KTI = KT / splits, KUT = Kp / 32, KG = (K + G - 1) / G;
     const int gshift = __ffs(G) - __ffs(BK);  // k-tile kt lies in group kt >> gshift
     const long long total = (long long)ntiles * NB * splits;
-    const int i0 = (int)(total * blockIdx.x / gridDim.x), i1 = (int)(total * (blockIdx.x + 1) / gridDim.x);
-    if (i0 >= i1) return;
-    const int steps = (i1 - i0) * KTI;
+    // Block b's k-tile steps over all items: [start(b), start(b + 1)).
+    const bool sk = sk_ws != nullptr;
+    auto start = [&](int b) -> long long { return sk ? total * KTI * b / gridDim.x : total * b / gridDim.x * KTI; };
+    const long long w0 = start(blockIdx.x), w1 = start(blockIdx.x + 1);
+    if (w0 >= w1) return;
+    const int steps = (int)(w1 - w0), i0 = (int)(w0 / KTI), i1 = (int)((w1 - 1) / KTI) + 1, kt_first = (int)(w0 % KTI);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int cw = warp * (BN / 4);  // this warp's first column within the item
     // Item -> (tile, column block, split).
@@ -92,7 +125,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         decode(i0, t, cb, z);
         const int nb = cb * (BN / 8) + tid;
         if (tid < BN / 8 && nb * 8 < Np)
-            prefetch_l2_bulk(Wq + ((u64)nb * KUT + (u64)z * KTI * KU) * 32 * WPL, min(KTI, ST - 1) * KU * 128 * WPL);
+            prefetch_l2_bulk(Wq + ((u64)nb * KUT + (u64)(z * KTI + kt_first) * KU) * 32 * WPL,
+                             min(min(KTI - kt_first, steps), ST - 1) * KU * 128 * WPL);
         pdl_wait();
     }
     // Loader: item l_it, its k-tile l_kt (of KTI), and this thread's sources at that k-tile. Each
@@ -100,7 +134,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     // (ncu, run 62: the per-copy 64-bit address arithmetic was a fifth of the AWQ kernel's issued
     // instructions). Sources of rows, columns or channels past the end stay at a valid address
     // and copy 0 bytes (zeros).
-    int l_it = i0, l_kt = 0, l_kt0 = 0;
+    int l_it = i0, l_kt = kt_first, l_kt0 = 0;
     const unsigned char* a_src[CA];
     u32 a_ok[CA];  // 1 or 0: cp_async16_if's flag
     const u32* b_src[CB];
@@ -115,20 +149,21 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         decode(l_it, t, cb, z);
         tile_rows(t, e, rs, rc);
         l_kt0 = z * KTI;
+        const int kt_at = l_kt0 + l_kt;  // the item's first k-tile here (mid-item for a stream-K piece)
 #pragma unroll
         for (int j = 0; j < CA; j++) {
             const int i = tid + 128 * j, r = i / ACH;
             const bool ok = i < BM * ACH && r < rc;
             const int row = ok ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
             a_ok[j] = ok;
-            a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K + (u64)l_kt0 * BK) * XB + (i % ACH) * 16;
+            a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K + (u64)kt_at * BK) * XB + (i % ACH) * 16;
         }
 #pragma unroll
         for (int j = 0; j < CB; j++) {
             const int i = tid + 128 * j, nb = cb * (BN / 8) + i / UCH;
             const bool ok = i < (BN / 8) * UCH && nb * 8 < Np;
             b_ok[j] = ok;
-            b_src[j] = Wq + (((u64)e * (Np / 8) + (ok ? nb : 0)) * KUT + (u64)l_kt0 * KU) * 32 * WPL + (i % UCH) * 4;
+            b_src[j] = Wq + (((u64)e * (Np / 8) + (ok ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + (i % UCH) * 4;
         }
         if (tid < SCH) {
             const int col = cb * BN + tid * (16 / SB);
@@ -189,7 +224,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         a_off[j] = TOK == 8  ? qswz<ACH>(lane & 7, 4 * j + (lane >> 3))
                    : FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4))
                               : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
-    int c_it = i0, c_kt = 0, cs = 0, ls = ST - 1;
+    int c_it = i0, c_kt = kt_first, c_first = kt_first, cs = 0, ls = ST - 1;  // c_first: the piece's first k-tile
 #pragma unroll 1
     for (int s = 0; s < ST - 1; s++) {
         if (s < steps) load(s);
@@ -314,9 +349,46 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             }
         }
         cs = cs + 1 == ST ? 0 : cs + 1;
-        if (++c_kt < KTI) continue;
-        // The item's last k-tile: store its rows and start the next item.
-        c_kt = 0;
+        if (++c_kt < KTI && s + 1 < steps) continue;
+        // The piece's last k-tile: the item's (store its rows), or the block's last of a cut item.
+        float* slot = sk_ws + (u64)blockIdx.x * (MT * NJ * 4 * 128);
+        if (sk && c_first > 0) {
+            // A later piece (the block's first): hand the partial sums over.
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        __stcg(slot + ((mt * NJ + j) * 4 + q) * 128 + tid, acc[mt][j][q]);
+                        acc[mt][j][q] = 0.f;
+                    }
+            __syncthreads();
+            if (tid == 0) st_release_gpu(sk_flag + blockIdx.x, 1u);
+            c_it++, c_kt = 0, c_first = 0;
+            continue;
+        }
+        if (sk && c_kt < KTI) {
+            // The item's first piece, this block's last: add the later pieces in block order.
+            const long long iend = (long long)(c_it + 1) * KTI;
+            for (int b = blockIdx.x + 1; b < (int)gridDim.x && start(b) < iend; b++) {
+                if (start(b + 1) == start(b)) continue;  // an empty block hands nothing over
+                if (tid == 0) {
+                    while (ld_acquire_gpu(sk_flag + b) == 0u) {
+                    }
+                    sk_flag[b] = 0u;  // read once; the next launch raises it again
+                }
+                __syncthreads();
+                const float* other = sk_ws + (u64)b * (MT * NJ * 4 * 128);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int j = 0; j < NJ; j++)
+#pragma unroll
+                        for (int q = 0; q < 4; q++) acc[mt][j][q] += __ldcg(other + ((mt * NJ + j) * 4 + q) * 128 + tid);
+            }
+        }
+        c_kt = 0, c_first = 0;
         int t, cb, z, e, rs, rc;
         decode(c_it, t, cb, z);
         tile_rows(t, e, rs, rc);
@@ -336,7 +408,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                             const float up = __shfl_xor_sync(0xffffffffu, v, 4);
                             if ((g & 1) == 0 && r < rc) gg_store<1>(Y, (u64)(rs + r), col, N, v, up);
                         } else if (r < rc && col < N) {
-                            yz[(u64)(rs + r) * N + col] = v;
+                            if (splits > 1)
+                                yz[(u64)(rs + r) * N + col] = v;
+                            else
+                                store_cut(yz, Y2, (u64)(rs + r), col, N, first, v);
                         }
                         acc[mt][j][q] = 0.f;
                     }
@@ -351,10 +426,14 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                     for (int hh = 0; hh < 2; hh++) {
                         const int r = 16 * mt + g + 8 * hh;
                         if (r >= rc) continue;
-                        if (splits > 1)
+                        if (splits > 1) {
                             gg_store<0>(yz, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
-                        else
+                        } else if (EPI == 0) {
+                            if (col < N) store_cut(yz, Y2, (u64)(rs + r), col, N, first, acc[mt][nt][2 * hh]);
+                            if (col + 1 < N) store_cut(yz, Y2, (u64)(rs + r), col + 1, N, first, acc[mt][nt][2 * hh + 1]);
+                        } else {
                             gg_store<EPI>(Y, (u64)(rs + r), col, N, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                        }
                     }
 #pragma unroll
                     for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
@@ -369,8 +448,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 // qgemm's operands (quant.cu), then the FP8 activation scales and the split count.
 #define QGP_ARGS                                                                                                   \
     const void *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,      \
-        const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits
-#define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits
+        const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits, float *sk_ws,   \
+        u32 *sk_flag, float *Y2, int first
+#define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits, sk_ws, sk_flag, Y2, first
 // Names: qgp[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp64: row tiles of 64; qgp8: of 8, tokens as
 // the MMAs' N); ops/qdecode.rs
 // (QGP_KERNELS) mirrors them.

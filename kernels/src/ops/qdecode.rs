@@ -2,7 +2,9 @@
 //! bf16 tensor cores, FP8 on FP8 tensor cores) and DeepSeek's FP8 activation quantization in the
 //! two layouts its consumers read.
 
-use super::quant::{QGemm, QWeights};
+use cudarc::driver::CudaSlice;
+
+use super::quant::{QCut, QGemm, QWeights};
 use crate::quant::QFormat;
 use crate::{Arg, Gpu, KernelError, Result};
 
@@ -172,27 +174,57 @@ impl std::str::FromStr for QPersist {
     }
 }
 
+/// The stream-K hand-over buffers of the persistent GEMMs (qdecode.cu): a slot of BM x BN f32
+/// partial sums and a flag per block, for the largest grid of any compiled shape. The flags are
+/// zero between launches: each block that reads one lowers it.
+pub struct StreamK {
+    slots: CudaSlice<f32>,
+    flags: CudaSlice<u32>,
+}
+
 impl Gpu {
+    /// [`StreamK`]'s buffers for this GPU, flags zeroed.
+    pub(crate) fn streamk_workspace(&self) -> Result<StreamK> {
+        let (mut slots, mut flags) = (0, 0);
+        for k in QGP_KERNELS {
+            let cfg = QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4 };
+            for name in [k.5, k.6] {
+                let blocks = self.resident_blocks(name, 128, cfg.smem_bytes(k.0))? * self.sm_count;
+                slots = slots.max(blocks * cfg.bm * cfg.bn);
+                flags = flags.max(blocks);
+            }
+        }
+        let sk = StreamK { slots: self.alloc::<f32>(slots)?, flags: self.alloc::<u32>(flags)? };
+        self.memset(crate::ptr(&sk.flags), 0, flags * 4)?;
+        self.sync()?;
+        Ok(sk)
+    }
+
     /// Runs [`QGemm`] over `w` with the persistent kernel `cfg`: tiles from `moe_align` with BM
     /// `cfg.bm` (`g.bm`), or `cfg.bm`-row tiles of `rows` dense rows. FP8 weights take the activations as `fp8_quant_mma`
     /// leaves them (`g.x` e4m3, `g.x_scales`); AWQ takes bf16 `g.x`. Split-K (`g.splits`) only
-    /// for dense f32 outputs, a divisor of the k-tiles ([`Gpu::qgp_splits`]).
-    pub fn qgemm_persistent(&self, w: &QWeights, g: &QGemm, cfg: QPersist) -> Result<()> {
+    /// for dense f32 outputs, a divisor of the k-tiles ([`Gpu::qgp_splits`]); stream-K
+    /// (`g.streamk`) with one split. A dense f32 result of one split may be cut in two (`cut`).
+    pub fn qgemm_persistent(&self, w: &QWeights, g: &QGemm, cfg: QPersist, cut: Option<QCut>) -> Result<()> {
         let s = w.shape;
         let kt = s.kp() / cfg.bk;
         let fp8_ok = s.format != QFormat::Fp8E4m3 || (s.k.is_multiple_of(128) && g.x_scales != 0);
+        let cut_ok = cut.is_none_or(|c| g.tiles == 0 && !g.silu && g.splits == 1 && (1..s.n).contains(&c.first));
         if !cfg.takes(s.format, s.group)
             || !s.k.is_multiple_of(8)
             || (g.silu && (!s.n.is_multiple_of(2) || g.splits > 1))
             || g.splits == 0
             || !kt.is_multiple_of(g.splits)
             || (g.tiles != 0 && (g.splits > 1 || cfg.bm != g.bm))
+            || (g.streamk && g.splits > 1)
             || !fp8_ok
+            || !cut_ok
         {
             return Err(KernelError::Invalid(format!(
                 "persistent {} GEMM {cfg}: needs groups of at least {} channels, K % 8 == 0 (FP8: K % 128 == 0 and \
                  activation scales), an even N with SiLU and splits dividing the {kt} k-tiles, splits for dense GEMMs \
-                 only, expert tiles of {} rows (got N {}, K {}, group {}, splits {}, tiles of {} rows)",
+                 only and not with stream-K, expert tiles of {} rows, a cut only of a dense f32 result of one split \
+                 (got N {}, K {}, group {}, splits {}, tiles of {} rows, cut after {:?})",
                 s.format.name(),
                 cfg.bk,
                 cfg.bm,
@@ -200,16 +232,28 @@ impl Gpu {
                 s.k,
                 s.group,
                 g.splits,
-                g.bm
+                g.bm,
+                cut.map(|c| c.first)
             )));
         }
         let name = cfg.kernel(s.format, g.silu)?;
         let smem = cfg.smem_bytes(s.format);
         let row_tiles = if g.tiles == 0 { g.rows.div_ceil(cfg.bm) } else { g.max_tiles };
         let items = row_tiles * s.n.div_ceil(cfg.bn) * g.splits;
-        let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(items).max(1);
+        let work = if g.streamk { items * kt } else { items };
+        let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(work).max(1);
+        let (ws, flags) = match (g.streamk, self.streamk.borrow().as_ref()) {
+            (false, _) => (0, 0),
+            (true, Some(sk)) if blocks * cfg.bm * cfg.bn <= sk.slots.len() && blocks <= sk.flags.len() => {
+                (crate::ptr(&sk.slots), crate::ptr(&sk.flags))
+            }
+            (true, _) => {
+                return Err(KernelError::Invalid(format!("persistent GEMM {cfg}: no stream-K buffers for {blocks} blocks")))
+            }
+        };
+        let (first, rest) = cut.map_or((s.n, 0), |c| (c.first, c.rest));
         let mut args = g.args(w).to_vec();
-        args.extend([Ptr(g.x_scales), I32(g.splits as i32)]);
+        args.extend([Ptr(g.x_scales), I32(g.splits as i32), Ptr(ws), Ptr(flags), Ptr(rest), I32(first as i32)]);
         self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
     }
 

@@ -56,6 +56,9 @@ pub struct QGemm {
     pub rows: usize,
     pub bm: usize,
     pub splits: usize,
+    /// The persistent kernel's blocks take equal runs of k-tiles, handing cut items over between
+    /// them (one split; [`Gpu::qgemm_persistent`]), instead of whole items.
+    pub streamk: bool,
 }
 
 impl QGemm {
@@ -86,7 +89,20 @@ impl QGemm {
     /// persistent kernel's tile comes with its shape).
     pub fn dense(rows: usize, y: u64) -> Self {
         let bm = if rows <= 16 { 16 } else { 64 };
-        QGemm { silu: false, x: 0, x_scales: 0, rowidx: 0, y, tiles: 0, meta: 0, max_tiles: 0, rows, bm, splits: 1 }
+        QGemm {
+            silu: false,
+            x: 0,
+            x_scales: 0,
+            rowidx: 0,
+            y,
+            tiles: 0,
+            meta: 0,
+            max_tiles: 0,
+            rows,
+            bm,
+            splits: 1,
+            streamk: false,
+        }
     }
 }
 
@@ -151,11 +167,15 @@ impl Gpu {
     /// Runs [`QGemm`] over `w`.
     pub fn qgemm(&self, w: &QWeights, g: &QGemm) -> Result<()> {
         let s = w.shape;
-        if !QShape::supported(s.k, s.group) || (g.silu && (!s.n.is_multiple_of(2) || g.splits > 1)) || g.splits == 0 {
+        if !QShape::supported(s.k, s.group)
+            || (g.silu && (!s.n.is_multiple_of(2) || g.splits > 1))
+            || g.splits == 0
+            || g.streamk
+        {
             return Err(KernelError::Invalid(format!(
-                "qgemm needs K % 8 == 0, groups of a power of two >= 32 channels, one split and an even N with SiLU \
-                 (got N {}, K {}, group {}, splits {})",
-                s.n, s.k, s.group, g.splits
+                "qgemm needs K % 8 == 0, groups of a power of two >= 32 channels, one split and an even N with SiLU, \
+                 and has no stream-K (got N {}, K {}, group {}, splits {}, stream-K {})",
+                s.n, s.k, s.group, g.splits, g.streamk
             )));
         }
         let (name, _, smem) = qg_shape(g.bm, s.format, g.silu)?;

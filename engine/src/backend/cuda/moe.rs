@@ -279,6 +279,7 @@ pub(super) fn experts(
                 rows: a,
                 bm,
                 splits: 1,
+                streamk: false,
             };
             // Decode-sized tiles as the variants pick; prefill's expanded to bf16 (AWQ with enough
             // rows), on FP8 wgmma, or 64 rows each on the tiled kernel.

@@ -220,15 +220,23 @@ impl CudaBackend {
             }
             (_, QIn::Bf16 { ptr, .. }) => QGemm { x: *ptr, ..g },
         };
+        let streamk = persistent.is_some() && self.variants().qgemm_streamk;
         let splits = match (g.tiles, persistent) {
+            _ if streamk => 1,
             (0, Some(cfg)) => self.gpu.qgp_splits(&q, g.rows, cfg).map_err(kerr)?,
             (0, None) => self.gpu.qgemm_splits(&q, g.rows, g.bm),
             _ => 1,
         };
-        let part = if splits > 1 || cut.is_some() { Some(self.alloc_f32(splits * g.rows * n)?) } else { None };
-        let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, ..g };
+        // A persistent GEMM of one split cuts its result as it stores it; otherwise the reduction does.
+        let kernel_cut = if persistent.is_some() && splits == 1 { cut } else { None };
+        let part = if splits > 1 || (cut.is_some() && kernel_cut.is_none()) {
+            Some(self.alloc_f32(splits * g.rows * n)?)
+        } else {
+            None
+        };
+        let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, streamk, ..g };
         match persistent {
-            Some(cfg) => self.gpu.qgemm_persistent(&q, &run, cfg),
+            Some(cfg) => self.gpu.qgemm_persistent(&q, &run, cfg, kernel_cut),
             None => self.gpu.qgemm(&q, &run),
         }
         .map_err(kerr)?;

@@ -57,6 +57,10 @@ pub struct Variants {
     pub fp8_tensor_cores: bool,
     /// Decode GEMMs over compressed weights.
     pub qgemm: QuantGemm,
+    /// The persistent compressed GEMMs share their k-tiles equally among blocks, cut items
+    /// handed over between blocks (stream-K), instead of whole items per block plus split-K and a
+    /// reduction kernel for dense GEMMs.
+    pub qgemm_streamk: bool,
     /// Compressed experts averaging at most this many rows run 8-row tiles where the format has
     /// them (AWQ), else 16-row ones; 0: never.
     pub qgemm_rows8: usize,
@@ -243,6 +247,7 @@ impl Variants {
         expanded_prefill: false,
         fp8_tensor_cores: false,
         qgemm: QuantGemm::Tiled,
+        qgemm_streamk: false,
         qgemm_rows8: 0,
         fold_shared: false,
         gemv_rows: 0,
@@ -290,6 +295,11 @@ impl Variants {
             moe_end: fused_or_separate("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"))?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
+        v.qgemm_streamk = match var("CLEAVE_QGEMM_STREAMK").as_str() {
+            "" | "on" => true,
+            "off" => false,
+            v => return Err(EngineError::Config(format!("CLEAVE_QGEMM_STREAMK: `{v}` is not one of on, off"))),
+        };
         v.fused_prologue = fused_or_separate("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"))?;
         v.pdl = match var("CLEAVE_PDL").as_str() {
             "" => DEFAULT_PDL,
@@ -413,6 +423,7 @@ impl Variants {
             expanded_prefill,
             fp8_tensor_cores,
             qgemm,
+            qgemm_streamk: true,
             qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
@@ -444,6 +455,7 @@ mod tests {
                 expanded_prefill: true,
                 fp8_tensor_cores: true,
                 qgemm: QuantGemm::Persistent(None),
+                qgemm_streamk: true,
                 qgemm_rows8: ROWS8_MAX_AVG,
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
@@ -458,6 +470,7 @@ mod tests {
             prefill_gemm: Some(DEFAULT_WGMMA),
             prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
             awq_prefill_rows: AWQ_EXPAND_MIN_AVG,
+            qgemm_streamk: true,
             qgemm_rows8: ROWS8_MAX_AVG,
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
