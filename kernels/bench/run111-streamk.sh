@@ -9,7 +9,8 @@
 #           qgemm_tune (each shape with whole items and with stream-K).
 #   steps:  whole decode steps with stream-K on and off in the same run: V2-Lite AWQ and FP8,
 #           four V3 layers in AWQ (64 experts).
-# `bash kernels/bench/run111-streamk.sh checks|steps [RUN]`.
+# `bash kernels/bench/run111-streamk.sh checks|steps [RUN]` (steps also runs the quick pass and
+# the qdecode stage; run 112 was `steps` after the hand-over's batched reads).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${2:-111}
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -33,13 +34,16 @@ if [ "$1" = checks ]; then
     | awk '{$NF=""; print}' | tr -s ' ' | cut -c1-150
 fi
 if [ "$1" = steps ]; then
+  quick_checks $R
+  timeout 150 $C kernels-check --stages qdecode > $OUT/run$R-qdecode.txt 2>&1
+  echo "qdecode rc=$? $(( $(date +%s) - S )) s: $(tail -1 $OUT/run$R-qdecode.txt)"
+  grep -iE "over tol|fail|panic" $OUT/run$R-qdecode.txt | head -5 | cut -c1-170
   ( gen_model v2awq --shape v2-lite --dtype awq; gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64
     gen_model v2fp8 --shape v2-lite --dtype fp8 ) &
   for m in v2awq v3l4 v2fp8; do
     bt=1,16,64,256; [ $m = v3l4 ] && bt=1,8,64
     BENCH_TIMEOUT=80 bench_steps $m-on $C $m $bt
     BENCH_TIMEOUT=80 bench_steps $m-off $C $m $bt CLEAVE_QGEMM_STREAMK=off
-    BENCH_TIMEOUT=80 bench_steps $m-on2 $C $m $bt
     rm -rf /dev/shm/$m /dev/shm/$m.done
   done
 fi

@@ -354,38 +354,47 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         float* slot = sk_ws + (u64)blockIdx.x * (MT * NJ * 4 * 128);
         if (sk && c_first > 0) {
             // A later piece (the block's first): hand the partial sums over.
+            float* a = &acc[0][0][0];
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int j = 0; j < NJ; j++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        __stcg(slot + ((mt * NJ + j) * 4 + q) * 128 + tid, acc[mt][j][q]);
-                        acc[mt][j][q] = 0.f;
-                    }
+            for (int i = 0; i < MT * NJ * 4; i++) {
+                __stcg(slot + i * 128 + tid, a[i]);
+                a[i] = 0.f;
+            }
             __syncthreads();
             if (tid == 0) st_release_gpu(sk_flag + blockIdx.x, 1u);
             c_it++, c_kt = 0, c_first = 0;
             continue;
         }
         if (sk && c_kt < KTI) {
-            // The item's first piece, this block's last: add the later pieces in block order.
-            const long long iend = (long long)(c_it + 1) * KTI;
-            for (int b = blockIdx.x + 1; b < (int)gridDim.x && start(b) < iend; b++) {
-                if (start(b + 1) == start(b)) continue;  // an empty block hands nothing over
-                if (tid == 0) {
+            // The item's first piece, this block's last: add the later pieces, blocks
+            // blockIdx.x + 1 .. bend - 1 (those starting inside the item), in block order. A
+            // thread per block waits for its flag (and lowers it: read once, the next launch
+            // raises it again); the slots are then read SK_BATCH at a time, their loads issued
+            // together, so that the hand-over costs a few L2 round trips whatever the pieces.
+            const long long T = total * KTI, iend = (long long)(c_it + 1) * KTI;
+            const int bend = (int)min((long long)gridDim.x, (iend * gridDim.x + T - 1) / T);
+            for (int b = blockIdx.x + 1 + tid; b < bend; b += 128)
+                if (start(b + 1) > start(b))  // an empty block hands nothing over
                     while (ld_acquire_gpu(sk_flag + b) == 0u) {
                     }
-                    sk_flag[b] = 0u;  // read once; the next launch raises it again
+            __syncthreads();
+            for (int b = blockIdx.x + 1 + tid; b < bend; b += 128) sk_flag[b] = 0u;
+            constexpr int NV = MT * NJ * 4, SK_BATCH = NV >= 64 ? 1 : 64 / NV;
+            float* a = &acc[0][0][0];
+            for (int b0 = blockIdx.x + 1; b0 < bend; b0 += SK_BATCH) {
+                float v[SK_BATCH][NV];
+#pragma unroll
+                for (int u = 0; u < SK_BATCH; u++) {
+                    const int b = b0 + u;
+                    const bool has = b < bend && start(b + 1) > start(b);
+                    const float* other = sk_ws + (u64)(has ? b : 0) * (NV * 128);
+#pragma unroll
+                    for (int i = 0; i < NV; i++) v[u][i] = has ? __ldcg(other + i * 128 + tid) : 0.f;
                 }
-                __syncthreads();
-                const float* other = sk_ws + (u64)b * (MT * NJ * 4 * 128);
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
+                for (int u = 0; u < SK_BATCH; u++)
 #pragma unroll
-                    for (int j = 0; j < NJ; j++)
-#pragma unroll
-                        for (int q = 0; q < 4; q++) acc[mt][j][q] += __ldcg(other + ((mt * NJ + j) * 4 + q) * 128 + tid);
+                    for (int i = 0; i < NV; i++) a[i] += v[u][i];
             }
         }
         c_kt = 0, c_first = 0;

@@ -240,7 +240,8 @@ impl Gpu {
         let smem = cfg.smem_bytes(s.format);
         let row_tiles = if g.tiles == 0 { g.rows.div_ceil(cfg.bm) } else { g.max_tiles };
         let items = row_tiles * s.n.div_ceil(cfg.bn) * g.splits;
-        let work = if g.streamk { items * kt } else { items };
+        // Stream-K: at least MIN_STREAMK_STEPS k-tiles per block, so that its pipeline fills.
+        let work = if g.streamk { (items * kt).div_ceil(MIN_STREAMK_STEPS) } else { items };
         let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(work).max(1);
         let (ws, flags) = match (g.streamk, self.streamk.borrow().as_ref()) {
             (false, _) => (0, 0),
@@ -317,6 +318,9 @@ impl Gpu {
         self.launch(name, (threads.div_ceil(256) as u32, 1, 1), 256, 0, &args)
     }
 }
+
+/// The fewest k-tiles a stream-K block takes (as [`MIN_SPLIT_KTILES`] for a split).
+const MIN_STREAMK_STEPS: usize = 4;
 
 /// The fewest k-tiles a split takes: below four an item's own costs (its sources, its epilogue)
 /// outweigh a better balance (run 68: V3 o_proj at one row on 128 splits of two k-tiles, 39.9
