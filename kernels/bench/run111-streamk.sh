@@ -34,12 +34,12 @@ if [ "$1" = checks ]; then
     | awk '{$NF=""; print}' | tr -s ' ' | cut -c1-150
 fi
 if [ "$1" = steps ]; then
+  ( gen_model v2awq --shape v2-lite --dtype awq; gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64
+    gen_model v2fp8 --shape v2-lite --dtype fp8 ) &
   quick_checks $R
   timeout 150 $C kernels-check --stages qdecode > $OUT/run$R-qdecode.txt 2>&1
   echo "qdecode rc=$? $(( $(date +%s) - S )) s: $(tail -1 $OUT/run$R-qdecode.txt)"
   grep -iE "over tol|fail|panic" $OUT/run$R-qdecode.txt | head -5 | cut -c1-170
-  ( gen_model v2awq --shape v2-lite --dtype awq; gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64
-    gen_model v2fp8 --shape v2-lite --dtype fp8 ) &
   for m in v2awq v3l4 v2fp8; do
     bt=1,16,64,256; [ $m = v3l4 ] && bt=1,8,64
     BENCH_TIMEOUT=80 bench_steps $m-on $C $m $bt
