@@ -10,7 +10,8 @@
 #   steps:  whole decode steps with stream-K on and off in the same run: V2-Lite AWQ and FP8,
 #           four V3 layers in AWQ (64 experts).
 # `bash kernels/bench/run111-streamk.sh checks|steps [RUN]` (steps also runs the quick pass and
-# the qdecode stage; run 112 was `steps` after the hand-over's batched reads).
+# the qdecode stage; run 112 was `steps` after the hand-over's batched reads; run 113
+# `NO_CHECKS=1 MODELS="v2awq v3l4" REPEAT=1 ... steps 113` with stream-K for AWQ only).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${2:-111}
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -35,15 +36,18 @@ if [ "$1" = checks ]; then
 fi
 if [ "$1" = steps ]; then
   ( gen_model v2awq --shape v2-lite --dtype awq; gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64
-    gen_model v2fp8 --shape v2-lite --dtype fp8 ) &
+    [[ "${MODELS:-v2fp8}" == *v2fp8* ]] && gen_model v2fp8 --shape v2-lite --dtype fp8 ) &
+  if [ -z "$NO_CHECKS" ]; then
   quick_checks $R
   timeout 150 $C kernels-check --stages qdecode > $OUT/run$R-qdecode.txt 2>&1
   echo "qdecode rc=$? $(( $(date +%s) - S )) s: $(tail -1 $OUT/run$R-qdecode.txt)"
   grep -iE "over tol|fail|panic" $OUT/run$R-qdecode.txt | head -5 | cut -c1-170
-  for m in v2awq v3l4 v2fp8; do
+  fi
+  for m in ${MODELS:-v2awq v3l4 v2fp8}; do
     bt=1,16,64,256; [ $m = v3l4 ] && bt=1,8,64
     BENCH_TIMEOUT=80 bench_steps $m-on $C $m $bt
     BENCH_TIMEOUT=80 bench_steps $m-off $C $m $bt CLEAVE_QGEMM_STREAMK=off
+    [ -n "$REPEAT" ] && BENCH_TIMEOUT=80 bench_steps $m-on2 $C $m $bt
     rm -rf /dev/shm/$m /dev/shm/$m.done
   done
 fi
