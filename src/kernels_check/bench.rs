@@ -369,6 +369,22 @@ pub fn run(
         if g.allocs > 0 {
             allocating.push(b);
         }
+        if c.quantization.is_some() {
+            // Compressed decode GEMMs with the other work split (stream-K or whole items), same run.
+            let def = cu.variants();
+            cu.set_variants(Variants { qgemm_streamk: !def.qgemm_streamk, ..def });
+            let alt = graph_step(cu, &model, &mut cache, &input, &greedy, (bs, num_blocks));
+            cu.set_variants(def);
+            let alt = alt?;
+            println!(
+                "{:>6} CUDA graph with stream-K {}: step {:.3} ms ({:.1}% of HBM), logits max|d| vs eager {:.1e}",
+                "",
+                if def.qgemm_streamk { "off" } else { "on" },
+                alt.step * 1e3,
+                100.0 * bytes_full / alt.step / hbm,
+                alt.diff
+            );
+        }
         if allocs == 0 {
             println!("{:>6} allocations per decode step: 0", "");
         } else {
