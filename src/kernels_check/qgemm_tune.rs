@@ -302,7 +302,8 @@ impl Ctx<'_> {
                 }
             };
             let us = self.time(run)?;
-            let label = if streamk { format!("{} (stream-K)", c.label) } else { format!("{} ({splits} splits)", c.label) };
+            let label =
+                if streamk { format!("{} (stream-K)", c.label) } else { format!("{} ({splits} splits)", c.label) };
             self.push(&format!("qgp {tag} {cfg}"), label, err, 1e-3, us, c.bytes, 0.0, Ceiling::Mem);
             if err <= 1e-3 && best.is_none_or(|(b, _, _)| us < b) {
                 best = Some((us, cfg, streamk));

@@ -249,7 +249,9 @@ impl Gpu {
                 (crate::ptr(&sk.slots), crate::ptr(&sk.flags))
             }
             (true, _) => {
-                return Err(KernelError::Invalid(format!("persistent GEMM {cfg}: no stream-K buffers for {blocks} blocks")))
+                return Err(KernelError::Invalid(format!(
+                    "persistent GEMM {cfg}: no stream-K buffers for {blocks} blocks"
+                )))
             }
         };
         let (first, rest) = cut.map_or((s.n, 0), |c| (c.first, c.rest));

@@ -279,7 +279,10 @@ pub(super) fn experts(
                 rows: a,
                 bm,
                 splits: 1,
-                streamk: false,
+                // Stream-K's split points follow each row's tile, and moe_align orders an
+                // expert's rows by thread timing: only where no expert has more rows than a tile
+                // (no token takes an expert twice) is every row's summation order fixed.
+                streamk: n <= bm,
             };
             // Decode-sized tiles as the variants pick; prefill's expanded to bf16 (AWQ with enough
             // rows), on FP8 wgmma, or 64 rows each on the tiled kernel.

@@ -12,11 +12,6 @@ use rayon::prelude::*;
 use super::repack::{block_scales, host, pack_matrix, paired_scales, plan, Stacking};
 use super::{kerr, CudaBackend, CudaTensor, CudaWeight, Precision, QRows, WeightData, QGEMM_MAX_ROWS};
 use crate::backend::{check_split, Backend};
-
-/// Dense AWQ GEMMs of more rows than this take stream-K (`Variants::qgemm_streamk`); fewer keep
-/// split-K: at one row, V3's o_proj took 36.2 us split 32 ways against 51.4 us in stream-K's
-/// nineteen pieces per item, V2-Lite's q 13.1 against 37.5 us (run 111, H100).
-const STREAMK_MIN_DENSE_ROWS: usize = 8;
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
 
@@ -225,14 +220,14 @@ impl CudaBackend {
             }
             (_, QIn::Bf16 { ptr, .. }) => QGemm { x: *ptr, ..g },
         };
-        // Stream-K where it measured faster (runs 111-112): AWQ expert tiles, whose item count
-        // is rarely a multiple of the blocks, and dense AWQ GEMMs of more than 8 rows. Dense GEMMs
-        // of a few rows keep split-K (their items would be cut into many short pieces), FP8
-        // keeps whole items (its items already balance over its fewer resident blocks).
+        // Stream-K where it measured faster and stays deterministic (runs 111-116, NOTES): AWQ
+        // expert tiles whose caller allows it (`g.streamk`: every expert's rows in one tile).
+        // Dense GEMMs keep split-K, FP8 whole items.
         let streamk = persistent.is_some()
             && self.variants().qgemm_streamk
             && format == QFormat::AwqInt4
-            && (g.tiles != 0 || g.rows > STREAMK_MIN_DENSE_ROWS);
+            && g.tiles != 0
+            && g.streamk;
         let splits = match (g.tiles, persistent) {
             _ if streamk => 1,
             (0, Some(cfg)) => self.gpu.qgp_splits(&q, g.rows, cfg).map_err(kerr)?,

@@ -57,9 +57,9 @@ pub struct Variants {
     pub fp8_tensor_cores: bool,
     /// Decode GEMMs over compressed weights.
     pub qgemm: QuantGemm,
-    /// The persistent compressed GEMMs share their k-tiles equally among blocks, cut items
-    /// handed over between blocks (stream-K), instead of whole items per block plus split-K and a
-    /// reduction kernel for dense GEMMs.
+    /// AWQ expert GEMMs whose experts each fit one row tile share their k-tiles equally among
+    /// the persistent kernel's blocks, cut items handed over between blocks (stream-K), instead
+    /// of whole items per block (`CLEAVE_QGEMM_STREAMK=on|off`).
     pub qgemm_streamk: bool,
     /// Compressed experts averaging at most this many rows run 8-row tiles where the format has
     /// them (AWQ), else 16-row ones; 0: never.
