@@ -9,6 +9,8 @@
 #           qgemm_tune (each shape with whole items and with stream-K).
 #   steps:  whole decode steps with stream-K on and off in the same run: V2-Lite AWQ and FP8,
 #           four V3 layers in AWQ (64 experts).
+# Runs 111-113 used stream-K on more GEMMs than the final default (docs/benchmarks.md, "Stream-K for
+# the compressed decode GEMMs"); this script runs whatever the binary's default is.
 # `bash kernels/bench/run111-streamk.sh checks|steps [RUN]` (steps also runs the quick pass and
 # the qdecode stage; run 112 was `steps` after the hand-over's batched reads; run 113
 # `NO_CHECKS=1 MODELS="v2awq v3l4" REPEAT=1 ... steps 113` with stream-K for AWQ only).
