@@ -22,7 +22,8 @@ pub use moe::{
     Align, GemmKernel, GroupedGemm, PersistentGemm, Route, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS, ROUTE_ALIGN_MAX_TOKENS,
 };
 mod qdecode;
-pub use qdecode::{Fp8Order, QPersist, StreamK, QDECODE_KERNELS};
+pub(crate) use qdecode::StreamK;
+pub use qdecode::{Fp8Order, QPersist, QDECODE_KERNELS};
 mod quant;
 pub use quant::{Expansion, QCut, QGemm, QWeights, QUANT_KERNELS};
 mod sample;
