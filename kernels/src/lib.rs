@@ -204,7 +204,7 @@ pub struct Gpu {
     pdl: Cell<ops::Pdl>,
     /// The persistent compressed GEMMs' stream-K hand-over buffers (allocated at start-up, so
     /// that graphs capture fixed addresses).
-    streamk: RefCell<Option<ops::StreamK>>,
+    streamk: std::cell::OnceCell<ops::StreamK>,
 }
 
 impl Gpu {
@@ -273,10 +273,10 @@ impl Gpu {
             xfer: RefCell::new(None),
             allocs: Cell::new(0),
             pdl: Cell::new(ops::Pdl::Off),
-            streamk: RefCell::new(None),
+            streamk: std::cell::OnceCell::new(),
         };
         gpu.set_blas_workspace()?;
-        *gpu.streamk.borrow_mut() = Some(gpu.streamk_workspace()?);
+        let _ = gpu.streamk.set(gpu.streamk_workspace()?);
         Ok(gpu)
     }
 

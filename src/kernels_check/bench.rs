@@ -369,8 +369,9 @@ pub fn run(
         if g.allocs > 0 {
             allocating.push(b);
         }
-        if c.quantization.is_some() {
-            // Compressed decode GEMMs with the other work split (stream-K or whole items), same run.
+        if matches!(c.quantization, Some(Quantization::Awq(_))) {
+            // AWQ experts with the other work split (stream-K or whole items; FP8 never takes
+            // stream-K), same run.
             let def = cu.variants();
             cu.set_variants(Variants { qgemm_streamk: !def.qgemm_streamk, ..def });
             let alt = graph_step(cu, &model, &mut cache, &input, &greedy, (bs, num_blocks));

@@ -243,7 +243,7 @@ impl Gpu {
         // Stream-K: at least MIN_STREAMK_STEPS k-tiles per block, so that its pipeline fills.
         let work = if g.streamk { (items * kt).div_ceil(MIN_STREAMK_STEPS) } else { items };
         let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(work).max(1);
-        let (ws, flags) = match (g.streamk, self.streamk.borrow().as_ref()) {
+        let (ws, flags) = match (g.streamk, self.streamk.get()) {
             (false, _) => (0, 0),
             (true, Some(sk)) if blocks * cfg.bm * cfg.bn <= sk.slots.len() && blocks <= sk.flags.len() => {
                 (crate::ptr(&sk.slots), crate::ptr(&sk.flags))

@@ -188,7 +188,9 @@ impl CudaBackend {
     /// variants give a shape for the weight's format and grouping (FP8 on FP8 tensor cores, the
     /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
     /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full, its
-    /// result cut in two by `cut` (in the split-K reduction, or a copy when there is one split).
+    /// result cut in two by `cut` (by the persistent kernel itself at one split, else in the
+    /// split-K reduction). `g.streamk` asks for stream-K (expert tiles whose rows cannot change
+    /// tiles); it runs only for AWQ on the persistent kernel with `Variants::qgemm_streamk`.
     pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm, cut: Option<QCut>) -> Result<()> {
         if cut.is_some() && (g.tiles != 0 || g.silu) {
             return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut".into()));
