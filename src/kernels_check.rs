@@ -21,6 +21,7 @@ mod prologue;
 mod qdecode;
 mod qgemm_tune;
 mod quant;
+mod routing;
 mod sample;
 
 use std::path::PathBuf;
@@ -332,7 +333,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "fp8_prefill" => ctx.fp8_prefill(),
                 "attention" => ctx.attention(),
                 "prefill" => ctx.prefill(),
-                "router" => ctx.router(),
+                "router" => ctx.router().and_then(|_| ctx.align()),
                 "sample" => ctx.sample(),
                 "qdecode" => ctx.qdecode(),
                 "moe_tune" => ctx.moe_tune(),

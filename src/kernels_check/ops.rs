@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuTensor};
 use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Variants};
-use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims, RouterParams};
+use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
@@ -465,80 +465,6 @@ impl Ctx<'_> {
             self.attention_case(label, d, &seqs, 16, true)?;
         }
         self.attention_case("prefill", lite, &[(4096, 4096)], 24, true)?;
-        Ok(())
-    }
-
-    pub fn router(&mut self) -> Result<()> {
-        let cases = [
-            (
-                "V2-Lite",
-                RouterParams {
-                    n_experts: 64,
-                    n_group: 1,
-                    topk_group: 1,
-                    top_k: 6,
-                    norm_topk_prob: false,
-                    scaling: 1.0,
-                    shared: 2,
-                },
-            ),
-            (
-                "V3",
-                RouterParams {
-                    n_experts: 256,
-                    n_group: 8,
-                    topk_group: 4,
-                    top_k: 8,
-                    norm_topk_prob: true,
-                    scaling: 2.5,
-                    shared: 1,
-                },
-            ),
-            (
-                "odd",
-                RouterParams {
-                    n_experts: 12,
-                    n_group: 4,
-                    topk_group: 2,
-                    top_k: 4,
-                    norm_topk_prob: true,
-                    scaling: 2.5,
-                    shared: 0,
-                },
-            ),
-        ];
-        let sizes: &[usize] = if self.quick { &[7] } else { &[1, 64, 4096] };
-        for (label, p) in cases {
-            for &n in sizes {
-                let logits = self.rng.vec(n * p.n_experts, 4.0);
-                let bias = self.rng.vec(p.n_experts, 0.3);
-                let (lc, lg) = self.up(&logits, n, p.n_experts)?;
-                let (bc, bg) = self.up(&bias, 1, p.n_experts)?;
-                let want = self.cpu.moe_route(&lc, &bc, p)?;
-                let (ids, w) = self.cu.routing_to_host(&self.cu.moe_route(&lg, &bg, p)?)?;
-                // Per token and expert (shared ones included), the weight given.
-                let (k, width) = (p.top_k + p.shared, p.n_experts + p.shared);
-                let dense = |ids: &[u32], w: &[f32]| {
-                    let mut d = vec![0f32; n * width];
-                    for (i, (&e, &x)) in ids.iter().zip(w).enumerate() {
-                        d[(i / k) * width + (e as usize).min(width - 1)] += x;
-                    }
-                    d
-                };
-                let err = rel_err(&dense(&ids, &w), &dense(&want.ids, &want.weights));
-                let us = self.time(|| self.cu.moe_route(&lg, &bg, p).map(drop))?;
-                self.push(
-                    "moe_route",
-                    format!("{label}: {n} tokens, {} experts, top {}, {} shared", p.n_experts, p.top_k, p.shared),
-                    err,
-                    1e-3,
-                    us,
-                    (n * p.n_experts * 4) as f64,
-                    0.0,
-                    Ceiling::Mem,
-                );
-            }
-        }
         Ok(())
     }
 }

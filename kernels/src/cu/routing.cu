@@ -134,24 +134,30 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
     if (tok < n) route_token(logits, bias, ids, wts, tok, E, n_group, topk_group, top_k, shared, norm, scaling);
 }
 
-// The whole block (1024 threads; `sh` holds 4 E + 1 ints). Sorts the n*top_k assignments by
-// expert: sorted_tok[p] is the token of sorted position p, inv[i] the sorted position of assignment i; tiles[3t..3t+3] = (expert, first
-// sorted row, rows) for row tiles of at most BM rows; meta[0] = number of tiles; row_expert[p]
-// (when non-null) the expert of sorted row p. This rank holds experts first..first+E-1 (expert
-// parallelism): other assignments get inv -1 and no row, and the unused rows at the end point at
-// token 0 of local expert 0 (computed, never combined).
+// The whole block (1024 threads; `sh` holds 5 E + 1 ints, then 32 E u16). Sorts the n*top_k
+// assignments by expert, stably: sorted_tok[p] is the token of sorted position p, inv[i] the sorted
+// position of assignment i, an expert's rows in assignment order (so a row's tile, and a stream-K
+// GEMM's summation order, never depend on timing); tiles[3t..3t+3] = (expert, first sorted row,
+// rows) for row tiles of at most BM rows; meta[0] = number of tiles; row_expert[p] (when non-null)
+// the expert of sorted row p. This rank holds experts first..first+E-1 (expert parallelism): other
+// assignments get inv -1 and no row, and the unused rows at the end point at token 0 of local
+// expert 0 (computed, never combined). `ops::moe::align_reference` is the host reference.
 __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok, int* inv,
                                   int* tiles, int* meta, int* row_expert, int* sh) {
     int* cnt = sh;
     int* off = sh + E;
     int* cur = sh + 2 * E;
     int* toff = sh + 3 * E;
-    int* total = sh + 4 * E;
-    const int tid = threadIdx.x, bd = blockDim.x;
+    int* chunk = sh + 4 * E;
+    int* total = sh + 5 * E;
+    // wc[w * E + e]: warp w's rows of expert e in the current chunk, then their exclusive prefix over warps.
+    unsigned short* wc = reinterpret_cast<unsigned short*>(sh + 5 * E + 1);
+    const int tid = threadIdx.x, bd = blockDim.x, lane = tid & 31, warp = tid >> 5;
     for (int e = tid; e < E; e += bd) {
         cnt[e] = 0;
         cur[e] = 0;
     }
+    for (int j = tid; j < (bd >> 5) * E; j += bd) wc[j] = 0;
     __syncthreads();
     for (int i = tid; i < A; i += bd) {
         const int e = (int)ids[i] - first;
@@ -185,16 +191,42 @@ __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top
         }
     }
     __syncthreads();
-    for (int i = tid; i < A; i += bd) {
-        const int e = (int)ids[i] - first;
-        if (e < 0 || e >= E) {
-            inv[i] = -1;
-            continue;
+    // Placement a chunk of bd assignments at a time: a row's rank among its expert's rows is the
+    // earlier chunks' count, the earlier warps' count in this chunk, and its rank in its warp.
+    for (int base = 0; base < A; base += bd) {
+        const int i = base + tid, warps = min(bd, A - base + 31) >> 5;
+        int e = -1;
+        if (i < A) {
+            e = (int)ids[i] - first;
+            if (e < 0 || e >= E) {
+                inv[i] = -1;
+                e = -1;
+            }
         }
-        const int p = off[e] + atomicAdd(&cur[e], 1);
-        sorted_tok[p] = i / top_k;
-        inv[i] = p;
-        if (row_expert) row_expert[p] = e;
+        const unsigned peers = __match_any_sync(0xffffffffu, e);
+        const int rank = __popc(peers & ((1u << lane) - 1u));
+        if (e >= 0 && rank == 0) wc[warp * E + e] = (unsigned short)__popc(peers);
+        __syncthreads();
+        for (int x = tid; x < E; x += bd) {
+            int s = 0;
+            for (int w = 0; w < warps; w++) {
+                const int c = wc[w * E + x];
+                wc[w * E + x] = (unsigned short)s;
+                s += c;
+            }
+            chunk[x] = s;
+        }
+        __syncthreads();
+        if (e >= 0) {
+            const int p = off[e] + cur[e] + wc[warp * E + e] + rank;
+            sorted_tok[p] = i / top_k;
+            inv[i] = p;
+            if (row_expert) row_expert[p] = e;
+        }
+        __syncthreads();
+        for (int x = tid; x < E; x += bd) cur[x] += chunk[x];
+        for (int j = tid; j < warps * E; j += bd) wc[j] = 0;
+        __syncthreads();
     }
     for (int p = *total + tid; p < A; p += bd) {
         sorted_tok[p] = 0;

@@ -18,14 +18,14 @@ pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
 pub use mla::{MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
 mod moe;
-pub use moe::{
-    Align, GemmKernel, GroupedGemm, PersistentGemm, Route, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS, ROUTE_ALIGN_MAX_TOKENS,
-};
+pub use moe::{GemmKernel, GroupedGemm, PersistentGemm, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS};
 mod qdecode;
 pub(crate) use qdecode::StreamK;
 pub use qdecode::{Fp8Order, QPersist, QDECODE_KERNELS};
 mod quant;
 pub use quant::{Expansion, QCut, QGemm, QWeights, QUANT_KERNELS};
+mod routing;
+pub use routing::{align_reference, Align, Route, ROUTE_ALIGN_MAX_TOKENS};
 mod sample;
 pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 

@@ -5,7 +5,7 @@ use super::{QGemm, QWeights, GG_BN};
 use crate::quant::{QFormat, QShape};
 use crate::{Arg, Gpu, KernelError, Result};
 
-use Arg::{Ptr, F32, I32};
+use Arg::{Ptr, I32};
 
 /// (bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled persistent grouped-GEMM shape.
 pub(super) const GGP_KERNELS: [(usize, usize, usize, usize, &str, &str); 14] = [
@@ -193,149 +193,7 @@ impl std::str::FromStr for PersistentGemm {
     }
 }
 
-/// Threads of the one block that sorts assignments (`moe_align`, `moe_route_align`).
-const ALIGN_THREADS: u32 = 1024;
-/// Most tokens [`Gpu::moe_route_align`] takes (two per warp of its block).
-pub const ROUTE_ALIGN_MAX_TOKENS: usize = 64;
-
-/// DeepSeek's noaux_tc routing of `n` tokens over router `logits` `[n, experts]` (f32) with the
-/// selection `bias`: `ids`/`wts` get `top_k + shared` entries per token, the routed experts then
-/// the shared experts `experts..experts + shared` with weight 1.
-#[derive(Debug, Clone, Copy)]
-pub struct Route {
-    pub logits: u64,
-    pub bias: u64,
-    pub ids: u64,
-    pub wts: u64,
-    pub n: usize,
-    pub experts: usize,
-    pub n_group: usize,
-    pub topk_group: usize,
-    pub top_k: usize,
-    pub shared: usize,
-    pub norm: bool,
-    pub scaling: f32,
-}
-
-impl Route {
-    fn check(&self) -> Result<()> {
-        let Route { experts, n_group, topk_group, top_k, shared, .. } = *self;
-        if experts > 256
-            || n_group == 0
-            || n_group > 32
-            || !experts.is_multiple_of(n_group)
-            || top_k == 0
-            || top_k + shared > 32
-            || top_k > experts
-            || topk_group == 0
-        {
-            return Err(KernelError::Invalid(format!(
-                "moe_route supports up to 256 experts in up to 32 equal groups and top_k + shared experts <= 32 (got {experts} experts, {n_group} groups, top_k {top_k}, {shared} shared, topk_group {topk_group})"
-            )));
-        }
-        Ok(())
-    }
-
-    fn args(&self) -> [Arg; 12] {
-        [
-            Ptr(self.logits),
-            Ptr(self.bias),
-            Ptr(self.ids),
-            Ptr(self.wts),
-            I32(self.n as i32),
-            I32(self.experts as i32),
-            I32(self.n_group as i32),
-            I32(self.topk_group as i32),
-            I32(self.top_k as i32),
-            I32(self.shared as i32),
-            I32(self.norm as i32),
-            F32(self.scaling),
-        ]
-    }
-}
-
-/// The sort of `assignments` expert choices (`top_k` per token, in `ids`) into row tiles of at
-/// most `bm` rows of this rank's experts `first..first + experts` (routing.cu `align_assignments`):
-/// `sorted_tok`, `inv`, `tiles` ([`Gpu::moe_max_tiles`] triples), `meta` (the tile count) and,
-/// when non-zero, `row_expert`.
-#[derive(Debug, Clone, Copy)]
-pub struct Align {
-    pub ids: u64,
-    pub assignments: usize,
-    pub top_k: usize,
-    pub experts: usize,
-    pub first: usize,
-    pub bm: usize,
-    pub sorted_tok: u64,
-    pub inv: u64,
-    pub tiles: u64,
-    pub meta: u64,
-    pub row_expert: u64,
-}
-
-impl Align {
-    /// The arguments after `ids`.
-    fn args(&self) -> Result<[Arg; 10]> {
-        if self.experts > 4096 {
-            return Err(KernelError::Invalid(format!("moe_align: {} experts (at most 4096)", self.experts)));
-        }
-        Ok([
-            I32(self.assignments as i32),
-            I32(self.top_k as i32),
-            I32(self.experts as i32),
-            I32(self.first as i32),
-            I32(self.bm as i32),
-            Ptr(self.sorted_tok),
-            Ptr(self.inv),
-            Ptr(self.tiles),
-            Ptr(self.meta),
-            Ptr(self.row_expert),
-        ])
-    }
-
-    fn smem(&self) -> u32 {
-        (16 * self.experts + 4) as u32
-    }
-}
-
 impl Gpu {
-    /// Routes `r.n` tokens ([`Route`]).
-    pub fn moe_route(&self, r: &Route) -> Result<()> {
-        r.check()?;
-        self.launch("moe_route", (r.n.div_ceil(4) as u32, 1, 1), 128, 0, &r.args())
-    }
-
-    /// Most row tiles `moe_align` can produce for `assignments` rows over `experts`.
-    pub fn moe_max_tiles(assignments: usize, experts: usize, bm: usize) -> usize {
-        assignments.div_ceil(bm) + experts.min(assignments)
-    }
-
-    /// Sorts the assignments in `a.ids` into row tiles ([`Align`]).
-    pub fn moe_align(&self, a: &Align) -> Result<()> {
-        let mut args = vec![Ptr(a.ids)];
-        args.extend(a.args()?);
-        self.launch("moe_align", (1, 1, 1), ALIGN_THREADS, a.smem(), &args)
-    }
-
-    /// [`Gpu::moe_route`] then [`Gpu::moe_align`] on the ids just written, in one block: for
-    /// batches of up to [`ROUTE_ALIGN_MAX_TOKENS`] tokens, where each is a launch of a few
-    /// microseconds. `a.ids` must be `r.ids` and `a.assignments` all of `r`'s.
-    pub fn moe_route_align(&self, r: &Route, a: &Align) -> Result<()> {
-        r.check()?;
-        if a.ids != r.ids || a.assignments != r.n * (r.top_k + r.shared) || a.top_k != r.top_k + r.shared {
-            return Err(KernelError::Invalid("moe_route_align: the sort must take the routed ids".into()));
-        }
-        if r.n > ROUTE_ALIGN_MAX_TOKENS {
-            return Err(KernelError::Invalid(format!(
-                "moe_route_align: {} tokens (at most {ROUTE_ALIGN_MAX_TOKENS})",
-                r.n
-            )));
-        }
-        let mut args = r.args().to_vec();
-        args.extend(a.args()?);
-        self.launch("moe_route_align", (1, 1, 1), ALIGN_THREADS, a.smem(), &args)
-    }
-
     /// Grouped GEMM over expert row tiles (see moe.cu) with `kernel`. Both kernels take the same
     /// operands; each reads tiles from `moe_align` with its `bm`.
     pub fn grouped_gemm(&self, kernel: GemmKernel, g: &GroupedGemm) -> Result<()> {
@@ -466,21 +324,6 @@ impl Gpu {
     /// shared-memory carveout set to its maximum; queried once per kernel and thread).
     pub fn persistent_blocks_per_sm(&self, cfg: PersistentGemm, silu: bool) -> Result<usize> {
         self.resident_blocks(Self::persistent_kernel(cfg, silu)?, 128, 0)
-    }
-
-    /// `out[t] = sum_j wts[t, j] y[inv[t, j]]` over token t's `top_k` expert rows of `y` `[*, h]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(&self, y: u64, inv: u64, wts: u64, out: u64, n: usize, top_k: usize, h: usize) -> Result<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        self.launch(
-            "moe_combine",
-            (h.div_ceil(4 * 128) as u32, n as u32, 1),
-            128,
-            0,
-            &[Ptr(y), Ptr(inv), Ptr(wts), Ptr(out), I32(n as i32), I32(top_k as i32), I32(h as i32)],
-        )
     }
 
     /// Reference precision: the f32 expert MLP (gate/up with SiLU, then down) per sorted row.

@@ -58,7 +58,7 @@ pub struct QGemm {
     pub splits: usize,
     /// The persistent kernel's blocks take equal runs of k-tiles, handing cut items over between
     /// them (one split; [`Gpu::qgemm_persistent`]), instead of whole items. Its results depend
-    /// on which tile holds each row (whole items' do not): set it only where that is fixed.
+    /// on which tile holds each row (whole items' do not): moe_align's stable order fixes that.
     pub streamk: bool,
 }
 

@@ -290,10 +290,6 @@ pub(super) fn experts(
                 let g = QGemm { rows: routed_a, ..g };
                 fp8_wgmma_experts(be, x, [gate_up, down], g, ptr(&y), stages)?;
             } else if bm <= 16 {
-                // Stream-K's split points follow each row's tile, and moe_align orders an
-                // expert's rows by thread timing: only where no expert has more rows than a tile
-                // (no token takes an expert twice) is every row's summation order fixed.
-                let g = QGemm { streamk: n <= bm, ..g };
                 be.qgemm_decode(gate_up, QIn::F32(x), g, None)?;
                 be.qgemm_decode(
                     down,

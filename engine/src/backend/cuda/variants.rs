@@ -57,7 +57,7 @@ pub struct Variants {
     pub fp8_tensor_cores: bool,
     /// Decode GEMMs over compressed weights.
     pub qgemm: QuantGemm,
-    /// AWQ expert GEMMs whose experts each fit one row tile share their k-tiles equally among
+    /// AWQ expert GEMMs on the persistent kernel share their k-tiles equally among
     /// the persistent kernel's blocks, cut items handed over between blocks (stream-K), instead
     /// of whole items per block (`CLEAVE_QGEMM_STREAMK=on|off`).
     pub qgemm_streamk: bool,

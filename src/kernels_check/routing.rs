@@ -1,0 +1,158 @@
+//! Expert routing (`moe_route`) against the CPU backend, and the assignment sort (`moe_align`)
+//! against its host reference, exactly: each expert's rows in assignment order.
+
+use anyhow::{ensure, Result};
+use cleave_engine::backend::{Backend, RouterParams};
+use cleave_kernels::ops::{align_reference, Align};
+use cleave_kernels::{ptr, Gpu};
+
+use super::ops::{kerr, Ctx};
+use super::{rel_err, Ceiling};
+
+impl Ctx<'_> {
+    pub fn router(&mut self) -> Result<()> {
+        let cases = [
+            (
+                "V2-Lite",
+                RouterParams {
+                    n_experts: 64,
+                    n_group: 1,
+                    topk_group: 1,
+                    top_k: 6,
+                    norm_topk_prob: false,
+                    scaling: 1.0,
+                    shared: 2,
+                },
+            ),
+            (
+                "V3",
+                RouterParams {
+                    n_experts: 256,
+                    n_group: 8,
+                    topk_group: 4,
+                    top_k: 8,
+                    norm_topk_prob: true,
+                    scaling: 2.5,
+                    shared: 1,
+                },
+            ),
+            (
+                "odd",
+                RouterParams {
+                    n_experts: 12,
+                    n_group: 4,
+                    topk_group: 2,
+                    top_k: 4,
+                    norm_topk_prob: true,
+                    scaling: 2.5,
+                    shared: 0,
+                },
+            ),
+        ];
+        let sizes: &[usize] = if self.quick { &[7] } else { &[1, 64, 4096] };
+        for (label, p) in cases {
+            for &n in sizes {
+                let logits = self.rng.vec(n * p.n_experts, 4.0);
+                let bias = self.rng.vec(p.n_experts, 0.3);
+                let (lc, lg) = self.up(&logits, n, p.n_experts)?;
+                let (bc, bg) = self.up(&bias, 1, p.n_experts)?;
+                let want = self.cpu.moe_route(&lc, &bc, p)?;
+                let (ids, w) = self.cu.routing_to_host(&self.cu.moe_route(&lg, &bg, p)?)?;
+                // Per token and expert (shared ones included), the weight given.
+                let (k, width) = (p.top_k + p.shared, p.n_experts + p.shared);
+                let dense = |ids: &[u32], w: &[f32]| {
+                    let mut d = vec![0f32; n * width];
+                    for (i, (&e, &x)) in ids.iter().zip(w).enumerate() {
+                        d[(i / k) * width + (e as usize).min(width - 1)] += x;
+                    }
+                    d
+                };
+                let err = rel_err(&dense(&ids, &w), &dense(&want.ids, &want.weights));
+                let us = self.time(|| self.cu.moe_route(&lg, &bg, p).map(drop))?;
+                self.push(
+                    "moe_route",
+                    format!("{label}: {n} tokens, {} experts, top {}, {} shared", p.n_experts, p.top_k, p.shared),
+                    err,
+                    1e-3,
+                    us,
+                    (n * p.n_experts * 4) as f64,
+                    0.0,
+                    Ceiling::Mem,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `moe_align` on random routes (with the shared experts each token also takes) at decode and
+    /// prefill sizes, over all experts and over one rank's share of them.
+    pub fn align(&mut self) -> Result<()> {
+        let g = self.cu.gpu();
+        // (label, routed experts, top_k, shared, local experts, first local expert, bm)
+        let cases = [
+            ("V2-Lite", 64, 6, 2, 66, 0, 8),
+            ("V2-Lite", 64, 6, 2, 66, 0, 16),
+            ("V3", 256, 8, 1, 257, 0, 16),
+            ("V3 rank 2 of EP4", 256, 8, 1, 64, 128, 16),
+            ("V3 rank 2 of EP4", 256, 8, 1, 64, 128, 64),
+        ];
+        let sizes: &[usize] = if self.quick { &[1, 37] } else { &[1, 8, 64, 256, 4096] };
+        for (label, routed, top_k, shared, experts, first, bm) in cases {
+            for &n in sizes {
+                let k = top_k + shared;
+                let ids: Vec<u32> = self
+                    .rng
+                    .routes(n, routed, top_k)
+                    .chunks(top_k)
+                    .flat_map(|r| r.iter().copied().chain((0..shared).map(|s| (routed + s) as u32)))
+                    .collect();
+                let a = ids.len();
+                let max_tiles = Gpu::moe_max_tiles(a, experts, bm);
+                let id_buf = g.alloc::<u32>(a).map_err(kerr)?;
+                g.htod(&ids, ptr(&id_buf)).map_err(kerr)?;
+                let (sorted, inv) = (g.alloc::<i32>(a).map_err(kerr)?, g.alloc::<i32>(a).map_err(kerr)?);
+                let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles).map_err(kerr)?, g.alloc::<i32>(1).map_err(kerr)?);
+                let align = Align {
+                    ids: ptr(&id_buf),
+                    assignments: a,
+                    top_k: k,
+                    experts,
+                    first,
+                    bm,
+                    sorted_tok: ptr(&sorted),
+                    inv: ptr(&inv),
+                    tiles: ptr(&tiles),
+                    meta: ptr(&meta),
+                    row_expert: 0,
+                };
+                g.moe_align(&align).map_err(kerr)?;
+                let (want_sorted, want_inv, want_tiles) = align_reference(&ids, k, experts, first, bm);
+                let mut got = (vec![0i32; a], vec![0i32; a], [0i32]);
+                g.dtoh(ptr(&sorted), &mut got.0).map_err(kerr)?;
+                g.dtoh(ptr(&inv), &mut got.1).map_err(kerr)?;
+                g.dtoh(ptr(&meta), &mut got.2).map_err(kerr)?;
+                ensure!(
+                    got.2[0] as usize == want_tiles.len(),
+                    "moe_align {label}: {} tiles, want {}",
+                    got.2[0],
+                    want_tiles.len()
+                );
+                let mut got_tiles = vec![0i32; 3 * want_tiles.len()];
+                g.dtoh(ptr(&tiles), &mut got_tiles).map_err(kerr)?;
+                let differing = got.0.iter().zip(&want_sorted).filter(|(x, y)| x != y).count()
+                    + got.1.iter().zip(&want_inv).filter(|(x, y)| x != y).count()
+                    + got_tiles.iter().zip(want_tiles.iter().flatten()).filter(|(x, y)| x != y).count();
+                let us = self.time(|| g.moe_align(&align).map_err(kerr))?;
+                self.push_exact(
+                    "moe_align",
+                    format!("{label}: {n} tokens, {experts} local experts from {first}, tiles of {bm}"),
+                    differing,
+                    want_sorted.len() + a + got_tiles.len(),
+                    us,
+                    (a * 4 * 3) as f64,
+                );
+            }
+        }
+        Ok(())
+    }
+}
