@@ -1,0 +1,24 @@
+#!/bin/bash
+# run 119 (nvidia-h100-x4): stream-K on a TP4+EP group: the 61-layer V3 shape in AWQ with 64
+# routed experts per layer (runs 99 and 109's model, which fits four H100s; dummy weights), each
+# rank holding 16 experts, decode at batch 1/64/256 (context 2048), eager and from CUDA graphs,
+# with stream-K on (the default) and off; then greedy ids of a tiny model, one GPU against TP4.
+# `timeout 570 bash kernels/bench/run119-tp4-streamk.sh [RUN]`
+source kernels/bench/lib.sh
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+S=$(date +%s); R=${1:-119}
+nvidia-smi -L | head -4
+$C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq --out /tmp/v3x64 > /dev/null
+for sk in on off; do
+  CLEAVE_QGEMM_STREAMK=$sk timeout 240 $C kernels-check --no-ops --bench-model /tmp/v3x64 --load-format dummy --ctx 2048 \
+    --batches 1,64,256 --prefill 0 --tensor-parallel-size 4 --enable-expert-parallel > $OUT/run$R-group-$sk.txt 2>&1
+  echo "group streamk=$sk rc=$? $(( $(date +%s) - S )) s $(grep -o 'loaded in [0-9.]* s' $OUT/run$R-group-$sk.txt)"
+  grep -E "decode|profiled" $OUT/run$R-group-$sk.txt | grep -v "graph replay" | cut -c1-300
+  grep -iE "error|panic" $OUT/run$R-group-$sk.txt | head -3 | cut -c1-200
+done
+gen_model tinyb --shape tiny --dtype bf16
+mkdir -p /tmp/g; rm -rf /tmp/g/*
+greedy_ids /tmp/g/tinyb-one.json --model /dev/shm/tinyb
+greedy_ids /tmp/g/tinyb-tp4.json --model /dev/shm/tinyb --tensor-parallel-size 4
+ids_compare /tmp/g tp4 | tee $OUT/run$R-ids.txt
+echo "done $(( $(date +%s) - S )) s"
