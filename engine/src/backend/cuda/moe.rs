@@ -109,8 +109,9 @@ pub(super) fn experts(
     let gpu = be.gpu();
     let a = n * k;
     let v = be.variants();
-    // Row tiles of 64 once routed experts average 32 rows or more (prefill), 32 from
-    // ROWS32_MIN_AVG rows (bf16 experts on the persistent kernel), else 16 (decode).
+    // Row tiles of 64 once routed experts average 32 rows or more (prefill; AWQ experts keep
+    // decode tiles until their bf16 expansion), 32 from ROWS32_MIN_AVG rows (bf16 experts on the
+    // persistent kernel), else 16 or 8 (decode).
     let s = ex.shared;
     if k <= s {
         return Err(EngineError::Backend(format!("moe_experts: {k} experts per token, {s} of them shared")));
@@ -165,28 +166,37 @@ pub(super) fn experts(
     // Decode-sized compressed experts: the persistent shape's tiles when both GEMMs have one (8
     // rows for AWQ experts of a few rows each; `qgemm_decode` asks the same question), else the
     // tiled kernel's 16.
-    let quant_bm = match &ex.data {
+    let persistent_bm = match &ex.data {
         ExpertData::Quant { gate_up, down } => {
             let avg = local_a.div_ceil(aligned.max(1));
             let rows = QRows::Tiles(if avg <= v.qgemm_rows8 { 8 } else { 16 });
             let shape = |w: &QuantWeight| be.qgemm_shape(w, rows).map(|c| c.bm);
             match (shape(gate_up), shape(down)) {
-                (Some(a), Some(b)) if a == b => a,
-                _ => 16,
+                (Some(a), Some(b)) if a == b => Some(a),
+                _ => None,
             }
         }
-        _ => 16,
+        _ => None,
+    };
+    // AWQ experts stay on the persistent decode tiles until the bf16 expansion takes them: the
+    // 64-row int4 tiles run at about 62 TFLOP/s, below what the decode tiles reach streaming
+    // each expert once per 16 rows (run 120).
+    let awq_decode_tiles = match &ex.data {
+        ExpertData::Quant { gate_up, .. } => {
+            gate_up.view().shape.format == QFormat::AwqInt4 && persistent_bm.is_some()
+        }
+        _ => false,
     };
     let bm = if let Some(cfg) = wgmma.or(awq_expand) {
         cfg.bm
     } else if fp8_wgmma.is_some() {
         GGW_FP8_BM
-    } else if prefill {
+    } else if prefill && !awq_decode_tiles {
         64
     } else if rows32.is_some() {
         32
     } else {
-        quant_bm
+        persistent_bm.unwrap_or(16)
     };
     let max_tiles = Gpu::moe_max_tiles(a, aligned, bm);
     let sorted_tok = be.buf::<i32>(a)?;
