@@ -8,7 +8,7 @@
 
 use anyhow::{ensure, Result};
 use cleave_engine::backend::cpu::CpuWeight;
-use cleave_engine::backend::cuda::{Fp8Out, QuantGemm, Variants, AWQ_QGEMM_MAX_ROWS, QGEMM_MAX_ROWS};
+use cleave_engine::backend::cuda::{Fp8Out, QuantGemm, Variants, QGEMM_MAX_ROWS};
 use cleave_engine::backend::Backend;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::Fp8Order;
@@ -113,24 +113,13 @@ impl Ctx<'_> {
 
     /// MLA's two input projections stacked into one compressed weight and cut after the product
     /// (`linear_split`): in the split-K reduction at decode sizes (or a copy of one split), after
-    /// the linear past [`QGEMM_MAX_ROWS`] (FP8) or [`AWQ_QGEMM_MAX_ROWS`] rows; each part against the CPU's separate linear.
+    /// the linear past [`QGEMM_MAX_ROWS`] rows; each part against the CPU's separate linear.
     fn qdecode_stacked(&mut self) -> Result<()> {
         // (rows, [q out, kv_a out], in): V3's q_a + kv_a, V2-Lite's q + kv_a.
         let shapes: &[(usize, [usize; 2], usize)] = if self.quick {
-            &[
-                (1, [256, 64], 256),
-                (3, [128, 72], 384),
-                (QGEMM_MAX_ROWS + 2, [128, 72], 384),
-                (AWQ_QGEMM_MAX_ROWS + 2, [128, 72], 384),
-            ]
+            &[(1, [256, 64], 256), (3, [128, 72], 384), (QGEMM_MAX_ROWS + 2, [128, 72], 384)]
         } else {
-            &[
-                (1, [1536, 576], 7168),
-                (4, [3072, 576], 2048),
-                (64, [1536, 576], 7168),
-                (200, [1536, 576], 7168),
-                (300, [1536, 576], 7168),
-            ]
+            &[(1, [1536, 576], 7168), (4, [3072, 576], 2048), (64, [1536, 576], 7168), (200, [1536, 576], 7168)]
         };
         for (fmt, make) in super::quant::FORMATS {
             for &(rows, [na, nb], k) in shapes {

@@ -205,12 +205,7 @@ impl Ctx<'_> {
                 let (err, us, check) = self.compare_linear(&wc, &wg, rows, k, n)?;
                 let bytes = (n * k) as f64 * w.bytes_per_value() + (rows * k * 2 + rows * n * 4) as f64;
                 let flops = 2.0 * (rows * n * k) as f64;
-                let format = wg.quant().map(|q| q.shape.format).expect("checked above");
-                let ceil = if rows > cleave_engine::backend::cuda::qgemm_max_rows(format) {
-                    Ceiling::Tc
-                } else {
-                    Ceiling::Mem
-                };
+                let ceil = if rows > cleave_engine::backend::cuda::QGEMM_MAX_ROWS { Ceiling::Tc } else { Ceiling::Mem };
                 let note = if check < rows { format!(" ({check} rows checked)") } else { String::new() };
                 self.push(
                     &format!("linear {fmt}"),

@@ -56,20 +56,9 @@ pub use variants::{
 pub use weights::{CudaExperts, CudaWeight};
 use weights::{ExpertData, WeightData};
 
-/// Rows up to which a linear over an FP8 weight runs the compressed GEMM; above, FP8 tensor cores
-/// (cuBLASLt's block-scaled GEMM) or the weight expanded to bf16 for that call and cuBLAS.
+/// Rows up to which a linear over a compressed weight runs the compressed GEMM; above, the weight
+/// is expanded to bf16 for that call and multiplied by cuBLAS (prefill is compute bound).
 pub const QGEMM_MAX_ROWS: usize = 128;
-/// AWQ's: its persistent 64-row tiles beat the bf16 expansion and cuBLAS up to 256 rows (run 121,
-/// a V3 decode batch of 256, whose attention projections took the expansion before).
-pub const AWQ_QGEMM_MAX_ROWS: usize = 256;
-
-/// Rows up to which a linear over a compressed weight of `format` runs the compressed GEMM.
-pub fn qgemm_max_rows(format: cleave_kernels::quant::QFormat) -> usize {
-    match format {
-        cleave_kernels::quant::QFormat::AwqInt4 => AWQ_QGEMM_MAX_ROWS,
-        cleave_kernels::quant::QFormat::Fp8E4m3 => QGEMM_MAX_ROWS,
-    }
-}
 
 pub(crate) fn kerr(e: KernelError) -> EngineError {
     match e {

@@ -10,7 +10,7 @@ use cleave_kernels::{ptr, KernelError};
 use rayon::prelude::*;
 
 use super::repack::{block_scales, host, pack_matrix, paired_scales, plan, Stacking};
-use super::{kerr, qgemm_max_rows, CudaBackend, CudaTensor, CudaWeight, Precision, QRows, WeightData};
+use super::{kerr, CudaBackend, CudaTensor, CudaWeight, Precision, QRows, WeightData, QGEMM_MAX_ROWS};
 use crate::backend::{check_split, Backend};
 use crate::error::{EngineError, Result};
 use crate::weights::LinearSource;
@@ -126,14 +126,14 @@ pub(super) fn upload(
 }
 
 impl CudaBackend {
-    /// `y = x W^T` over a compressed weight: up to [`qgemm_max_rows`] rows straight from the
+    /// `y = x W^T` over a compressed weight: up to [`QGEMM_MAX_ROWS`] rows straight from the
     /// compressed bytes (split over the input channels until the GPU is full); more rows (prefill)
     /// on FP8 tensor cores for FP8 block-scaled weights (bf16 precision), else through a
     /// transient bf16 expansion and cuBLAS.
     pub(super) fn linear_quant(&self, x: &CudaTensor, w: &QuantWeight, y: &CudaTensor) -> Result<()> {
         let q = w.view();
         let (rows, n) = (x.rows, q.shape.n);
-        if rows > qgemm_max_rows(q.shape.format) {
+        if rows > QGEMM_MAX_ROWS {
             if let Some(bs) = &w.block_scales {
                 if self.precision == Precision::Bf16
                     && self.variants().fp8_tensor_cores
@@ -162,7 +162,7 @@ impl CudaBackend {
         }
         let cut = QCut { first, rest: b.ptr() };
         match &w.data {
-            WeightData::Quant(q) if rows <= qgemm_max_rows(q.shape.format) => {
+            WeightData::Quant(q) if rows <= QGEMM_MAX_ROWS => {
                 self.qgemm_decode(q, QIn::F32(x), QGemm::dense(rows, a.ptr()), Some(cut))?;
             }
             _ => {

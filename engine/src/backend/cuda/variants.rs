@@ -103,7 +103,7 @@ impl Fusion {
     pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true };
 }
 
-/// Which kernel runs decode-sized GEMMs (up to `qgemm_max_rows` rows) over compressed weights.
+/// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantGemm {
     /// One block per (row tile, 128 columns), weights converted to bf16 in registers (`qgemm`).
