@@ -23,14 +23,6 @@
 // Well above any host skew between ranks, below the step's 60 s settle deadline.
 #define PEER_TIMEOUT_NS 30000000000ull
 
-__device__ __forceinline__ void st_relaxed_sys(u32* p, u32 v) {
-    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ u32 ld_acquire_sys(const u32* p) {
-    u32 v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ u64 global_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

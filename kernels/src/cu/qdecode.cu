@@ -19,16 +19,6 @@ __device__ __forceinline__ void mma_e4m3(float* c, const u32 (&a)[4], u32 b0, u3
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Stream-K hand-over flags between blocks of one launch (release after the partial sums, acquire
-// before reading them).
-__device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 // The f32 value of a dense result's row `row` at column `col` < N: [rows, N] at Y, or with a cut
 // after column `first` < N, columns [0, first) to Y as [rows, first] and the rest to Y2 as
 // [rows, N - first].
@@ -351,9 +341,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         cs = cs + 1 == ST ? 0 : cs + 1;
         if (++c_kt < KTI && s + 1 < steps) continue;
         // The piece's last k-tile: the item's (store its rows), or the block's last of a cut item.
-        float* slot = sk_ws + (u64)blockIdx.x * (MT * NJ * 4 * 128);
         if (sk && c_first > 0) {
             // A later piece (the block's first): hand the partial sums over.
+            float* slot = sk_ws + (u64)blockIdx.x * (MT * NJ * 4 * 128);
             float* a = &acc[0][0][0];
 #pragma unroll
             for (int i = 0; i < MT * NJ * 4; i++) {
