@@ -97,3 +97,20 @@ awq_prefill() {
   echo "$m $mode rc=$? $(( $(date +%s) - S )) s: $(grep -o 'loaded in [0-9.]* s' $f) $(grep -A1 'prefill of one' $f | tail -1 | tr -s ' ' | cut -c1-110)"
   grep -E "profile prefill" $f | cut -c1-260; grep -iE "error|panic" $f | head -3 | cut -c1-200
 }
+
+# group_steps TAG BATCHES [ENV...]: decode steps of the 61-layer V3 shape in AWQ with 64 routed
+# experts per layer (config only at /tmp/v3x64, dummy weights; it fits four H100s) as one TP4+EP
+# group at context 2,048, with ENV set, into $OUT/runR-group-TAG.txt (runR-group.txt for an empty
+# TAG); prints the steps, rank 0's profiles and any error. Times out after $GROUP_TIMEOUT seconds
+# (default 240).
+group_steps() {
+  local tag=$1 bt=$2; shift 2
+  local f=$OUT/run$R-group${tag:+-$tag}.txt
+  [ -d /tmp/v3x64 ] || $C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq \
+    --out /tmp/v3x64 > /dev/null
+  env "$@" timeout ${GROUP_TIMEOUT:-240} $C kernels-check --no-ops --bench-model /tmp/v3x64 --load-format dummy --ctx 2048 \
+    --batches $bt --prefill 0 --tensor-parallel-size 4 --enable-expert-parallel > $f 2>&1
+  echo "group ${tag:-steps} rc=$? $(( $(date +%s) - S )) s $(grep -o 'loaded in [0-9.]* s' $f)"
+  grep -E "decode|profiled" $f | grep -v "graph replay" | cut -c1-300
+  grep -iE "error|panic" $f | head -3 | cut -c1-200
+}

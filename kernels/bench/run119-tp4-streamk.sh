@@ -8,14 +8,7 @@ source kernels/bench/lib.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 S=$(date +%s); R=${1:-119}
 nvidia-smi -L | head -4
-$C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq --out /tmp/v3x64 > /dev/null
-for sk in on off; do
-  CLEAVE_QGEMM_STREAMK=$sk timeout 240 $C kernels-check --no-ops --bench-model /tmp/v3x64 --load-format dummy --ctx 2048 \
-    --batches 1,64,256 --prefill 0 --tensor-parallel-size 4 --enable-expert-parallel > $OUT/run$R-group-$sk.txt 2>&1
-  echo "group streamk=$sk rc=$? $(( $(date +%s) - S )) s $(grep -o 'loaded in [0-9.]* s' $OUT/run$R-group-$sk.txt)"
-  grep -E "decode|profiled" $OUT/run$R-group-$sk.txt | grep -v "graph replay" | cut -c1-300
-  grep -iE "error|panic" $OUT/run$R-group-$sk.txt | head -3 | cut -c1-200
-done
+for sk in on off; do group_steps $sk 1,64,256 CLEAVE_QGEMM_STREAMK=$sk; done
 gen_model tinyb --shape tiny --dtype bf16
 mkdir -p /tmp/g; rm -rf /tmp/g/*
 greedy_ids /tmp/g/tinyb-one.json --model /dev/shm/tinyb

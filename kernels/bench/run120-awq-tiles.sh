@@ -13,7 +13,6 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 S=$(date +%s); R=${1:-120}
 nvidia-smi -L | head -4
 gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64 &
-$C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq --out /tmp/v3x64 > /dev/null
 quick_checks $R
 for b in prev new; do
   bin=$C; [ $b = prev ] && bin=$P
@@ -24,8 +23,4 @@ for b in prev new; do
   echo "prefill 512 $b rc=$?: $(grep -A1 'prefill of one' $OUT/run$R-v3l4-pf-$b.txt | tail -1 | tr -s ' ' | cut -c1-120)"
   grep -E "profile prefill" $OUT/run$R-v3l4-pf-$b.txt | cut -c1-260
 done
-timeout 200 $C kernels-check --no-ops --bench-model /tmp/v3x64 --load-format dummy --ctx 2048 \
-  --batches 64,256 --prefill 0 --tensor-parallel-size 4 --enable-expert-parallel > $OUT/run$R-group.txt 2>&1
-echo "group rc=$? $(( $(date +%s) - S )) s"
-grep -E "decode|profiled" $OUT/run$R-group.txt | grep -v "graph replay" | cut -c1-300
-grep -iE "error|panic" $OUT/run$R-group.txt | head -3 | cut -c1-200
+GROUP_TIMEOUT=200 group_steps "" 64,256

@@ -164,7 +164,7 @@ pub(super) fn experts(
         _ => false,
     });
     // Decode-sized compressed experts: the persistent shape's tiles when both GEMMs have one (8
-    // rows for AWQ experts of a few rows each; `qgemm_decode` asks the same question), else the
+    // rows for AWQ experts of a few rows each; `qgemm_decode` asks the same question); None: the
     // tiled kernel's 16.
     let persistent_bm = match &ex.data {
         ExpertData::Quant { gate_up, down } => {
