@@ -80,7 +80,7 @@ impl Ctx<'_> {
     fn qdecode_linears(&mut self, def: Variants) -> Result<()> {
         // (rows, out, in): V3 q_a, V2-Lite q_proj, V3 kv_a, V2-Lite o_proj, V3 q_b.
         let shapes: &[(usize, usize, usize)] = if self.quick {
-            &[(1, 256, 256), (20, 136, 384)]
+            &[(1, 256, 1024), (20, 136, 384)]
         } else {
             &[(1, 1536, 7168), (16, 3072, 2048), (64, 576, 7168), (128, 2048, 2048), (5, 24576, 1536)]
         };
@@ -117,7 +117,7 @@ impl Ctx<'_> {
     fn qdecode_stacked(&mut self) -> Result<()> {
         // (rows, [q out, kv_a out], in): V3's q_a + kv_a, V2-Lite's q + kv_a.
         let shapes: &[(usize, [usize; 2], usize)] = if self.quick {
-            &[(1, [256, 64], 256), (3, [128, 72], 384), (QGEMM_MAX_ROWS + 2, [128, 72], 384)]
+            &[(1, [256, 64], 1024), (3, [128, 72], 384), (QGEMM_MAX_ROWS + 2, [128, 72], 384)]
         } else {
             &[(1, [1536, 576], 7168), (4, [3072, 576], 2048), (64, [1536, 576], 7168), (200, [1536, 576], 7168)]
         };
