@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Sums `ncu --csv --metrics gpu__time_duration.sum` output per kernel name: the real GPU time of
-each kernel of a profiled step (the bench opens the profiler range around its profiled step)."""
+each kernel of a profiled step (the bench opens the profiler range around its profiled step).
+Usage: ncu_table.py CSV [TITLE] [HOW_MANY_KERNELS, default 18]"""
 import csv
 import sys
 from collections import defaultdict
@@ -19,5 +20,5 @@ for r in csv.DictReader(lines):
 total = sum(v[0] for v in rows.values())
 n = sum(v[1] for v in rows.values())
 print(f"{sys.argv[2] if len(sys.argv) > 2 else ''}: {n} kernels, {total / 1000:.3f} ms of GPU time")
-for name, (us, c) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:18]:
+for name, (us, c) in sorted(rows.items(), key=lambda kv: -kv[1][0])[: int(sys.argv[3]) if len(sys.argv) > 3 else 18]:
     print(f"  {name:60s} {c:4d} x {us / c:8.2f} us = {us / 1000:7.3f} ms")

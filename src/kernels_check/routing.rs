@@ -1,9 +1,10 @@
-//! Expert routing (`moe_route`) against the CPU backend, and the assignment sort (`moe_align`)
-//! against its host reference, exactly: each expert's rows in assignment order.
+//! Expert routing (`moe_route`) against the CPU backend, the assignment sort (`moe_align`)
+//! against its host reference, exactly (each expert's rows in assignment order), and the two in
+//! one block (`moe_route_align`) against both kernels' own results, exactly.
 
 use anyhow::{ensure, Result};
 use cleave_engine::backend::{Backend, RouterParams};
-use cleave_kernels::ops::{align_reference, Align};
+use cleave_kernels::ops::{align_reference, Align, Route};
 use cleave_kernels::{ptr, Gpu};
 
 use super::ops::{kerr, Ctx};
@@ -28,6 +29,18 @@ impl Ctx<'_> {
                 "V3",
                 RouterParams {
                     n_experts: 256,
+                    n_group: 8,
+                    topk_group: 4,
+                    top_k: 8,
+                    norm_topk_prob: true,
+                    scaling: 2.5,
+                    shared: 1,
+                },
+            ),
+            (
+                "V3, 64 experts",
+                RouterParams {
+                    n_experts: 64,
                     n_group: 8,
                     topk_group: 4,
                     top_k: 8,
@@ -78,6 +91,96 @@ impl Ctx<'_> {
                     (n * p.n_experts * 4) as f64,
                     0.0,
                     Ceiling::Mem,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `moe_route_align` at the batch sizes it takes (the one-warp sort up to 32 assignments, the
+    /// block's above): its ids and weights equal `moe_route`'s bit for bit, its sort equals the
+    /// host reference on those ids.
+    pub fn route_align(&mut self) -> Result<()> {
+        let g = self.cu.gpu();
+        // (label, experts, groups, topk_group, top_k, shared, local experts, first, bm)
+        let cases = [
+            ("V2-Lite", 64, 1, 1, 6, 2, 66, 0, 8),
+            ("V3", 256, 8, 4, 8, 1, 257, 0, 16),
+            ("V3 rank 2 of EP4", 256, 8, 4, 8, 1, 64, 128, 16),
+            ("V3, 64 experts", 64, 8, 4, 8, 1, 65, 0, 16),
+        ];
+        let sizes: &[usize] = if self.quick { &[1, 5] } else { &[1, 3, 4, 16, 64] };
+        for (label, experts, n_group, topk_group, top_k, shared, local, first, bm) in cases {
+            for &n in sizes {
+                let k = top_k + shared;
+                let a = n * k;
+                let (logits, bias) = (self.rng.vec(n * experts, 4.0), self.rng.vec(experts, 0.3));
+                let (lg, bg) = (g.alloc::<f32>(logits.len()).map_err(kerr)?, g.alloc::<f32>(experts).map_err(kerr)?);
+                g.htod(&logits, ptr(&lg)).map_err(kerr)?;
+                g.htod(&bias, ptr(&bg)).map_err(kerr)?;
+                // moe_route's results (0), moe_route_align's (1).
+                let (ids0, w0) = (g.alloc::<u32>(a).map_err(kerr)?, g.alloc::<f32>(a).map_err(kerr)?);
+                let (ids1, w1) = (g.alloc::<u32>(a).map_err(kerr)?, g.alloc::<f32>(a).map_err(kerr)?);
+                let route = |ids: u64, wts: u64| Route {
+                    logits: ptr(&lg),
+                    bias: ptr(&bg),
+                    ids,
+                    wts,
+                    n,
+                    experts,
+                    n_group,
+                    topk_group,
+                    top_k,
+                    shared,
+                    norm: true,
+                    scaling: 2.5,
+                };
+                g.moe_route(&route(ptr(&ids0), ptr(&w0))).map_err(kerr)?;
+                let max_tiles = Gpu::moe_max_tiles(a, local, bm);
+                let (sorted, inv) = (g.alloc::<i32>(a).map_err(kerr)?, g.alloc::<i32>(a).map_err(kerr)?);
+                let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles).map_err(kerr)?, g.alloc::<i32>(1).map_err(kerr)?);
+                let align = Align {
+                    ids: ptr(&ids1),
+                    assignments: a,
+                    top_k: k,
+                    experts: local,
+                    first,
+                    bm,
+                    sorted_tok: ptr(&sorted),
+                    inv: ptr(&inv),
+                    tiles: ptr(&tiles),
+                    meta: ptr(&meta),
+                    row_expert: 0,
+                };
+                let fused = route(ptr(&ids1), ptr(&w1));
+                g.moe_route_align(&fused, &align).map_err(kerr)?;
+                let (mut want_ids, mut want_w, mut ids, mut w) =
+                    (vec![0u32; a], vec![0f32; a], vec![0u32; a], vec![0f32; a]);
+                g.dtoh(ptr(&ids0), &mut want_ids).map_err(kerr)?;
+                g.dtoh(ptr(&w0), &mut want_w).map_err(kerr)?;
+                g.dtoh(ptr(&ids1), &mut ids).map_err(kerr)?;
+                g.dtoh(ptr(&w1), &mut w).map_err(kerr)?;
+                let (want_sorted, want_inv, want_tiles) = align_reference(&ids, k, local, first, bm);
+                let mut got = (vec![0i32; a], vec![0i32; a], [0i32]);
+                g.dtoh(ptr(&sorted), &mut got.0).map_err(kerr)?;
+                g.dtoh(ptr(&inv), &mut got.1).map_err(kerr)?;
+                g.dtoh(ptr(&meta), &mut got.2).map_err(kerr)?;
+                let mut got_tiles = vec![0i32; 3 * want_tiles.len()];
+                g.dtoh(ptr(&tiles), &mut got_tiles).map_err(kerr)?;
+                let differing = ids.iter().zip(&want_ids).filter(|(x, y)| x != y).count()
+                    + w.iter().zip(&want_w).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+                    + got.0.iter().zip(&want_sorted).filter(|(x, y)| x != y).count()
+                    + got.1.iter().zip(&want_inv).filter(|(x, y)| x != y).count()
+                    + got_tiles.iter().zip(want_tiles.iter().flatten()).filter(|(x, y)| x != y).count()
+                    + (got.2[0] as usize != want_tiles.len()) as usize;
+                let us = self.time(|| g.moe_route_align(&fused, &align).map_err(kerr))?;
+                self.push_exact(
+                    "moe_route_align",
+                    format!("{label}: {n} tokens, {local} local experts from {first}, tiles of {bm}"),
+                    differing,
+                    2 * a + want_sorted.len() + a + got_tiles.len() + 1,
+                    us,
+                    (n * experts * 4) as f64,
                 );
             }
         }

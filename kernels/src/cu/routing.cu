@@ -3,18 +3,26 @@
 // (alone, or with the residual add and the next RMSNorm). Nothing here needs the host to know
 // how many tokens each expert received.
 
-// The warp's largest `v` (lowest `idx` among equals; idx 0x7fffffff: no candidate), in every lane.
-__device__ __forceinline__ void warp_argmax(float& v, int& idx) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        const bool other = oi != 0x7fffffff && (idx == 0x7fffffff || ov > v || (ov == v && oi < idx));
-        if (other) {
-            v = ov;
-            idx = oi;
-        }
-    }
+// Order-preserving u32 key of a float (not NaN): a < b as floats iff key(a) < key(b), except that
+// -0 sorts below +0; key 0 is below every float's key.
+__device__ __forceinline__ u32 order_key(float v) {
+    const u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+    u32 r;
+    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+__device__ __forceinline__ u32 warp_min_u32(u32 v) {
+    u32 r;
+    asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+}
+// The lowest index `idx` (0xffffffff: none) among the warp's largest keys `key` (0: no candidate).
+__device__ __forceinline__ u32 warp_argmax_key(u32 key, u32 idx) {
+    const u32 m = warp_max_u32(key);
+    return warp_min_u32(key == m && key != 0u ? idx : 0xffffffffu);
 }
 
 // Routes token `tok` with one warp; E <= 256 (8 experts per lane), n_group <= 32, top_k + shared
@@ -42,7 +50,31 @@ __device__ __forceinline__ void route_token(const float* logits, const float* bi
     const int gs = E / n_group;
     if (topk_group < n_group) {
         float mine = NEG_INF;  // lane g holds group g's score
-        for (int grp = 0; grp < n_group; grp++) {
+        const bool lanes = gs <= 32 && (gs & (gs - 1)) == 0;
+        if (lanes) {
+            // A group is gs consecutive lanes of one of the eight expert columns (V3/R1: every
+            // lane's expert j is group j; 64 experts in 8 groups: four groups per column): all
+            // groups' top two reduced side by side within their lanes, the same values as the
+            // loop below, then handed to lane g.
+            float b1[8], b2[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) b1[j] = ch[j], b2[j] = NEG_INF;
+            for (int o = gs >> 1; o > 0; o >>= 1)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const float o1 = __shfl_xor_sync(0xffffffffu, b1[j], o), o2 = __shfl_xor_sync(0xffffffffu, b2[j], o);
+                    const float n1 = fmaxf(b1[j], o1), n2 = fmaxf(fminf(b1[j], o1), fmaxf(b2[j], o2));
+                    b1[j] = n1;
+                    b2[j] = n2;
+                }
+            const int per_col = 32 / gs;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float v = __shfl_sync(0xffffffffu, gs >= 2 ? b1[j] + b2[j] : b1[j], (lane % per_col) * gs);
+                if (lane / per_col == j && lane < n_group) mine = v;
+            }
+        }
+        for (int grp = 0; grp < n_group && !lanes; grp++) {
             float b1 = NEG_INF, b2 = NEG_INF;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -70,12 +102,10 @@ __device__ __forceinline__ void route_token(const float* logits, const float* bi
         bool gtaken = lane >= n_group;
         u32 keep = 0;
         for (int i = 0; i < topk_group; i++) {
-            float v = mine;
-            int idx = gtaken ? 0x7fffffff : lane;
-            warp_argmax(v, idx);
-            if (idx != 0x7fffffff) {
+            const u32 idx = warp_argmax_key(gtaken ? 0u : order_key(mine), (u32)lane);
+            if (idx != 0xffffffffu) {
                 keep |= 1u << idx;
-                if (lane == idx) gtaken = true;
+                if ((u32)lane == idx) gtaken = true;
             }
         }
 #pragma unroll
@@ -87,17 +117,16 @@ __device__ __forceinline__ void route_token(const float* logits, const float* bi
     float my_w = 0.f;
     u32 my_id = 0;
     for (int i = 0; i < top_k; i++) {
-        float v = NEG_INF;
-        int idx = 0x7fffffff;
+        // The largest untaken score, the lowest expert among equals (keys: one reduction each for
+        // the score and the index, where a float argmax takes five rounds of two shuffles).
+        u32 key = 0u, mi = 0xffffffffu;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int e = lane + 32 * j;
-            if (!taken[j] && (idx == 0x7fffffff || ch[j] > v)) {
-                v = ch[j];
-                idx = e;
-            }
+            const u32 k = taken[j] ? 0u : order_key(ch[j]);
+            if (k > key) key = k, mi = (u32)(lane + 32 * j);
         }
-        warp_argmax(v, idx);
+        const u32 best = warp_argmax_key(key, mi);
+        const int idx = best == 0xffffffffu ? 0x7fffffff : (int)best;
         float w = 0.f;
         if (idx != 0x7fffffff && (idx & 31) == lane) {
 #pragma unroll
@@ -243,12 +272,65 @@ __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top
     }
 }
 
+// align_assignments for at most 32 assignments, by one warp without shared memory or barriers
+// (a decode step of a few tokens): lane i holds assignment i; its expert's rows before it are its
+// rank among its warp peers of that expert, and the rows (tiles) of lower experts are counted over
+// the other lanes. The same results as align_assignments.
+__device__ __forceinline__ void align_warp(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok,
+                                           int* inv, int* tiles, int* meta, int* row_expert) {
+    const int lane = threadIdx.x & 31;
+    int e = -1;
+    if (lane < A) {
+        e = (int)ids[lane] - first;
+        if (e < 0 || e >= E) {
+            inv[lane] = -1;
+            e = -1;
+        }
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & ((1u << lane) - 1u)), cnt = __popc(peers);
+    const bool lead = e >= 0 && rank == 0;
+    const int ntiles = lead ? (cnt + BM - 1) / BM : 0;
+    int before = 0, tiles_before = 0, tiles_total = 0;
+    for (int j = 0; j < A; j++) {
+        const int ej = __shfl_sync(0xffffffffu, e, j), tj = __shfl_sync(0xffffffffu, ntiles, j);
+        tiles_total += tj;
+        if (ej >= 0 && ej < e) before++, tiles_before += tj;
+    }
+    const int total = __popc(__ballot_sync(0xffffffffu, e >= 0));
+    if (e >= 0) {
+        const int p = before + rank;
+        sorted_tok[p] = lane / top_k;
+        inv[lane] = p;
+        if (row_expert) row_expert[p] = e;
+    }
+    for (int p = total + lane; p < A; p += 32) {
+        sorted_tok[p] = 0;
+        if (row_expert) row_expert[p] = 0;
+    }
+    if (lead)
+        for (int j = 0; j * BM < cnt; j++) {
+            const int t = tiles_before + j;
+            tiles[3 * t] = e;
+            tiles[3 * t + 1] = before + j * BM;
+            tiles[3 * t + 2] = min(BM, cnt - j * BM);
+        }
+    if (lane == 0) meta[0] = tiles_total;
+}
+// The most assignments align_warp takes (one per lane); ops/routing.rs launches one warp's worth
+// of threads (per token, for moe_route_align) for them.
+#define ALIGN_WARP_MAX 32
+
 #define ALIGN_ARGS int A, int top_k, int E, int first, int BM, int *sorted_tok, int *inv, int *tiles, int *meta, int *row_expert
 #define ALIGN_PASS A, top_k, E, first, BM, sorted_tok, inv, tiles, meta, row_expert
 
 extern "C" __global__ void moe_align(const u32* ids, ALIGN_ARGS) {
     pdl_enter();
     extern __shared__ int sh[];
+    if (A <= ALIGN_WARP_MAX) {
+        if (threadIdx.x < 32) align_warp(ids, ALIGN_PASS);
+        return;
+    }
     align_assignments(ids, ALIGN_PASS, sh);
 }
 
@@ -263,6 +345,10 @@ extern "C" __global__ void moe_route_align(const float* logits, const float* bia
     for (int tok = threadIdx.x >> 5; tok < n; tok += blockDim.x >> 5)
         route_token(logits, bias, ids, wts, tok, n_experts, n_group, topk_group, route_k, shared, norm, scaling);
     __syncthreads();
+    if (A <= ALIGN_WARP_MAX) {
+        if (threadIdx.x < 32) align_warp(ids, ALIGN_PASS);
+        return;
+    }
     align_assignments(ids, ALIGN_PASS, sh);
 }
 

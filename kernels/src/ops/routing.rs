@@ -10,6 +10,9 @@ const ALIGN_THREADS: u32 = 1024;
 const ALIGN_MAX_EXPERTS: usize = 512;
 /// Most tokens [`Gpu::moe_route_align`] takes (two per warp of its block).
 pub const ROUTE_ALIGN_MAX_TOKENS: usize = 64;
+/// Most assignments the sort takes with one warp (routing.cu `ALIGN_WARP_MAX`): no shared
+/// memory, no barriers, a block of a warp per token.
+const ALIGN_WARP_MAX: usize = 32;
 
 /// DeepSeek's noaux_tc routing of `n` tokens over router `logits` `[n, experts]` (f32) with the
 /// selection `bias`: `ids`/`wts` get `top_k + shared` entries per token, the routed experts then
@@ -109,9 +112,17 @@ impl Align {
         ])
     }
 
-    /// Five ints per expert and one, then a u16 per expert per warp.
+    /// Five ints per expert and one, then a u16 per expert per warp; none for the one-warp sort.
     fn smem(&self) -> u32 {
+        if self.one_warp() {
+            return 0;
+        }
         (20 * self.experts + 4 + 2 * self.experts * (ALIGN_THREADS as usize / 32)) as u32
+    }
+
+    /// Whether the one-warp sort takes these assignments.
+    fn one_warp(&self) -> bool {
+        self.assignments <= ALIGN_WARP_MAX
     }
 }
 
@@ -131,7 +142,8 @@ impl Gpu {
     pub fn moe_align(&self, a: &Align) -> Result<()> {
         let mut args = vec![Ptr(a.ids)];
         args.extend(a.args()?);
-        self.launch("moe_align", (1, 1, 1), ALIGN_THREADS, a.smem(), &args)
+        let threads = if a.one_warp() { 32 } else { ALIGN_THREADS };
+        self.launch("moe_align", (1, 1, 1), threads, a.smem(), &args)
     }
 
     /// [`Gpu::moe_route`] then [`Gpu::moe_align`] on the ids just written, in one block: for
@@ -150,7 +162,9 @@ impl Gpu {
         }
         let mut args = r.args().to_vec();
         args.extend(a.args()?);
-        self.launch("moe_route_align", (1, 1, 1), ALIGN_THREADS, a.smem(), &args)
+        // A warp routes each token; the one-warp sort needs no more.
+        let threads = if a.one_warp() { (32 * r.n.max(1)) as u32 } else { ALIGN_THREADS };
+        self.launch("moe_route_align", (1, 1, 1), threads, a.smem(), &args)
     }
 
     /// `out[t] = sum_j wts[t, j] y[inv[t, j]]` over token t's `top_k` expert rows of `y` `[*, h]`.
