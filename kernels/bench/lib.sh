@@ -114,3 +114,18 @@ group_steps() {
   grep -E "decode|profiled" $f | grep -v "graph replay" | cut -c1-300
   grep -iE "error|panic" $f | head -3 | cut -c1-200
 }
+
+# share_steps BATCHES: decode steps of the real model's one-GPU share (61 V3 layers in AWQ g64,
+# 64 routed experts per layer; config only at /tmp/v3x61, dummy weights made at load, about 110 s;
+# context 2,048) with $C into $OUT/runR-v3-61.txt, stopping by $SHARE_END seconds after $S
+# (default 565); prints the load time, the graph steps and moe_route_align's profile.
+share_steps() {
+  local f=$OUT/run$R-v3-61.txt
+  [ -d /tmp/v3x61 ] || $C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq \
+    --out /tmp/v3x61 > /dev/null
+  timeout $(( ${SHARE_END:-565} - ($(date +%s) - S) )) $C kernels-check --no-ops --bench-model /tmp/v3x61 --load-format dummy \
+    --ctx 2048 --batches $1 --prefill 0 > $f 2>&1
+  echo "v3-61 rc=$? $(( $(date +%s) - S )) s: $(grep -o 'loaded in [0-9.]* s' $f)"
+  grep -E "CUDA graph" $f | cut -c1-150
+  grep -oE "moe_route_align [0-9.]+ms/[0-9]+" $f | head -1
+}

@@ -20,8 +20,4 @@ for m in v2awq v2fp8 v3l4; do
   BENCH_TIMEOUT=100 bench_steps $m $C $m 1,4,8
   grep -E "CUDA graph" $OUT/run$R-$m.txt | cut -c1-150
 done
-$C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq --out /tmp/v3x61 > /dev/null
-timeout $(( 560 - ($(date +%s) - S) )) $C kernels-check --no-ops --bench-model /tmp/v3x61 --load-format dummy --ctx 2048 \
-  --batches 1 --prefill 0 > $OUT/run$R-v3-61.txt 2>&1
-echo "v3-61 rc=$? $(( $(date +%s) - S )) s: $(grep -o 'loaded in [0-9.]* s' $OUT/run$R-v3-61.txt)"
-grep -E "CUDA graph" $OUT/run$R-v3-61.txt | cut -c1-150
+SHARE_END=560 share_steps 1

@@ -26,10 +26,5 @@ for m in v2lite v2awq v3l4; do
   done
 done
 if [ $(( $(date +%s) - S )) -lt 330 ]; then
-  $C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq --out /tmp/v3x61 > /dev/null
-  timeout $(( 565 - ($(date +%s) - S) )) $C kernels-check --no-ops --bench-model /tmp/v3x61 --load-format dummy --ctx 2048 \
-    --batches 1 --prefill 0 > $OUT/run$R-v3-61.txt 2>&1
-  echo "v3-61 rc=$? $(( $(date +%s) - S )) s: $(grep -o 'loaded in [0-9.]* s' $OUT/run$R-v3-61.txt)"
-  grep -E "CUDA graph: " $OUT/run$R-v3-61.txt | cut -c1-120
-  grep -oE "moe_route_align [0-9.]+ms/[0-9]+" $OUT/run$R-v3-61.txt | head -1
+  share_steps 1
 fi

@@ -2,8 +2,9 @@
 //! against its host reference, exactly (each expert's rows in assignment order), and the two in
 //! one block (`moe_route_align`) against both kernels' own results, exactly.
 
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use cleave_engine::backend::{Backend, RouterParams};
+use cleave_kernels::cudarc::driver::CudaSlice;
 use cleave_kernels::ops::{align_reference, Align, Route};
 use cleave_kernels::{ptr, Gpu};
 
@@ -12,6 +13,15 @@ use super::{rel_err, Ceiling};
 
 impl Ctx<'_> {
     pub fn router(&mut self) -> Result<()> {
+        let v3 = RouterParams {
+            n_experts: 256,
+            n_group: 8,
+            topk_group: 4,
+            top_k: 8,
+            norm_topk_prob: true,
+            scaling: 2.5,
+            shared: 1,
+        };
         let cases = [
             (
                 "V2-Lite",
@@ -25,30 +35,9 @@ impl Ctx<'_> {
                     shared: 2,
                 },
             ),
-            (
-                "V3",
-                RouterParams {
-                    n_experts: 256,
-                    n_group: 8,
-                    topk_group: 4,
-                    top_k: 8,
-                    norm_topk_prob: true,
-                    scaling: 2.5,
-                    shared: 1,
-                },
-            ),
-            (
-                "V3, 64 experts",
-                RouterParams {
-                    n_experts: 64,
-                    n_group: 8,
-                    topk_group: 4,
-                    top_k: 8,
-                    norm_topk_prob: true,
-                    scaling: 2.5,
-                    shared: 1,
-                },
-            ),
+            ("V3", v3),
+            // The V3-shaped bench models: groups of 8 experts, four per lane column.
+            ("V3, 64 experts", RouterParams { n_experts: 64, ..v3 }),
             (
                 "odd",
                 RouterParams {
@@ -136,22 +125,8 @@ impl Ctx<'_> {
                     scaling: 2.5,
                 };
                 g.moe_route(&route(ptr(&ids0), ptr(&w0))).map_err(kerr)?;
-                let max_tiles = Gpu::moe_max_tiles(a, local, bm);
-                let (sorted, inv) = (g.alloc::<i32>(a).map_err(kerr)?, g.alloc::<i32>(a).map_err(kerr)?);
-                let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles).map_err(kerr)?, g.alloc::<i32>(1).map_err(kerr)?);
-                let align = Align {
-                    ids: ptr(&ids1),
-                    assignments: a,
-                    top_k: k,
-                    experts: local,
-                    first,
-                    bm,
-                    sorted_tok: ptr(&sorted),
-                    inv: ptr(&inv),
-                    tiles: ptr(&tiles),
-                    meta: ptr(&meta),
-                    row_expert: 0,
-                };
+                let sort = SortBufs::new(g, a, local, bm)?;
+                let align = sort.align(ptr(&ids1), a, k, local, first, bm);
                 let fused = route(ptr(&ids1), ptr(&w1));
                 g.moe_route_align(&fused, &align).map_err(kerr)?;
                 let (mut want_ids, mut want_w, mut ids, mut w) =
@@ -160,25 +135,16 @@ impl Ctx<'_> {
                 g.dtoh(ptr(&w0), &mut want_w).map_err(kerr)?;
                 g.dtoh(ptr(&ids1), &mut ids).map_err(kerr)?;
                 g.dtoh(ptr(&w1), &mut w).map_err(kerr)?;
-                let (want_sorted, want_inv, want_tiles) = align_reference(&ids, k, local, first, bm);
-                let mut got = (vec![0i32; a], vec![0i32; a], [0i32]);
-                g.dtoh(ptr(&sorted), &mut got.0).map_err(kerr)?;
-                g.dtoh(ptr(&inv), &mut got.1).map_err(kerr)?;
-                g.dtoh(ptr(&meta), &mut got.2).map_err(kerr)?;
-                let mut got_tiles = vec![0i32; 3 * want_tiles.len()];
-                g.dtoh(ptr(&tiles), &mut got_tiles).map_err(kerr)?;
+                let (sort_differing, sort_total) = sort.against_reference(g, &align, &ids)?;
                 let differing = ids.iter().zip(&want_ids).filter(|(x, y)| x != y).count()
                     + w.iter().zip(&want_w).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
-                    + got.0.iter().zip(&want_sorted).filter(|(x, y)| x != y).count()
-                    + got.1.iter().zip(&want_inv).filter(|(x, y)| x != y).count()
-                    + got_tiles.iter().zip(want_tiles.iter().flatten()).filter(|(x, y)| x != y).count()
-                    + (got.2[0] as usize != want_tiles.len()) as usize;
+                    + sort_differing;
                 let us = self.time(|| g.moe_route_align(&fused, &align).map_err(kerr))?;
                 self.push_exact(
                     "moe_route_align",
                     format!("{label}: {n} tokens, {local} local experts from {first}, tiles of {bm}"),
                     differing,
-                    2 * a + want_sorted.len() + a + got_tiles.len() + 1,
+                    2 * a + sort_total,
                     us,
                     (n * experts * 4) as f64,
                 );
@@ -210,52 +176,76 @@ impl Ctx<'_> {
                     .flat_map(|r| r.iter().copied().chain((0..shared).map(|s| (routed + s) as u32)))
                     .collect();
                 let a = ids.len();
-                let max_tiles = Gpu::moe_max_tiles(a, experts, bm);
                 let id_buf = g.alloc::<u32>(a).map_err(kerr)?;
                 g.htod(&ids, ptr(&id_buf)).map_err(kerr)?;
-                let (sorted, inv) = (g.alloc::<i32>(a).map_err(kerr)?, g.alloc::<i32>(a).map_err(kerr)?);
-                let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles).map_err(kerr)?, g.alloc::<i32>(1).map_err(kerr)?);
-                let align = Align {
-                    ids: ptr(&id_buf),
-                    assignments: a,
-                    top_k: k,
-                    experts,
-                    first,
-                    bm,
-                    sorted_tok: ptr(&sorted),
-                    inv: ptr(&inv),
-                    tiles: ptr(&tiles),
-                    meta: ptr(&meta),
-                    row_expert: 0,
-                };
+                let sort = SortBufs::new(g, a, experts, bm)?;
+                let align = sort.align(ptr(&id_buf), a, k, experts, first, bm);
                 g.moe_align(&align).map_err(kerr)?;
-                let (want_sorted, want_inv, want_tiles) = align_reference(&ids, k, experts, first, bm);
-                let mut got = (vec![0i32; a], vec![0i32; a], [0i32]);
-                g.dtoh(ptr(&sorted), &mut got.0).map_err(kerr)?;
-                g.dtoh(ptr(&inv), &mut got.1).map_err(kerr)?;
-                g.dtoh(ptr(&meta), &mut got.2).map_err(kerr)?;
-                ensure!(
-                    got.2[0] as usize == want_tiles.len(),
-                    "moe_align {label}: {} tiles, want {}",
-                    got.2[0],
-                    want_tiles.len()
-                );
-                let mut got_tiles = vec![0i32; 3 * want_tiles.len()];
-                g.dtoh(ptr(&tiles), &mut got_tiles).map_err(kerr)?;
-                let differing = got.0.iter().zip(&want_sorted).filter(|(x, y)| x != y).count()
-                    + got.1.iter().zip(&want_inv).filter(|(x, y)| x != y).count()
-                    + got_tiles.iter().zip(want_tiles.iter().flatten()).filter(|(x, y)| x != y).count();
+                let (differing, total) = sort.against_reference(g, &align, &ids)?;
                 let us = self.time(|| g.moe_align(&align).map_err(kerr))?;
                 self.push_exact(
                     "moe_align",
                     format!("{label}: {n} tokens, {experts} local experts from {first}, tiles of {bm}"),
                     differing,
-                    want_sorted.len() + a + got_tiles.len(),
+                    total,
                     us,
                     (a * 4 * 3) as f64,
                 );
             }
         }
         Ok(())
+    }
+}
+
+/// The sort's device outputs for `a` assignments over `experts` local experts in tiles of `bm`.
+struct SortBufs {
+    sorted: CudaSlice<i32>,
+    inv: CudaSlice<i32>,
+    tiles: CudaSlice<i32>,
+    meta: CudaSlice<i32>,
+}
+
+impl SortBufs {
+    fn new(g: &Gpu, a: usize, experts: usize, bm: usize) -> Result<Self> {
+        let max_tiles = Gpu::moe_max_tiles(a, experts, bm);
+        Ok(SortBufs {
+            sorted: g.alloc::<i32>(a).map_err(kerr)?,
+            inv: g.alloc::<i32>(a).map_err(kerr)?,
+            tiles: g.alloc::<i32>(3 * max_tiles).map_err(kerr)?,
+            meta: g.alloc::<i32>(1).map_err(kerr)?,
+        })
+    }
+
+    fn align(&self, ids: u64, a: usize, top_k: usize, experts: usize, first: usize, bm: usize) -> Align {
+        Align {
+            ids,
+            assignments: a,
+            top_k,
+            experts,
+            first,
+            bm,
+            sorted_tok: ptr(&self.sorted),
+            inv: ptr(&self.inv),
+            tiles: ptr(&self.tiles),
+            meta: ptr(&self.meta),
+            row_expert: 0,
+        }
+    }
+
+    /// (entries differing from `align_reference` on the host `ids`, entries compared): the
+    /// placed rows, `inv`, the tiles and their count.
+    fn against_reference(&self, g: &Gpu, al: &Align, ids: &[u32]) -> Result<(usize, usize)> {
+        let (want_sorted, want_inv, want_tiles) = align_reference(ids, al.top_k, al.experts, al.first, al.bm);
+        let (mut sorted, mut inv, mut meta) = (vec![0i32; ids.len()], vec![0i32; ids.len()], [0i32]);
+        g.dtoh(ptr(&self.sorted), &mut sorted).map_err(kerr)?;
+        g.dtoh(ptr(&self.inv), &mut inv).map_err(kerr)?;
+        g.dtoh(ptr(&self.meta), &mut meta).map_err(kerr)?;
+        let mut tiles = vec![0i32; 3 * want_tiles.len()];
+        g.dtoh(ptr(&self.tiles), &mut tiles).map_err(kerr)?;
+        let differing = sorted.iter().zip(&want_sorted).filter(|(x, y)| x != y).count()
+            + inv.iter().zip(&want_inv).filter(|(x, y)| x != y).count()
+            + tiles.iter().zip(want_tiles.iter().flatten()).filter(|(x, y)| x != y).count()
+            + (meta[0] as usize != want_tiles.len()) as usize;
+        Ok((differing, want_sorted.len() + inv.len() + tiles.len() + 1))
     }
 }
