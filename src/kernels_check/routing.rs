@@ -13,44 +13,20 @@ use super::{rel_err, Ceiling};
 
 impl Ctx<'_> {
     pub fn router(&mut self) -> Result<()> {
-        let v3 = RouterParams {
-            n_experts: 256,
-            n_group: 8,
-            topk_group: 4,
-            top_k: 8,
-            norm_topk_prob: true,
-            scaling: 2.5,
-            shared: 1,
-        };
-        let cases = [
-            (
-                "V2-Lite",
-                RouterParams {
-                    n_experts: 64,
-                    n_group: 1,
-                    topk_group: 1,
-                    top_k: 6,
-                    norm_topk_prob: false,
-                    scaling: 1.0,
-                    shared: 2,
-                },
-            ),
-            ("V3", v3),
-            // The V3-shaped bench models: groups of 8 experts, four per lane column.
-            ("V3, 64 experts", RouterParams { n_experts: 64, ..v3 }),
-            (
-                "odd",
-                RouterParams {
-                    n_experts: 12,
-                    n_group: 4,
-                    topk_group: 2,
-                    top_k: 4,
-                    norm_topk_prob: true,
-                    scaling: 2.5,
-                    shared: 0,
-                },
-            ),
-        ];
+        let odd = (
+            "odd",
+            RouterParams {
+                n_experts: 12,
+                n_group: 4,
+                topk_group: 2,
+                top_k: 4,
+                norm_topk_prob: true,
+                scaling: 2.5,
+                shared: 0,
+            },
+        );
+        let [lite, v3, v3_64] = models();
+        let cases = [lite, v3, v3_64, odd];
         let sizes: &[usize] = if self.quick { &[7] } else { &[1, 64, 4096] };
         for (label, p) in cases {
             for &n in sizes {
@@ -91,17 +67,14 @@ impl Ctx<'_> {
     /// host reference on those ids.
     pub fn route_align(&mut self) -> Result<()> {
         let g = self.cu.gpu();
-        // (label, experts, groups, topk_group, top_k, shared, local experts, first, bm)
-        let cases = [
-            ("V2-Lite", 64, 1, 1, 6, 2, 66, 0, 8),
-            ("V3", 256, 8, 4, 8, 1, 257, 0, 16),
-            ("V3 rank 2 of EP4", 256, 8, 4, 8, 1, 64, 128, 16),
-            ("V3, 64 experts", 64, 8, 4, 8, 1, 65, 0, 16),
-        ];
+        let [lite, v3, v3_64] = models();
+        // (model, local experts, first local expert, bm)
+        let cases = [(lite, 66, 0, 8), (v3, 257, 0, 16), (("V3 rank 2 of EP4", v3.1), 64, 128, 16), (v3_64, 65, 0, 16)];
         let sizes: &[usize] = if self.quick { &[1, 5] } else { &[1, 3, 4, 16, 64] };
-        for (label, experts, n_group, topk_group, top_k, shared, local, first, bm) in cases {
+        for ((label, p), local, first, bm) in cases {
+            let (experts, top_k) = (p.n_experts, p.top_k);
             for &n in sizes {
-                let k = top_k + shared;
+                let k = top_k + p.shared;
                 let a = n * k;
                 let (logits, bias) = (self.rng.vec(n * experts, 4.0), self.rng.vec(experts, 0.3));
                 let (lg, bg) = (g.alloc::<f32>(logits.len()).map_err(kerr)?, g.alloc::<f32>(experts).map_err(kerr)?);
@@ -117,12 +90,12 @@ impl Ctx<'_> {
                     wts,
                     n,
                     experts,
-                    n_group,
-                    topk_group,
+                    n_group: p.n_group,
+                    topk_group: p.topk_group,
                     top_k,
-                    shared,
-                    norm: true,
-                    scaling: 2.5,
+                    shared: p.shared,
+                    norm: p.norm_topk_prob,
+                    scaling: p.scaling,
                 };
                 g.moe_route(&route(ptr(&ids0), ptr(&w0))).map_err(kerr)?;
                 let sort = SortBufs::new(g, a, local, bm)?;
@@ -248,4 +221,28 @@ impl SortBufs {
             + (meta[0] as usize != want_tiles.len()) as usize;
         Ok((differing, want_sorted.len() + inv.len() + tiles.len() + 1))
     }
+}
+
+/// The routers of the models checked: V2-Lite, V3/R1, and V3's routing over 64 experts (the
+/// V3-shaped bench models: groups of 8 experts, four per lane column).
+fn models() -> [(&'static str, RouterParams); 3] {
+    let v3 = RouterParams {
+        n_experts: 256,
+        n_group: 8,
+        topk_group: 4,
+        top_k: 8,
+        norm_topk_prob: true,
+        scaling: 2.5,
+        shared: 1,
+    };
+    let lite = RouterParams {
+        n_experts: 64,
+        n_group: 1,
+        topk_group: 1,
+        top_k: 6,
+        norm_topk_prob: false,
+        scaling: 1.0,
+        shared: 2,
+    };
+    [("V2-Lite", lite), ("V3", v3), ("V3, 64 experts", RouterParams { n_experts: 64, ..v3 })]
 }

@@ -182,7 +182,7 @@ pub(super) fn experts(
     // 64-row int4 tiles run at about 62 TFLOP/s, below what the decode tiles reach streaming
     // each expert once per 16 rows (run 120).
     let awq_decode_tiles = match &ex.data {
-        ExpertData::Quant { gate_up, .. } => gate_up.view().shape.format == QFormat::AwqInt4 && persistent_bm.is_some(),
+        ExpertData::Quant { gate_up, .. } => gate_up.shape.format == QFormat::AwqInt4 && persistent_bm.is_some(),
         _ => false,
     };
     let bm = if let Some(cfg) = wgmma.or(awq_expand) {
