@@ -60,7 +60,15 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     (
         "attention",
         include_str!("cu/attention.cu"),
-        &["mla_decode", "mla_decode2", "mla_decode2_dsv", "mla_combine", "mla_ref_f32"],
+        &[
+            "mla_decode",
+            "mla_decode2",
+            "mla_decode2_dsv",
+            "mla_combine8",
+            "mla_combine16",
+            "mla_combine",
+            "mla_ref_f32",
+        ],
     ),
     ("mla_decode", include_str!("cu/mla_decode.cu"), ops::MLA3_KERNELS),
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", ops::PREFILL_FLASH[0], ops::PREFILL_FLASH[1]]),

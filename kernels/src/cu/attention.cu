@@ -185,28 +185,47 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
 // Only the splits that hold keys are read: split_keys deals a row's `row_len` keys to the first
 // ceil(len / per) splits in whole tiles of `tile` (at a short context under a captured step's
 // split count, half of them or more are empty).
-extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L, int splits,
-                                       const int* row_len, int tile) {
-    pdl_enter();
+// One round trip after the wait: the row's length is a step input (read before it), and every
+// used split's (max, sum) and this thread's column of each of the first MAXS splits are loaded
+// together. MAXS bounds the registers (at 64, 100 or so a thread: one 512-thread block per SM,
+// which would make the thousand blocks of a 64-row step run in eight waves), so the launcher
+// takes the smallest instance that holds its split count.
+template <int MAXS>
+__device__ __forceinline__ void mla_combine_t(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L,
+                                              int splits, const int* row_len, int tile) {
     const int row = blockIdx.x, h = blockIdx.y;
     const int len = row_len[row], per = ((len + tile - 1) / tile + splits - 1) / splits * tile;
     const int used = per > 0 ? min(splits, (len + per - 1) / per) : 0;
-    __shared__ float wts[64];
+    pdl_enter();
+    __shared__ float wts[MAXS];
     __shared__ float inv_denom;
-    if (threadIdx.x < 32) {  // one warp: lane s and s + 32 hold split s's (max, sum)
+    constexpr int MK = (MAXS + 31) / 32;
+    float m[MK], l[MK];
+    if (threadIdx.x < 32) {  // one warp: lane s (and s + 32) holds split s's (max, sum)
         const int lane = threadIdx.x;
-        float m[2], l[2];
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < MK; k++) {
             const int sp = lane + 32 * k;
             const u64 b = (((u64)row * splits + sp) * heads + h) * 2;
             m[k] = sp < used ? part_ml[b] : NEG_INF;
             l[k] = sp < used ? part_ml[b + 1] : 0.f;
         }
-        const float M = warp_max(fmaxf(m[0], m[1]));
+    }
+    const u64 sstride = (u64)heads * L;
+    const float* base = part_o + ((u64)row * splits * heads + h) * L;
+    const int c = threadIdx.x;  // a thread per column (the launcher's rule)
+    float x[MAXS];
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) x[s] = s < used && c < L ? base[s * sstride + c] : 0.f;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float M = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < MK; k++) M = fmaxf(M, m[k]);
+        M = warp_max(M);
         float denom = 0.f;
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < MK; k++) {
             const float w = (m[k] == NEG_INF) ? 0.f : expf(m[k] - M);
             if (lane + 32 * k < used) wts[lane + 32 * k] = w;
             denom += w * l[k];
@@ -215,19 +234,27 @@ extern "C" __global__ void mla_combine(const float* part_o, const float* part_ml
         if (lane == 0) inv_denom = denom > 0.f ? 1.f / denom : 0.f;
     }
     __syncthreads();
-    const u64 sstride = (u64)heads * L;
-    const float* base = part_o + ((u64)row * splits * heads + h) * L;
-    for (int c = threadIdx.x; c < L; c += blockDim.x) {
-        float o = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < used; s++) {
+    if (c >= L) return;
+    float o = 0.f;
+#pragma unroll
+    for (int s = 0; s < MAXS; s++) {
+        if (s < used) {
             const float w = wts[s];
-            const float x = base[s * sstride + c];
-            o += w != 0.f ? w * x : 0.f;
+            o += w != 0.f ? w * x[s] : 0.f;
         }
-        o_lat[((u64)row * heads + h) * L + c] = f2bf(o * inv_denom);
     }
+    o_lat[((u64)row * heads + h) * L + c] = f2bf(o * inv_denom);
 }
+
+#define MLA_COMBINE(NAME, MAXS)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(512)                                                                   \
+        NAME(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L, int splits, const int* row_len, \
+             int tile) {                                                                                                \
+        mla_combine_t<MAXS>(part_o, part_ml, o_lat, heads, L, splits, row_len, tile);                                   \
+    }
+MLA_COMBINE(mla_combine8, 8)
+MLA_COMBINE(mla_combine16, 16)
+MLA_COMBINE(mla_combine, 64)
 
 // Reference-precision MLA attention, f32 throughout (f32 cache and kv_b): the CPU backend's
 // absorbed form, one block per (row, head). For small models and checks, not for speed.

@@ -17,8 +17,15 @@ extern "C" __global__ void embedding_f32(const float* table, const u32* ids, flo
 #define RMS_PER_THREAD 16
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __restrict__ res, const float* __restrict__ w,
                                         float* __restrict__ y, bf16_t* __restrict__ yb, int cols, int wc, float eps) {
-    pdl_enter();
     const int r = blockIdx.x, nt = blockDim.x;
+    // The norm's weights are no kernel's output: loaded before the wait, off the critical path.
+    float g[RMS_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < RMS_PER_THREAD; i++) {
+        const int c = threadIdx.x + i * nt;
+        g[i] = c < wc ? w[c] : 0.f;
+    }
+    pdl_enter();
     const float* xr = x + (u64)r * cols;
     float* yr = y + (u64)r * cols;
     float* rr = res ? res + (u64)r * cols : 0;
@@ -48,7 +55,7 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __re
     for (int i = 0; i < RMS_PER_THREAD; i++) {
         const int c = threadIdx.x + i * nt;
         if (c >= wc) continue;
-        const float o = v[i] * inv * w[c];
+        const float o = v[i] * inv * g[i];
         yr[c] = o;
         if (br) br[c] = f2bf(o);
     }
@@ -63,14 +70,30 @@ extern "C" __global__ void moe_combine_norm(const float* __restrict__ Y, const i
                                             const float* __restrict__ wts, int top_k, float* __restrict__ res,
                                             const float* __restrict__ w, float* __restrict__ y, bf16_t* __restrict__ yb,
                                             int cols, float eps) {
-    pdl_enter();
     const int r = blockIdx.x, nt = blockDim.x, n4 = cols / 4;
+    // The norm's weights before the wait (no kernel writes them); after it, the routes and the
+    // residual row are loaded together, so that the expert rows' loads are the only ones after them.
+    const float4* wr = reinterpret_cast<const float4*>(w);
+    float4 g[CN_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < CN_CHUNKS; i++) {
+        const int c4 = threadIdx.x + i * nt;
+        g[i] = c4 < n4 ? wr[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    pdl_enter();
     __shared__ int s_row[32];
     __shared__ float s_wt[32];
     if (threadIdx.x < top_k) {
         const int p = inv[(u64)r * top_k + threadIdx.x];
         s_row[threadIdx.x] = p;
         s_wt[threadIdx.x] = p < 0 ? 0.f : wts[(u64)r * top_k + threadIdx.x];
+    }
+    float4* rr = reinterpret_cast<float4*>(res + (u64)r * cols);
+    float4 a[CN_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < CN_CHUNKS; i++) {
+        const int c4 = threadIdx.x + i * nt;
+        a[i] = c4 < n4 ? rr[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     __syncthreads();
     float4 v[CN_CHUNKS];
@@ -90,28 +113,24 @@ extern "C" __global__ void moe_combine_norm(const float* __restrict__ Y, const i
             v[i].x += wj * t.x, v[i].y += wj * t.y, v[i].z += wj * t.z, v[i].w += wj * t.w;
         }
     }
-    float4* rr = reinterpret_cast<float4*>(res + (u64)r * cols);
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < CN_CHUNKS; i++) {
         const int c4 = threadIdx.x + i * nt;
         if (c4 >= n4) break;
-        const float4 a = rr[c4];
-        v[i].x += a.x, v[i].y += a.y, v[i].z += a.z, v[i].w += a.w;
+        v[i].x += a[i].x, v[i].y += a[i].y, v[i].z += a[i].z, v[i].w += a[i].w;
         rr[c4] = v[i];
         ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
     }
     ss = block_sum(ss);
     const float inv_rms = 1.0f / sqrtf(ss / (float)cols + eps);
     float4* yr = reinterpret_cast<float4*>(y + (u64)r * cols);
-    const float4* wr = reinterpret_cast<const float4*>(w);
 #pragma unroll
     for (int i = 0; i < CN_CHUNKS; i++) {
         const int c4 = threadIdx.x + i * nt;
         if (c4 >= n4) break;
-        const float4 g = wr[c4];
-        const float4 o = make_float4(v[i].x * inv_rms * g.x, v[i].y * inv_rms * g.y, v[i].z * inv_rms * g.z,
-                                     v[i].w * inv_rms * g.w);
+        const float4 o = make_float4(v[i].x * inv_rms * g[i].x, v[i].y * inv_rms * g[i].y, v[i].z * inv_rms * g[i].z,
+                                     v[i].w * inv_rms * g[i].w);
         yr[c4] = o;
         if (yb) {
             u32* br = reinterpret_cast<u32*>(yb + (u64)r * cols) + 2 * c4;
@@ -286,15 +305,18 @@ extern "C" __global__ void kv_scatter_f32(const float* in, const u32* blocks, fl
 // `qstride` = nope + rope columns, the rope ones from `qoff` on): RoPE in place and, with `qb`
 // non-null, the rotated row also written as bf16 there (the absorbed attention's GEMM operand).
 // One block per token did all of it: at 128 heads a serial 37 us (run 51).
+#define PROLOGUE_W 4  // the latent norm's weights a thread holds from before the wait (lora 512: 2)
 template <typename T>
 __device__ __forceinline__ void mla_prologue(float* q, bf16_t* qb, int qcols, int heads, int qoff, int qstride, const float* kv,
                                              const float* w, float eps, const float* cos_sin, const u32* pos,
                                              const u32* slots, T* cache, int lora, int rope, int layers, int layer,
                                              int bs, int interleaved) {
-    pdl_enter();
+    // Positions and slots are the step's inputs (uploaded before its first kernel), the rotation
+    // table and the norm's weights constants: all read before the wait.
     const int r = blockIdx.x, t = threadIdx.x, half = rope / 2, width = lora + rope;
     const float* cs = cos_sin + (u64)pos[r] * rope;
     if (blockIdx.y > 0) {
+        pdl_enter();
         const int per = (heads + gridDim.y - 2) / (gridDim.y - 1);
         const int h0 = (blockIdx.y - 1) * per, nh = min(per, heads - h0);
         float* qr = q + (u64)r * qcols + (u64)h0 * qstride;
@@ -317,15 +339,27 @@ __device__ __forceinline__ void mla_prologue(float* q, bf16_t* qb, int qcols, in
         }
         return;
     }
+    const u32 slot = slots[r];
+    float g[PROLOGUE_W];
+#pragma unroll
+    for (int k = 0; k < PROLOGUE_W; k++) {
+        const int c = t + k * blockDim.x;
+        g[k] = c < lora ? w[c] : 0.f;
+    }
+    pdl_enter();
     const float* kr = kv + (u64)r * width;
     float ss = 0.f;
     for (int c = t; c < lora; c += blockDim.x) ss += kr[c] * kr[c];
     ss = block_sum(ss);
-    const u32 slot = slots[r];
     if (slot == NO_SLOT) return;  // a padding row of a captured step
     const float inv = 1.0f / sqrtf(ss / (float)lora + eps);
     T* dst = cache + (((u64)(slot / bs) * layers + layer) * bs + slot % bs) * width;
-    for (int c = t; c < lora; c += blockDim.x) store_as(&dst[c], kr[c] * inv * w[c]);
+#pragma unroll
+    for (int k = 0; k < PROLOGUE_W; k++) {
+        const int c = t + k * blockDim.x;
+        if (c < lora) store_as(&dst[c], kr[c] * inv * g[k]);
+    }
+    for (int c = t + PROLOGUE_W * blockDim.x; c < lora; c += blockDim.x) store_as(&dst[c], kr[c] * inv * w[c]);
     for (int p = t; p < half; p += blockDim.x) {
         const int a = interleaved ? 2 * p : p, b = interleaved ? 2 * p + 1 : p + half;
         const float c = cs[p], s = cs[half + p], x0 = kr[lora + a], x1 = kr[lora + b];

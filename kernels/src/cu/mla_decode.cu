@@ -35,7 +35,6 @@ __device__ __forceinline__ void mla_decode3_t(
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer,
     int splits, float scale, bf16_t* __restrict__ o_lat) {
-    pdl_enter();
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -58,6 +57,13 @@ __device__ __forceinline__ void mla_decode3_t(
     if (ntiles == 0 && !o_lat) return;  // an empty split: mla_combine reads only those with keys
 
     auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V3_TT) / V3_BS) : 0; };
+    // The row lengths and block tables are the step's inputs and the cache's keys before this
+    // step's are no kernel's output in flight: the first tile's lookup happens, and its bytes are
+    // brought into L2, before the wait (the copy itself waits: this step's key may be in it).
+    const int pg0 = page(0);
+    if (tid == 0 && ntiles > 0)
+        prefetch_l2_bulk(cache + (u64)pg0 * blk_stride + ((u64)layer * V3_BS + t_begin % V3_BS) * V3_W, V3_TT * V3_W * 2);
+    pdl_enter();
     auto load_tile = [&](int buf, int tile, int pg) {
         bf16_t* dst = sK + buf * V3_TT * V3_S;
         const int t0 = t_begin + tile * V3_TT;
@@ -75,7 +81,7 @@ __device__ __forceinline__ void mla_decode3_t(
     // ST - 1 tiles in flight ahead of the one being computed.
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < ntiles) load_tile(s, s, page(s));
+        if (s < ntiles) load_tile(s, s, s == 0 ? pg0 : page(s));
         cp_async_commit();
     }
     int pg = page(ST - 1);

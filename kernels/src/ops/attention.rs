@@ -98,7 +98,7 @@ impl Gpu {
 
     /// Merges [`Gpu::mla_decode`]'s partials into the bf16 `[rows, heads, kv_lora]` output,
     /// reading only the splits that hold keys (by each row's length at `row_len`, the decode
-    /// launch's).
+    /// launch's, read before the PDL wait: no kernel still in flight may write it).
     #[allow(clippy::too_many_arguments)]
     pub fn mla_combine(
         &self,
@@ -124,9 +124,15 @@ impl Gpu {
             Ptr(row_len),
             I32(MLA_TILE as i32),
         ];
-        // A thread per latent column (kv_lora <= 512): the splits' loads are all that is serial.
+        // A thread per latent column (kv_lora <= 512, the kernel's bound).
         let threads = (kv_lora.div_ceil(32) * 32).clamp(32, MLA_MAX_LATENT) as u32;
-        self.launch("mla_combine", (rows as u32, heads as u32, 1), threads, 0, &args)
+        // The smallest instance that holds the splits (each holds its bound in registers).
+        let name = match splits {
+            0..=8 => "mla_combine8",
+            9..=16 => "mla_combine16",
+            _ => "mla_combine",
+        };
+        self.launch(name, (rows as u32, heads as u32, 1), threads, 0, &args)
     }
 
     /// Expanded prefill: a sequence's latent rows `[ctx, width]` gathered from the paged cache.

@@ -48,7 +48,10 @@ impl Gpu {
     ///
     /// # Safety
     /// Every address is a live device allocation of this context holding what [`MlaPrologue`]
-    /// describes; positions index `cos_sin`, slots lie in the cache (or are [`NO_SLOT`]).
+    /// describes; positions index `cos_sin`, slots lie in the cache (or are [`NO_SLOT`]). Under
+    /// PDL the positions, slots, `cos_sin` and norm weights are read before the kernel waits for
+    /// the one before it: no kernel still in flight may write them (they are the step's uploads
+    /// and constants).
     pub unsafe fn mla_prologue(&self, m: &MlaPrologue) -> Result<()> {
         let args = [
             Ptr(m.q),

@@ -36,6 +36,8 @@ const PDL_OPS: &[&str] = &[
     "rms_norm_f32",
     "mla_prologue_bf16",
     "mla_prologue_f32",
+    "mla_combine8",
+    "mla_combine16",
     "mla_combine",
     "moe_route",
     "moe_align",
