@@ -22,10 +22,10 @@ __device__ __forceinline__ void prefetch_weights(const float* w, int n) {
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __restrict__ res, const float* __restrict__ w,
                                         float* __restrict__ y, bf16_t* __restrict__ yb, int cols, int wc, float eps) {
     const int r = blockIdx.x, nt = blockDim.x;
-    // The norm's weights are no kernel's output: brought into L2 before the wait, so that their
-    // loads after the sum are short. (Held in registers from before the wait, as run 131 had
-    // them, the wider rows' blocks of V3's 7,168 columns asked for more registers than a launch
-    // has: run 132.)
+    // The norm's weights come into L2 before the wait, so that their loads after the sum are
+    // short. (Held in registers from before the wait, as in run 131, the widest rows' blocks of
+    // 1,024 threads ask for more registers than a launch has: moe_combine_norm's at V3's 7,168
+    // columns did, run 132.)
     if (threadIdx.x == 0) prefetch_weights(w, wc);
     pdl_enter();
     const float* xr = x + (u64)r * cols;
@@ -73,9 +73,9 @@ extern "C" __global__ void __launch_bounds__(1024) moe_combine_norm(const float*
                                             const float* __restrict__ w, float* __restrict__ y, bf16_t* __restrict__ yb,
                                             int cols, float eps) {
     const int r = blockIdx.x, nt = blockDim.x, n4 = cols / 4;
-    // The norm's weights into L2 before the wait (no kernel writes them; as rms_norm_f32); after
-    // it, the routes and the residual row are loaded together, so that the expert rows' loads
-    // are the only ones after them.
+    // The norm's weights into L2 before the wait (as rms_norm_f32); after it, the routes and the
+    // residual row are loaded together, so that the expert rows' loads are the only ones after
+    // them.
     if (threadIdx.x == 0) prefetch_weights(w, cols);
     pdl_enter();
     __shared__ int s_row[32];

@@ -12,8 +12,7 @@ impl Gpu {
 
     /// `y = rmsnorm(x)` over the first `wc` columns, or with `res != 0`: `res += x; y = rmsnorm(res)`.
     /// With `yb != 0`, also writes `y` as bf16 there (a GEMM operand, no separate cast). Under PDL
-    /// the weights `w` are read before the kernel waits for the one before it: no kernel still
-    /// in flight may write them.
+    /// the weights `w` are brought into L2 before the kernel waits for the one before it.
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
         &self,
@@ -42,8 +41,8 @@ impl Gpu {
 
     /// A MoE layer's end, one pass per token: `res += sum_j wts[t, j] y[inv[t, j]]` over its
     /// `top_k` expert rows of `ys` (as [`Gpu::moe_combine`]), then [`Gpu::rms_norm`] of `res` by
-    /// `w` into `y` (and `yb`, bf16, when non-zero). `cols` must be a multiple of 4. As for
-    /// [`Gpu::rms_norm`], `w` is read before the PDL wait.
+    /// `w` into `y` (and `yb`, bf16, when non-zero). `cols` must be a multiple of 4. As
+    /// [`Gpu::rms_norm`] does, it brings `w` into L2 before the PDL wait.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine_norm(
         &self,
