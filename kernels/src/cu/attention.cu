@@ -246,15 +246,11 @@ __device__ __forceinline__ void mla_combine_t(const float* part_o, const float* 
     o_lat[((u64)row * heads + h) * L + c] = f2bf(o * inv_denom);
 }
 
-#define MLA_COMBINE(NAME, MAXS)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(512)                                                                   \
-        NAME(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L, int splits, const int* row_len, \
-             int tile) {                                                                                                \
-        mla_combine_t<MAXS>(part_o, part_ml, o_lat, heads, L, splits, row_len, tile);                                   \
-    }
-MLA_COMBINE(mla_combine8, 8)
-MLA_COMBINE(mla_combine16, 16)
-MLA_COMBINE(mla_combine, 64)
+#define COMBINE_ARGS const float *part_o, const float *part_ml, bf16_t *o_lat, int heads, int L, int splits, const int *row_len, int tile
+#define COMBINE_PASS part_o, part_ml, o_lat, heads, L, splits, row_len, tile
+extern "C" __global__ void __launch_bounds__(512) mla_combine8(COMBINE_ARGS) { mla_combine_t<8>(COMBINE_PASS); }
+extern "C" __global__ void __launch_bounds__(512) mla_combine16(COMBINE_ARGS) { mla_combine_t<16>(COMBINE_PASS); }
+extern "C" __global__ void __launch_bounds__(512) mla_combine(COMBINE_ARGS) { mla_combine_t<64>(COMBINE_PASS); }
 
 // Reference-precision MLA attention, f32 throughout (f32 cache and kv_b): the CPU backend's
 // absorbed form, one block per (row, head). For small models and checks, not for speed.
