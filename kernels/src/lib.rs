@@ -554,6 +554,14 @@ mod tests {
     }
 
     #[test]
+    fn mla_combine_instances_are_loaded_and_ordered() {
+        let (_, _, attention) = MODULES.iter().find(|m| m.0 == "attention").expect("attention module");
+        assert!(ops::MLA_COMBINE_KERNELS.iter().all(|k| attention.contains(k)));
+        assert_eq!(ops::MLA_COMBINE_KERNELS.len(), ops::MLA_COMBINE_SPLITS.len());
+        assert!(ops::MLA_COMBINE_SPLITS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
     fn args_are_little_endian_bits() {
         assert_eq!(Arg::I32(-1).bits(), 0xffff_ffff);
         assert_eq!(Arg::F32(1.0).bits(), 0x3f80_0000);

@@ -246,6 +246,7 @@ __device__ __forceinline__ void mla_combine_t(const float* part_o, const float* 
     o_lat[((u64)row * heads + h) * L + c] = f2bf(o * inv_denom);
 }
 
+// The instances and their split bounds: ops/mla.rs MLA_COMBINE_KERNELS and MLA_COMBINE_SPLITS.
 #define COMBINE_ARGS const float *part_o, const float *part_ml, bf16_t *o_lat, int heads, int L, int splits, const int *row_len, int tile
 #define COMBINE_PASS part_o, part_ml, o_lat, heads, L, splits, row_len, tile
 extern "C" __global__ void __launch_bounds__(512) mla_combine8(COMBINE_ARGS) { mla_combine_t<8>(COMBINE_PASS); }

@@ -2,7 +2,7 @@
 //! widths, they are compiled in), split combine, the expanded prefill (latent gather, flash
 //! attention), and the f32 reference attention.
 
-use super::{MlaKernel, MlaLaunch, MLA_MAX_LATENT, MLA_TILE};
+use super::{MlaKernel, MlaLaunch, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS, MLA_MAX_LATENT, MLA_MAX_SPLITS, MLA_TILE};
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
@@ -67,8 +67,8 @@ impl Gpu {
         if k.smem > self.dyn_smem_limit() {
             return Err(KernelError::Invalid(format!("MLA attention needs {} bytes of shared memory", k.smem)));
         }
-        if splits == 0 || splits > 64 {
-            return Err(KernelError::Invalid(format!("mla_decode: {splits} splits (1 to 64)")));
+        if splits == 0 || splits > MLA_MAX_SPLITS {
+            return Err(KernelError::Invalid(format!("mla_decode: {splits} splits (1 to {MLA_MAX_SPLITS})")));
         }
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(k.heads_per_block);
@@ -111,9 +111,10 @@ impl Gpu {
         kv_lora: usize,
         splits: usize,
     ) -> Result<()> {
-        if splits > 64 {
-            return Err(KernelError::Invalid(format!("mla_combine: {splits} splits (at most 64)")));
-        }
+        // The smallest instance that holds the splits.
+        let Some(i) = MLA_COMBINE_SPLITS.iter().position(|&m| splits <= m) else {
+            return Err(KernelError::Invalid(format!("mla_combine: {splits} splits (at most {MLA_MAX_SPLITS})")));
+        };
         let args = [
             Ptr(part_o),
             Ptr(part_ml),
@@ -126,13 +127,7 @@ impl Gpu {
         ];
         // A thread per latent column (kv_lora <= 512, the kernel's bound).
         let threads = (kv_lora.div_ceil(32) * 32).clamp(32, MLA_MAX_LATENT) as u32;
-        // The smallest instance that holds the splits (each holds its bound in registers).
-        let name = match splits {
-            0..=8 => "mla_combine8",
-            9..=16 => "mla_combine16",
-            _ => "mla_combine",
-        };
-        self.launch(name, (rows as u32, heads as u32, 1), threads, 0, &args)
+        self.launch(MLA_COMBINE_KERNELS[i], (rows as u32, heads as u32, 1), threads, 0, &args)
     }
 
     /// Expanded prefill: a sequence's latent rows `[ctx, width]` gathered from the paged cache.

@@ -11,6 +11,12 @@ pub const MLA_MAX_LATENT: usize = 512;
 const V12_HEADS: usize = 16;
 /// The v3 kernels (mla_decode.cu), by heads per block.
 pub const MLA3_KERNELS: &[&str] = &["mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64"];
+/// `mla_combine`'s instances (attention.cu), smallest first, and the most splits each holds in
+/// registers: a launch takes the first that holds its split count.
+pub const MLA_COMBINE_KERNELS: &[&str] = &["mla_combine8", "mla_combine16", "mla_combine"];
+pub const MLA_COMBINE_SPLITS: [usize; 3] = [8, 16, MLA_MAX_SPLITS];
+/// The most splits a row's keys are dealt over (the largest `mla_combine` instance).
+pub const MLA_MAX_SPLITS: usize = 64;
 /// The shape v3 is compiled for: latent 512, rope 64, cache blocks of 64 keys.
 const V3_SHAPE: (usize, usize, usize) = (512, 64, 64);
 
@@ -140,12 +146,12 @@ impl MlaLaunch {
     /// How many splits each row's keys are dealt over (each split a whole number of tiles of
     /// the row, found by the kernel from the row's own length) for kernel `k` with `per_sm`
     /// resident blocks per SM: enough blocks for one wave when the rows allow it, no more splits
-    /// than `max_ctx` has tiles, at most 64 (`mla_combine`).
+    /// than `max_ctx` has tiles, at most [`MLA_MAX_SPLITS`].
     pub fn splits(&self, k: &MlaKernel, sm_count: usize, per_sm: usize) -> usize {
         let tiles = self.max_ctx.div_ceil(MLA_TILE).max(1);
         let base = self.rows * self.heads.div_ceil(k.heads_per_block);
         let want = ((per_sm.max(1) * sm_count) / base.max(1)).max(1);
-        want.clamp(1, tiles.min(64))
+        want.clamp(1, tiles.min(MLA_MAX_SPLITS))
     }
 }
 

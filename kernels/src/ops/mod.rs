@@ -16,7 +16,10 @@ pub use gemv::{gemv_weight_reads, GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_RO
 mod kv;
 pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
-pub use mla::{MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_MAX_LATENT, MLA_TILE};
+pub use mla::{
+    MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS, MLA_MAX_LATENT,
+    MLA_MAX_SPLITS, MLA_TILE,
+};
 mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS};
 mod qdecode;
@@ -31,14 +34,12 @@ pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 
 /// Kernels of a decode step that open with `pdl_wait` (common.cuh), so that they may be launched
 /// with programmatic dependent launch ([`Gpu::set_pdl`]), besides the families that all do:
-/// [`GEMV_KERNELS`], [`MLA3_KERNELS`] and the persistent grouped GEMMs (see [`pdl_kernels`]).
+/// [`GEMV_KERNELS`], [`MLA3_KERNELS`], [`MLA_COMBINE_KERNELS`] and the persistent grouped GEMMs
+/// (see [`pdl_kernels`]).
 const PDL_OPS: &[&str] = &[
     "rms_norm_f32",
     "mla_prologue_bf16",
     "mla_prologue_f32",
-    "mla_combine8",
-    "mla_combine16",
-    "mla_combine",
     "moe_route",
     "moe_align",
     "moe_route_align",
@@ -58,7 +59,14 @@ fn persistent_grouped(name: &str) -> bool {
 /// after the embedding, except cuBLAS's.
 pub fn pdl_kernels() -> impl Iterator<Item = &'static str> {
     let grouped = moe::GGP_KERNELS.iter().flat_map(|c| [c.4, c.5]);
-    PDL_OPS.iter().chain(GEMV_KERNELS).chain(MLA3_KERNELS).copied().chain(qdecode::qgp_kernels()).chain(grouped)
+    PDL_OPS
+        .iter()
+        .chain(GEMV_KERNELS)
+        .chain(MLA3_KERNELS)
+        .chain(MLA_COMBINE_KERNELS)
+        .copied()
+        .chain(qdecode::qgp_kernels())
+        .chain(grouped)
 }
 
 /// Which kernels [`Gpu::set_pdl`] launches with programmatic dependent launch.
@@ -76,7 +84,7 @@ pub enum Pdl {
 impl Pdl {
     /// Whether kernel `name` is launched with it.
     pub fn takes(self, name: &str) -> bool {
-        let ops = || [PDL_OPS, GEMV_KERNELS, MLA3_KERNELS].iter().any(|l| l.contains(&name));
+        let ops = || [PDL_OPS, GEMV_KERNELS, MLA3_KERNELS, MLA_COMBINE_KERNELS].iter().any(|l| l.contains(&name));
         let compressed = || qdecode::qgp_kernels().any(|k| k == name);
         match self {
             Pdl::Off => false,
