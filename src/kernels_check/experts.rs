@@ -106,13 +106,16 @@ impl Ctx<'_> {
             self.check_moe_layer(&ec, &eg, shape, n)?;
         }
         // The layer's end at V3's width, on small experts: 7,168 columns take the fused combine
-        // and norm's widest blocks (1,024 threads), whose register budget a launch can exceed.
-        let wide = ExpertShape { h: 7168, i: 16, ..shape };
-        let wide_weights = RandomExperts::new(&mut self.rng, e, wide.h, wide.i);
-        let ws = wide_weights.sources();
-        let (wide_c, wide_g) = (self.cpu.load_experts(&ws, 0, 0)?, self.cu.load_experts(&ws, 0, 0)?);
-        for n in [1, 3] {
-            self.check_moe_layer(&wide_c, &wide_g, wide, n)?;
+        // and norm's widest blocks (1,024 threads), whose register budget a launch can exceed;
+        // past 8,192 some of the norm's weights come from L2 rather than registers.
+        for h in [7168, 12288] {
+            let wide = ExpertShape { h, i: 16, ..shape };
+            let wide_weights = RandomExperts::new(&mut self.rng, e, wide.h, wide.i);
+            let ws = wide_weights.sources();
+            let (wide_c, wide_g) = (self.cpu.load_experts(&ws, 0, 0)?, self.cu.load_experts(&ws, 0, 0)?);
+            for n in [1, 3] {
+                self.check_moe_layer(&wide_c, &wide_g, wide, n)?;
+            }
         }
         // An expert-parallel rank's half: tokens routed to the other half are skipped on both.
         let half = &sources[e / 2..];

@@ -171,8 +171,9 @@ impl Ctx<'_> {
                 0.0,
                 Ceiling::Mem,
             );
-            // rms_norm, with a pass-through tail (the latent's rope part) and without
-            for (cols, wc) in [(2048, 2048), (7168, 7168), (576, 512)] {
+            // rms_norm, with a pass-through tail (the latent's rope part) and without; past
+            // 8,192 columns some weights come from L2 rather than registers
+            for (cols, wc) in [(2048, 2048), (7168, 7168), (576, 512), (12288, 12288)] {
                 let x = self.rng.vec(n * cols, 2.0);
                 let w: Vec<f32> = (0..wc).map(|_| 0.5 + self.rng.unit()).collect();
                 let (xc, xg) = self.up(&x, n, cols)?;

@@ -15,18 +15,27 @@ extern "C" __global__ void embedding_f32(const float* table, const u32* ids, flo
 // registers (at most RMS_PER_THREAD values per thread, cols <= RMS_PER_THREAD * blockDim.x): all
 // loads are issued before the reduction, nothing is read twice. x, res and y must not overlap.
 #define RMS_PER_THREAD 16
+// The norm's weights a thread holds in registers from before the PDL wait: the first NORM_W of
+// its values, the rest read from L2 (prefetched there before the wait). Up to 8,192 columns (V3's
+// 7,168 included) that is every value, and it stays within a 1,024-thread launch's 64 registers a
+// thread (run 132's build, holding every value's weight, could not launch moe_combine_norm at
+// 7,168 columns).
+#define NORM_W 8
 // `n` f32 weights brought into L2 (one instruction; where they are 16-byte aligned and sized).
 __device__ __forceinline__ void prefetch_weights(const float* w, int n) {
     if (n % 4 == 0 && (reinterpret_cast<u64>(w) & 15) == 0) prefetch_l2_bulk(w, (u32)n * 4);
 }
-extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __restrict__ res, const float* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_f32(const float* __restrict__ x, float* __restrict__ res, const float* __restrict__ w,
                                         float* __restrict__ y, bf16_t* __restrict__ yb, int cols, int wc, float eps) {
     const int r = blockIdx.x, nt = blockDim.x;
-    // The norm's weights come into L2 before the wait, so that their loads after the sum are
-    // short. (Held in registers from before the wait, as in run 131, the widest rows' blocks of
-    // 1,024 threads ask for more registers than a launch has: moe_combine_norm's at V3's 7,168
-    // columns did, run 132.)
-    if (threadIdx.x == 0) prefetch_weights(w, wc);
+    // The norm's weights are no kernel's output: read before the wait, off the critical path.
+    float g[NORM_W];
+#pragma unroll
+    for (int i = 0; i < NORM_W; i++) {
+        const int c = threadIdx.x + i * nt;
+        g[i] = c < wc ? w[c] : 0.f;
+    }
+    if (threadIdx.x == 0 && wc > NORM_W * nt) prefetch_weights(w, wc);
     pdl_enter();
     const float* xr = x + (u64)r * cols;
     float* yr = y + (u64)r * cols;
@@ -57,7 +66,7 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __re
     for (int i = 0; i < RMS_PER_THREAD; i++) {
         const int c = threadIdx.x + i * nt;
         if (c >= wc) continue;
-        const float o = v[i] * inv * w[c];
+        const float o = v[i] * inv * (i < NORM_W ? g[i] : w[c]);
         yr[c] = o;
         if (br) br[c] = f2bf(o);
     }
@@ -68,15 +77,23 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, float* __re
 // with `res` does, one block per token. Each thread owns up to CN_CHUNKS float4 column chunks
 // (cols % 4 == 0, cols <= 4 CN_CHUNKS blockDim.x); the top_k rows' loads are independent.
 #define CN_CHUNKS 4
+#define CN_W (NORM_W / 4)
 extern "C" __global__ void __launch_bounds__(1024) moe_combine_norm(const float* __restrict__ Y, const int* __restrict__ inv,
                                             const float* __restrict__ wts, int top_k, float* __restrict__ res,
                                             const float* __restrict__ w, float* __restrict__ y, bf16_t* __restrict__ yb,
                                             int cols, float eps) {
     const int r = blockIdx.x, nt = blockDim.x, n4 = cols / 4;
-    // The norm's weights into L2 before the wait (as rms_norm_f32); after it, the routes and the
-    // residual row are loaded together, so that the expert rows' loads are the only ones after
-    // them.
-    if (threadIdx.x == 0) prefetch_weights(w, cols);
+    // The norm's weights before the wait (as rms_norm_f32: NORM_W values, CN_W float4 chunks, in
+    // registers); after it, the routes and the residual row are loaded together, so that the
+    // expert rows' loads are the only ones after them.
+    const float4* wr = reinterpret_cast<const float4*>(w);
+    float4 g[CN_W];
+#pragma unroll
+    for (int i = 0; i < CN_W; i++) {
+        const int c4 = threadIdx.x + i * nt;
+        g[i] = c4 < n4 ? wr[c4] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (threadIdx.x == 0 && n4 > CN_W * nt) prefetch_weights(w, cols);
     pdl_enter();
     __shared__ int s_row[32];
     __shared__ float s_wt[32];
@@ -122,14 +139,13 @@ extern "C" __global__ void __launch_bounds__(1024) moe_combine_norm(const float*
     ss = block_sum(ss);
     const float inv_rms = 1.0f / sqrtf(ss / (float)cols + eps);
     float4* yr = reinterpret_cast<float4*>(y + (u64)r * cols);
-    const float4* wr = reinterpret_cast<const float4*>(w);
 #pragma unroll
     for (int i = 0; i < CN_CHUNKS; i++) {
         const int c4 = threadIdx.x + i * nt;
         if (c4 >= n4) break;
-        const float4 g = wr[c4];
-        const float4 o = make_float4(v[i].x * inv_rms * g.x, v[i].y * inv_rms * g.y, v[i].z * inv_rms * g.z,
-                                     v[i].w * inv_rms * g.w);
+        const float4 gi = i < CN_W ? g[i] : wr[c4];
+        const float4 o = make_float4(v[i].x * inv_rms * gi.x, v[i].y * inv_rms * gi.y, v[i].z * inv_rms * gi.z,
+                                     v[i].w * inv_rms * gi.w);
         yr[c4] = o;
         if (yb) {
             u32* br = reinterpret_cast<u32*>(yb + (u64)r * cols) + 2 * c4;

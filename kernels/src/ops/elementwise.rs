@@ -12,7 +12,8 @@ impl Gpu {
 
     /// `y = rmsnorm(x)` over the first `wc` columns, or with `res != 0`: `res += x; y = rmsnorm(res)`.
     /// With `yb != 0`, also writes `y` as bf16 there (a GEMM operand, no separate cast). Under PDL
-    /// the weights `w` are brought into L2 before the kernel waits for the one before it.
+    /// the weights `w` are read (into registers, or into L2 past 8,192 columns) before the kernel
+    /// waits for the one before it.
     #[allow(clippy::too_many_arguments)]
     pub fn rms_norm(
         &self,
@@ -26,11 +27,12 @@ impl Gpu {
         wc: usize,
         eps: f32,
     ) -> Result<()> {
-        // The kernel keeps a row in registers, RMS_PER_THREAD (16) values per thread.
+        // The kernel keeps a row in registers, RMS_PER_THREAD (16) values per thread, and the
+        // weights of the first NORM_W (8): eight values a thread up to 8,192 columns.
         if cols > 16 * 1024 || wc > cols || wc == 0 {
             return Err(KernelError::Invalid(format!("rms_norm: {cols} columns, {wc} normalized (at most 16384)")));
         }
-        let block = (cols.div_ceil(16).div_ceil(32) * 32).max(256) as u32;
+        let block = (cols.div_ceil(8).div_ceil(32) * 32).clamp(256, 1024) as u32;
         self.launch_rows(
             "rms_norm_f32",
             rows,
@@ -42,7 +44,7 @@ impl Gpu {
     /// A MoE layer's end, one pass per token: `res += sum_j wts[t, j] y[inv[t, j]]` over its
     /// `top_k` expert rows of `ys` (as [`Gpu::moe_combine`]), then [`Gpu::rms_norm`] of `res` by
     /// `w` into `y` (and `yb`, bf16, when non-zero). `cols` must be a multiple of 4. As
-    /// [`Gpu::rms_norm`] does, it brings `w` into L2 before the PDL wait.
+    /// [`Gpu::rms_norm`] does, it reads `w` before the PDL wait.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_combine_norm(
         &self,
