@@ -127,12 +127,39 @@ mod tests {
         assert_eq!(fnv1a(&[]), 0xcbf29ce484222325);
     }
 
-    /// Kernels allowed to spill, and why: 512 threads per block cap them at 128 registers.
-    const SPILLS_ALLOWED: &[(&str, &str)] = &[(
-        "mla_decode3_h64",
-        "36 bytes at NVRTC 12.9: a few refills per 32-key tile against ~1,000 instructions; the \
-         fastest MLA decode at 128 heads (kernels/NOTES.md, run 33)",
-    )];
+    /// Kernels allowed to spill (by name, or by prefix where a name ends in `_`), and why. Spills
+    /// measured at NVRTC 12.9 and 13.0 (the GPU machines' version); any other kernel that spills
+    /// fails the test.
+    const SPILLS_ALLOWED: &[(&str, &str)] = &[
+        (
+            "mla_decode3_h64",
+            "36 bytes (512 threads cap it at 128 registers): a few refills per 32-key tile against \
+             ~1,000 instructions; the fastest MLA decode at 128 heads (kernels/NOTES.md, run 33)",
+        ),
+        (
+            "mla_decode3_h32",
+            "28 bytes (two blocks of 256 threads an SM: 128 registers): one block's softmax under \
+             the other's MMAs took 256 x 2,048 from 324 to 269 us (kernels/NOTES.md, run 105)",
+        ),
+        ("sample_rows", "8 bytes at 32 registers: one launch a step, its time the passes over the vocabulary"),
+        (
+            "qg64_awq_",
+            "16 bytes (two blocks of 256 threads an SM: 128 registers): the tiled AWQ GEMM, a \
+             reference and fallback beside the persistent one",
+        ),
+        (
+            "ggw_fp8_",
+            "12 bytes stored, 52 loaded: the warp-specialized FP8 prefill GEMM's producer warpgroup \
+             at 64 registers (setmaxnreg), its 32-bit offsets keeping it near that (kernels/NOTES.md, \
+             run 76)",
+        ),
+        ("ggw_fp8c_", "as ggw_fp8_ (the same GEMM with per-column weight scales)"),
+    ];
+
+    /// Whether `kernel` is in [`SPILLS_ALLOWED`].
+    fn spill_allowed(kernel: &str) -> bool {
+        SPILLS_ALLOWED.iter().any(|(k, _)| if k.ends_with('_') { kernel.starts_with(k) } else { kernel == *k })
+    }
 
     /// The kernels of a ptxas `-v` log that spill registers.
     fn spilling(log: &str) -> Vec<String> {
@@ -161,8 +188,7 @@ mod tests {
             let (size, log) = resource_report(name, &full, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
             eprintln!("== {name}.cu: {size} bytes of CUBIN\n{log}");
             assert!(size > 0);
-            let spills: Vec<String> =
-                spilling(&log).into_iter().filter(|f| !SPILLS_ALLOWED.iter().any(|(k, _)| k == f)).collect();
+            let spills: Vec<String> = spilling(&log).into_iter().filter(|f| !spill_allowed(f)).collect();
             assert!(spills.is_empty(), "{name}.cu: {spills:?} spill registers:\n{log}")
         }
     }
