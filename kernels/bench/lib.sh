@@ -43,6 +43,37 @@ bench_steps() {
   echo "$tag rc=$? $(( $(date +%s) - S )) s: $(grep -o 'CUDA graph: step [0-9.]* ms' $OUT/run${R}-$tag.txt | grep -o '[0-9.]* ms' | tr '\n' ' ')"
 }
 
+# ab_steps MODEL BATCHES: bench_steps with this build ($C, tag MODEL-new) and the one before ($P,
+# MODEL-prev), in that order (40 s each unless $BENCH_TIMEOUT says otherwise).
+ab_steps() {
+  BENCH_TIMEOUT=${BENCH_TIMEOUT:-40} bench_steps $1-new $C $1 $2
+  BENCH_TIMEOUT=${BENCH_TIMEOUT:-40} bench_steps $1-prev $P $1 $2
+}
+
+# ncu_launches CSV: one line per launch of an `ncu --csv --print-units base` file whose metrics
+# include gpu__time_duration.sum, dram__bytes_read.sum, launch__grid_size,
+# launch__registers_per_thread, dram__throughput.avg.pct_of_peak_sustained_elapsed,
+# smsp__issue_active.avg.pct_of_peak_sustained_active and
+# sm__warps_active.avg.pct_of_peak_sustained_active (with sm__inst_executed.sum also: the
+# instructions per byte read).
+ncu_launches() {
+  python3 - "$1" <<'PY'
+import csv, sys
+from collections import defaultdict
+rows = defaultdict(dict)
+for r in csv.DictReader([l for l in open(sys.argv[1]) if l.startswith('"')]):
+    rows[int(r["ID"])]["name"] = r["Kernel Name"].split("(")[0]
+    rows[int(r["ID"])][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+for i, m in sorted(rows.items()):
+    t = m["gpu__time_duration.sum"] / 1e3; rd = m["dram__bytes_read.sum"] / 1e6
+    print(f"  {i:3} {m['name']:28} grid {m['launch__grid_size']:5.0f} regs {m['launch__registers_per_thread']:4.0f} {t:7.2f} us"
+          f" rd {rd:7.2f} MB dram {m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:5.1f}%"
+          f" issue {m['smsp__issue_active.avg.pct_of_peak_sustained_active']:5.1f}%"
+          f" warps {m['sm__warps_active.avg.pct_of_peak_sustained_active']:5.1f}%"
+          + (f" inst/B {m['sm__inst_executed.sum'] * 32 / max(rd * 1e6, 1):5.2f}" if "sm__inst_executed.sum" in m else ""))
+PY
+}
+
 # gen_model NAME ARGS...: `cleave gen-checkpoint ARGS` into /dev/shm/NAME (host memory), then
 # /dev/shm/NAME.done, which bench_steps waits for.
 gen_model() { $C gen-checkpoint "${@:2}" --out /dev/shm/$1 > /dev/null 2>&1; touch /dev/shm/$1.done; }

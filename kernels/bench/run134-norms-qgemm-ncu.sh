@@ -11,30 +11,13 @@ S=$(date +%s); R=${1:-134}
 nvidia-smi --query-gpu=name --format=csv,noheader
 ( gen_model v2lite --shape v2-lite; gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64 ) &
 quick_checks $R
-for b in new prev; do
-  bin=$C; [ $b = prev ] && bin=$P
-  BENCH_TIMEOUT=40 bench_steps v2lite-$b $bin v2lite 1,4,64
-done
-for b in new prev; do
-  bin=$C; [ $b = prev ] && bin=$P
-  BENCH_TIMEOUT=40 bench_steps v3l4-$b $bin v3l4 1,64
-done
-M=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
+ab_steps v2lite 1,4,64
+ab_steps v3l4 1,64
+M=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
 timeout 120 ncu --profile-from-start off --clock-control none --kernel-name regex:qgp --launch-count 24 --metrics $M --csv --print-units base \
   $C kernels-check --no-ops --bench-model /dev/shm/v3l4 --ctx 2048 --batches 1 --prefill 0 > $OUT/run$R-ncu.csv 2>&1
 echo "ncu rc=$? $(( $(date +%s) - S )) s"
-python3 - $OUT/run$R-ncu.csv <<'PY'
-import csv, sys
-from collections import defaultdict
-rows = defaultdict(dict)
-for r in csv.DictReader([l for l in open(sys.argv[1]) if l.startswith('"')]):
-    rows[int(r["ID"])]["name"] = r["Kernel Name"].split("(")[0]
-    rows[int(r["ID"])][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
-for i, m in sorted(rows.items()):
-    t = m["gpu__time_duration.sum"] / 1e3; rd = m["dram__bytes_read.sum"] / 1e6
-    ins = m["sm__inst_executed.sum"]
-    print(f"  {i:3} {m['name']:28} grid {m['launch__grid_size']:5.0f}x{m['launch__block_size']:4.0f} regs {m['launch__registers_per_thread']:4.0f} {t:7.2f} us rd {rd:7.2f} MB {rd/t/1e3:5.2f} TB/s dram {m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:5.1f}% issue {m['smsp__issue_active.avg.pct_of_peak_sustained_active']:5.1f}% warps {m['sm__warps_active.avg.pct_of_peak_sustained_active']:5.1f}% inst/B {ins*32/max(rd*1e6,1):5.2f}")
-PY
+ncu_launches $OUT/run$R-ncu.csv
 timeout 150 ncu --profile-from-start off --clock-control none --kernel-name regex:qgp --launch-skip 2 --launch-count 2 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats --section ComputeWorkloadAnalysis \
   $C kernels-check --no-ops --bench-model /dev/shm/v3l4 --ctx 2048 --batches 1 --prefill 0 > $OUT/run$R-ncu-detail.txt 2>&1

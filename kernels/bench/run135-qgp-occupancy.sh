@@ -15,25 +15,10 @@ quick_checks $R
 timeout 120 $C kernels-check --stages qdecode > $OUT/run$R-qdecode.txt 2>&1
 echo "qdecode rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-qdecode.txt)"
 grep -iE "fail|over tol|panic" $OUT/run$R-qdecode.txt | head -5 | cut -c1-160
-for m in v2awq:1,16,64 v2fp8:1,64 v3l4:1,8,64; do
-  for b in new prev; do
-    bin=$C; [ $b = prev ] && bin=$P
-    BENCH_TIMEOUT=40 bench_steps ${m%:*}-$b $bin ${m%:*} ${m#*:}
-  done
-done
+for m in v2awq:1,16,64 v2fp8:1,64 v3l4:1,8,64; do ab_steps ${m%:*} ${m#*:}; done
 M=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
 timeout 90 ncu --profile-from-start off --clock-control none --kernel-name regex:qgp --launch-count 10 --metrics $M --csv --print-units base \
   $C kernels-check --no-ops --bench-model /dev/shm/v3l4 --ctx 2048 --batches 1 --prefill 0 > $OUT/run$R-ncu.csv 2>&1
 echo "ncu rc=$? $(( $(date +%s) - S )) s"
-python3 - $OUT/run$R-ncu.csv <<'PY'
-import csv, sys
-from collections import defaultdict
-rows = defaultdict(dict)
-for r in csv.DictReader([l for l in open(sys.argv[1]) if l.startswith('"')]):
-    rows[int(r["ID"])]["name"] = r["Kernel Name"].split("(")[0]
-    rows[int(r["ID"])][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
-for i, m in sorted(rows.items()):
-    t = m["gpu__time_duration.sum"] / 1e3; rd = m["dram__bytes_read.sum"] / 1e6
-    print(f"  {i:3} {m['name']:24} grid {m['launch__grid_size']:5.0f} regs {m['launch__registers_per_thread']:4.0f} {t:7.2f} us rd {rd:7.2f} MB dram {m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:5.1f}% issue {m['smsp__issue_active.avg.pct_of_peak_sustained_active']:5.1f}% warps {m['sm__warps_active.avg.pct_of_peak_sustained_active']:5.1f}%")
-PY
+ncu_launches $OUT/run$R-ncu.csv
 SHARE_END=560 share_steps 1

@@ -11,11 +11,6 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 100 $C kernels-check --quick --compare-model models/tiny-r1-awq > $OUT/run$R-checks-awq.txt 2>&1
 echo "checks awq rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-checks-awq.txt)"
 grep -iE "fail|panic|graphs vs eager|over tol" $OUT/run$R-checks-awq.txt | head -4 | cut -c1-160
-for m in v2awq:1,16,64 v3l4:1,8,64 v2fp8:1; do
-  for b in new prev; do
-    bin=$C; [ $b = prev ] && bin=$P
-    BENCH_TIMEOUT=40 bench_steps ${m%:*}-$b $bin ${m%:*} ${m#*:}
-  done
-done
+for m in v2awq:1,16,64 v3l4:1,8,64 v2fp8:1; do ab_steps ${m%:*} ${m#*:}; done
 SHARE_END=390 share_steps 1,64
 C=$P R=${R}p SHARE_END=570 share_steps 1,64
