@@ -369,7 +369,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                     }
             __syncthreads();
             for (int b = blockIdx.x + 1 + tid; b < bend; b += 128) sk_flag[b] = 0u;
-            constexpr int NV = MT * NJ * 4, SK_BATCH = NV >= 64 ? 1 : 64 / NV;
+            // Up to 64 values in flight per thread; 32 in the 64-row tiles, which 64 took from 160
+            // registers to 194, two blocks an SM instead of three (run 138).
+            constexpr int NV = MT * NJ * 4, SK_VALS = MT == 4 ? 32 : 64, SK_BATCH = NV >= SK_VALS ? 1 : SK_VALS / NV;
             float* a = &acc[0][0][0];
             for (int b0 = blockIdx.x + 1; b0 < bend; b0 += SK_BATCH) {
                 float v[SK_BATCH][NV];
