@@ -41,13 +41,16 @@ pub fn write(dir: &Path, vocab_size: usize, max_len: usize) -> anyhow::Result<()
     Ok(())
 }
 
+/// BPE merges, in rank order.
+type Merges = Vec<(String, String)>;
+
 /// The vocabulary with ids `0..n`: tiny-r1's entries below `n`, then merges of two existing
 /// tokens into new ones until `n` are there.
 fn resize(
     mut vocab: HashMap<String, u64>,
-    mut merges: Vec<(String, String)>,
+    mut merges: Merges,
     n: usize,
-) -> anyhow::Result<(HashMap<String, u64>, Vec<(String, String)>)> {
+) -> anyhow::Result<(HashMap<String, u64>, Merges)> {
     vocab.retain(|_, id| (*id as usize) < n);
     merges.retain(|(a, b)| vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}")));
     let mut by_id: Vec<(u64, String)> = vocab.iter().map(|(t, &i)| (i, t.clone())).collect();

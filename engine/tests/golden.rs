@@ -17,8 +17,12 @@ fn case_dir(case: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/golden").join(case)
 }
 
+/// A golden prompt: its ids, HF's greedy continuation, that continuation's logprobs, and each
+/// step's margin between the two most likely tokens.
+type Prompt = (Vec<u32>, Vec<u32>, Vec<f64>, Vec<f64>);
+
 struct Case {
-    prompts: Vec<(Vec<u32>, Vec<u32>, Vec<f64>, Vec<f64>)>,
+    prompts: Vec<Prompt>,
     first_logits: Vec<f64>,
 }
 

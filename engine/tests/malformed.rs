@@ -144,7 +144,8 @@ const AWQ_UP: &str = "model.layers.1.mlp.experts.3.up_proj";
 
 #[test]
 fn awq_settings_cleave_cannot_serve_name_the_field() {
-    let cases: [(&str, fn(&mut serde_json::Map<String, serde_json::Value>), &str); 5] = [
+    type Edit = fn(&mut serde_json::Map<String, serde_json::Value>);
+    let cases: [(&str, Edit, &str); 5] = [
         ("bits", |q| drop(q.insert("bits".into(), 8.into())), "`quantization_config.bits` 8"),
         ("gemv", |q| drop(q.insert("version".into(), "gemv".into())), "`quantization_config.version` \"gemv\""),
         ("marlin", |q| drop(q.insert("version".into(), "marlin".into())), "\"marlin\" is not supported"),

@@ -181,6 +181,9 @@ pub struct ModuleReport {
     pub seconds: f64,
 }
 
+/// One profiled launch or GEMM: its name and the events before and after it.
+type ProfEvents = (&'static str, CudaEvent, CudaEvent);
+
 /// One GPU, its stream, cuBLAS handle and loaded kernels. Created on, and used from, the thread
 /// that owns the device.
 pub struct Gpu {
@@ -202,7 +205,7 @@ pub struct Gpu {
     pub modules: Vec<ModuleReport>,
     pub max_smem_optin: usize,
     /// When on, every launch and GEMM is bracketed by events (see [`Gpu::profile_start`]).
-    prof: RefCell<Option<Vec<(&'static str, CudaEvent, CudaEvent)>>>,
+    prof: RefCell<Option<Vec<ProfEvents>>>,
     /// A second stream for KV transfers (created on first use), so that a receive in flight
     /// never holds up the compute stream.
     xfer: RefCell<Option<Arc<CudaStream>>>,

@@ -24,6 +24,8 @@ pub struct Cli {
 }
 
 /// The subcommands.
+// One per process: boxing the larger argument sets would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one benchmark per max-concurrency or request-rate value; write JSON, CSV and charts.

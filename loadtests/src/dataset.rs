@@ -81,6 +81,8 @@ impl Tokenizer for LocalTokenizer {
 }
 
 /// The tokenizer prompts are built with: the server's, or a local one.
+// One per benchmark: boxing the local tokenizer would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum PromptTokenizer<'a> {
     /// `/tokenize` and `/detokenize`.
     Server(ServerTokenizer<'a>),

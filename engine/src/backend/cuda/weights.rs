@@ -66,6 +66,8 @@ pub struct CudaExperts {
     pub inter: usize,
 }
 
+// One per layer: boxing the compressed variant would save nothing worth an indirection.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum ExpertData {
     Bf16 { gate_up: CudaSlice<u16>, down: CudaSlice<u16> },
     F32 { gate_up: CudaSlice<f32>, down: CudaSlice<f32> },
