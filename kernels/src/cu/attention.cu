@@ -182,9 +182,9 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
 }
 
 // Merges the splits of each (row, head): o_lat = sum_s e^(m_s - M) O_s / sum_s e^(m_s - M) l_s, as bf16.
-// Only the splits that hold keys are read: split_keys deals a row's `row_len` keys to the first
-// ceil(len / per) splits in whole tiles of `tile` (at a short context under a captured step's
-// split count, half of them or more are empty).
+// Only the splits that hold keys are read (splits_used: split_keys deals a row's `row_len` keys
+// to its first splits in whole tiles of `tile`; at a short context under a captured step's split
+// count, half of them or more are empty).
 // One round trip after the wait: the row's length is a step input (read before it), and every
 // used split's (max, sum) and this thread's column of each of the first MAXS splits are loaded
 // together. MAXS bounds the registers (at 64, 100 or so a thread: one 512-thread block per SM,
@@ -194,8 +194,7 @@ template <int MAXS>
 __device__ __forceinline__ void mla_combine_t(const float* part_o, const float* part_ml, bf16_t* o_lat, int heads, int L,
                                               int splits, const int* row_len, int tile) {
     const int row = blockIdx.x, h = blockIdx.y;
-    const int len = row_len[row], per = ((len + tile - 1) / tile + splits - 1) / splits * tile;
-    const int used = per > 0 ? min(splits, (len + per - 1) / per) : 0;
+    const int used = splits_used(row_len[row], splits, tile);
     pdl_enter();
     __shared__ float wts[MAXS];
     __shared__ float inv_denom;

@@ -7,13 +7,23 @@ typedef unsigned long long u64;
 // A cache slot that writes nothing (ops/kv.rs `NO_SLOT`).
 #define NO_SLOT 0xffffffffu
 
-// The keys [begin, end) that split `split` of `splits` takes of a row of `len` keys: the row's
-// tiles of `tile` keys dealt evenly, so that a launch's shape does not depend on its rows' lengths
-// (a captured decode step replays with any contexts). Splits past the row's end are empty.
+// The keys each of `splits` splits takes of a row of `len` keys: the row's tiles of `tile` keys
+// dealt evenly, so that a launch's shape does not depend on its rows' lengths (a captured decode
+// step replays with any contexts).
+__device__ __forceinline__ int split_span(int len, int splits, int tile) {
+    return ((len + tile - 1) / tile + splits - 1) / splits * tile;
+}
+// The keys [begin, end) that split `split` of `splits` takes (split_span). Splits past the row's
+// end are empty.
 __device__ __forceinline__ void split_keys(int len, int split, int splits, int tile, int& begin, int& end) {
-    const int per = ((len + tile - 1) / tile + splits - 1) / splits * tile;
+    const int per = split_span(len, splits, tile);
     begin = min(len, split * per);
     end = min(len, begin + per);
+}
+// How many of a row's first splits hold keys (split_keys): ceil(len / span).
+__device__ __forceinline__ int splits_used(int len, int splits, int tile) {
+    const int per = split_span(len, splits, tile);
+    return per > 0 ? min(splits, (len + per - 1) / per) : 0;
 }
 
 // Programmatic dependent launch (Hopper): a kernel launched with it (ops::pdl_kernels) may be
