@@ -163,6 +163,15 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
     if (tok < n) route_token(logits, bias, ids, wts, tok, E, n_group, topk_group, top_k, shared, norm, scaling);
 }
 
+// Assignment i's expert among this rank's E (experts first..first+E-1), or -1 with inv[i] = -1
+// for an expert of another rank (expert parallelism: no row, skipped by the combine).
+__device__ __forceinline__ int local_expert(const u32* ids, int* inv, int i, int E, int first) {
+    const int e = (int)ids[i] - first;
+    if (e >= 0 && e < E) return e;
+    inv[i] = -1;
+    return -1;
+}
+
 // The whole block (1024 threads; `sh` holds 5 E + 1 ints, then 32 E u16). Sorts the n*top_k
 // assignments by expert, stably: sorted_tok[p] is the token of sorted position p, inv[i] the sorted
 // position of assignment i, an expert's rows in assignment order (so a row's tile, and a stream-K
@@ -224,14 +233,7 @@ __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top
     // earlier chunks' count, the earlier warps' count in this chunk, and its rank in its warp.
     for (int base = 0; base < A; base += bd) {
         const int i = base + tid, warps = min(bd, A - base + 31) >> 5;
-        int e = -1;
-        if (i < A) {
-            e = (int)ids[i] - first;
-            if (e < 0 || e >= E) {
-                inv[i] = -1;
-                e = -1;
-            }
-        }
+        const int e = i < A ? local_expert(ids, inv, i, E, first) : -1;
         const unsigned peers = __match_any_sync(0xffffffffu, e);
         const int rank = __popc(peers & ((1u << lane) - 1u));
         if (e >= 0 && rank == 0) wc[warp * E + e] = (unsigned short)__popc(peers);
@@ -279,14 +281,7 @@ __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top
 __device__ __forceinline__ void align_warp(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok,
                                            int* inv, int* tiles, int* meta, int* row_expert) {
     const int lane = threadIdx.x & 31;
-    int e = -1;
-    if (lane < A) {
-        e = (int)ids[lane] - first;
-        if (e < 0 || e >= E) {
-            inv[lane] = -1;
-            e = -1;
-        }
-    }
+    const int e = lane < A ? local_expert(ids, inv, lane, E, first) : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(peers & ((1u << lane) - 1u)), cnt = __popc(peers);
     const bool lead = e >= 0 && rank == 0;
