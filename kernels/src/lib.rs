@@ -556,11 +556,16 @@ mod tests {
         }
     }
 
+    /// Each `mla_combine` instance the launcher picks holds the split count it is listed with
+    /// (the source's template argument), smallest first.
     #[test]
-    fn mla_combine_instances_are_loaded_and_ordered() {
-        let (_, _, attention) = MODULES.iter().find(|m| m.0 == "attention").expect("attention module");
-        assert!(ops::MLA_COMBINE_KERNELS.iter().all(|k| attention.contains(k)));
+    fn mla_combine_instances_hold_their_listed_splits() {
+        let (_, src, _) = MODULES.iter().find(|m| m.0 == "attention").expect("attention module");
         assert_eq!(ops::MLA_COMBINE_KERNELS.len(), ops::MLA_COMBINE_SPLITS.len());
+        for (k, bound) in ops::MLA_COMBINE_KERNELS.iter().zip(ops::MLA_COMBINE_SPLITS) {
+            let def = format!(" {k}(COMBINE_ARGS) {{ mla_combine_t<{bound}>(COMBINE_PASS); }}");
+            assert!(src.contains(&def), "attention.cu: {k} is not `{def}`");
+        }
         assert!(ops::MLA_COMBINE_SPLITS.windows(2).all(|w| w[0] < w[1]));
     }
 
