@@ -288,8 +288,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_ctx: 1,
     };
     let v3 = MlaDecode::V3_HEADS.map(|h| MlaDecode::V3(Some(h)));
-    for which in std::iter::once(MlaDecode::V2).chain(v3) {
-        let k = mla.kernel(which);
+    let v4 = g.has_wgmma().then_some(MlaDecode::V4);
+    for which in std::iter::once(MlaDecode::V2).chain(v3).chain(v4) {
+        let k = mla.kernel(which, g.has_wgmma());
         let per_sm = g.mla_decode_blocks_per_sm(&k)?;
         println!("  {}: {per_sm} blocks per SM with {} bytes of shared memory (DeepSeek shape)", k.name, k.smem);
     }

@@ -28,8 +28,19 @@ use cudarc::nvrtc::Ptx;
 
 pub(crate) const COMMON: &str = include_str!("cu/common.cuh");
 /// The dynamic shared memory [`Gpu::new`] lets the kernels that need more than 48 KB take (at most
-/// the device's opt-in limit: [`Gpu::dyn_smem_limit`]).
+/// the device's opt-in limit: [`Gpu::dyn_smem_limit`]), but those of [`FULL_SMEM_KERNELS`].
 pub const DYN_SMEM_MAX: usize = 200 * 1024;
+/// Kernels granted the device's whole opt-in shared memory (227 KB on Hopper): one block an SM.
+pub const FULL_SMEM_KERNELS: &[&str] = &[ops::MLA4_KERNEL];
+
+/// The dynamic shared memory kernel `name` may take on a device whose opt-in limit is `optin`.
+fn smem_limit(optin: usize, name: &str) -> usize {
+    if FULL_SMEM_KERNELS.contains(&name) {
+        optin
+    } else {
+        optin.min(DYN_SMEM_MAX)
+    }
+}
 /// Kernel modules: name, source, functions.
 pub const MODULES: &[(&str, &str, &[&str])] = &[
     (
@@ -70,13 +81,13 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
             "mla_ref_f32",
         ],
     ),
-    ("mla_decode", include_str!("cu/mla_decode.cu"), ops::MLA3_KERNELS),
+    ("mla_decode", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/mla_decode.cu")), ops::MLA_DECODE_KERNELS),
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", ops::PREFILL_FLASH[0], ops::PREFILL_FLASH[1]]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
     ("qdecode", include_str!("cu/qdecode.cu"), ops::QDECODE_KERNELS),
-    ("wgmma", include_str!("cu/wgmma.cu"), ops::GGW_KERNELS),
+    ("wgmma", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/wgmma.cu")), ops::GGW_KERNELS),
     ("peer", include_str!("cu/peer.cu"), &["peer_all_reduce_f32"]),
     ("routing", include_str!("cu/routing.cu"), &["moe_route", "moe_align", "moe_route_align", "moe_combine"]),
     (
@@ -255,13 +266,13 @@ impl Gpu {
             }
             modules.push(m);
         }
-        let smem = max_smem_optin.min(DYN_SMEM_MAX) as i32;
         let qgemm = ops::QUANT_KERNELS.iter().chain(ops::QDECODE_KERNELS).copied().filter(|k| k.starts_with("qg"));
-        let mla = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].iter().chain(ops::MLA3_KERNELS).copied();
+        let mla = ["mla_decode", "mla_decode2", "mla_decode2_dsv"].iter().chain(ops::MLA_DECODE_KERNELS).copied();
         let prefill = ops::PREFILL_FLASH.into_iter();
         let opt_in = mla.chain(qgemm).chain(ops::GGW_KERNELS.iter().copied()).chain(prefill);
-        for f in opt_in {
-            let f = funcs.get(f).ok_or_else(|| KernelError::Invalid(format!("kernel {f} is not loaded")))?;
+        for name in opt_in {
+            let f = funcs.get(name).ok_or_else(|| KernelError::Invalid(format!("kernel {name} is not loaded")))?;
+            let smem = smem_limit(max_smem_optin, name) as i32;
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)?;
             // All of the unified L1/shared memory as shared, so that two blocks fit per SM.
             f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)?;
@@ -294,6 +305,12 @@ impl Gpu {
     /// The dynamic shared memory a kernel of the opt-in list may take on this device.
     pub fn dyn_smem_limit(&self) -> usize {
         self.max_smem_optin.min(DYN_SMEM_MAX)
+    }
+
+    /// The dynamic shared memory kernel `name` may take on this device ([`FULL_SMEM_KERNELS`]
+    /// the whole opt-in, the others [`Gpu::dyn_smem_limit`]).
+    pub fn smem_limit(&self, name: &str) -> usize {
+        smem_limit(self.max_smem_optin, name)
     }
 
     /// Which of the kernels that support it ([`ops::pdl_kernels`]) are launched with programmatic

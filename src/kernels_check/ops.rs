@@ -384,14 +384,17 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Attention under the default kernels and again under the others: v3 with each other head
-    /// grouping, v2, and the first versions (absorbed decode v1, absorbed prefill).
+    /// Attention under the default kernels and again under the others: v3 with each head
+    /// grouping, v4 (on sm_90a), v2, and the first versions (absorbed decode v1, absorbed prefill).
     pub fn attention(&mut self) -> Result<()> {
         let def = self.cu.variants();
         let mut alts: Vec<(String, Variants)> = Vec::new();
         for heads in MlaDecode::V3_HEADS {
             let m = MlaDecode::V3(Some(heads));
             alts.push((format!(" {m}"), Variants { mla: m, ..def }));
+        }
+        if self.cu.gpu().has_wgmma() {
+            alts.push((" v4".into(), Variants { mla: MlaDecode::V4, ..def }));
         }
         alts.push((" v2".into(), Variants { mla: MlaDecode::V2, ..def }));
         alts.push((" v1".into(), Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));

@@ -272,3 +272,198 @@ __device__ __forceinline__ void mla_decode3_t(
 extern "C" __global__ void __launch_bounds__(128) mla_decode3_h16(MLA3_ARGS) { mla_decode3_t<1, 2>(MLA3_PASS); }
 extern "C" __global__ void __launch_bounds__(256, 2) mla_decode3_h32(MLA3_ARGS) { mla_decode3_t<2, 2>(MLA3_PASS); }
 extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { mla_decode3_t<4, 3>(MLA3_PASS); }
+
+// MLA decode v4 (sm_90a): v3's contract on Hopper's warpgroup MMAs, 64 heads per block, 64-key
+// tiles (one cache block each, so splits are whole multiples of 64 keys: ops/mla.rs passes the
+// tile to mla_combine).
+//
+// Why: at 128 heads (V3 on one GPU) v3 is bound by mma.sync and its three barriers per 32-key
+// tile (162-165 TFLOP/s, kernels/NOTES.md "MLA decode v3"); wgmma reads both operands from
+// shared memory without register fragments. Two warpgroups; per tile:
+// - scores: warpgroup w multiplies the block's 64 query heads (bf16 in shared memory, written
+//   once) by the tile's keys 32w..32w+31: 36 m64n32k16 wgmmas, both operands K-major;
+// - softmax: the two warpgroups' row maxima meet in shared memory, so both scale by the tile's
+//   maximum; each keeps the running sum of its own keys, added at the end;
+// - P.V: the probabilities (bf16, 64 heads x 64 keys) go to shared memory; warpgroup w multiplies
+//   them by latent columns 256w..256w+255 of the same key rows, read MN-major (the transpose
+//   bit): 4 m64n256k16 wgmmas into its half of the output (128 registers a thread).
+// The next tile is copied (cp.async) while one is computed. Shared memory: the query and two key
+// tiles (64 rows x 576 bf16 each, as 9 swizzled 64-channel blocks: 72 KB), the probabilities
+// (8 KB) and the row maxima and sums: 226 KB with the alignment, one block an SM.
+#define V4_TT 64
+#define V4_HB 64
+#define V4_RC (V3_W / 8)        // 16-byte chunks a row
+#define V4_MAT (V3_W / 64 * 8192) // one 64-row matrix of 576 bf16 columns
+
+// Byte offset of 16-byte chunk c of row r in a swizzled 64-row matrix (wgmma.cuh's layout).
+__device__ __forceinline__ u32 v4_off(int r, int c) { return (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4); }
+
+extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * V4_HB;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const u32 raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+    unsigned char* sm = smem_raw + (base - raw);
+    const u32 sQ = base, sK = base + V4_MAT, sP = base + 3 * V4_MAT;
+    float* sMx = reinterpret_cast<float*>(sm + 3 * V4_MAT + V4_HB * 128);  // [2][64] row maxima
+    float* sL = sMx + 2 * V4_HB;                                            // [2][64] row sums
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int r0 = warp * 16 + g;  // this thread's rows (heads) r0 and r0 + 8 of the block
+    const int kv_len = row_len[row];
+    int t_begin, t_end;
+    split_keys(kv_len, split, splits, V4_TT, t_begin, t_end);
+    const int* tab = tables + row_tab[row];
+    const u64 blk_stride = (u64)layers * V3_BS * V3_W;
+    const int ntiles = t_end > t_begin ? (t_end - t_begin + V4_TT - 1) / V4_TT : 0;
+    if (ntiles == 0 && !o_lat) return;  // an empty split: mla_combine reads only those with keys
+
+    auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V4_TT) / V3_BS) : 0; };
+    auto tile_src = [&](int pg) { return cache + (u64)pg * blk_stride + (u64)layer * V3_BS * V3_W; };
+    // As v3: the first tile's lookup and its bytes into L2 before the wait, its copy after.
+    const int pg0 = page(0);
+    if (tid == 0 && ntiles > 0) prefetch_l2_bulk(tile_src(pg0), V4_TT * V3_W * 2);
+    pdl_enter();
+    auto load_tile = [&](int buf, int tile, int pg) {
+        const int t0 = t_begin + tile * V4_TT;
+        const bf16_t* src = tile_src(pg);
+#pragma unroll
+        for (int u = 0; u < V4_TT * V4_RC / 256; u++) {
+            const int i = tid + u * 256, key = i / V4_RC;
+            // Keys past the row's end are zero-filled; their addresses stay inside the block.
+            cp_async16(sK + buf * V4_MAT + v4_off(key, i % V4_RC), src + i * 8, t0 + key < t_end ? 16 : 0);
+        }
+    };
+    if (ntiles > 0) load_tile(0, 0, pg0);
+    cp_async_commit();
+    // The block's query heads as bf16 (heads past `heads` zero).
+    for (int i = tid; i < V4_HB * V4_RC; i += 256) {
+        const int r = i / V4_RC, c = i % V4_RC, h = h0 + r, col = c * 8;
+        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (h < heads && col < V3_L) {
+            const float4* src = reinterpret_cast<const float4*>(q_lat + ((u64)row * heads + h) * V3_L + col);
+            const float4 a = __ldg(src), b = __ldg(src + 1);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        } else if (h < heads) {
+            const float* src = q + (u64)row * heads * qk + (u64)h * qk + nope + col - V3_L;
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = __ldg(src + u);
+        }
+        *reinterpret_cast<uint4*>(sm + v4_off(r, c)) =
+            make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+    }
+
+    float o[128];
+#pragma unroll
+    for (int q4 = 0; q4 < 128; q4++) o[q4] = 0.f;
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
+    const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp2 below
+    int pg = page(1);
+    for (int it = 0; it < ntiles; it++) {
+        cp_async_wait<0>();
+        fence_proxy_async();
+        // After this barrier tile `it` (and the query) is visible to the tensor cores, and both
+        // warpgroups are done with iteration it - 1: its key buffer, maxima and probabilities.
+        __syncthreads();
+        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1, pg);
+        cp_async_commit();
+        pg = page(it + 2);
+        const u32 kb = sK + (it & 1) * V4_MAT;
+        float s[16];
+#pragma unroll
+        for (int q4 = 0; q4 < 16; q4++) s[q4] = 0.f;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < V3_KSTEPS; ks++) {
+            const u32 off = (ks >> 2) * 8192 + (ks & 3) * 32;
+            wgmma_m64n32(s, wg_desc(sQ + off), wg_desc(kb + wg * 32 * 128 + off));
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_regs(s);
+        // s[4 j + 2 h + i]: row r0 + 8 h, key 32 wg + 8 j + 2 t4 + i of the tile.
+        const int tk = t_begin + it * V4_TT + wg * 32 + 2 * t4;
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int q4 = 0; q4 < 16; q4++) {
+            const int j = q4 >> 2, h = (q4 >> 1) & 1, i = q4 & 1;
+            s[q4] = tk + 8 * j + i < t_end ? s[q4] * sl2 : NEG_INF;
+            mx[h] = fmaxf(mx[h], s[q4]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            if (t4 == 0) sMx[wg * V4_HB + r0 + 8 * h] = mx[h];
+        }
+        __syncthreads();
+        float sc[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h;
+            // Finite: the tile's first key is the row's (and warpgroup 0's).
+            const float m_new = fmaxf(m_run[h], fmaxf(sMx[r], sMx[V4_HB + r]));
+            sc[h] = exp2f(m_run[h] - m_new);
+            m_run[h] = m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float p0 = exp2f(s[4 * j + 2 * h] - m_run[h]), p1 = exp2f(s[4 * j + 2 * h + 1] - m_run[h]);
+                sum[h] += p0 + p1;
+                const int r = r0 + 8 * h, key = wg * 32 + 8 * j + 2 * t4;
+                *reinterpret_cast<u32*>(sm + 3 * V4_MAT + r * 128 + (((key >> 3) ^ (r & 7)) << 4) + (key & 7) * 2) =
+                    pack_bf16(p0, p1);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * sc[h] + sum[h];
+#pragma unroll
+        for (int q4 = 0; q4 < 128; q4++) o[q4] *= sc[(q4 >> 1) & 1];
+        fence_proxy_async();
+        __syncthreads();
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < V4_TT / 16; kk++)
+            wgmma_m64n256<1>(o, wg_desc(sP + kk * 32), wg_desc_mn(kb + wg * 4 * 8192 + kk * 16 * 128, 8192));
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_regs(o);
+    }
+
+    // Each row's sum: its quad's lanes, then both warpgroups' keys.
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+        if (t4 == 0) sL[wg * V4_HB + r0 + 8 * h] = l_run[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int hh = h0 + r0 + 8 * h;
+        if (hh >= heads) continue;
+        const float l = sL[r0 + 8 * h] + sL[V4_HB + r0 + 8 * h];
+        const int col = wg * 256 + 2 * t4;
+        if (o_lat) {
+            // One split: the output itself, normalized and rounded as mla_combine would.
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            bf16_t* dst = o_lat + ((u64)row * heads + hh) * V3_L + col;
+#pragma unroll
+            for (int j = 0; j < 32; j++)
+                *reinterpret_cast<u32*>(dst + 8 * j) = pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        } else {
+            const u64 p = ((u64)row * splits + split) * heads + hh;
+            float* dst = part_o + p * V3_L + col;
+#pragma unroll
+            for (int j = 0; j < 32; j++)
+                *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
+            if (wg == 0 && t4 == 0) {
+                part_ml[p * 2] = m_run[h] * 0.6931471805599453f;  // back to natural-log units
+                part_ml[p * 2 + 1] = l;
+            }
+        }
+    }
+#else
+    __trap();  // wgmma is sm_90a only; ops/mla.rs picks v4 on sm_90a alone
+#endif
+}

@@ -2,7 +2,7 @@
 //! widths, they are compiled in), split combine, the expanded prefill (latent gather, flash
 //! attention), and the f32 reference attention.
 
-use super::{MlaKernel, MlaLaunch, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS, MLA_MAX_LATENT, MLA_MAX_SPLITS, MLA_TILE};
+use super::{MlaKernel, MlaLaunch, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS, MLA_MAX_LATENT, MLA_MAX_SPLITS};
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
@@ -64,8 +64,13 @@ impl Gpu {
         out: MlaOut,
     ) -> Result<()> {
         Self::mla_supported(p.kv_lora, p.rope)?;
-        if k.smem > self.dyn_smem_limit() {
-            return Err(KernelError::Invalid(format!("MLA attention needs {} bytes of shared memory", k.smem)));
+        if k.smem > self.smem_limit(k.name) {
+            return Err(KernelError::Invalid(format!(
+                "MLA attention ({}) needs {} bytes of shared memory, the device allows {}",
+                k.name,
+                k.smem,
+                self.smem_limit(k.name)
+            )));
         }
         if splits == 0 || splits > MLA_MAX_SPLITS {
             return Err(KernelError::Invalid(format!("mla_decode: {splits} splits (1 to {MLA_MAX_SPLITS})")));
@@ -98,7 +103,8 @@ impl Gpu {
 
     /// Merges [`Gpu::mla_decode`]'s partials into the bf16 `[rows, heads, kv_lora]` output,
     /// reading only the splits that hold keys (by each row's length at `row_len`, the decode
-    /// launch's, read before the PDL wait: no kernel still in flight may write it).
+    /// launch's, read before the PDL wait: no kernel still in flight may write it, and the decode
+    /// kernel's [`MlaKernel::tile`], by which its splits were dealt).
     #[allow(clippy::too_many_arguments)]
     pub fn mla_combine(
         &self,
@@ -110,6 +116,7 @@ impl Gpu {
         heads: usize,
         kv_lora: usize,
         splits: usize,
+        tile: usize,
     ) -> Result<()> {
         // The smallest instance that holds the splits.
         let Some(i) = MLA_COMBINE_SPLITS.iter().position(|&m| splits <= m) else {
@@ -123,7 +130,7 @@ impl Gpu {
             I32(kv_lora as i32),
             I32(splits as i32),
             Ptr(row_len),
-            I32(MLA_TILE as i32),
+            I32(tile as i32),
         ];
         // A thread per latent column (kv_lora <= 512, the kernel's bound).
         let threads = (kv_lora.div_ceil(32) * 32).clamp(32, MLA_MAX_LATENT) as u32;

@@ -3,14 +3,23 @@
 
 use std::fmt;
 
-/// Keys per tile of every decode kernel (must match attention.cu `TT` and mla_decode.cu `V3_TT`).
+/// Keys per tile of the decode kernels but v4 (must match attention.cu `TT` and mla_decode.cu
+/// `V3_TT`).
 pub const MLA_TILE: usize = 32;
+/// Keys per tile of v4 (mla_decode.cu `V4_TT`): one cache block.
+const V4_TILE: usize = 64;
 /// The largest latent width the decode kernels take.
 pub const MLA_MAX_LATENT: usize = 512;
 /// Heads per block of v1 and v2 (attention.cu `HB`).
 const V12_HEADS: usize = 16;
-/// The v3 kernels (mla_decode.cu), by heads per block.
-pub const MLA3_KERNELS: &[&str] = &["mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64"];
+/// The mla_decode.cu kernels: v3 by heads per block, then v4.
+pub const MLA_DECODE_KERNELS: &[&str] = &["mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64", MLA4_KERNEL];
+/// v4: warpgroup MMAs, 64 heads per block (sm_90a).
+pub const MLA4_KERNEL: &str = "mla_decode4_h64";
+/// v4's shared memory: the query, two key tiles (64 x 576 bf16 each), the probabilities (64 x 64
+/// bf16), the row maxima and sums, and 1 KB to align it all to the wgmma swizzle. More than
+/// [`crate::DYN_SMEM_MAX`]: [`crate::Gpu::smem_limit`] grants it the device's whole opt-in.
+pub const MLA4_SMEM: usize = 3 * 64 * 576 * 2 + 64 * 64 * 2 + 4 * 64 * 4 + 1024;
 /// `mla_combine`'s instances (attention.cu), smallest first, and the most splits each holds in
 /// registers: a launch takes the first that holds its split count.
 pub const MLA_COMBINE_KERNELS: &[&str] = &["mla_combine8", "mla_combine16", "mla_combine"];
@@ -23,6 +32,9 @@ const V3_SHAPE: (usize, usize, usize) = (512, 64, 64);
 /// Which absorbed MLA decode kernel runs (`CLEAVE_MLA_DECODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MlaDecode {
+    /// The default: v4 where a block's 64 heads are filled on a GPU with warpgroup MMA, else v3
+    /// by the head count.
+    Auto,
     /// `mla_decode`: 16 heads per block, MMA operands as 32-bit shared loads.
     V1,
     /// `mla_decode2` (`mla_decode2_dsv` at the DeepSeek shape): 16 heads per block.
@@ -30,6 +42,9 @@ pub enum MlaDecode {
     /// `mla_decode3_h{16,32,64}` at the DeepSeek shape (other shapes take v2): one key tile read
     /// by 16, 32 or 64 heads; `None` picks by the head count ([`MlaDecode::v3_heads`]).
     V3(Option<usize>),
+    /// `mla_decode4_h64` at the DeepSeek shape on sm_90a (v3 elsewhere): warpgroup MMAs, 64 heads
+    /// and 64 keys a tile.
+    V4,
 }
 
 impl MlaDecode {
@@ -49,21 +64,25 @@ impl fmt::Display for MlaDecode {
             MlaDecode::V2 => write!(f, "v2"),
             MlaDecode::V3(None) => write!(f, "v3"),
             MlaDecode::V3(Some(h)) => write!(f, "v3:{h}"),
+            MlaDecode::V4 => write!(f, "v4"),
+            MlaDecode::Auto => write!(f, "auto"),
         }
     }
 }
 
 impl std::str::FromStr for MlaDecode {
     type Err = String;
-    /// `v1`, `v2`, `v3` or `v3:HEADS` (16, 32 or 64 heads per block).
+    /// `auto`, `v1`, `v2`, `v3`, `v3:HEADS` (16, 32 or 64 heads per block) or `v4`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(MlaDecode::Auto),
+            "v4" => Ok(MlaDecode::V4),
             "v1" => Ok(MlaDecode::V1),
             "v2" => Ok(MlaDecode::V2),
             "v3" => Ok(MlaDecode::V3(None)),
             _ => match s.strip_prefix("v3:").map(str::parse::<usize>) {
                 Some(Ok(h)) if Self::V3_HEADS.contains(&h) => Ok(MlaDecode::V3(Some(h))),
-                _ => Err(format!("`{s}` is not one of v1, v2, v3, v3:16, v3:32, v3:64")),
+                _ => Err(format!("`{s}` is not one of auto, v1, v2, v3, v3:16, v3:32, v3:64, v4")),
             },
         }
     }
@@ -77,12 +96,14 @@ pub struct MlaKernel {
     pub threads: u32,
     pub heads_per_block: usize,
     pub smem: usize,
-    /// v3's argument list (no latent, rope or block widths: they are compiled in).
+    /// Keys per tile: a split is a whole number of them.
+    pub tile: usize,
+    /// v3's and v4's argument list (no latent, rope or block widths: they are compiled in).
     pub(crate) fixed_shape: bool,
 }
 
 impl MlaKernel {
-    /// Whether this kernel at `splits` writes the attention output itself (v3 with one split),
+    /// Whether this kernel at `splits` writes the attention output itself (v3 or v4 with one split),
     /// so that no [`crate::Gpu::mla_combine`] runs.
     pub fn writes_output(&self, splits: usize) -> bool {
         self.fixed_shape && splits == 1
@@ -106,11 +127,25 @@ pub struct MlaLaunch {
 }
 
 impl MlaLaunch {
-    /// The kernel `which` names for these dimensions: v3 only at the DeepSeek shape (v2 elsewhere),
-    /// v2's DeepSeek-shape build where it applies.
-    pub fn kernel(&self, which: MlaDecode) -> MlaKernel {
+    /// The kernel `which` names for these dimensions on a GPU with (`wgmma`) or without warpgroup
+    /// MMA: v3 and v4 only at the DeepSeek shape (v2 elsewhere), v4 only with `wgmma` (v3
+    /// without), v2's DeepSeek-shape build where it applies.
+    pub fn kernel(&self, which: MlaDecode, wgmma: bool) -> MlaKernel {
         let deepseek = (self.kv_lora, self.rope, self.block_size) == V3_SHAPE;
+        let which = match which {
+            MlaDecode::Auto if wgmma && self.heads >= 64 => MlaDecode::V4,
+            MlaDecode::Auto | MlaDecode::V4 => MlaDecode::V3(None),
+            w => w,
+        };
         match which {
+            MlaDecode::V4 if deepseek => MlaKernel {
+                name: MLA4_KERNEL,
+                threads: 256,
+                heads_per_block: 64,
+                smem: MLA4_SMEM,
+                tile: V4_TILE,
+                fixed_shape: true,
+            },
             MlaDecode::V3(h) if deepseek => {
                 // (an uncompiled head count, only constructible in code, takes 16)
                 let (name, hb, stages) = match h.unwrap_or_else(|| MlaDecode::v3_heads(self.heads)) {
@@ -122,7 +157,7 @@ impl MlaLaunch {
                 // keys [stages][TT][W + 8] bf16, partial scores [G][4][16][TT + 8] f32,
                 // probabilities [16G][TT + 8] bf16, (max, sum, scale) per head
                 let smem = stages * tt * (w + 8) * 2 + g * (4 * 16 * (tt + 8) * 4 + 16 * (tt + 8) * 2 + 3 * 16 * 4);
-                MlaKernel { name, threads: 8 * hb as u32, heads_per_block: hb, smem, fixed_shape: true }
+                MlaKernel { name, threads: 8 * hb as u32, heads_per_block: hb, smem, tile: tt, fixed_shape: true }
             }
             _ => {
                 let name = match (which, deepseek) {
@@ -130,7 +165,8 @@ impl MlaLaunch {
                     (_, true) => "mla_decode2_dsv",
                     _ => "mla_decode2",
                 };
-                MlaKernel { name, threads: 128, heads_per_block: V12_HEADS, smem: self.v12_smem(), fixed_shape: false }
+                let smem = self.v12_smem();
+                MlaKernel { name, threads: 128, heads_per_block: V12_HEADS, smem, tile: MLA_TILE, fixed_shape: false }
             }
         }
     }
@@ -148,7 +184,7 @@ impl MlaLaunch {
     /// resident blocks per SM: enough blocks for one wave when the rows allow it, no more splits
     /// than `max_ctx` has tiles, at most [`MLA_MAX_SPLITS`].
     pub fn splits(&self, k: &MlaKernel, sm_count: usize, per_sm: usize) -> usize {
-        let tiles = self.max_ctx.div_ceil(MLA_TILE).max(1);
+        let tiles = self.max_ctx.div_ceil(k.tile).max(1);
         let base = self.rows * self.heads.div_ceil(k.heads_per_block);
         let want = ((per_sm.max(1) * sm_count) / base.max(1)).max(1);
         want.clamp(1, tiles.min(MLA_MAX_SPLITS))
@@ -177,7 +213,7 @@ mod tests {
     #[test]
     fn splits_fill_one_wave_within_the_context() {
         let p = lite();
-        let k = p.kernel(MlaDecode::V2);
+        let k = p.kernel(MlaDecode::V2, false);
         assert!(k.smem < crate::DYN_SMEM_MAX);
         assert_eq!(p.splits(&k, 132, 2), 64);
         let big = MlaLaunch { rows: 4096, ..p };
@@ -191,31 +227,48 @@ mod tests {
     #[test]
     fn v3_takes_the_deepseek_shape_and_fills_its_blocks() {
         let v3 = MlaLaunch { heads: 128, ..lite() };
-        let k = v3.kernel(MlaDecode::V3(None));
+        let k = v3.kernel(MlaDecode::V3(None), false);
         assert_eq!((k.name, k.threads, k.heads_per_block), ("mla_decode3_h64", 512, 64));
         assert!(k.smem < crate::DYN_SMEM_MAX);
-        assert_eq!(lite().kernel(MlaDecode::V3(None)).name, "mla_decode3_h16");
-        assert_eq!(lite().kernel(MlaDecode::V3(Some(32))).threads, 256);
-        let odd_heads = lite().kernel(MlaDecode::V3(Some(48)));
+        assert_eq!(lite().kernel(MlaDecode::V3(None), false).name, "mla_decode3_h16");
+        assert_eq!(lite().kernel(MlaDecode::V3(Some(32)), false).threads, 256);
+        let odd_heads = lite().kernel(MlaDecode::V3(Some(48)), false);
         assert_eq!((odd_heads.name, odd_heads.threads, odd_heads.heads_per_block), ("mla_decode3_h16", 128, 16));
         // 64 rows x 2 blocks of 64 heads on 132 SMs at one block per SM: one split
         let b64 = MlaLaunch { rows: 64, max_ctx: 2048, ..v3 };
         assert_eq!(b64.splits(&k, 132, 1), 1);
         let odd = MlaLaunch { kv_lora: 256, ..v3 };
-        assert_eq!(odd.kernel(MlaDecode::V3(None)).name, "mla_decode2");
-        assert_eq!(lite().kernel(MlaDecode::V1).name, "mla_decode");
+        assert_eq!(odd.kernel(MlaDecode::V3(None), false).name, "mla_decode2");
+        assert_eq!(lite().kernel(MlaDecode::V1, false).name, "mla_decode");
+    }
+
+    #[test]
+    fn v4_takes_64_heads_on_hopper_and_splits_by_its_tile() {
+        let v3 = MlaLaunch { heads: 128, max_ctx: 2048, ..lite() };
+        let k = v3.kernel(MlaDecode::Auto, true);
+        assert_eq!((k.name, k.threads, k.heads_per_block, k.tile), (MLA4_KERNEL, 256, 64, 64));
+        assert_eq!(k.smem, 231_424);
+        // Without warpgroup MMA, or with fewer heads than a block, the default is v3's.
+        assert_eq!(v3.kernel(MlaDecode::Auto, false).name, "mla_decode3_h64");
+        assert_eq!(v3.kernel(MlaDecode::V4, false).name, "mla_decode3_h64");
+        assert_eq!(lite().kernel(MlaDecode::Auto, true).name, "mla_decode3_h16");
+        assert_eq!(MlaLaunch { kv_lora: 256, ..v3 }.kernel(MlaDecode::V4, true).name, "mla_decode2");
+        // Splits are whole 64-key tiles: at most 32 over 2,048 keys.
+        let one = MlaLaunch { rows: 1, ..v3 };
+        assert_eq!(one.splits(&k, 132, 1), 32);
+        assert!(k.writes_output(1) && !k.writes_output(2));
     }
 
     #[test]
     fn only_v3_at_one_split_writes_its_output() {
         // kernels-check's "decode, one split" case: 300 rows of 16 heads at up to 3 blocks per SM.
         let p = MlaLaunch { rows: 300, max_ctx: 100, ..lite() };
-        let v3 = p.kernel(MlaDecode::V3(None));
+        let v3 = p.kernel(MlaDecode::V3(None), false);
         for per_sm in 1..=3 {
             assert_eq!(p.splits(&v3, 132, per_sm), 1);
         }
         assert!(v3.writes_output(1) && !v3.writes_output(2));
-        assert!(!p.kernel(MlaDecode::V2).writes_output(1));
+        assert!(!p.kernel(MlaDecode::V2, false).writes_output(1));
         // 64 rows of 16 heads split their keys: the combine runs.
         let b64 = MlaLaunch { rows: 64, max_ctx: 1024, ..lite() };
         assert!(!v3.writes_output(b64.splits(&v3, 132, 2)));
@@ -223,10 +276,10 @@ mod tests {
 
     #[test]
     fn settings_round_trip() {
-        for s in ["v1", "v2", "v3", "v3:16", "v3:32", "v3:64"] {
+        for s in ["auto", "v1", "v2", "v3", "v3:16", "v3:32", "v3:64", "v4"] {
             assert_eq!(s.parse::<MlaDecode>().unwrap().to_string(), s);
         }
-        for bad in ["v4", "v3:8", "v3:", "v3:x", "v3:64/3"] {
+        for bad in ["v5", "v3:8", "v3:", "v3:x", "v3:64/3", "v4:64"] {
             assert!(bad.parse::<MlaDecode>().unwrap_err().contains(bad));
         }
     }

@@ -17,8 +17,8 @@ mod kv;
 pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
 pub use mla::{
-    MlaDecode, MlaKernel, MlaLaunch, MLA3_KERNELS, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS, MLA_MAX_LATENT,
-    MLA_MAX_SPLITS, MLA_TILE,
+    MlaDecode, MlaKernel, MlaLaunch, MLA4_KERNEL, MLA4_SMEM, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS,
+    MLA_DECODE_KERNELS, MLA_MAX_LATENT, MLA_MAX_SPLITS, MLA_TILE,
 };
 mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS};
@@ -34,7 +34,7 @@ pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 
 /// Kernels of a decode step that open with `pdl_wait` (common.cuh), so that they may be launched
 /// with programmatic dependent launch ([`Gpu::set_pdl`]), besides the families that all do:
-/// [`GEMV_KERNELS`], [`MLA3_KERNELS`], [`MLA_COMBINE_KERNELS`] and the persistent grouped GEMMs
+/// [`GEMV_KERNELS`], [`MLA_DECODE_KERNELS`], [`MLA_COMBINE_KERNELS`] and the persistent grouped GEMMs
 /// (see [`pdl_kernels`]).
 const PDL_OPS: &[&str] = &[
     "rms_norm_f32",
@@ -62,7 +62,7 @@ pub fn pdl_kernels() -> impl Iterator<Item = &'static str> {
     PDL_OPS
         .iter()
         .chain(GEMV_KERNELS)
-        .chain(MLA3_KERNELS)
+        .chain(MLA_DECODE_KERNELS)
         .chain(MLA_COMBINE_KERNELS)
         .copied()
         .chain(qdecode::qgp_kernels())
@@ -84,7 +84,7 @@ pub enum Pdl {
 impl Pdl {
     /// Whether kernel `name` is launched with it.
     pub fn takes(self, name: &str) -> bool {
-        let ops = || [PDL_OPS, GEMV_KERNELS, MLA3_KERNELS, MLA_COMBINE_KERNELS].iter().any(|l| l.contains(&name));
+        let ops = || [PDL_OPS, GEMV_KERNELS, MLA_DECODE_KERNELS, MLA_COMBINE_KERNELS].iter().any(|l| l.contains(&name));
         let compressed = || qdecode::qgp_kernels().any(|k| k == name);
         match self {
             Pdl::Off => false,

@@ -197,7 +197,7 @@ pub(super) fn mla_attention(
         let (q_in, lq) = (q_bf.ptr(), heads * qk);
         gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, ptr(&q_lat), heads * l, l, heads))
             .map_err(kerr)?;
-        let k = p.kernel(var.mla);
+        let k = p.kernel(var.mla, gpu.has_wgmma());
         let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
         let o_lat = be.alloc_u16(rows * heads * l)?;
         let decode = |out| {
@@ -210,7 +210,8 @@ pub(super) fn mla_attention(
             let part_o = be.alloc_f32(rows * splits * heads * l)?;
             let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
             decode(MlaOut::Partials { part_o: ptr(&part_o), part_ml: ptr(&part_ml) })?;
-            gpu.mla_combine(ptr(&part_o), ptr(&part_ml), ptr(&o_lat), row_len, rows, heads, l, splits).map_err(kerr)?;
+            let (po, pml, o) = (ptr(&part_o), ptr(&part_ml), ptr(&o_lat));
+            gpu.mla_combine(po, pml, o, row_len, rows, heads, l, splits, k.tile).map_err(kerr)?;
         }
         let kv_v = kv_b + (d.nope * l * 2) as u64;
         let o = ptr(&o_lat);

@@ -376,7 +376,7 @@ impl Variants {
     pub fn parse(mla_decode: &str, moe_gemm: &str, prefill_attn: &str, fp8_gemm: &str, qgemm: &str) -> Result<Self> {
         let bad = |var: &str, v: &str, want: &str| EngineError::Config(format!("{var}: `{v}` is not one of {want}"));
         let mla = match mla_decode {
-            "" => MlaDecode::V3(None),
+            "" => MlaDecode::Auto,
             v => v.parse().map_err(|e| EngineError::Config(format!("CLEAVE_MLA_DECODE: {e}")))?,
         };
         let (gemm_v2, moe_persistent) = match moe_gemm {
@@ -445,7 +445,7 @@ mod tests {
         assert_eq!(
             def,
             Variants {
-                mla: MlaDecode::V3(None),
+                mla: MlaDecode::Auto,
                 gemm_v2: true,
                 prefill_gemm: Some(DEFAULT_WGMMA),
                 prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
