@@ -134,7 +134,8 @@ impl MlaLaunch {
         let deepseek = (self.kv_lora, self.rope, self.block_size) == V3_SHAPE;
         let which = match which {
             MlaDecode::Auto if wgmma && self.heads >= 64 => MlaDecode::V4,
-            MlaDecode::Auto | MlaDecode::V4 => MlaDecode::V3(None),
+            MlaDecode::Auto => MlaDecode::V3(None),
+            MlaDecode::V4 if !wgmma => MlaDecode::V3(None),
             w => w,
         };
         match which {
@@ -252,6 +253,8 @@ mod tests {
         assert_eq!(v3.kernel(MlaDecode::Auto, false).name, "mla_decode3_h64");
         assert_eq!(v3.kernel(MlaDecode::V4, false).name, "mla_decode3_h64");
         assert_eq!(lite().kernel(MlaDecode::Auto, true).name, "mla_decode3_h16");
+        // Named, it takes any head count (a block's missing heads are zero queries).
+        assert_eq!(lite().kernel(MlaDecode::V4, true).name, MLA4_KERNEL);
         assert_eq!(MlaLaunch { kv_lora: 256, ..v3 }.kernel(MlaDecode::V4, true).name, "mla_decode2");
         // Splits are whole 64-key tiles: at most 32 over 2,048 keys.
         let one = MlaLaunch { rows: 1, ..v3 };
