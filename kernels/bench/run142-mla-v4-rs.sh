@@ -1,4 +1,5 @@
 #!/bin/bash
+# (Measured and dropped: that build was reverted after this run; kernels/NOTES.md, "MLA decode v4".)
 # run 142 (one GPU): MLA decode v4 with both warpgroups computing every score of a tile (one
 # barrier a tile instead of three; the probabilities handed to P.V in registers, wgmma's A from
 # registers), against the build before ($P, run 141's: scores split by keys between the

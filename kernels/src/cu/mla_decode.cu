@@ -280,23 +280,21 @@ extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { m
 // tile to mla_combine).
 //
 // Why: at 128 heads (V3 on one GPU) v3 is bound by mma.sync and its three barriers per 32-key
-// tile (162-165 TFLOP/s, kernels/NOTES.md "MLA decode v3"). Two warpgroups, each owning half of
-// the output's latent columns; per tile, each warpgroup on its own:
-// - scores: the block's 64 query heads (bf16 in shared memory, written once) times all 64 keys
-//   of the tile: 36 m64n64k16 wgmmas, both operands K-major in shared memory. Both warpgroups
-//   compute the same scores: the tensor cores do a third more work, but neither the softmax's
-//   maxima nor the probabilities cross between them, so the tile takes one barrier (the key
-//   buffer's reuse) instead of three, and one warpgroup's softmax runs under the other's MMAs;
-// - softmax in registers, each row in one quad of lanes;
-// - P.V: the probabilities, packed to bf16 straight from the score accumulators (whose layout
-//   is the A fragment's), times latent columns 256w..256w+255 of the same key rows, read
-//   MN-major (the transpose bit): 4 m64n256k16 wgmmas into 128 registers a thread.
+// tile (162-165 TFLOP/s, kernels/NOTES.md "MLA decode v3"); wgmma reads both operands from
+// shared memory without register fragments. Two warpgroups; per tile:
+// - scores: warpgroup w multiplies the block's 64 query heads (bf16 in shared memory, written
+//   once) by the tile's keys 32w..32w+31: 36 m64n32k16 wgmmas, both operands K-major;
+// - softmax: the two warpgroups' row maxima meet in shared memory, so both scale by the tile's
+//   maximum; each keeps the running sum of its own keys, added at the end;
+// - P.V: the probabilities (bf16, 64 heads x 64 keys) go to shared memory; warpgroup w multiplies
+//   them by latent columns 256w..256w+255 of the same key rows, read MN-major (the transpose
+//   bit): 4 m64n256k16 wgmmas into its half of the output (128 registers a thread).
 // The next tile is copied (cp.async) while one is computed. Shared memory: the query and two key
-// tiles (64 rows x 576 bf16 each, as 9 swizzled 64-channel blocks: 72 KB) and 1 KB to align
-// them: 217 KB, one block an SM.
+// tiles (64 rows x 576 bf16 each, as 9 swizzled 64-channel blocks: 72 KB), the probabilities
+// (8 KB) and the row maxima and sums: 226 KB with the alignment, one block an SM.
 #define V4_TT 64
 #define V4_HB 64
-#define V4_RC (V3_W / 8)          // 16-byte chunks a row
+#define V4_RC (V3_W / 8)        // 16-byte chunks a row
 #define V4_MAT (V3_W / 64 * 8192) // one 64-row matrix of 576 bf16 columns
 
 // Byte offset of 16-byte chunk c of row r in a swizzled 64-row matrix (wgmma.cuh's layout).
@@ -308,7 +306,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* sm = smem_raw + (base - raw);
-    const u32 sQ = base, sK = base + V4_MAT;
+    const u32 sQ = base, sK = base + V4_MAT, sP = base + 3 * V4_MAT;
+    float* sMx = reinterpret_cast<float*>(sm + 3 * V4_MAT + V4_HB * 128);  // [2][64] row maxima
+    float* sL = sMx + 2 * V4_HB;                                            // [2][64] row sums
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int r0 = warp * 16 + g;  // this thread's rows (heads) r0 and r0 + 8 of the block
     const int kv_len = row_len[row];
@@ -364,77 +364,87 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         cp_async_wait<0>();
         fence_proxy_async();
         // After this barrier tile `it` (and the query) is visible to the tensor cores, and both
-        // warpgroups are done with iteration it - 1's key buffer, the one refilled next.
+        // warpgroups are done with iteration it - 1: its key buffer, maxima and probabilities.
         __syncthreads();
         if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1, pg);
         cp_async_commit();
         pg = page(it + 2);
         const u32 kb = sK + (it & 1) * V4_MAT;
-        float s[32];
+        float s[16];
 #pragma unroll
-        for (int q4 = 0; q4 < 32; q4++) s[q4] = 0.f;
+        for (int q4 = 0; q4 < 16; q4++) s[q4] = 0.f;
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < V3_KSTEPS; ks++) {
             const u32 off = (ks >> 2) * 8192 + (ks & 3) * 32;
-            wgmma_m64n64(s, wg_desc(sQ + off), wg_desc(kb + off));
+            wgmma_m64n32(s, wg_desc(sQ + off), wg_desc(kb + wg * 32 * 128 + off));
         }
         wg_commit();
         wg_wait<0>();
         wg_fence_regs(s);
-        // s[4 j + 2 h + i]: row r0 + 8 h, key 8 j + 2 t4 + i of the tile.
-        const int tk = t_begin + it * V4_TT + 2 * t4;
+        // s[4 j + 2 h + i]: row r0 + 8 h, key 32 wg + 8 j + 2 t4 + i of the tile.
+        const int tk = t_begin + it * V4_TT + wg * 32 + 2 * t4;
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int q4 = 0; q4 < 32; q4++) {
+        for (int q4 = 0; q4 < 16; q4++) {
             const int j = q4 >> 2, h = (q4 >> 1) & 1, i = q4 & 1;
             s[q4] = tk + 8 * j + i < t_end ? s[q4] * sl2 : NEG_INF;
             mx[h] = fmaxf(mx[h], s[q4]);
         }
-        float sc[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            // Finite: the tile's first key is the row's.
-            const float m_new = fmaxf(m_run[h], mx[h]);
+            if (t4 == 0) sMx[wg * V4_HB + r0 + 8 * h] = mx[h];
+        }
+        __syncthreads();
+        float sc[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = r0 + 8 * h;
+            // Finite: the tile's first key is the row's (and warpgroup 0's).
+            const float m_new = fmaxf(m_run[h], fmaxf(sMx[r], sMx[V4_HB + r]));
             sc[h] = exp2f(m_run[h] - m_new);
             m_run[h] = m_new;
-            l_run[h] *= sc[h];
         }
-        // The probabilities as A fragments: k-step kk takes keys 16 kk..16 kk + 15, i.e. score
-        // n-tiles 2 kk (a[0], a[1]) and 2 kk + 1 (a[2], a[3]), rows r0 (even) and r0 + 8 (odd).
-        u32 pa[4][4];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const float p0 = exp2f(s[4 * j + 2 * h] - m_run[h]), p1 = exp2f(s[4 * j + 2 * h + 1] - m_run[h]);
-                l_run[h] += p0 + p1;
-                pa[j >> 1][2 * (j & 1) + h] = pack_bf16(p0, p1);
+                sum[h] += p0 + p1;
+                const int r = r0 + 8 * h, key = wg * 32 + 8 * j + 2 * t4;
+                *reinterpret_cast<u32*>(sm + 3 * V4_MAT + r * 128 + (((key >> 3) ^ (r & 7)) << 4) + (key & 7) * 2) =
+                    pack_bf16(p0, p1);
             }
 #pragma unroll
+        for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * sc[h] + sum[h];
+#pragma unroll
         for (int q4 = 0; q4 < 128; q4++) o[q4] *= sc[(q4 >> 1) & 1];
+        fence_proxy_async();
+        __syncthreads();
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < V4_TT / 16; kk++)
-            wgmma_m64n256_rs<1>(o, pa[kk], wg_desc_mn(kb + wg * 4 * 8192 + kk * 16 * 128, 8192));
+            wgmma_m64n256<1>(o, wg_desc(sP + kk * 32), wg_desc_mn(kb + wg * 4 * 8192 + kk * 16 * 128, 8192));
         wg_commit();
         wg_wait<0>();
         wg_fence_regs(o);
     }
 
-    // Each row's sum over its quad's lanes (both warpgroups hold the same sums).
+    // Each row's sum: its quad's lanes, then both warpgroups' keys.
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
         l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+        if (t4 == 0) sL[wg * V4_HB + r0 + 8 * h] = l_run[h];
     }
+    __syncthreads();
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int hh = h0 + r0 + 8 * h;
         if (hh >= heads) continue;
-        const float l = l_run[h];
+        const float l = sL[r0 + 8 * h] + sL[V4_HB + r0 + 8 * h];
         const int col = wg * 256 + 2 * t4;
         if (o_lat) {
             // One split: the output itself, normalized and rounded as mla_combine would.

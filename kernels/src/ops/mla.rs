@@ -16,10 +16,10 @@ const V12_HEADS: usize = 16;
 pub const MLA_DECODE_KERNELS: &[&str] = &["mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64", MLA4_KERNEL];
 /// v4: warpgroup MMAs, 64 heads per block (sm_90a).
 pub const MLA4_KERNEL: &str = "mla_decode4_h64";
-/// v4's shared memory: the query and two key tiles (64 x 576 bf16 each), and 1 KB to align them
-/// to the wgmma swizzle. More than [`crate::DYN_SMEM_MAX`]: [`crate::Gpu::smem_limit`] grants it
-/// the device's whole opt-in.
-pub const MLA4_SMEM: usize = 3 * 64 * 576 * 2 + 1024;
+/// v4's shared memory: the query, two key tiles (64 x 576 bf16 each), the probabilities (64 x 64
+/// bf16), the row maxima and sums, and 1 KB to align it all to the wgmma swizzle. More than
+/// [`crate::DYN_SMEM_MAX`]: [`crate::Gpu::smem_limit`] grants it the device's whole opt-in.
+pub const MLA4_SMEM: usize = 3 * 64 * 576 * 2 + 64 * 64 * 2 + 4 * 64 * 4 + 1024;
 /// `mla_combine`'s instances (attention.cu), smallest first, and the most splits each holds in
 /// registers: a launch takes the first that holds its split count.
 pub const MLA_COMBINE_KERNELS: &[&str] = &["mla_combine8", "mla_combine16", "mla_combine"];
@@ -249,7 +249,7 @@ mod tests {
         let v3 = MlaLaunch { heads: 128, max_ctx: 2048, ..lite() };
         let k = v3.kernel(MlaDecode::Auto, true);
         assert_eq!((k.name, k.threads, k.heads_per_block, k.tile), (MLA4_KERNEL, 256, 64, 64));
-        assert_eq!(k.smem, 222_208);
+        assert_eq!(k.smem, 231_424);
         // Without warpgroup MMA, or with fewer heads than a block, the default is v3's.
         assert_eq!(v3.kernel(MlaDecode::Auto, false).name, "mla_decode3_h64");
         assert_eq!(v3.kernel(MlaDecode::V4, false).name, "mla_decode3_h64");
