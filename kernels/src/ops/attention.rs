@@ -101,7 +101,10 @@ impl Gpu {
         // v3 and v4 take the head groups fastest (mla_decode.cu), rows on the grid's y (65,535 at most).
         let grid = if k.fixed_shape {
             if p.rows > 65_535 {
-                return Err(KernelError::Invalid(format!("mla_decode: {} rows in one launch (at most 65,535)", p.rows)));
+                return Err(KernelError::Invalid(format!(
+                    "mla_decode: {} rows in one launch (at most 65,535)",
+                    p.rows
+                )));
             }
             (hg as u32, p.rows as u32, splits as u32)
         } else {

@@ -9,7 +9,8 @@ use cleave_kernels::Gpu;
 
 use crate::error::{EngineError, Result};
 
-/// Kernel variants, from the environment: `CLEAVE_MLA_DECODE=v1|v2|v3[:HEADS]` (default v3),
+/// Kernel variants, from the environment: `CLEAVE_MLA_DECODE=auto|v1|v2|v3[:HEADS]|v4` (default
+/// auto: v4 at 64 heads or more on sm_90a, else v3),
 /// `CLEAVE_MOE_GEMM=v1|v2|persistent[:BN/BK/STAGES/PREFETCH]` (default persistent with
 /// [`DEFAULT_PERSISTENT`]), `CLEAVE_PREFILL_ATTN=absorbed|expanded` (default expanded),
 /// `CLEAVE_FP8_GEMM=tensor-cores|bf16` (default tensor-cores),
@@ -519,7 +520,7 @@ mod tests {
         assert!(Variants::parse_rows32("32/64/6/0").unwrap_err().to_string().contains("CLEAVE_MOE_ROWS32"));
         assert!(Variants::parse_rows32("32x16/32/8/0").unwrap_err().to_string().contains("CLEAVE_MOE_ROWS32"));
         for (args, var) in [
-            (("v4", "", "", "", ""), "CLEAVE_MLA_DECODE"),
+            (("v5", "", "", "", ""), "CLEAVE_MLA_DECODE"),
             (("v3:8", "", "", "", ""), "CLEAVE_MLA_DECODE"),
             (("", "fast", "", "", ""), "CLEAVE_MOE_GEMM"),
             (("", "persistent:128/64/4/0", "", "", ""), "CLEAVE_MOE_GEMM"),
