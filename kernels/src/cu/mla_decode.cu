@@ -14,8 +14,6 @@
 //   of the latent, so the value tile is read from shared memory once per block.
 // ST - 1 tiles are in flight ahead of the one computed; each is loaded right after the barrier
 // that frees its buffer, so a tile takes three barriers.
-// The grid is (head groups, rows, splits): a row's head groups are launched side by side, so
-// that they read its key tiles at about the same time and the second read comes from L2.
 // A tile of 32 keys lies inside one cache block (chunks are whole tiles, blocks 64 keys), so it
 // is one contiguous run of 32 x 576 bf16 and takes one block-table lookup.
 
@@ -38,7 +36,7 @@ __device__ __forceinline__ void mla_decode3_t(
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer,
     int splits, float scale, bf16_t* __restrict__ o_lat) {
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
-    const int h0 = blockIdx.x * HBK, row = blockIdx.y, split = blockIdx.z;
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16_t* sK = reinterpret_cast<bf16_t*>(smem_raw);                // [ST][TT][S]
     float* sSp = reinterpret_cast<float*>(sK + ST * V3_TT * V3_S);    // [G][4][16][SP]
@@ -302,7 +300,7 @@ __device__ __forceinline__ u32 v4_off(int r, int c) { return (c >> 3) * 8192 + r
 
 extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    const int h0 = blockIdx.x * V4_HB, row = blockIdx.y, split = blockIdx.z;
+    const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * V4_HB;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* sm = smem_raw + (base - raw);

@@ -98,19 +98,7 @@ impl Gpu {
             (vec![heads, l, r, nope, qk, layers, layer, bs], vec![])
         };
         let args: Vec<Arg> = ptrs.into_iter().chain(dims).chain(tail).chain(last).collect();
-        // v3 and v4 take the head groups fastest (mla_decode.cu), rows on the grid's y (65,535 at most).
-        let grid = if k.fixed_shape {
-            if p.rows > 65_535 {
-                return Err(KernelError::Invalid(format!(
-                    "mla_decode: {} rows in one launch (at most 65,535)",
-                    p.rows
-                )));
-            }
-            (hg as u32, p.rows as u32, splits as u32)
-        } else {
-            (p.rows as u32, splits as u32, hg as u32)
-        };
-        self.launch(k.name, grid, k.threads, k.smem as u32, &args)
+        self.launch(k.name, (p.rows as u32, splits as u32, hg as u32), k.threads, k.smem as u32, &args)
     }
 
     /// Merges [`Gpu::mla_decode`]'s partials into the bf16 `[rows, heads, kv_lora]` output,

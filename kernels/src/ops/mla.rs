@@ -98,8 +98,7 @@ pub struct MlaKernel {
     pub smem: usize,
     /// Keys per tile: a split is a whole number of them.
     pub tile: usize,
-    /// v3's and v4's argument list (no latent, rope or block widths: they are compiled in) and
-    /// grid (head groups, rows, splits; v1 and v2 take rows, splits, head groups).
+    /// v3's and v4's argument list (no latent, rope or block widths: they are compiled in).
     pub(crate) fixed_shape: bool,
 }
 
