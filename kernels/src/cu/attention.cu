@@ -63,10 +63,9 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
     float* sSc = sL + HB;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int kv_len = row_len[row];
-    int t_begin, t_end;
-    split_keys(kv_len, split, splits, TT, t_begin, t_end);
-    const int* tab = tables + row_tab[row];
+    const KeySplit ks = key_split(row_len, row_tab, tables, row, split, splits, TT);
+    const int t_begin = ks.begin, t_end = ks.end, ntiles = ks.ntiles;
+    const int* tab = ks.tab;
     const u64 blk_stride = (u64)layers * bs * W;
 
     for (int i = tid; i < HB * Wp; i += blockDim.x) {
@@ -88,7 +87,6 @@ extern "C" __global__ void __launch_bounds__(128) mla_decode(
 #pragma unroll
     for (int j = 0; j < MAX_NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-    const int ntiles = t_end > t_begin ? (t_end - t_begin + TT - 1) / TT : 0;
     const int cpr = Wp / 8;
     auto load_tile = [&](int buf, int tile) {
         bf16_t* dst = sK + buf * KBUF;
@@ -361,12 +359,10 @@ __device__ __forceinline__ void mla_decode2_t(
     float* sSc = sL + HB;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int kv_len = row_len[row];
-    int t_begin, t_end;
-    split_keys(kv_len, split, splits, TT, t_begin, t_end);
-    const int* tab = tables + row_tab[row];
+    const KeySplit ks = key_split(row_len, row_tab, tables, row, split, splits, TT);
+    const int t_begin = ks.begin, t_end = ks.end, ntiles = ks.ntiles;
+    const int* tab = ks.tab;
     const u64 blk_stride = (u64)layers * bs * W;
-    const int ntiles = t_end > t_begin ? (t_end - t_begin + TT - 1) / TT : 0;
     const int cpr = Wp / 8;
     // Block-table lookups run one tile ahead of the copies that need them: lane i < KPW holds the
     // page of key warp + i * NWARP of a tile (the keys this warp copies), issued as one parallel

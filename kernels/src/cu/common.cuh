@@ -25,6 +25,20 @@ __device__ __forceinline__ int splits_used(int len, int splits, int tile) {
     const int per = split_span(len, splits, tile);
     return per > 0 ? min(splits, (len + per - 1) / per) : 0;
 }
+// One block's share of a row's keys in the split decode kernels: keys [begin, end) of the row
+// (split_keys), `ntiles` tiles of `tile` keys, and the row's block table.
+struct KeySplit {
+    int begin, end, ntiles;
+    const int* tab;
+};
+__device__ __forceinline__ KeySplit key_split(const int* row_len, const int* row_tab, const int* tables, int row,
+                                              int split, int splits, int tile) {
+    KeySplit k;
+    split_keys(row_len[row], split, splits, tile, k.begin, k.end);
+    k.ntiles = k.end > k.begin ? (k.end - k.begin + tile - 1) / tile : 0;
+    k.tab = tables + row_tab[row];
+    return k;
+}
 
 // Programmatic dependent launch (Hopper): a kernel launched with it (ops::pdl_kernels) may be
 // scheduled while the kernel before it on the stream still runs. pdl_wait() returns once that

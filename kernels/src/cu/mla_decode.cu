@@ -48,12 +48,10 @@ __device__ __forceinline__ void mla_decode3_t(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int grp = warp >> 2, wq = warp & 3;
     const int mi = lane >> 3, r8 = lane & 7;
-    const int kv_len = row_len[row];
-    int t_begin, t_end;
-    split_keys(kv_len, split, splits, V3_TT, t_begin, t_end);
-    const int* tab = tables + row_tab[row];
+    const KeySplit ks = key_split(row_len, row_tab, tables, row, split, splits, V3_TT);
+    const int t_begin = ks.begin, t_end = ks.end, ntiles = ks.ntiles;
+    const int* tab = ks.tab;
     const u64 blk_stride = (u64)layers * V3_BS * V3_W;
-    const int ntiles = t_end > t_begin ? (t_end - t_begin + V3_TT - 1) / V3_TT : 0;
     if (ntiles == 0 && !o_lat) return;  // an empty split: mla_combine reads only those with keys
 
     auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V3_TT) / V3_BS) : 0; };
@@ -309,12 +307,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     float* sL = sMx + 2 * V4_HB;                                            // [2][64] row sums
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int r0 = warp * 16 + g;  // this thread's rows (heads) r0 and r0 + 8 of the block
-    const int kv_len = row_len[row];
-    int t_begin, t_end;
-    split_keys(kv_len, split, splits, V4_TT, t_begin, t_end);
-    const int* tab = tables + row_tab[row];
+    const KeySplit ks = key_split(row_len, row_tab, tables, row, split, splits, V4_TT);
+    const int t_begin = ks.begin, t_end = ks.end, ntiles = ks.ntiles;
+    const int* tab = ks.tab;
     const u64 blk_stride = (u64)layers * V3_BS * V3_W;
-    const int ntiles = t_end > t_begin ? (t_end - t_begin + V4_TT - 1) / V4_TT : 0;
     if (ntiles == 0 && !o_lat) return;  // an empty split: mla_combine reads only those with keys
 
     auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V4_TT) / V3_BS) : 0; };
