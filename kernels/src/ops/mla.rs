@@ -249,6 +249,9 @@ mod tests {
         let k = v3.kernel(MlaDecode::Auto, true);
         assert_eq!((k.name, k.threads, k.heads_per_block, k.tile), (MLA4_KERNEL, 256, 64, 64));
         assert_eq!(k.smem, 231_424);
+        // Hopper's opt-in (227 KB), which `FULL_SMEM_KERNELS` grants it.
+        assert!(k.smem > crate::DYN_SMEM_MAX && k.smem <= 227 * 1024);
+        assert!(crate::FULL_SMEM_KERNELS.contains(&k.name));
         // Without warpgroup MMA, or with fewer heads than a block, the default is v3's.
         assert_eq!(v3.kernel(MlaDecode::Auto, false).name, "mla_decode3_h64");
         assert_eq!(v3.kernel(MlaDecode::V4, false).name, "mla_decode3_h64");
