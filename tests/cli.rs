@@ -37,8 +37,9 @@ fn serve_prints_the_cpu_default_without_loading() {
     let o = cleave(&["serve", "--print-config"]);
     assert!(o.status.success(), "{}", text(&o));
     let yaml = String::from_utf8_lossy(&o.stdout);
-    assert!(yaml.contains("tiny-r1"), "the CPU default serves models/tiny-r1: {yaml}");
-    assert!(yaml.contains("cpu"), "the CPU default runs on the CPU: {yaml}");
+    let lines: Vec<&str> = yaml.lines().collect();
+    assert!(lines.contains(&"model: models/tiny-r1"), "the CPU default serves models/tiny-r1: {yaml}");
+    assert!(lines.contains(&"device: cpu"), "the CPU default runs on the CPU: {yaml}");
 }
 
 #[test]

@@ -292,6 +292,7 @@ extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { m
 #define V4_HB 64
 #define V4_RC (V3_W / 8)        // 16-byte chunks a row
 #define V4_MAT (V3_W / 64 * 8192) // one 64-row matrix of 576 bf16 columns
+static_assert(V4_TT == V3_BS, "a v4 tile is one cache block: one lookup, one contiguous copy");
 
 // Byte offset of 16-byte chunk c of row r in a swizzled 64-row matrix (wgmma.cuh's layout).
 __device__ __forceinline__ u32 v4_off(int r, int c) { return (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4); }

@@ -19,7 +19,7 @@ pub const MLA4_KERNEL: &str = "mla_decode4_h64";
 /// v4's shared memory: the query, two key tiles (64 x 576 bf16 each), the probabilities (64 x 64
 /// bf16), the row maxima and sums, and 1 KB to align it all to the wgmma swizzle. More than
 /// [`crate::DYN_SMEM_MAX`]: [`crate::Gpu::smem_limit`] grants it the device's whole opt-in.
-pub const MLA4_SMEM: usize = 3 * 64 * 576 * 2 + 64 * 64 * 2 + 4 * 64 * 4 + 1024;
+const MLA4_SMEM: usize = 3 * 64 * 576 * 2 + 64 * 64 * 2 + 4 * 64 * 4 + 1024;
 /// `mla_combine`'s instances (attention.cu), smallest first, and the most splits each holds in
 /// registers: a launch takes the first that holds its split count.
 pub const MLA_COMBINE_KERNELS: &[&str] = &["mla_combine8", "mla_combine16", "mla_combine"];

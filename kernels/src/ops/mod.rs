@@ -17,8 +17,8 @@ mod kv;
 pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;
 pub use mla::{
-    MlaDecode, MlaKernel, MlaLaunch, MLA4_KERNEL, MLA4_SMEM, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS,
-    MLA_DECODE_KERNELS, MLA_MAX_LATENT, MLA_MAX_SPLITS, MLA_TILE,
+    MlaDecode, MlaKernel, MlaLaunch, MLA4_KERNEL, MLA_COMBINE_KERNELS, MLA_COMBINE_SPLITS, MLA_DECODE_KERNELS,
+    MLA_MAX_LATENT, MLA_MAX_SPLITS, MLA_TILE,
 };
 mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS};
