@@ -277,22 +277,30 @@ extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { m
 //
 // Why: at 128 heads (V3 on one GPU) v3 is bound by mma.sync and its three barriers per 32-key
 // tile (162-165 TFLOP/s, kernels/NOTES.md "MLA decode v3"); wgmma reads both operands from
-// shared memory without register fragments. Two warpgroups; per tile:
-// - scores: warpgroup w multiplies the block's 64 query heads (bf16 in shared memory, written
-//   once) by the tile's keys 32w..32w+31: 36 m64n32k16 wgmmas, both operands K-major;
-// - softmax: the two warpgroups' row maxima meet in shared memory, so both scale by the tile's
-//   maximum; each keeps the running sum of its own keys, added at the end;
-// - P.V: the probabilities (bf16, 64 heads x 64 keys) go to shared memory; warpgroup w multiplies
-//   them by latent columns 256w..256w+255 of the same key rows, read MN-major (the transpose
-//   bit): 4 m64n256k16 wgmmas into its half of the output (128 registers a thread).
-// The next tile is copied (cp.async) while one is computed. Shared memory: the query and two key
-// tiles (64 rows x 576 bf16 each, as 9 swizzled 64-channel blocks: 72 KB), the probabilities
-// (8 KB) and the row maxima and sums: 226 KB with the alignment, one block an SM.
+// shared memory without register fragments, and two warpgroups take alternate tiles so that one's
+// softmax runs under the other's MMAs (FlashMLA's "seesaw" schedule). Warpgroup 0 holds output
+// columns 0-255 (O_L), warpgroup 1 columns 256-511 (O_R); per pair of tiles A (buffer 0) and B
+// (buffer 1), with one running maximum m in shared memory:
+//   [0] S_A = Q K_A^T (64 heads x 64 keys, 36 m64n64k16 wgmmas);   [1] S_B = Q K_B^T
+//   [0] m_A = max(m, rowmax S_A), c_A = exp(m - m_A); P_A = exp(S_A - m_A); O_L = c_A O_L + P_A V_A,L
+//   [1] m_B = max(m_A, rowmax S_B), c_B = exp(m_A - m_B); P_B = exp(S_B - m_B); O_R = c_A c_B O_R + P_B V_B,R
+//   [0] P_A *= c_B, to shared memory;  [1] O_R += P_A V_A,R;  [0] O_L = c_B O_L + P_B V_B,L
+// Each warpgroup multiplies its own probabilities from registers and the other's from shared
+// memory, where they take the place of that tile's rope columns (read by its scores only). Named
+// barriers carry the scales and probabilities across; each key buffer's nine 64-column blocks
+// have an mbarrier of their own, so a buffer's next tile is copied (cp.async) block by block as
+// soon as both warpgroups are done with those columns, and the scores start on the first blocks
+// while the rest land. Shared memory: the query and two key tiles (64 rows x 576 bf16 each, as 9
+// swizzled 64-channel blocks: 72 KB), maxima, scales and sums: 218 KB with the alignment, one
+// block an SM.
 #define V4_TT 64
 #define V4_HB 64
-#define V4_RC (V3_W / 8)        // 16-byte chunks a row
-#define V4_MAT (V3_W / 64 * 8192) // one 64-row matrix of 576 bf16 columns
+#define V4_NB (V3_W / 64)         // 64-channel blocks a key row
+#define V4_MAT (V4_NB * 8192)     // one 64-row matrix of 576 bf16 columns
+#define V4_VARS (3 * V4_MAT)      // floats: maximum, c_A, c_B [64] each, sums [2][64]
+#define V4_BARS (V4_VARS + 5 * V4_HB * 4)  // mbarriers [buffer][block]
 static_assert(V4_TT == V3_BS, "a v4 tile is one cache block: one lookup, one contiguous copy");
+enum { V4_SCALE_A = 1, V4_SCALE_B = 2, V4_P_A = 3, V4_P_B = 4 };  // named barriers
 
 // Byte offset of 16-byte chunk c of row r in a swizzled 64-row matrix (wgmma.cuh's layout).
 __device__ __forceinline__ u32 v4_off(int r, int c) { return (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4); }
@@ -303,10 +311,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* sm = smem_raw + (base - raw);
-    const u32 sQ = base, sK = base + V4_MAT, sP = base + 3 * V4_MAT;
-    float* sMx = reinterpret_cast<float*>(sm + 3 * V4_MAT + V4_HB * 128);  // [2][64] row maxima
-    float* sL = sMx + 2 * V4_HB;                                            // [2][64] row sums
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const u32 sQ = base, sK = base + V4_MAT;  // key buffer b at sK + b * V4_MAT
+    float* sM = reinterpret_cast<float*>(sm + V4_VARS);
+    float *sCA = sM + V4_HB, *sCB = sCA + V4_HB, *sL = sCB + V4_HB;
+    const u32 bars = base + V4_BARS;
+    const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, warp = wt >> 5, lane = tid & 31, g = lane >> 2,
+              t4 = lane & 3;
     const int r0 = warp * 16 + g;  // this thread's rows (heads) r0 and r0 + 8 of the block
     const KeySplit ks = key_split(row_len, row_tab, tables, row, split, splits, V4_TT);
     const int t_begin = ks.begin, t_end = ks.end, ntiles = ks.ntiles;
@@ -319,22 +329,33 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     // As v3: the first tile's lookup and its bytes into L2 before the wait, its copy after.
     const int pg0 = page(0);
     if (tid == 0 && ntiles > 0) prefetch_l2_bulk(tile_src(pg0), V4_TT * V3_W * 2);
+    if (tid == 0) {
+        for (int i = 0; i < 2 * V4_NB; i++) mbar_init(bars + 8 * i, 128);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if (tid < V4_HB) sM[tid] = NEG_INF;
+    __syncthreads();
     pdl_enter();
-    auto load_tile = [&](int buf, int tile, int pg) {
-        const int t0 = t_begin + tile * V4_TT;
-        const bf16_t* src = tile_src(pg);
+    // This warpgroup's share of tile `tile` into buffer b: 64-channel blocks [j0, j1), each
+    // arriving on its mbarrier when this thread's copies have landed (128 arrivals a block).
+    // Keys past the row's end are zero-filled; their addresses stay inside the cache block.
+    auto load_blocks = [&](int b, int tile, int pg, int j0, int j1) {
+        const int key0 = wt >> 3, c = wt & 7, t0 = t_begin + tile * V4_TT;
+        const bf16_t* src = tile_src(pg) + key0 * V3_W + 8 * c;
+        for (int j = j0; j < j1; j++) {
 #pragma unroll
-        for (int u = 0; u < V4_TT * V4_RC / 256; u++) {
-            const int i = tid + u * 256, key = i / V4_RC;
-            // Keys past the row's end are zero-filled; their addresses stay inside the block.
-            cp_async16(sK + buf * V4_MAT + v4_off(key, i % V4_RC), src + i * 8, t0 + key < t_end ? 16 : 0);
+            for (int u = 0; u < 4; u++) {
+                const int key = key0 + 16 * u;
+                cp_async16(sK + b * V4_MAT + v4_off(key, 8 * j + c), src + 16 * u * V3_W + 64 * j,
+                           t0 + key < t_end ? 16 : 0);
+            }
+            mbar_arrive_cp_async(bars + 8 * (V4_NB * b + j));
         }
     };
-    if (ntiles > 0) load_tile(0, 0, pg0);
-    cp_async_commit();
+    if (wg < ntiles) load_blocks(wg, wg, wg == 0 ? pg0 : page(1), 0, V4_NB);
     // The block's query heads as bf16 (heads past `heads` zero).
-    for (int i = tid; i < V4_HB * V4_RC; i += 256) {
-        const int r = i / V4_RC, c = i % V4_RC, h = h0 + r, col = c * 8;
+    for (int i = tid; i < V4_HB * (V3_W / 8); i += 256) {
+        const int r = i / (V3_W / 8), c = i % (V3_W / 8), h = h0 + r, col = c * 8;
         float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (h < heads && col < V3_L) {
             const float4* src = reinterpret_cast<const float4*>(q_lat + ((u64)row * heads + h) * V3_L + col);
@@ -348,40 +369,37 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         *reinterpret_cast<uint4*>(sm + v4_off(r, c)) =
             make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
     }
+    fence_proxy_async();
+    __syncthreads();
 
-    float o[128];
+    float o[128], s[32];
 #pragma unroll
     for (int q4 = 0; q4 < 128; q4++) o[q4] = 0.f;
-    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
+#pragma unroll
+    for (int q4 = 0; q4 < 32; q4++) s[q4] = 0.f;
+    float l_run[2] = {0.f, 0.f};
     const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp2 below
-    int pg = page(1);
-    for (int it = 0; it < ntiles; it++) {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        // After this barrier tile `it` (and the query) is visible to the tensor cores, and both
-        // warpgroups are done with iteration it - 1: its key buffer, maxima and probabilities.
-        __syncthreads();
-        if (it + 1 < ntiles) load_tile((it + 1) & 1, it + 1, pg);
-        cp_async_commit();
-        pg = page(it + 2);
-        const u32 kb = sK + (it & 1) * V4_MAT;
-        float s[16];
+    // Issues s = Q K^T over blocks [j0, j1) of buffer b (its use `pass`), one commit group a block,
+    // each once its copies have landed.
+    auto scores = [&](int b, int pass, int j0, int j1) {
+        const u32 kb = sK + b * V4_MAT;
+        for (int j = j0; j < j1; j++) {
+            mbar_wait_warp(bars + 8 * (V4_NB * b + j), pass & 1);
+            wg_fence();
 #pragma unroll
-        for (int q4 = 0; q4 < 16; q4++) s[q4] = 0.f;
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < V3_KSTEPS; ks++) {
-            const u32 off = (ks >> 2) * 8192 + (ks & 3) * 32;
-            wgmma_m64n32(s, wg_desc(sQ + off), wg_desc(kb + wg * 32 * 128 + off));
+            for (int kk = 0; kk < 4; kk++) {
+                const u32 off = j * 8192 + kk * 32;
+                wgmma_m64n64(s, wg_desc(sQ + off), wg_desc(kb + off), j + kk > 0);
+            }
+            wg_commit();
         }
-        wg_commit();
-        wg_wait<0>();
-        wg_fence_regs(s);
-        // s[4 j + 2 h + i]: row r0 + 8 h, key 32 wg + 8 j + 2 t4 + i of the tile.
-        const int tk = t_begin + it * V4_TT + wg * 32 + 2 * t4;
-        float mx[2] = {NEG_INF, NEG_INF};
+    };
+    // Masks and scales s (tile `tile`'s keys), returns its row maxima (quad-reduced).
+    auto tile_max = [&](int tile, float (&mx)[2]) {
+        const int tk = t_begin + tile * V4_TT + 2 * t4;  // s[4 j + 2 h + i]: row r0 + 8 h, key tk + 8 j + i
+        mx[0] = mx[1] = NEG_INF;
 #pragma unroll
-        for (int q4 = 0; q4 < 16; q4++) {
+        for (int q4 = 0; q4 < 32; q4++) {
             const int j = q4 >> 2, h = (q4 >> 1) & 1, i = q4 & 1;
             s[q4] = tk + 8 * j + i < t_end ? s[q4] * sl2 : NEG_INF;
             mx[h] = fmaxf(mx[h], s[q4]);
@@ -390,44 +408,163 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         for (int h = 0; h < 2; h++) {
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            if (t4 == 0) sMx[wg * V4_HB + r0 + 8 * h] = mx[h];
         }
-        __syncthreads();
-        float sc[2], sum[2] = {0.f, 0.f};
+    };
+    // s = exp2(s - m) per row; returns the rows' sums of this thread's keys.
+    auto tile_exp = [&](const float (&m)[2], float (&sum)[2]) {
+        sum[0] = sum[1] = 0.f;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = r0 + 8 * h;
-            // Finite: the tile's first key is the row's (and warpgroup 0's).
-            const float m_new = fmaxf(m_run[h], fmaxf(sMx[r], sMx[V4_HB + r]));
-            sc[h] = exp2f(m_run[h] - m_new);
-            m_run[h] = m_new;
+        for (int q4 = 0; q4 < 32; q4++) {
+            const int h = (q4 >> 1) & 1;
+            s[q4] = exp2f(s[q4] - m[h]);
+            sum[h] += s[q4];
         }
+    };
+    // O += P V over output columns [256 wg, 256 wg + 256) of buffer b, P from s (registers); its
+    // wgmma fence follows every write to o and to the packed P.
+    auto pv_own = [&](int b) {
+        const u32 vb = sK + b * V4_MAT + wg * 4 * 8192;
+        u32 a[4][4];  // all packed first: the wgmmas read them until they complete
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float p0 = exp2f(s[4 * j + 2 * h] - m_run[h]), p1 = exp2f(s[4 * j + 2 * h + 1] - m_run[h]);
-                sum[h] += p0 + p1;
-                const int r = r0 + 8 * h, key = wg * 32 + 8 * j + 2 * t4;
-                *reinterpret_cast<u32*>(sm + 3 * V4_MAT + r * 128 + (((key >> 3) ^ (r & 7)) << 4) + (key & 7) * 2) =
-                    pack_bf16(p0, p1);
-            }
-#pragma unroll
-        for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * sc[h] + sum[h];
-#pragma unroll
-        for (int q4 = 0; q4 < 128; q4++) o[q4] *= sc[(q4 >> 1) & 1];
-        fence_proxy_async();
-        __syncthreads();
+            for (int p = 0; p < 4; p++) a[kk][p] = pack_bf16(s[8 * kk + 2 * p], s[8 * kk + 2 * p + 1]);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < V4_TT / 16; kk++)
-            wgmma_m64n256<1>(o, wg_desc(sP + kk * 32), wg_desc_mn(kb + wg * 4 * 8192 + kk * 16 * 128, 8192));
-        wg_commit();
+        for (int kk = 0; kk < 4; kk++) wgmma_m64n256_rs(o, a[kk], wg_desc_mn(vb + kk * 16 * 128, 8192));
+    };
+    // The same with P from buffer b's rope block, where the other warpgroup put it.
+    auto pv_other = [&](int b) {
+        const u32 kb = sK + b * V4_MAT;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wgmma_m64n256<1>(o, wg_desc(kb + 8 * 8192 + kk * 32), wg_desc_mn(kb + wg * 4 * 8192 + kk * 16 * 128, 8192));
+    };
+    // s (bf16) into buffer b's rope block as the 64 x 64 A operand of pv_other.
+    auto store_p = [&](int b) {
+        unsigned char* pb = sm + V4_MAT + b * V4_MAT + 8 * 8192;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = r0 + 8 * h, key = 8 * j + 2 * t4;
+                *reinterpret_cast<u32*>(pb + r * 128 + (((key >> 3) ^ (r & 7)) << 4) + (key & 7) * 2) =
+                    pack_bf16(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+            }
+    };
+
+    // Scores of the first pair.
+    if (wg < ntiles) {
+        scores(wg, 0, 0, V4_NB);
         wg_wait<0>();
-        wg_fence_regs(o);
+        wg_fence_regs(s);
+    }
+    const int npairs = (ntiles + 1) / 2;
+    for (int i = 0; i < npairs; i++) {
+        const int ta = 2 * i, tb = ta + 1;
+        const bool has_b = tb < ntiles, next_a = ta + 2 < ntiles, next_b = tb + 2 < ntiles;
+        const int pg_a = page(ta + 2), pg_b = page(tb + 2);
+        float mx[2], m_new[2], sum[2];
+        if (wg == 0) {
+            tile_max(ta, mx);
+            float c_a[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float m_old = sM[r0 + 8 * h];
+                m_new[h] = fmaxf(m_old, mx[h]);  // finite: tile A's first key is the split's
+                c_a[h] = exp2f(m_old - m_new[h]);
+            }
+            __syncwarp();
+            if (t4 == 0)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sM[r0 + 8 * h] = m_new[h], sCA[r0 + 8 * h] = c_a[h];
+            bar_arrive(V4_SCALE_A, 256);
+            tile_exp(m_new, sum);
+#pragma unroll
+            for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * c_a[h] + sum[h];
+#pragma unroll
+            for (int q4 = 0; q4 < 128; q4++) o[q4] *= c_a[(q4 >> 1) & 1];
+            pv_own(0);
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_regs(o);
+            // Columns 0-255 of buffer 0 are free: the next tile A's start.
+            bar_sync(V4_SCALE_B, 256);
+            if (next_a) load_blocks(0, ta + 2, pg_a, 0, 4);
+            const float c_b[2] = {sCB[r0], sCB[r0 + 8]};
+#pragma unroll
+            for (int q4 = 0; q4 < 32; q4++) s[q4] *= c_b[(q4 >> 1) & 1];
+            store_p(0);
+            fence_proxy_async();
+            bar_arrive(V4_P_A, 256);
+            if (has_b) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) l_run[h] *= c_b[h];
+#pragma unroll
+                for (int q4 = 0; q4 < 128; q4++) o[q4] *= c_b[(q4 >> 1) & 1];
+                bar_sync(V4_P_B, 256);
+                wg_fence();
+                pv_other(1);
+                wg_commit();
+            }
+            if (next_a) {
+                scores(0, i + 1, 0, 4);
+                wg_wait<4>();  // P_B V_B,L done: buffer 1's columns 0-255 and its rope block are free
+            } else {
+                wg_wait<0>();
+            }
+            if (next_b) load_blocks(1, tb + 2, pg_b, 0, 4), load_blocks(1, tb + 2, pg_b, 8, 9);
+            if (next_a) scores(0, i + 1, 4, V4_NB);
+            wg_wait<0>();
+            wg_fence_regs(s);
+            wg_fence_regs(o);
+        } else {
+            bar_sync(V4_SCALE_A, 256);
+            tile_max(tb, mx);  // all keys masked when tile B is past the split
+            float c_b[2], c[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float m_old = sM[r0 + 8 * h];
+                m_new[h] = fmaxf(m_old, mx[h]);
+                c_b[h] = exp2f(m_old - m_new[h]);
+                c[h] = sCA[r0 + 8 * h] * c_b[h];
+            }
+            __syncwarp();
+            if (t4 == 0)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sM[r0 + 8 * h] = m_new[h], sCB[r0 + 8 * h] = c_b[h];
+            bar_arrive(V4_SCALE_B, 256);
+            tile_exp(m_new, sum);
+#pragma unroll
+            for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * c[h] + sum[h];
+#pragma unroll
+            for (int q4 = 0; q4 < 128; q4++) o[q4] *= c[(q4 >> 1) & 1];
+            if (has_b) {
+                store_p(1);
+                fence_proxy_async();
+                bar_arrive(V4_P_B, 256);
+            }
+            // Without a tile B, P is 0 and tile A's columns stand in for its (unloaded) ones: under
+            // a branch, ptxas would fence these wgmmas again and take 16 more registers.
+            pv_own(has_b ? 1 : 0);
+            wg_commit();
+            bar_sync(V4_P_A, 256);
+            pv_other(0);
+            wg_commit();
+            wg_wait<1>();  // P_B V_B,R done: buffer 1's columns 256-511 are free
+            if (next_b) load_blocks(1, tb + 2, pg_b, 4, 8);
+            wg_wait<0>();  // P_A V_A,R done: buffer 0's columns 256-511 and its rope block are free
+            wg_fence_regs(o);
+            if (next_a) load_blocks(0, ta + 2, pg_a, 4, V4_NB);
+            if (next_b) {
+                scores(1, i + 1, 0, V4_NB);
+                wg_wait<0>();
+                wg_fence_regs(s);
+            }
+        }
     }
 
-    // Each row's sum: its quad's lanes, then both warpgroups' keys.
+    // Each row's sum: its quad's lanes, then both warpgroups'.
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
@@ -455,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
             for (int j = 0; j < 32; j++)
                 *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
             if (wg == 0 && t4 == 0) {
-                part_ml[p * 2] = m_run[h] * 0.6931471805599453f;  // back to natural-log units
+                part_ml[p * 2] = sM[r0 + 8 * h] * 0.6931471805599453f;  // back to natural-log units
                 part_ml[p * 2 + 1] = l;
             }
         }

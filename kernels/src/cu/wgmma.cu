@@ -121,26 +121,6 @@ __device__ __forceinline__ void wgmma_m64n128_e4m3(float (&d)[64], u64 da, u64 d
         : "memory");
 }
 
-// mbarrier helpers (shared-window addresses) for the warp-specialized pipeline below.
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Arrives on `bar` once all of this thread's earlier cp.asyncs have landed (the count set at init
-// includes this arrival: .noinc).
-__device__ __forceinline__ void mbar_arrive_cp_async(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-// Waits until the barrier's phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
 // Grouped GEMM over FP8 expert weights in quant.cu's fragment layout, DeepSeek's W8A8 scheme on FP8
 // tensor cores: Y[rs + r, n] = sum over 128-channel groups b of sx[row, b] sw[b, n] sum_k
 // Xq[row, k] Wq[e, n, k], tiles and epilogues as gg_wgmma. Xq: e4m3 [*, K] quantized per token
@@ -251,8 +231,6 @@ __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X
                 for (int q = 0; q < 64; q++) acc[h][q] = 0.f;
             for (int kt = 0; kt < KB; kt++, it++) {
                 const int s = it % ST;
-                // As CUTLASS's cp.async wgmma mainloop: the mbarrier's completion of the
-                // cp.asyncs orders them before the wgmmas, with no proxy fence.
                 mbar_wait(full0 + 8 * s, (it / ST) & 1);
                 const u64 so = (u64)(s * STAGE) >> 4;
                 const float* sc = reinterpret_cast<const float*>(wsm + (scb - raw) + s * SC_STAGE);
