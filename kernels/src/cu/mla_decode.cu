@@ -353,21 +353,34 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         }
     };
     if (wg < ntiles) load_blocks(wg, wg, wg == 0 ? pg0 : page(1), 0, V4_NB);
-    // The block's query heads as bf16 (heads past `heads` zero).
-    for (int i = tid; i < V4_HB * (V3_W / 8); i += 256) {
-        const int r = i / (V3_W / 8), c = i % (V3_W / 8), h = h0 + r, col = c * 8;
-        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (h < heads && col < V3_L) {
-            const float4* src = reinterpret_cast<const float4*>(q_lat + ((u64)row * heads + h) * V3_L + col);
-            const float4 a = __ldg(src), b = __ldg(src + 1);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        } else if (h < heads) {
-            const float* src = q + (u64)row * heads * qk + (u64)h * qk + nope + col - V3_L;
+    // The block's query heads as bf16 (heads past `heads` zero): 18 16-byte chunks a thread, loaded
+    // in two rounds of 9 (one chunk at a time, each load waited for, took 12% of the kernel).
+    static_assert(V4_HB * (V3_W / 8) == 18 * 256, "18 query chunks a thread");
 #pragma unroll
-            for (int u = 0; u < 8; u++) v[u] = __ldg(src + u);
+    for (int round = 0; round < 2; round++) {
+        float v[9][8];
+#pragma unroll
+        for (int u = 0; u < 9; u++) {
+            const int i = tid + (9 * round + u) * 256, r = i / (V3_W / 8), col = i % (V3_W / 8) * 8, h = h0 + r;
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[u][e] = 0.f;
+            if (h < heads && col < V3_L) {
+                const float4* src = reinterpret_cast<const float4*>(q_lat + ((u64)row * heads + h) * V3_L + col);
+                const float4 a = __ldg(src), b = __ldg(src + 1);
+                v[u][0] = a.x, v[u][1] = a.y, v[u][2] = a.z, v[u][3] = a.w, v[u][4] = b.x, v[u][5] = b.y, v[u][6] = b.z, v[u][7] = b.w;
+            } else if (h < heads) {
+                const float* src = q + (u64)row * heads * qk + (u64)h * qk + nope + col - V3_L;
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[u][e] = __ldg(src + e);
+            }
         }
-        *reinterpret_cast<uint4*>(sm + v4_off(r, c)) =
-            make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+#pragma unroll
+        for (int u = 0; u < 9; u++) {
+            const int i = tid + (9 * round + u) * 256;
+            *reinterpret_cast<uint4*>(sm + v4_off(i / (V3_W / 8), i % (V3_W / 8))) =
+                make_uint4(pack_bf16(v[u][0], v[u][1]), pack_bf16(v[u][2], v[u][3]), pack_bf16(v[u][4], v[u][5]),
+                           pack_bf16(v[u][6], v[u][7]));
+        }
     }
     fence_proxy_async();
     __syncthreads();
@@ -489,8 +502,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
             wg_wait<0>();
             wg_fence_regs(o);
             // Columns 0-255 of buffer 0 are free: the next tile A's start.
-            bar_sync(V4_SCALE_B, 256);
             if (next_a) load_blocks(0, ta + 2, pg_a, 0, 4);
+            bar_sync(V4_SCALE_B, 256);
             const float c_b[2] = {sCB[r0], sCB[r0 + 8]};
 #pragma unroll
             for (int q4 = 0; q4 < 32; q4++) s[q4] *= c_b[(q4 >> 1) & 1];
@@ -507,14 +520,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
                 pv_other(1);
                 wg_commit();
             }
-            if (next_a) {
-                scores(0, i + 1, 0, 4);
-                wg_wait<4>();  // P_B V_B,L done: buffer 1's columns 0-255 and its rope block are free
-            } else {
-                wg_wait<0>();
-            }
+            // P_B V_B,L done: buffer 1's columns 0-255 and its rope block are free. Tile B's next
+            // copies go out before this warpgroup can stall on tile A's in its scores: warpgroup 1
+            // has nothing else to do until they land.
+            wg_wait<0>();
             if (next_b) load_blocks(1, tb + 2, pg_b, 0, 4), load_blocks(1, tb + 2, pg_b, 8, 9);
-            if (next_a) scores(0, i + 1, 4, V4_NB);
+            if (next_a) scores(0, i + 1, 0, V4_NB);
             wg_wait<0>();
             wg_fence_regs(s);
             wg_fence_regs(o);
