@@ -31,6 +31,16 @@ quick_checks() {
   grep -iE "fail|panic|graphs vs eager|over tol" $OUT/run${r}-checks-awq.txt | cut -c1-160 | head -6
 }
 
+# attention_check TAG [ENV...]: kernels-check's attention stage (default variants) with ENV set,
+# into $OUT/runR-attn-TAG.txt; prints the verdict, any failing row and the decode rows.
+attention_check() {
+  local f=$OUT/run$R-attn-$1.txt; shift
+  env "$@" timeout 150 $C kernels-check --stages attention --default-variants > $f 2>&1
+  echo "attention rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $f)"
+  grep -iE "fail|panic|over tol|error" $f | head -5 | cut -c1-200
+  grep -E "^mla_attention.*decode" $f | cut -c1-170
+}
+
 # bench_steps TAG BINARY MODEL BATCHES [ENV...]: decode steps of /dev/shm/MODEL (context 2,048 for
 # the V3 shapes, models named v3*, else 1,024) once its generator has touched /dev/shm/MODEL.done,
 # with ENV set, into $OUT/run$R-TAG.txt; prints the steps replayed from CUDA graphs. Times out

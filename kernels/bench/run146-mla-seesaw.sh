@@ -13,10 +13,7 @@ S=$(date +%s); R=${1:-146}
 nvidia-smi --query-gpu=name --format=csv,noheader
 ( gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64 ) &
 $P kernels-check --quick --stages sample > $OUT/run$R-prev-compile.txt 2>&1 &
-CLEAVE_MLA_DECODE=v4 timeout 150 $C kernels-check --stages attention --default-variants > $OUT/run$R-attn-v4.txt 2>&1
-echo "attention v4 rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-attn-v4.txt)"
-grep -iE "fail|panic|over tol|error" $OUT/run$R-attn-v4.txt | head -5 | cut -c1-200
-grep -E "^mla_attention.*decode" $OUT/run$R-attn-v4.txt | cut -c1-170
+attention_check v4 CLEAVE_MLA_DECODE=v4
 wait
 BENCH_TIMEOUT=60 ab_steps v3l4 1,64,256
 for t in new prev; do echo "== $t"; grep -hE "profile decode batch (64|256)" $OUT/run$R-v3l4-$t.txt | grep -oE "(batch [0-9]+|mla_decode[0-9a-z_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' '; echo; done

@@ -423,6 +423,24 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
             mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
         }
     };
+    // The running maximum after a tile with row maxima mx: its new value m_new and the rescale c
+    // of what came before, both into shared memory (c at s_c, for the other warpgroup).
+    auto update_max = [&](const float (&mx)[2], float (&m_new)[2], float (&c)[2], float* s_c) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float m_old = sM[r0 + 8 * h];
+            m_new[h] = fmaxf(m_old, mx[h]);
+            c[h] = exp2f(m_old - m_new[h]);
+        }
+        __syncwarp();  // the quad's reads before its write
+        if (t4 == 0)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sM[r0 + 8 * h] = m_new[h], s_c[r0 + 8 * h] = c[h];
+    };
+    auto scale_o = [&](const float (&c)[2]) {
+#pragma unroll
+        for (int q4 = 0; q4 < 128; q4++) o[q4] *= c[(q4 >> 1) & 1];
+    };
     // s = exp2(s - m) per row; returns the rows' sums of this thread's keys.
     auto tile_exp = [&](const float (&m)[2], float (&sum)[2]) {
         sum[0] = sum[1] = 0.f;
@@ -481,22 +499,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         if (wg == 0) {
             tile_max(ta, mx);
             float c_a[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float m_old = sM[r0 + 8 * h];
-                m_new[h] = fmaxf(m_old, mx[h]);  // finite: tile A's first key is the split's
-                c_a[h] = exp2f(m_old - m_new[h]);
-            }
-            __syncwarp();
-            if (t4 == 0)
-#pragma unroll
-                for (int h = 0; h < 2; h++) sM[r0 + 8 * h] = m_new[h], sCA[r0 + 8 * h] = c_a[h];
+            update_max(mx, m_new, c_a, sCA);  // m_new finite: tile A's first key is the split's
             bar_arrive(V4_SCALE_A, 256);
             tile_exp(m_new, sum);
 #pragma unroll
             for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * c_a[h] + sum[h];
-#pragma unroll
-            for (int q4 = 0; q4 < 128; q4++) o[q4] *= c_a[(q4 >> 1) & 1];
+            scale_o(c_a);
             pv_own(0);
             wg_commit();
             wg_wait<0>();
@@ -513,8 +521,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
             if (has_b) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) l_run[h] *= c_b[h];
-#pragma unroll
-                for (int q4 = 0; q4 < 128; q4++) o[q4] *= c_b[(q4 >> 1) & 1];
+                scale_o(c_b);
                 bar_sync(V4_P_B, 256);
                 wg_fence();
                 pv_other(1);
@@ -532,24 +539,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         } else {
             bar_sync(V4_SCALE_A, 256);
             tile_max(tb, mx);  // all keys masked when tile B is past the split
-            float c_b[2], c[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const float m_old = sM[r0 + 8 * h];
-                m_new[h] = fmaxf(m_old, mx[h]);
-                c_b[h] = exp2f(m_old - m_new[h]);
-                c[h] = sCA[r0 + 8 * h] * c_b[h];
-            }
-            __syncwarp();
-            if (t4 == 0)
-#pragma unroll
-                for (int h = 0; h < 2; h++) sM[r0 + 8 * h] = m_new[h], sCB[r0 + 8 * h] = c_b[h];
+            float c_b[2];
+            update_max(mx, m_new, c_b, sCB);
+            // O_R was last scaled to the maximum before tile A: both rescales.
+            const float c[2] = {sCA[r0] * c_b[0], sCA[r0 + 8] * c_b[1]};
             bar_arrive(V4_SCALE_B, 256);
             tile_exp(m_new, sum);
 #pragma unroll
             for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * c[h] + sum[h];
-#pragma unroll
-            for (int q4 = 0; q4 < 128; q4++) o[q4] *= c[(q4 >> 1) & 1];
+            scale_o(c);
             if (has_b) {
                 store_p(1);
                 fence_proxy_async();
