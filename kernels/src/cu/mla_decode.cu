@@ -331,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     if (tid == 0 && ntiles > 0) prefetch_l2_bulk(tile_src(pg0), V4_TT * V3_W * 2);
     if (tid == 0) {
         for (int i = 0; i < 2 * V4_NB; i++) mbar_init(bars + 8 * i, 128);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     if (tid < V4_HB) sM[tid] = NEG_INF;
     __syncthreads();

@@ -157,7 +157,7 @@ __device__ __forceinline__ void gg_wgmma_fp8(const unsigned char* __restrict__ X
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < ST; s++) mbar_init(full0 + 8 * s, 128), mbar_init(empty0 + 8 * s, 8);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     if (wg == 0) {

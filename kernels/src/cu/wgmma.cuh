@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) primitives shared by wgmma.cu's GEMMs and mla_decode.cu's
-// v4 attention. Operands in shared memory use the 128-byte swizzle: 16-byte chunk c of a 128-byte
-// row r at r * 128 + 16 (c ^ (r % 8)), each 8-row group 1024-byte aligned. Callers guard their
-// use with __CUDA_ARCH_FEAT_SM90_ALL.
+// v4 attention, with the mbarriers and named barriers that pace them. Operands in shared memory
+// use the 128-byte swizzle: 16-byte chunk c of a 128-byte row r at r * 128 + 16 (c ^ (r % 8)),
+// each 8-row group 1024-byte aligned. Callers guard their use with __CUDA_ARCH_FEAT_SM90_ALL.
 
 // Shared-memory matrix descriptor: K-major operand, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ u64 wg_desc(u32 saddr) {
@@ -84,6 +84,8 @@ __device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const u32 (&a)
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
+// Makes the thread's mbar_inits visible to the block's other threads (before their barrier).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 __device__ __forceinline__ void mbar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
