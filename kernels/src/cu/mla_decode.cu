@@ -276,11 +276,11 @@ extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { m
 // tile to mla_combine).
 //
 // Why: at 128 heads (V3 on one GPU) v3 is bound by mma.sync and its three barriers per 32-key
-// tile (162-165 TFLOP/s, kernels/NOTES.md "MLA decode v3"); wgmma reads both operands from
-// shared memory without register fragments, and two warpgroups take alternate tiles so that one's
-// softmax runs under the other's MMAs (FlashMLA's "seesaw" schedule). Warpgroup 0 holds output
-// columns 0-255 (O_L), warpgroup 1 columns 256-511 (O_R); per pair of tiles A (buffer 0) and B
-// (buffer 1), with one running maximum m in shared memory:
+// tile (162-165 TFLOP/s, kernels/NOTES.md "MLA decode v3"); wgmma reads its operands from shared
+// memory (or from registers the accumulators already hold), and two warpgroups take alternate
+// tiles so that one's softmax runs under the other's MMAs (FlashMLA's "seesaw" schedule).
+// Warpgroup 0 holds output columns 0-255 (O_L), warpgroup 1 columns 256-511 (O_R); per pair of
+// tiles A (buffer 0) and B (buffer 1), with one running maximum m in shared memory:
 //   [0] S_A = Q K_A^T (64 heads x 64 keys, 36 m64n64k16 wgmmas);   [1] S_B = Q K_B^T
 //   [0] m_A = max(m, rowmax S_A), c_A = exp(m - m_A); P_A = exp(S_A - m_A); O_L = c_A O_L + P_A V_A,L
 //   [1] m_B = max(m_A, rowmax S_B), c_B = exp(m_A - m_B); P_B = exp(S_B - m_B); O_R = c_A c_B O_R + P_B V_B,R
@@ -299,6 +299,7 @@ extern "C" __global__ void __launch_bounds__(512) mla_decode3_h64(MLA3_ARGS) { m
 #define V4_MAT (V4_NB * 8192)     // one 64-row matrix of 576 bf16 columns
 #define V4_VARS (3 * V4_MAT)      // floats: maximum, c_A, c_B [64] each, sums [2][64]
 #define V4_BARS (V4_VARS + 5 * V4_HB * 4)  // mbarriers [buffer][block]
+#define V4_SMEM (V4_BARS + 2 * V4_NB * 8 + 1023)  // with the worst alignment (ops/mla.rs MLA4_SMEM)
 static_assert(V4_TT == V3_BS, "a v4 tile is one cache block: one lookup, one contiguous copy");
 enum { V4_SCALE_A = 1, V4_SCALE_B = 2, V4_P_A = 3, V4_P_B = 4 };  // named barriers
 
@@ -311,6 +312,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const u32 raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
     unsigned char* sm = smem_raw + (base - raw);
+    u32 dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (dyn_smem < V4_SMEM) __trap();  // the launcher's size is written in Rust too
     const u32 sQ = base, sK = base + V4_MAT;  // key buffer b at sK + b * V4_MAT
     float* sM = reinterpret_cast<float*>(sm + V4_VARS);
     float *sCA = sM + V4_HB, *sCB = sCA + V4_HB, *sL = sCB + V4_HB;

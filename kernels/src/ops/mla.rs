@@ -18,8 +18,9 @@ pub const MLA_DECODE_KERNELS: &[&str] = &["mla_decode3_h16", "mla_decode3_h32", 
 pub const MLA4_KERNEL: &str = "mla_decode4_h64";
 /// v4's shared memory: the query and two key tiles (64 x 576 bf16 each), the running maxima, two
 /// rescales and two warpgroups' sums (64 f32 each), 18 mbarriers (one per key buffer and
-/// 64-column block), and 1 KB to align it all to the wgmma swizzle. More than
-/// [`crate::DYN_SMEM_MAX`]: [`crate::Gpu::smem_limit`] grants it the device's whole opt-in.
+/// 64-column block), and 1 KB to align it all to the wgmma swizzle (mla_decode.cu `V4_SMEM`: the
+/// kernel traps when launched with less). More than [`crate::DYN_SMEM_MAX`]:
+/// [`crate::Gpu::smem_limit`] grants it the device's whole opt-in.
 const MLA4_SMEM: usize = 3 * 64 * 576 * 2 + 5 * 64 * 4 + 2 * 9 * 8 + 1024;
 /// `mla_combine`'s instances (attention.cu), smallest first, and the most splits each holds in
 /// registers: a launch takes the first that holds its split count.
