@@ -482,8 +482,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int r = r0 + 8 * h, key = 8 * j + 2 * t4;
-                *reinterpret_cast<u32*>(pb + r * 128 + (((key >> 3) ^ (r & 7)) << 4) + (key & 7) * 2) =
+                const int r = r0 + 8 * h;  // keys 8 j + 2 t4 and the next: chunk j, bytes 4 t4
+                *reinterpret_cast<u32*>(pb + v4_off(r, j) + 4 * t4) =
                     pack_bf16(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
             }
     };
