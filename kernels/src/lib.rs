@@ -86,7 +86,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),
     ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
-    ("qdecode", include_str!("cu/qdecode.cu"), ops::QDECODE_KERNELS),
+    ("qdecode", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/qdecode.cu")), ops::QDECODE_KERNELS),
     ("wgmma", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/wgmma.cu")), ops::GGW_KERNELS),
     ("peer", include_str!("cu/peer.cu"), &["peer_all_reduce_f32"]),
     ("routing", include_str!("cu/routing.cu"), &["moe_route", "moe_align", "moe_route_align", "moe_combine"]),

@@ -54,7 +54,7 @@ __device__ __forceinline__ int qswz(int r, int c) {
 // stores. The grid must fit on the GPU at once (the launcher's resident blocks): a block waits
 // only on blocks after it, which never wait before they hand over. Dense f32 results of one
 // split are cut after column `first` (< N) into Y and Y2 (first == N: no cut).
-template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16>
+template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16, bool WG = false>
 __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const int* __restrict__ rowidx,
                                               const u32* __restrict__ Wq, const void* __restrict__ S,
                                               const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
@@ -68,11 +68,14 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int B_BYTES = (BN / 8) * UCH * 16, S_BYTES = BN * SB;
     constexpr int Z_WORDS = FMT == 0 ? BN / 8 : 0, XS_ROWS = FMT == 1 ? BM : 0;
     constexpr int S_OFF = A_BYTES + B_BYTES, Z_OFF = S_OFF + S_BYTES;
-    constexpr int STAGE = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
+    // wgmma reads the token tile as a 128-byte-swizzled operand: stages 1024-byte aligned.
+    constexpr int STAGE_USED = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
+    constexpr int STAGE = WG ? (STAGE_USED + 1023) / 1024 * 1024 : STAGE_USED;
     constexpr int NJ = TOK == 16 ? NT : NT / 2;  // accumulator tiles per row tile and warp
     constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
-    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= 4, "shape");
+    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= (WG ? 8 : 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
+    static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT % 2 == 0), "wgmma: 64-column slabs, 16-64 tokens");
     extern __shared__ __align__(128) unsigned char qsm[];
     const bool dense = tiles == nullptr;
     // Launched with programmatic dependent launch (ops::Pdl), the kernel waits for the one
@@ -91,7 +94,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     if (w0 >= w1) return;
     const int steps = (int)(w1 - w0), i0 = (int)(w0 / KTI), i1 = (int)((w1 - 1) / KTI) + 1, kt_first = (int)(w0 % KTI);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int cw = warp * (BN / 4);  // this warp's first column within the item
+    const int cw = warp * (BN / 4);  // this warp's first column within the item (mma.sync)
+    // The 8-column group of the item holding this warp's n-tile nt (TOK 8: pair nt / 2's half nt % 2):
+    // the warp's own BN / 4 columns, or with wgmma rows 16 warp .. 16 warp + 15 of 64-column slab nt / 2.
+    auto grp8 = [&](int nt) { return WG ? 8 * (nt >> 1) + 2 * warp + (nt & 1) : cw / 8 + nt; };
     // Item -> (tile, column block, split).
     auto decode = [&](int it, int& t, int& cb, int& z) {
         if (dense) {
@@ -171,7 +177,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             xs_src = XS + (u64)(r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : 0) * (K / 128);
         }
     };
-    const u32 sq = smem_u32(qsm);
+    const u32 sq = WG ? (smem_u32(qsm) + 1023u) & ~1023u : smem_u32(qsm);
+    unsigned char* const qs = qsm + (sq - smem_u32(qsm));
     auto load = [&](int stage) {
         const u32 st = sq + stage * STAGE;
         const int kt = l_kt0 + l_kt, k0 = kt * BK, grp = min(kt >> gshift, KG - 1);  // padding k-tiles: zeros
@@ -222,11 +229,12 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     }
     for (int s = 0; s < steps; s++) {
         cp_async_wait<ST - 2>();
+        if (WG) fence_proxy_async();
         __syncthreads();
         if (s + ST - 1 < steps) load(ls);
         cp_async_commit();
         ls = ls + 1 == ST ? 0 : ls + 1;
-        const unsigned char* st = qsm + cs * STAGE;
+        const unsigned char* st = qs + cs * STAGE;
         const u32 sst = sq + cs * STAGE;
         const u32* sb = reinterpret_cast<const u32*>(st + A_BYTES);
 #pragma unroll
@@ -234,43 +242,72 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
             for (int nt = 0; nt < NJ; nt++)
 #pragma unroll
-                for (int q = 0; q < 4; q++) part[mt][nt][q] = 0.f;
+                for (int q = 0; q < 4; q++)
+                    if (!WG) part[mt][nt][q] = 0.f;  // wgmma: the k-tile's first overwrites
         // AWQ: this lane's column's zero point in each of the warp's column groups.
         u32 zz[NT];
         if (FMT == 0) {
             const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[cw / 8 + nt], 4 * g);
+            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[grp8(nt)], 4 * g);
         }
         if (FMT == 0 && TOK == 8) {
-            // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
-            // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
-            // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile).
+            if constexpr (WG) {
+                // As TOK 8, with the four warps' A fragments one 64-row operand per slab j (columns
+                // 64 j .. 64 j + 63) and all 8 MT tokens of the k-tile as B, read by the tensor cores
+                // from the swizzled tile; each weight is unpacked once for 8 MT tokens.
 #pragma unroll
-            for (int u = 0; u < KU; u++) {
-                u32 xf[MT][4];
+                for (int u = 0; u < KU; u++) {
+                    u32 a[NJ][2][4];
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
+                    for (int j = 0; j < NJ; j++) {
+                        const u32 w0 = sb[(grp8(2 * j) * KU + u) * 32 + lane], w1 = sb[(grp8(2 * j + 1) * KU + u) * 32 + lane];
 #pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    const u32 w0 = sb[((cw / 8 + 2 * j) * KU + u) * 32 + lane];
-                    const u32 w1 = sb[((cw / 8 + 2 * j + 1) * KU + u) * 32 + lane];
-                    u32 a[4][2];
+                        for (int h = 0; h < 2; h++) {
+                            a[j][h][0] = awq_pair(w0, 2 * h, zz[2 * j]), a[j][h][1] = awq_pair(w1, 2 * h, zz[2 * j + 1]);
+                            a[j][h][2] = awq_pair(w0, 2 * h + 1, zz[2 * j]), a[j][h][3] = awq_pair(w1, 2 * h + 1, zz[2 * j + 1]);
+                        }
+                    }
+                    wg_fence();
 #pragma unroll
-                    for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
+                    for (int j = 0; j < NJ; j++)
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
-                        mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
+                        for (int h = 0; h < 2; h++) wgmma_tok_rs(part, j, a[j][h], wg_desc(sst + (2 * u + h) * 32), u + h);
+                }
+                wg_commit();
+                wg_wait<0>();
+                float* pf = &part[0][0][0];
+#pragma unroll
+                for (int q = 0; q < MT * NJ * 4; q++) asm volatile("" : "+f"(pf[q])::"memory");
+            } else {
+                // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
+                // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
+                // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile).
+#pragma unroll
+                for (int u = 0; u < KU; u++) {
+                    u32 xf[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
+#pragma unroll
+                    for (int j = 0; j < NJ; j++) {
+                        const u32 w0 = sb[(grp8(2 * j) * KU + u) * 32 + lane], w1 = sb[(grp8(2 * j + 1) * KU + u) * 32 + lane];
+                        u32 a[4][2];
+#pragma unroll
+                        for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
+                            mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
+                        }
                     }
                 }
             }
-            // part[mt][j]: columns 16 j + g (0, 1) and 16 j + 8 + g (2, 3) of the warp, tokens
+            // part[mt][j]: columns 8 grp8(2 j) + g (0, 1) and 8 grp8(2 j + 1) + g (2, 3), tokens
             // 8 mt + 2 t4 and 8 mt + 2 t4 + 1.
             const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
-                const float s0 = h2f(ss[cw + 16 * j + g]), s1 = h2f(ss[cw + 16 * j + 8 + g]);
+                const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
@@ -369,9 +406,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                     }
             __syncthreads();
             for (int b = blockIdx.x + 1 + tid; b < bend; b += 128) sk_flag[b] = 0u;
-            // Up to 64 values in flight per thread; 32 in the 64-row tiles, which 64 took from 160
-            // registers to 194, two blocks an SM instead of three (run 138).
-            constexpr int NV = MT * NJ * 4, SK_VALS = MT == 4 ? 32 : 64, SK_BATCH = NV >= SK_VALS ? 1 : SK_VALS / NV;
+            // Up to 64 values in flight per thread; 32 in tiles of 32 rows or more (in the 64-row
+            // tiles, 64 took from 160 registers to 194, two blocks an SM instead of three: run 138).
+            constexpr int NV = MT * NJ * 4, SK_VALS = MT >= 4 ? 32 : 64, SK_BATCH = NV >= SK_VALS ? 1 : SK_VALS / NV;
             float* a = &acc[0][0][0];
             for (int b0 = blockIdx.x + 1; b0 < bend; b0 += SK_BATCH) {
                 float v[SK_BATCH][NV];
@@ -403,7 +440,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 for (int j = 0; j < NJ; j++) {
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
-                        const int col = cb * BN + cw + 16 * j + 8 * (q >> 1) + g, r = 8 * mt + 2 * t4 + (q & 1);
+                        const int col = cb * BN + 8 * grp8(2 * j + (q >> 1)) + g, r = 8 * mt + 2 * t4 + (q & 1);
                         const float v = acc[mt][j][q];
                         if (EPI == 1 && splits == 1) {
                             const float up = __shfl_xor_sync(0xffffffffu, v, 4);
@@ -452,8 +489,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits, float *sk_ws,   \
         u32 *sk_flag, float *Y2, int first
 #define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits, sk_ws, sk_flag, Y2, first
-// Names: qgp[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp64: row tiles of 64; qgp8: of 8, tokens as
-// the MMAs' N); ops/qdecode.rs
+// Names: qg<p|w>[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp: mma.sync, qgw: AWQ on wgmma with the
+// tokens as N, sm_90a; 64: row tiles of 64; 8: of 8, tokens as the MMAs' N); ops/qdecode.rs
 // (QGP_KERNELS) mirrors them.
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_silu(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 1>(QGP_PASS); }
@@ -479,6 +516,19 @@ extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_f32(QGP_ARGS
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_silu(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 1>(QGP_PASS); }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QGW(MT, BN, ST, EPI) qg_persistent<0, MT, BN, 64, ST, EPI, 8, true>(QGP_PASS)
+#else
+#define QGW(MT, BN, ST, EPI) __trap()  // ops/qdecode.rs launches these on sm_90a alone
+#endif
+extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_f32(QGP_ARGS) { QGW(8, 64, 4, 0); }
+extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_silu(QGP_ARGS) { QGW(8, 64, 4, 1); }
+extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_6_f32(QGP_ARGS) { QGW(8, 64, 6, 0); }
+extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_6_silu(QGP_ARGS) { QGW(8, 64, 6, 1); }
+extern "C" __global__ void __launch_bounds__(128) qgw_awq_256_64_4_f32(QGP_ARGS) { QGW(2, 256, 4, 0); }
+extern "C" __global__ void __launch_bounds__(128) qgw_awq_256_64_4_silu(QGP_ARGS) { QGW(2, 256, 4, 1); }
+extern "C" __global__ void __launch_bounds__(128) qgw_awq_128_64_6_f32(QGP_ARGS) { QGW(2, 128, 6, 0); }
+extern "C" __global__ void __launch_bounds__(128) qgw_awq_128_64_6_silu(QGP_ARGS) { QGW(2, 128, 6, 1); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 128, 4, 0>(QGP_PASS); }

@@ -14,35 +14,46 @@ use Arg::{Ptr, I32};
 /// k-tile and pipeline stages (one compiled kernel per format and epilogue). Rows: 16; 8 (AWQ: the
 /// weights as the MMAs' 16-row operand and the tokens as their 8 columns, half the MMAs and scale
 /// folds of a 16-row tile, for tiles of at most 8 rows); or 64 for dense GEMMs of more rows,
-/// unpacking each weight once for four MMAs.
+/// unpacking each weight once for four MMAs. `wgmma` (AWQ, sm_90a): the weights as the 64-row
+/// register operand of warpgroup MMAs whose N is the tile's 16 or 64 tokens, read by the tensor
+/// cores from shared memory, each weight unpacked once for all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QPersist {
     pub bm: usize,
     pub bn: usize,
     pub bk: usize,
     pub stages: usize,
+    pub wgmma: bool,
 }
 
-/// (format, bm, bn, bk, stages, f32 kernel, silu kernel) of every compiled shape (qdecode.cu's list).
-const QGP_KERNELS: [(QFormat, usize, usize, usize, usize, &str, &str); 18] = [
-    (QFormat::AwqInt4, 8, 256, 64, 4, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
-    (QFormat::AwqInt4, 8, 128, 64, 6, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
-    (QFormat::AwqInt4, 16, 64, 64, 8, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
-    (QFormat::AwqInt4, 16, 64, 128, 4, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
-    (QFormat::AwqInt4, 16, 64, 128, 6, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
-    (QFormat::AwqInt4, 16, 128, 64, 6, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
-    (QFormat::AwqInt4, 16, 32, 128, 6, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
-    (QFormat::AwqInt4, 16, 128, 64, 4, "qgp_awq_128_64_4_f32", "qgp_awq_128_64_4_silu"),
-    (QFormat::AwqInt4, 16, 128, 64, 8, "qgp_awq_128_64_8_f32", "qgp_awq_128_64_8_silu"),
-    (QFormat::AwqInt4, 16, 128, 128, 4, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
-    (QFormat::AwqInt4, 16, 256, 64, 4, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
-    (QFormat::AwqInt4, 64, 64, 64, 4, "qgp64_awq_64_64_4_f32", "qgp64_awq_64_64_4_silu"),
-    (QFormat::Fp8E4m3, 64, 64, 128, 4, "qgp64_fp8_64_128_4_f32", "qgp64_fp8_64_128_4_silu"),
-    (QFormat::Fp8E4m3, 16, 64, 128, 4, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
-    (QFormat::Fp8E4m3, 16, 64, 128, 6, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
-    (QFormat::Fp8E4m3, 16, 128, 128, 4, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
-    (QFormat::Fp8E4m3, 16, 32, 128, 8, "qgp_fp8_32_128_8_f32", "qgp_fp8_32_128_8_silu"),
-    (QFormat::Fp8E4m3, 16, 64, 64, 8, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
+/// (format, bm, bn, bk, stages, wgmma, f32 kernel, silu kernel) of every compiled shape
+/// (qdecode.cu's list).
+type Compiled = (QFormat, usize, usize, usize, usize, bool, &'static str, &'static str);
+
+/// Every compiled shape.
+const QGP_KERNELS: [Compiled; 22] = [
+    (QFormat::AwqInt4, 64, 64, 64, 4, true, "qgw64_awq_64_64_4_f32", "qgw64_awq_64_64_4_silu"),
+    (QFormat::AwqInt4, 64, 64, 64, 6, true, "qgw64_awq_64_64_6_f32", "qgw64_awq_64_64_6_silu"),
+    (QFormat::AwqInt4, 16, 256, 64, 4, true, "qgw_awq_256_64_4_f32", "qgw_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 6, true, "qgw_awq_128_64_6_f32", "qgw_awq_128_64_6_silu"),
+    (QFormat::AwqInt4, 8, 256, 64, 4, false, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 8, 128, 64, 6, false, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
+    (QFormat::AwqInt4, 16, 64, 64, 8, false, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
+    (QFormat::AwqInt4, 16, 64, 128, 4, false, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
+    (QFormat::AwqInt4, 16, 64, 128, 6, false, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 6, false, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
+    (QFormat::AwqInt4, 16, 32, 128, 6, false, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 4, false, "qgp_awq_128_64_4_f32", "qgp_awq_128_64_4_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 8, false, "qgp_awq_128_64_8_f32", "qgp_awq_128_64_8_silu"),
+    (QFormat::AwqInt4, 16, 128, 128, 4, false, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
+    (QFormat::AwqInt4, 16, 256, 64, 4, false, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 64, 64, 64, 4, false, "qgp64_awq_64_64_4_f32", "qgp64_awq_64_64_4_silu"),
+    (QFormat::Fp8E4m3, 64, 64, 128, 4, false, "qgp64_fp8_64_128_4_f32", "qgp64_fp8_64_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 128, 4, false, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 128, 6, false, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
+    (QFormat::Fp8E4m3, 16, 128, 128, 4, false, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 32, 128, 8, false, "qgp_fp8_32_128_8_f32", "qgp_fp8_32_128_8_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 64, 8, false, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
 ];
 
 /// The functions of qdecode.cu: every compiled persistent GEMM (which get the opt-in dynamic shared
@@ -51,7 +62,7 @@ pub const QDECODE_KERNELS: &[&str] = &qdecode_kernels();
 
 /// The persistent GEMMs of [`QDECODE_KERNELS`], both epilogues.
 pub(super) fn qgp_kernels() -> impl Iterator<Item = &'static str> {
-    QGP_KERNELS.iter().flat_map(|k| [k.5, k.6])
+    QGP_KERNELS.iter().flat_map(|k| [k.6, k.7])
 }
 
 const ACT_QUANT_KERNELS: [&str; 5] = [
@@ -66,8 +77,8 @@ const fn qdecode_kernels() -> [&'static str; 2 * QGP_KERNELS.len() + ACT_QUANT_K
     let mut out = [""; 2 * QGP_KERNELS.len() + ACT_QUANT_KERNELS.len()];
     let mut i = 0;
     while i < QGP_KERNELS.len() {
-        out[2 * i] = QGP_KERNELS[i].5;
-        out[2 * i + 1] = QGP_KERNELS[i].6;
+        out[2 * i] = QGP_KERNELS[i].6;
+        out[2 * i + 1] = QGP_KERNELS[i].7;
         i += 1;
     }
     let mut j = 0;
@@ -91,21 +102,28 @@ pub enum Fp8Order {
 impl QPersist {
     /// Every compiled shape for `format`.
     pub fn compiled(format: QFormat) -> impl Iterator<Item = QPersist> {
-        QGP_KERNELS.iter().filter(move |k| k.0 == format).map(|k| QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4 })
+        QGP_KERNELS.iter().filter(move |k| k.0 == format).map(Self::of)
+    }
+
+    fn of(k: &Compiled) -> QPersist {
+        QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4, wgmma: k.5 }
     }
 
     /// The default shape for `format` with groups of `group` channels and row tiles of at most
-    /// `bm` rows (8, 16 or 64), if it takes them (a k-tile must lie in one group): the fastest of
-    /// `kernels-check --stages qgemm_tune` on the V3 expert shapes at 16 and 64 tokens on an H200
-    /// (runs 25 and 63; kernels/bench/results/). FP8 has no 8-row tiles (16 there).
+    /// `bm` rows (8, 16 or 64), if it takes them (a k-tile must lie in one group), on a GPU with
+    /// warpgroup MMAs (`wgmma`) or without: the fastest of `kernels-check --stages qgemm_tune` on
+    /// the V3 expert shapes at 16 and 64 tokens on an H200 (runs 25 and 63;
+    /// kernels/bench/results/). FP8 has no 8-row tiles (16 there).
     /// Row tiles of 64 (`bm` 64) are for dense GEMMs of more than 16 rows.
-    pub fn default_for(format: QFormat, group: usize, bm: usize) -> Option<QPersist> {
+    pub fn default_for(format: QFormat, group: usize, bm: usize, wgmma: bool) -> Option<QPersist> {
+        let shape = |bm, bn, bk, stages, wgmma| QPersist { bm, bn, bk, stages, wgmma };
         let pick = match (format, bm) {
-            (QFormat::AwqInt4, 64) => QPersist { bm, bn: 64, bk: 64, stages: 4 },
-            (QFormat::Fp8E4m3, 64) => QPersist { bm, bn: 64, bk: 128, stages: 4 },
-            (QFormat::AwqInt4, 8) => QPersist { bm, bn: 256, bk: 64, stages: 4 },
-            (QFormat::AwqInt4, _) => QPersist { bm: 16, bn: 256, bk: 64, stages: 4 },
-            (QFormat::Fp8E4m3, _) => QPersist { bm: 16, bn: 128, bk: 128, stages: 4 },
+            (QFormat::AwqInt4, 64) if wgmma => shape(64, 64, 64, 4, true),
+            (QFormat::AwqInt4, 64) => shape(64, 64, 64, 4, false),
+            (QFormat::Fp8E4m3, 64) => shape(64, 64, 128, 4, false),
+            (QFormat::AwqInt4, 8) => shape(8, 256, 64, 4, false),
+            (QFormat::AwqInt4, _) => shape(16, 256, 64, 4, false),
+            (QFormat::Fp8E4m3, _) => shape(16, 128, 128, 4, false),
         };
         pick.takes(format, group).then_some(pick)
     }
@@ -118,14 +136,15 @@ impl QPersist {
     fn kernel(&self, format: QFormat, silu: bool) -> Result<&'static str> {
         QGP_KERNELS
             .iter()
-            .find(|k| (k.0, k.1, k.2, k.3, k.4) == (format, self.bm, self.bn, self.bk, self.stages))
-            .map(|k| if silu { k.6 } else { k.5 })
+            .find(|k| k.0 == format && Self::of(k) == *self)
+            .map(|k| if silu { k.7 } else { k.6 })
             .ok_or_else(|| {
                 KernelError::Invalid(format!("persistent {} GEMM shape {self} is not compiled", format.name()))
             })
     }
 
-    /// Shared memory of one pipeline stage (mirrors qg_persistent's STAGE).
+    /// Shared memory of one pipeline stage (mirrors qg_persistent's STAGE: 1024-byte multiples for
+    /// wgmma's swizzled operand).
     fn stage_bytes(&self, format: QFormat) -> usize {
         let (xb, wpl, sb) = match format {
             QFormat::AwqInt4 => (2, 1, 2),
@@ -135,17 +154,26 @@ impl QPersist {
             QFormat::AwqInt4 => self.bn / 8,
             QFormat::Fp8E4m3 => self.bm,
         };
-        self.bm * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4
+        let used = self.bm * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4;
+        if self.wgmma {
+            used.next_multiple_of(1024)
+        } else {
+            used
+        }
     }
 
+    /// Dynamic shared memory of a block: the stages, and with wgmma 1 KB to align them.
     pub fn smem_bytes(&self, format: QFormat) -> usize {
-        self.stages * self.stage_bytes(format)
+        self.stages * self.stage_bytes(format) + if self.wgmma { 1024 } else { 0 }
     }
 }
 
 impl std::fmt::Display for QPersist {
-    /// `BN/BK/STAGES`, prefixed `BMx` for row tiles other than 16.
+    /// `BN/BK/STAGES`, prefixed `BMx` for row tiles other than 16, and before that `wg` for wgmma.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.wgmma {
+            write!(f, "wg")?;
+        }
         if self.bm != 16 {
             write!(f, "{}x", self.bm)?;
         }
@@ -156,18 +184,22 @@ impl std::fmt::Display for QPersist {
 impl std::str::FromStr for QPersist {
     type Err = KernelError;
 
-    /// `[BMx]BN/BK/STAGES`, e.g. `64/128/6` or `64x64/64/4`; the shape must be compiled for some
-    /// format.
+    /// `[wg][BMx]BN/BK/STAGES`, e.g. `64/128/6`, `64x64/64/4` or `wg64x128/64/4`; the shape must
+    /// be compiled for some format.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [BMx]BN/BK/STAGES"));
-        let (bm, rest) = match s.split_once('x') {
+        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [wg][BMx]BN/BK/STAGES"));
+        let (wgmma, rest) = match s.trim().strip_prefix("wg") {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (bm, rest) = match rest.split_once('x') {
             Some((bm, rest)) => (bm.trim().parse().map_err(|_| bad())?, rest),
-            None => (16, s),
+            None => (16, rest),
         };
         let v: Vec<usize> = rest.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
         let [bn, bk, stages] = v[..] else { return Err(bad()) };
-        let cfg = QPersist { bm, bn, bk, stages };
-        if !QGP_KERNELS.iter().any(|k| (k.1, k.2, k.3, k.4) == (bm, bn, bk, stages)) {
+        let cfg = QPersist { bm, bn, bk, stages, wgmma };
+        if !QGP_KERNELS.iter().any(|k| Self::of(k) == cfg) {
             return Err(KernelError::Invalid(format!("persistent compressed GEMM shape {cfg} is not compiled")));
         }
         Ok(cfg)
@@ -187,8 +219,8 @@ impl Gpu {
     pub(crate) fn streamk_workspace(&self) -> Result<StreamK> {
         let (mut slots, mut flags) = (0, 0);
         for k in QGP_KERNELS {
-            let cfg = QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4 };
-            for name in [k.5, k.6] {
+            let cfg = QPersist::of(&k);
+            for name in [k.6, k.7] {
                 let blocks = self.resident_blocks(name, 128, cfg.smem_bytes(k.0))? * self.sm_count;
                 slots = slots.max(blocks * cfg.bm * cfg.bn);
                 flags = flags.max(blocks);
@@ -235,6 +267,9 @@ impl Gpu {
                 g.bm,
                 cut.map(|c| c.first)
             )));
+        }
+        if cfg.wgmma && !self.has_wgmma() {
+            return Err(KernelError::Invalid(format!("persistent GEMM {cfg}: warpgroup MMAs need sm_90a")));
         }
         let name = cfg.kernel(s.format, g.silu)?;
         let smem = cfg.smem_bytes(s.format);
@@ -367,19 +402,22 @@ mod tests {
                 assert_eq!(cfg.to_string().parse::<QPersist>().unwrap(), cfg);
             }
         }
-        for bm in [8, 16, 64] {
-            assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bk, 64);
-            assert_eq!(QPersist::default_for(QFormat::AwqInt4, 64, bm).unwrap().bm, bm);
-            assert_eq!(
-                QPersist::default_for(QFormat::AwqInt4, 128, bm),
-                QPersist::default_for(QFormat::AwqInt4, 64, bm)
-            );
-            assert!(QPersist::default_for(QFormat::AwqInt4, 32, bm).is_none());
-            assert!(QPersist::default_for(QFormat::Fp8E4m3, 128, bm).is_some_and(|c| c.bm >= bm));
+        for (bm, hopper) in [8, 16, 64].into_iter().flat_map(|bm| [(bm, false), (bm, true)]) {
+            let awq = |group| QPersist::default_for(QFormat::AwqInt4, group, bm, hopper);
+            assert_eq!(awq(64).unwrap().bk, 64);
+            assert_eq!(awq(64).unwrap().bm, bm);
+            assert!(hopper || !awq(64).unwrap().wgmma, "wgmma only where the GPU has it");
+            assert_eq!(awq(128), awq(64));
+            assert!(awq(32).is_none());
+            let fp8 = QPersist::default_for(QFormat::Fp8E4m3, 128, bm, hopper);
+            assert!(fp8.is_some_and(|c| c.bm >= bm && !c.wgmma));
         }
         assert!("64/128".parse::<QPersist>().is_err() && "16/16/2".parse::<QPersist>().is_err());
-        assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), QPersist { bm: 64, bn: 64, bk: 64, stages: 4 });
-        assert!("32x64/64/4".parse::<QPersist>().is_err());
+        let shape = |bm, bn, wgmma| QPersist { bm, bn, bk: 64, stages: 4, wgmma };
+        assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, false));
+        assert_eq!("wg64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, true));
+        assert_eq!("wg256/64/4".parse::<QPersist>().unwrap(), shape(16, 256, true));
+        assert!("32x64/64/4".parse::<QPersist>().is_err() && "wg64x128/64/4".parse::<QPersist>().is_err());
     }
 
     #[test]

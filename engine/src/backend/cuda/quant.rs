@@ -178,7 +178,7 @@ impl CudaBackend {
     /// 128-channel blocks.
     pub(super) fn qgemm_shape(&self, w: &QuantWeight, rows: QRows) -> Option<QPersist> {
         let (s, v) = (w.shape, self.variants());
-        v.qgemm.shape(s.format, s.group, rows).filter(|_| match s.format {
+        v.qgemm.shape(s.format, s.group, rows, self.gpu.has_wgmma()).filter(|_| match s.format {
             QFormat::AwqInt4 => true,
             QFormat::Fp8E4m3 => v.fp8_tensor_cores && s.k.is_multiple_of(BLOCK),
         })

@@ -115,12 +115,12 @@ pub enum QuantGemm {
 
 impl QuantGemm {
     /// The persistent shape for weights of `format` grouped by `group`, if the persistent kernel
-    /// takes them (else the tiled kernel runs), for `rows`: a forced shape when it is compiled for
-    /// the format, fits the grouping and (expert tiles) has tiles of at most 16 rows, else the
-    /// format's default for the rows: dense GEMMs of up to 8 rows on 8-row tiles where the format
-    /// has them (AWQ), up to 16 on 16-row ones, more on 64-row ones; expert tiles as asked (FP8:
-    /// 16 rows).
-    pub fn shape(&self, format: QFormat, group: usize, rows: QRows) -> Option<QPersist> {
+    /// takes them (else the tiled kernel runs), for `rows` on a GPU with warpgroup MMAs (`wgmma`)
+    /// or without: a forced shape when it is compiled for the format, fits the grouping and the
+    /// GPU and (expert tiles) has tiles of at most 16 rows, else the format's default for the
+    /// rows: dense GEMMs of up to 8 rows on 8-row tiles where the format has them (AWQ), up to 16
+    /// on 16-row ones, more on 64-row ones; expert tiles as asked (FP8: 16 rows).
+    pub fn shape(&self, format: QFormat, group: usize, rows: QRows, wgmma: bool) -> Option<QPersist> {
         let bm = match rows {
             QRows::Dense(r) if r > 16 => 64,
             QRows::Dense(r) if r > 8 => 16,
@@ -130,11 +130,13 @@ impl QuantGemm {
         match self {
             QuantGemm::Tiled => None,
             QuantGemm::Persistent(Some(c))
-                if c.takes(format, group) && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
+                if c.takes(format, group)
+                    && (wgmma || !c.wgmma)
+                    && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
             {
                 Some(*c)
             }
-            QuantGemm::Persistent(_) => QPersist::default_for(format, group, bm),
+            QuantGemm::Persistent(_) => QPersist::default_for(format, group, bm, wgmma),
         }
     }
 }
@@ -537,21 +539,29 @@ mod tests {
     #[test]
     fn compressed_gemm_shapes_follow_the_format_and_grouping() {
         use QRows::{Dense, Tiles};
-        let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4 };
+        let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4, wgmma: false };
         let forced = QuantGemm::Persistent(Some(cfg));
-        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Tiles(8)), Some(cfg));
-        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Dense(64)), Some(cfg));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Tiles(8), true), Some(cfg));
+        assert_eq!(forced.shape(QFormat::AwqInt4, 128, Dense(64), false), Some(cfg));
         // groups of 64 cannot take 128-channel k-tiles: the format's default instead
-        assert_eq!(forced.shape(QFormat::AwqInt4, 64, Tiles(8)), QPersist::default_for(QFormat::AwqInt4, 64, 8));
-        let wide = QuantGemm::Persistent(Some(QPersist { bm: 64, bn: 64, bk: 64, stages: 4 }));
-        assert_eq!(wide.shape(QFormat::AwqInt4, 64, Tiles(8)).unwrap().bm, 8, "expert tiles as asked");
+        let awq8 = QPersist::default_for(QFormat::AwqInt4, 64, 8, true);
+        assert_eq!(forced.shape(QFormat::AwqInt4, 64, Tiles(8), true), awq8);
+        let wide = QuantGemm::Persistent(Some(QPersist { bm: 64, bn: 64, bk: 64, stages: 4, wgmma: false }));
+        assert_eq!(wide.shape(QFormat::AwqInt4, 64, Tiles(8), true).unwrap().bm, 8, "expert tiles as asked");
+        // a forced wgmma shape only where the GPU has warpgroup MMAs
+        let wg: QPersist = "wg64x64/64/4".parse().unwrap();
+        let forced_wg = QuantGemm::Persistent(Some(wg));
+        assert_eq!(forced_wg.shape(QFormat::AwqInt4, 64, Dense(64), true), Some(wg));
+        assert!(forced_wg.shape(QFormat::AwqInt4, 64, Dense(64), false).is_some_and(|c| !c.wgmma));
         let def = QuantGemm::Persistent(None);
-        assert_eq!(def.shape(QFormat::AwqInt4, 64, Tiles(16)).unwrap().bm, 16);
-        assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(16)).unwrap().bm, 16);
-        assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(8)).unwrap().bm, 8);
-        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Tiles(8)).unwrap().bm, 16, "FP8 has no 8-row tiles");
-        assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Dense(17)).unwrap().bm, 64);
-        assert_eq!(def.shape(QFormat::AwqInt4, 32, Tiles(8)), None);
-        assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128, Tiles(16)), None);
+        for hopper in [false, true] {
+            assert_eq!(def.shape(QFormat::AwqInt4, 64, Tiles(16), hopper).unwrap().bm, 16);
+            assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(16), hopper).unwrap().bm, 16);
+            assert_eq!(def.shape(QFormat::AwqInt4, 64, Dense(8), hopper).unwrap().bm, 8);
+            assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Tiles(8), hopper).unwrap().bm, 16, "FP8 has no 8-row tiles");
+            assert_eq!(def.shape(QFormat::Fp8E4m3, 128, Dense(17), hopper).unwrap().bm, 64);
+            assert_eq!(def.shape(QFormat::AwqInt4, 32, Tiles(8), hopper), None);
+            assert_eq!(QuantGemm::Tiled.shape(QFormat::Fp8E4m3, 128, Tiles(16), hopper), None);
+        }
     }
 }
