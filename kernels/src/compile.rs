@@ -132,11 +132,6 @@ mod tests {
     /// fails the test.
     const SPILLS_ALLOWED: &[(&str, &str)] = &[
         (
-            "qgw64_awq_256_64_4_",
-            "16-24 bytes (512 threads cap it at 128 registers), in the stream-K hand-over's batch \
-             (kernels/NOTES.md, runs 157-158)",
-        ),
-        (
             "mla_decode3_h64",
             "36 bytes (512 threads cap it at 128 registers): a few refills per 32-key tile against \
              ~1,000 instructions; the fastest MLA decode at 128 heads (kernels/NOTES.md, run 33)",

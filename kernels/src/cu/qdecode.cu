@@ -54,7 +54,7 @@ __device__ __forceinline__ int qswz(int r, int c) {
 // stores. The grid must fit on the GPU at once (the launcher's resident blocks): a block waits
 // only on blocks after it, which never wait before they hand over. Dense f32 results of one
 // split are cut after column `first` (< N) into Y and Y2 (first == N: no cut).
-template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16, bool WG = false, int WGS = 1>
+template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16, bool WG = false>
 __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const int* __restrict__ rowidx,
                                               const u32* __restrict__ Wq, const void* __restrict__ S,
                                               const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
@@ -62,8 +62,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                                               int G, const float* __restrict__ XS, int splits,
                                               float* __restrict__ sk_ws, u32* __restrict__ sk_flag,
                                               float* __restrict__ Y2, int first) {
-    // NTHR threads: WGS warpgroups (wgmma: each over its own 64-column slabs of the shared tiles).
-    constexpr int NTHR = 128 * WGS, WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32 / WGS, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
+    constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
     constexpr int BM = TOK * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
     constexpr int B_BYTES = (BN / 8) * UCH * 16, S_BYTES = BN * SB;
@@ -73,10 +72,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int STAGE_USED = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
     constexpr int STAGE = WG ? (STAGE_USED + 1023) / 1024 * 1024 : STAGE_USED;
     constexpr int NJ = TOK == 16 ? NT : NT / 2;  // accumulator tiles per row tile and warp
-    constexpr int CA = (BM * ACH + NTHR - 1) / NTHR, CB = ((BN / 8) * UCH + NTHR - 1) / NTHR, SCH = S_BYTES / 16;
-    static_assert(NT >= 1 && NT * 32 * WGS == BN && (WG || WGS == 1) && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= (WG ? 8 : 4), "shape");
+    constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
+    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= (WG ? 8 : 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
-    static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT % 2 == 0), "wgmma: 64-column slabs, 16-64 tokens");
+    static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT == 8), "wgmma: 64-column slabs, 64 tokens");
     extern __shared__ __align__(128) unsigned char qsm[];
     const bool dense = tiles == nullptr;
     // Launched with programmatic dependent launch (ops::Pdl), the kernel waits for the one
@@ -97,9 +96,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int cw = warp * (BN / 4);  // this warp's first column within the item (mma.sync)
     // The 8-column group of the item holding this warp's n-tile nt (TOK 8: pair nt / 2's half nt % 2):
-    // the warp's own BN / 4 columns, or with wgmma rows 16 (warp % 4) .. + 15 of its warpgroup's
-    // 64-column slab nt / 2 (slabs dealt to the warpgroups in turn).
-    auto grp8 = [&](int nt) { return WG ? 8 * ((nt >> 1) * WGS + (warp >> 2)) + 2 * (warp & 3) + (nt & 1) : cw / 8 + nt; };
+    // the warp's own BN / 4 columns, or with wgmma rows 16 warp .. 16 warp + 15 of 64-column slab nt / 2.
+    auto grp8 = [&](int nt) { return WG ? 8 * (nt >> 1) + 2 * warp + (nt & 1) : cw / 8 + nt; };
     // Item -> (tile, column block, split).
     auto decode = [&](int it, int& t, int& cb, int& z) {
         if (dense) {
@@ -150,7 +148,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const int kt_at = l_kt0 + l_kt;  // the item's first k-tile here (mid-item for a stream-K piece)
 #pragma unroll
         for (int j = 0; j < CA; j++) {
-            const int i = tid + NTHR * j, r = i / ACH;
+            const int i = tid + 128 * j, r = i / ACH;
             const bool ok = i < BM * ACH && r < rc;
             const int row = ok ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
             a_ok[j] = ok;
@@ -158,7 +156,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         }
 #pragma unroll
         for (int j = 0; j < CB; j++) {
-            const int i = tid + NTHR * j, nb = cb * (BN / 8) + i / UCH;
+            const int i = tid + 128 * j, nb = cb * (BN / 8) + i / UCH;
             const bool ok = i < (BN / 8) * UCH && nb * 8 < Np;
             b_ok[j] = ok;
             b_src[j] = Wq + (((u64)e * (Np / 8) + (ok ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + (i % UCH) * 4;
@@ -186,15 +184,15 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const int kt = l_kt0 + l_kt, k0 = kt * BK, grp = min(kt >> gshift, KG - 1);  // padding k-tiles: zeros
 #pragma unroll
         for (int j = 0; j < CA; j++) {
-            const int i = tid + NTHR * j;
-            if (CA * NTHR > BM * ACH && i >= BM * ACH) break;
+            const int i = tid + 128 * j;
+            if (CA * 128 > BM * ACH && i >= BM * ACH) break;
             cp_async16_if(st + qswz<ACH>(i / ACH, i % ACH), a_src[j], k0 + a_c < K ? a_ok[j] : 0u);
             a_src[j] += BK * XB;
         }
 #pragma unroll
         for (int j = 0; j < CB; j++) {
-            const int i = tid + NTHR * j;
-            if (CB * NTHR > (BN / 8) * UCH && i >= (BN / 8) * UCH) break;
+            const int i = tid + 128 * j;
+            if (CB * 128 > (BN / 8) * UCH && i >= (BN / 8) * UCH) break;
             cp_async16_if(st + A_BYTES + i * 16, b_src[j], b_ok[j]);
             b_src[j] += KU * 32 * WPL;
         }
@@ -382,11 +380,11 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         // The piece's last k-tile: the item's (store its rows), or the block's last of a cut item.
         if (sk && c_first > 0) {
             // A later piece (the block's first): hand the partial sums over.
-            float* slot = sk_ws + (u64)blockIdx.x * (MT * NJ * 4 * NTHR);
+            float* slot = sk_ws + (u64)blockIdx.x * (MT * NJ * 4 * 128);
             float* a = &acc[0][0][0];
 #pragma unroll
             for (int i = 0; i < MT * NJ * 4; i++) {
-                __stcg(slot + i * NTHR + tid, a[i]);
+                __stcg(slot + i * 128 + tid, a[i]);
                 a[i] = 0.f;
             }
             __syncthreads();
@@ -402,12 +400,12 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             // together, so that the hand-over costs a few L2 round trips whatever the pieces.
             const long long T = total * KTI, iend = (long long)(c_it + 1) * KTI;
             const int bend = (int)min((long long)gridDim.x, (iend * gridDim.x + T - 1) / T);
-            for (int b = blockIdx.x + 1 + tid; b < bend; b += NTHR)
+            for (int b = blockIdx.x + 1 + tid; b < bend; b += 128)
                 if (start(b + 1) > start(b))  // an empty block hands nothing over
                     while (ld_acquire_gpu(sk_flag + b) == 0u) {
                     }
             __syncthreads();
-            for (int b = blockIdx.x + 1 + tid; b < bend; b += NTHR) sk_flag[b] = 0u;
+            for (int b = blockIdx.x + 1 + tid; b < bend; b += 128) sk_flag[b] = 0u;
             // Up to 64 values in flight per thread; 32 in tiles of 32 rows or more (in the 64-row
             // tiles, 64 took from 160 registers to 194, two blocks an SM instead of three: run 138).
             constexpr int NV = MT * NJ * 4, SK_VALS = MT >= 4 ? 32 : 64, SK_BATCH = NV >= SK_VALS ? 1 : SK_VALS / NV;
@@ -418,9 +416,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 for (int u = 0; u < SK_BATCH; u++) {
                     const int b = b0 + u;
                     const bool has = b < bend && start(b + 1) > start(b);
-                    const float* other = sk_ws + (u64)(has ? b : 0) * (NV * NTHR);
+                    const float* other = sk_ws + (u64)(has ? b : 0) * (NV * 128);
 #pragma unroll
-                    for (int i = 0; i < NV; i++) v[u][i] = has ? __ldcg(other + i * NTHR + tid) : 0.f;
+                    for (int i = 0; i < NV; i++) v[u][i] = has ? __ldcg(other + i * 128 + tid) : 0.f;
                 }
 #pragma unroll
                 for (int u = 0; u < SK_BATCH; u++)
@@ -491,9 +489,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits, float *sk_ws,   \
         u32 *sk_flag, float *Y2, int first
 #define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits, sk_ws, sk_flag, Y2, first
-// Names: qg<p|w>[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp: mma.sync, 128 threads; qgw: AWQ on
-// wgmma with the tokens as N, sm_90a, a warpgroup per 64 columns; 64: row tiles of 64; 8: of 8,
-// tokens as the MMAs' N); ops/qdecode.rs (QGP_KERNELS) mirrors them.
+// Names: qg<p|w>[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp: mma.sync; qgw: AWQ on wgmma with
+// the 64 tokens as N, sm_90a; 64: row tiles of 64; 8: of 8, tokens as the MMAs' N); ops/qdecode.rs
+// (QGP_KERNELS) mirrors them.
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_silu(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 128, 4, 0>(QGP_PASS); }
@@ -519,16 +517,12 @@ extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_silu(QGP_ARG
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_silu(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 1>(QGP_PASS); }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define QGW(MT, BN, ST, EPI, WGS) qg_persistent<0, MT, BN, 64, ST, EPI, 8, true, WGS>(QGP_PASS)
+#define QGW(MT, BN, ST, EPI) qg_persistent<0, MT, BN, 64, ST, EPI, 8, true>(QGP_PASS)
 #else
-#define QGW(MT, BN, ST, EPI, WGS) __trap()  // ops/qdecode.rs launches these on sm_90a alone
+#define QGW(MT, BN, ST, EPI) __trap()  // ops/qdecode.rs launches these on sm_90a alone
 #endif
-extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_f32(QGP_ARGS) { QGW(8, 64, 4, 0, 1); }
-extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_silu(QGP_ARGS) { QGW(8, 64, 4, 1, 1); }
-extern "C" __global__ void __launch_bounds__(256) qgw64_awq_128_64_4_f32(QGP_ARGS) { QGW(8, 128, 4, 0, 2); }
-extern "C" __global__ void __launch_bounds__(256) qgw64_awq_128_64_4_silu(QGP_ARGS) { QGW(8, 128, 4, 1, 2); }
-extern "C" __global__ void __launch_bounds__(512) qgw64_awq_256_64_4_f32(QGP_ARGS) { QGW(8, 256, 4, 0, 4); }
-extern "C" __global__ void __launch_bounds__(512) qgw64_awq_256_64_4_silu(QGP_ARGS) { QGW(8, 256, 4, 1, 4); }
+extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_f32(QGP_ARGS) { QGW(8, 64, 4, 0); }
+extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_silu(QGP_ARGS) { QGW(8, 64, 4, 1); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 128, 4, 0>(QGP_PASS); }

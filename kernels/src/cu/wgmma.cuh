@@ -82,27 +82,9 @@ __device__ __forceinline__ void wgmma_m64n256_rs(float (&d)[128], const u32 (&a)
 }
 
 // Tokens as N: d[i][j][2 h + b] += D[16 w + g + 8 h][8 i + 2 t + b] of A (64 x 16, registers: a[0..3]
-// as mma.m16n8k16's A fragment of this warp's 16 rows) * B (8 MT x 16, K-major: wg_desc), for
-// slab j of the caller's [MT][NJ][4] accumulators (mma.sync's C layout per 8-token tile); `acc` 0
+// as mma.m16n8k16's A fragment of this warp's 16 rows) * B (64 x 16, K-major: wg_desc), for
+// slab j of the caller's [8][NJ][4] accumulators (mma.sync's C layout per 8-token tile); `acc` 0
 // overwrites them instead.
-template <int NJ>
-__device__ __forceinline__ void wgmma_tok_rs(float (&d)[2][NJ][4], int j, const u32 (&a)[4], u64 db, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][j][0]), "+f"(d[0][j][1]), "+f"(d[0][j][2]), "+f"(d[0][j][3]), "+f"(d[1][j][0]), "+f"(d[1][j][1]), "+f"(d[1][j][2]), "+f"(d[1][j][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
-        : "memory");
-}
-template <int NJ>
-__device__ __forceinline__ void wgmma_tok_rs(float (&d)[4][NJ][4], int j, const u32 (&a)[4], u64 db, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][j][0]), "+f"(d[0][j][1]), "+f"(d[0][j][2]), "+f"(d[0][j][3]), "+f"(d[1][j][0]), "+f"(d[1][j][1]), "+f"(d[1][j][2]), "+f"(d[1][j][3]), "+f"(d[2][j][0]), "+f"(d[2][j][1]), "+f"(d[2][j][2]), "+f"(d[2][j][3]), "+f"(d[3][j][0]), "+f"(d[3][j][1]), "+f"(d[3][j][2]), "+f"(d[3][j][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc)
-        : "memory");
-}
 template <int NJ>
 __device__ __forceinline__ void wgmma_tok_rs(float (&d)[8][NJ][4], int j, const u32 (&a)[4], u64 db, int acc) {
     asm volatile(

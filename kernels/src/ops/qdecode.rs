@@ -16,8 +16,7 @@ use Arg::{Ptr, I32};
 /// folds of a 16-row tile, for tiles of at most 8 rows); or 64 for dense GEMMs of more rows,
 /// unpacking each weight once for four MMAs. `wgmma` (AWQ, sm_90a, 64 rows): the weights as the
 /// 64-row register operand of warpgroup MMAs whose N is the tile's 64 tokens, read by the tensor
-/// cores from shared memory, each weight unpacked once for all of them; a warpgroup per 64
-/// columns, sharing the token tile.
+/// cores from shared memory, each weight unpacked once for all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QPersist {
     pub bm: usize,
@@ -32,10 +31,8 @@ pub struct QPersist {
 type Compiled = (QFormat, usize, usize, usize, usize, bool, &'static str, &'static str);
 
 /// Every compiled shape.
-const QGP_KERNELS: [Compiled; 21] = [
+const QGP_KERNELS: [Compiled; 19] = [
     (QFormat::AwqInt4, 64, 64, 64, 4, true, "qgw64_awq_64_64_4_f32", "qgw64_awq_64_64_4_silu"),
-    (QFormat::AwqInt4, 64, 128, 64, 4, true, "qgw64_awq_128_64_4_f32", "qgw64_awq_128_64_4_silu"),
-    (QFormat::AwqInt4, 64, 256, 64, 4, true, "qgw64_awq_256_64_4_f32", "qgw64_awq_256_64_4_silu"),
     (QFormat::AwqInt4, 8, 256, 64, 4, false, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
     (QFormat::AwqInt4, 8, 128, 64, 6, false, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
     (QFormat::AwqInt4, 16, 64, 64, 8, false, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
@@ -128,15 +125,6 @@ impl QPersist {
         pick.takes(format, group).then_some(pick)
     }
 
-    /// Threads of a block: a warpgroup per 64 columns with wgmma, else 128.
-    pub fn threads(&self) -> u32 {
-        if self.wgmma {
-            2 * self.bn as u32
-        } else {
-            128
-        }
-    }
-
     /// Whether this shape is compiled for `format` and takes groups of `group` channels.
     pub fn takes(&self, format: QFormat, group: usize) -> bool {
         group >= self.bk && Self::compiled(format).any(|c| c == *self)
@@ -193,7 +181,7 @@ impl std::fmt::Display for QPersist {
 impl std::str::FromStr for QPersist {
     type Err = KernelError;
 
-    /// `[wg][BMx]BN/BK/STAGES`, e.g. `64/128/6`, `64x64/64/4` or `wg64x128/64/4`; the shape must
+    /// `[wg][BMx]BN/BK/STAGES`, e.g. `64/128/6`, `64x64/64/4` or `wg64x64/64/4`; the shape must
     /// be compiled for some format.
     fn from_str(s: &str) -> Result<Self> {
         let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [wg][BMx]BN/BK/STAGES"));
@@ -230,7 +218,7 @@ impl Gpu {
         for k in QGP_KERNELS {
             let cfg = QPersist::of(&k);
             for name in [k.6, k.7] {
-                let blocks = self.resident_blocks(name, cfg.threads(), cfg.smem_bytes(k.0))? * self.sm_count;
+                let blocks = self.resident_blocks(name, 128, cfg.smem_bytes(k.0))? * self.sm_count;
                 slots = slots.max(blocks * cfg.bm * cfg.bn);
                 flags = flags.max(blocks);
             }
@@ -286,7 +274,7 @@ impl Gpu {
         let items = row_tiles * s.n.div_ceil(cfg.bn) * g.splits;
         // Stream-K: at least MIN_STREAMK_STEPS k-tiles per block, so that its pipeline fills.
         let work = if g.streamk { (items * kt).div_ceil(MIN_STREAMK_STEPS) } else { items };
-        let blocks = (self.resident_blocks(name, cfg.threads(), smem)? * self.sm_count).min(work).max(1);
+        let blocks = (self.resident_blocks(name, 128, smem)? * self.sm_count).min(work).max(1);
         let (ws, flags) = match (g.streamk, self.streamk.get()) {
             (false, _) => (0, 0),
             (true, Some(sk)) if blocks * cfg.bm * cfg.bn <= sk.slots.len() && blocks <= sk.flags.len() => {
@@ -301,7 +289,7 @@ impl Gpu {
         let (first, rest) = cut.map_or((s.n, 0), |c| (c.first, c.rest));
         let mut args = g.args(w).to_vec();
         args.extend([Ptr(g.x_scales), I32(g.splits as i32), Ptr(ws), Ptr(flags), Ptr(rest), I32(first as i32)]);
-        self.launch(name, (blocks as u32, 1, 1), cfg.threads(), smem as u32, &args)
+        self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
     }
 
     /// Split-K count for a dense persistent GEMM of `rows` over `w`: see [`split_count`].
@@ -309,8 +297,7 @@ impl Gpu {
         let s = w.shape;
         let kt = s.kp() / cfg.bk;
         let items = rows.div_ceil(cfg.bm) * s.n.div_ceil(cfg.bn);
-        let blocks =
-            self.resident_blocks(cfg.kernel(s.format, false)?, cfg.threads(), cfg.smem_bytes(s.format))? * self.sm_count;
+        let blocks = self.resident_blocks(cfg.kernel(s.format, false)?, 128, cfg.smem_bytes(s.format))? * self.sm_count;
         let bytes = SplitBytes { weights: (s.bytes() / s.experts) as f64, partial: (rows * s.n * 4) as f64 };
         Ok(split_count(kt, items, blocks, bytes))
     }
@@ -426,7 +413,6 @@ mod tests {
         let shape = |bm, bn, wgmma| QPersist { bm, bn, bk: 64, stages: 4, wgmma };
         assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, false));
         assert_eq!("wg64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, true));
-        assert_eq!("wg64x256/64/4".parse::<QPersist>().unwrap().threads(), 512);
         assert!("32x64/64/4".parse::<QPersist>().is_err() && "wg256/64/4".parse::<QPersist>().is_err());
     }
 
