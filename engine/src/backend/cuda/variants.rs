@@ -130,9 +130,7 @@ impl QuantGemm {
         match self {
             QuantGemm::Tiled => None,
             QuantGemm::Persistent(Some(c))
-                if c.takes(format, group)
-                    && (wgmma || !c.wgmma)
-                    && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
+                if c.takes(format, group) && (wgmma || !c.wgmma) && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
             {
                 Some(*c)
             }
