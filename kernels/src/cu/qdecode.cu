@@ -254,8 +254,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         if (FMT == 0 && TOK == 8) {
             if constexpr (WG) {
                 // As TOK 8, with the four warps' A fragments one 64-row operand per slab j (columns
-                // 64 j .. 64 j + 63) and all 8 MT tokens of the k-tile as B, read by the tensor cores
-                // from the swizzled tile; each weight is unpacked once for 8 MT tokens.
+                // 64 j .. 64 j + 63) and the k-tile's 64 tokens as B, read by the tensor cores from
+                // the swizzled tile; each weight is unpacked once for all 64 tokens.
 #pragma unroll
                 for (int u = 0; u < KU; u++) {
                     u32 a[NJ][2][4];
