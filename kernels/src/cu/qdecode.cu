@@ -237,6 +237,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const unsigned char* st = qs + cs * STAGE;
         const u32 sst = sq + cs * STAGE;
         const u32* sb = reinterpret_cast<const u32*>(st + A_BYTES);
+        auto word = [&](int nt, int u) { return sb[(grp8(nt) * KU + u) * 32 + lane]; };  // AWQ: unit u of n-tile nt
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -261,7 +262,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                     u32 a[NJ][2][4];
 #pragma unroll
                     for (int j = 0; j < NJ; j++) {
-                        const u32 w0 = sb[(grp8(2 * j) * KU + u) * 32 + lane], w1 = sb[(grp8(2 * j + 1) * KU + u) * 32 + lane];
+                        const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
                             a[j][h][0] = awq_pair(w0, 2 * h, zz[2 * j]), a[j][h][1] = awq_pair(w1, 2 * h, zz[2 * j + 1]);
@@ -276,9 +277,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 }
                 wg_commit();
                 wg_wait<0>();
-                float* pf = &part[0][0][0];
-#pragma unroll
-                for (int q = 0; q < MT * NJ * 4; q++) asm volatile("" : "+f"(pf[q])::"memory");
+                wg_fence_regs(reinterpret_cast<float(&)[MT * NJ * 4]>(part));
             } else {
                 // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
                 // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
@@ -290,7 +289,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                     for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
 #pragma unroll
                     for (int j = 0; j < NJ; j++) {
-                        const u32 w0 = sb[(grp8(2 * j) * KU + u) * 32 + lane], w1 = sb[(grp8(2 * j + 1) * KU + u) * 32 + lane];
+                        const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
                         u32 a[4][2];
 #pragma unroll
                         for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
@@ -325,7 +324,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                         ldsm_x4(af[mt][h][0], af[mt][h][1], af[mt][h][2], af[mt][h][3], sst + a_off[2 * u + h] + mt * MT_BYTES);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    const u32 w = sb[((cw / 8 + nt) * KU + u) * 32 + lane];
+                    const u32 w = word(nt, u);
                     u32 b[4];
 #pragma unroll
                     for (int p = 0; p < 4; p++) b[p] = awq_pair(w, p, zz[nt]);

@@ -111,7 +111,8 @@ impl QPersist {
     /// warpgroup MMAs (`wgmma`) or without: the fastest of `kernels-check --stages qgemm_tune` on
     /// the V3 expert shapes at 16 and 64 tokens on an H200 (runs 25 and 63;
     /// kernels/bench/results/). FP8 has no 8-row tiles (16 there).
-    /// Row tiles of 64 (`bm` 64) are for dense GEMMs of more than 16 rows.
+    /// Row tiles of 64 (`bm` 64) are for dense GEMMs of more than 16 rows; AWQ ones go to wgmma
+    /// where the GPU has it (run 157: 20-25% faster at every V3 dense shape).
     pub fn default_for(format: QFormat, group: usize, bm: usize, wgmma: bool) -> Option<QPersist> {
         let shape = |bm, bn, bk, stages, wgmma| QPersist { bm, bn, bk, stages, wgmma };
         let pick = match (format, bm) {
@@ -185,9 +186,10 @@ impl std::str::FromStr for QPersist {
     /// be compiled for some format.
     fn from_str(s: &str) -> Result<Self> {
         let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [wg][BMx]BN/BK/STAGES"));
-        let (wgmma, rest) = match s.trim().strip_prefix("wg") {
+        let s_trim = s.trim();
+        let (wgmma, rest) = match s_trim.strip_prefix("wg") {
             Some(rest) => (true, rest),
-            None => (false, s),
+            None => (false, s_trim),
         };
         let (bm, rest) = match rest.split_once('x') {
             Some((bm, rest)) => (bm.trim().parse().map_err(|_| bad())?, rest),
