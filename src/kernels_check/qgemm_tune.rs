@@ -132,7 +132,8 @@ impl Ctx<'_> {
         let shapes: &[(&str, usize, usize, usize, usize)] = if self.quick {
             &[("small", 8, 256, 128, 3)]
         } else {
-            &[("V2-Lite", 64, 2048, 1408, 6), ("V3", 256, 7168, 2048, 8)]
+            // V3 with 64 experts: the 61-layer one-GPU share's layers (8 rows an expert at 64 tokens).
+            &[("V2-Lite", 64, 2048, 1408, 6), ("V3", 256, 7168, 2048, 8), ("V3 share", 64, 7168, 2048, 8)]
         };
         for &(name, e, h, i, top_k) in shapes {
             let gu = Synthetic::new(g, QShape { format, experts: e, n: 2 * i, k: h, group }, 4, 1)?;
