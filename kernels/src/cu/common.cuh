@@ -217,23 +217,10 @@ __device__ __forceinline__ u32 awq_zero_at(u32 word, int shift) {
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(word >> shift), "r"(0xFu), "r"(0xC300u));
     return v * 0x10001u;
 }
-// The bf16 pair (1, 1).
-constexpr u32 BF16X2_ONE = 0x3F803F80u;
-// Pair p of a packed word as the exact bf16 pair 128 + q.
-__device__ __forceinline__ u32 awq_biased(u32 w, int p) {
+__device__ __forceinline__ u32 awq_pair(u32 w, int p, u32 zero) {
     // (w & mask) | magic as one LOP3: written out, ptxas emits an AND and an OR (a LOP3 takes one
     // immediate).
     u32 v;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w >> (4 * p)), "r"(0x000F000Fu), "r"(0x43004300u));
-    return v;
-}
-__device__ __forceinline__ u32 awq_pair(u32 w, int p, u32 zero) { return fma_bf16x2(awq_biased(w, p), BF16X2_ONE, zero); }
-// s as three bf16 hi + mid + lo (their sum is s to f32 precision) in k slots 0, 1, 2 of an m16n8k16
-// fragment row or column, zeros in slots 3..15: the pair a lane holds in slots 2 t4, 2 t4 + 1.
-__device__ __forceinline__ u32 bf16_split3_slots(float s, int t4) {
-    const u32 hi = pack_bf16(s, 0.f);
-    const float r = s - __uint_as_float(hi << 16);
-    const u32 mid = pack_bf16(r, 0.f);
-    const u32 lo = pack_bf16(r - __uint_as_float(mid << 16), 0.f);
-    return t4 == 0 ? hi | (mid << 16) : t4 == 1 ? lo : 0u;
+    return fma_bf16x2(v, 0x3F803F80u, zero);
 }

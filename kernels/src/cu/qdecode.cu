@@ -281,44 +281,24 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             } else {
                 // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
                 // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
-                // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile). The
-                // weights enter as 128 + q; the zero points leave in one more MMA per column-group
-                // pair, -(128 + z) against each token's sum over the k-tile (below).
-                float xs[MT][4];  // row r: the sums of tokens 2 t4, 2 t4 + 1 (an MMA with ones as A)
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) xs[mt][q] = 0.f;
+                // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile).
 #pragma unroll
                 for (int u = 0; u < KU; u++) {
                     u32 xf[MT][4];
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
-                        mma_bf16(xs[mt], BF16X2_ONE, BF16X2_ONE, BF16X2_ONE, BF16X2_ONE, xf[mt][0], xf[mt][1]);
-                        mma_bf16(xs[mt], BF16X2_ONE, BF16X2_ONE, BF16X2_ONE, BF16X2_ONE, xf[mt][2], xf[mt][3]);
-                    }
+                    for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
 #pragma unroll
                     for (int j = 0; j < NJ; j++) {
                         const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
                         u32 a[4][2];
 #pragma unroll
-                        for (int p = 0; p < 4; p++) a[p][0] = awq_biased(w0, p), a[p][1] = awq_biased(w1, p);
+                        for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
                             mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
                             mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
                         }
                     }
-                }
-                // Token g's sum (held by lane g / 2 as column g % 2) in k slots 0..2 of B; rows g and
-                // g + 8 of A are the zero points of column groups 2j and 2j + 1.
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    const float s0 = __shfl_sync(0xffffffffu, xs[mt][0], g >> 1), s1 = __shfl_sync(0xffffffffu, xs[mt][1], g >> 1);
-                    const u32 b0 = bf16_split3_slots(g & 1 ? s1 : s0, t4);
-#pragma unroll
-                    for (int j = 0; j < NJ; j++) mma_bf16(part[mt][j], zz[2 * j], zz[2 * j + 1], zz[2 * j], zz[2 * j + 1], b0, 0u);
                 }
             }
             // part[mt][j]: columns 8 grp8(2 j) + g (0, 1) and 8 grp8(2 j + 1) + g (2, 3), tokens
@@ -334,41 +314,26 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 }
             }
         } else if (FMT == 0) {
-            // As TOK 8 with the operands' roles swapped: weights 128 + q as B, the zero points in one
-            // more MMA per n-tile, each token row's sum in k slots 0..2 of A against -(128 + z).
-            float xs[MT][4];  // column c: the sums of token rows g (0, 1) and g + 8 (2, 3)
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) xs[mt][q] = 0.f;
 #pragma unroll
             for (int u = 0; u < KU; u++) {
                 u32 af[MT][2][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
+                    for (int h = 0; h < 2; h++)
                         ldsm_x4(af[mt][h][0], af[mt][h][1], af[mt][h][2], af[mt][h][3], sst + a_off[2 * u + h] + mt * MT_BYTES);
-                        mma_bf16(xs[mt], af[mt][h][0], af[mt][h][1], af[mt][h][2], af[mt][h][3], BF16X2_ONE, BF16X2_ONE);
-                    }
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const u32 w = word(nt, u);
                     u32 b[4];
 #pragma unroll
-                    for (int p = 0; p < 4; p++) b[p] = awq_biased(w, p);
+                    for (int p = 0; p < 4; p++) b[p] = awq_pair(w, p, zz[nt]);
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         mma_bf16(part[mt][nt], af[mt][0][0], af[mt][0][1], af[mt][0][2], af[mt][0][3], b[0], b[1]);
                         mma_bf16(part[mt][nt], af[mt][1][0], af[mt][1][1], af[mt][1][2], af[mt][1][3], b[2], b[3]);
                     }
                 }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const u32 a0 = bf16_split3_slots(xs[mt][0], t4), a1 = bf16_split3_slots(xs[mt][2], t4);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) mma_bf16(part[mt][nt], a0, a1, 0u, 0u, zz[nt], zz[nt]);
             }
             const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
 #pragma unroll
