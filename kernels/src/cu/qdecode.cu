@@ -35,6 +35,11 @@ __device__ __forceinline__ int qswz(int r, int c) {
     return (r * CH + (c ^ ((CH >= 8 ? r : r >> 1) & (CH >= 8 ? 7 : CH - 1)))) * 16;
 }
 
+template <int N>
+struct IntC {
+    static constexpr int value = N;
+};
+
 // Y[rs + r, n] = sum_k X[row(rs + r), k] W[e, n, k] over work items (row tile of at most BM = 16 MT
 // rows, column block of BN, input split z): the tiles of `tiles`/`meta` (moe_align with BM; items
 // tile-major, so that consecutive items share their rows), or, when `tiles` is null, BM-row tiles
@@ -75,6 +80,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
     static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= (WG ? 8 : 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
+    static_assert(TOK == 16 || WG || MT <= 2, "tokens as N on mma.sync: one or two 8-token row tiles");
     static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT == 8), "wgmma: 64-column slabs, 64 tokens");
     extern __shared__ __align__(128) unsigned char qsm[];
     const bool dense = tiles == nullptr;
@@ -222,6 +228,17 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                    : FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4))
                               : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
     int c_it = i0, c_kt = kt_first, c_first = kt_first, cs = 0, ls = ST - 1;  // c_first: the piece's first k-tile
+    // Tokens as N in two 8-token row tiles: whether item `it` has rows in the second (else its MMAs
+    // and folds are skipped: a branch per k-tile between two straight bodies).
+    constexpr bool HALVES = TOK == 8 && !WG && MT == 2;
+    auto wide = [&](int it) {
+        if (!HALVES || it >= i1) return true;
+        int t, cb, z, e, rs, rc;
+        decode(it, t, cb, z);
+        tile_rows(t, e, rs, rc);
+        return rc > TOK;
+    };
+    bool c_wide = wide(i0);
 #pragma unroll 1
     for (int s = 0; s < ST - 1; s++) {
         if (s < steps) load(s);
@@ -244,7 +261,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             for (int nt = 0; nt < NJ; nt++)
 #pragma unroll
                 for (int q = 0; q < 4; q++)
-                    if (!WG) part[mt][nt][q] = 0.f;  // wgmma: the k-tile's first overwrites
+                    if (TOK == 16) part[mt][nt][q] = 0.f;  // TOK 8: below; wgmma: the k-tile's first overwrites
         // AWQ: this lane's column's zero point in each of the warp's column groups.
         u32 zz[NT];
         if (FMT == 0) {
@@ -253,6 +270,20 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[grp8(nt)], 4 * g);
         }
         if (FMT == 0 && TOK == 8) {
+            // Row tiles [0, MU) of part into acc, times the group scales. part[mt][j]: columns
+            // 8 grp8(2 j) + g (0, 1) and 8 grp8(2 j + 1) + g (2, 3), tokens 8 mt + 2 t4 and 8 mt + 2 t4 + 1.
+            auto fold8 = [&](auto mus) {
+                const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
+#pragma unroll
+                    for (int mt = 0; mt < decltype(mus)::value; mt++) {
+                        acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
+                        acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
+                    }
+                }
+            };
             if constexpr (WG) {
                 // As TOK 8, with the four warps' A fragments one 64-row operand per slab j (columns
                 // 64 j .. 64 j + 63) and the k-tile's 64 tokens as B, read by the tensor cores from
@@ -278,40 +309,45 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 wg_commit();
                 wg_wait<0>();
                 wg_fence_regs(reinterpret_cast<float(&)[MT * NJ * 4]>(part));
+                fold8(IntC<MT>{});
             } else {
                 // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
                 // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
-                // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile).
+                // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile); row
+                // tiles [0, MU).
+                auto tok_n = [&](auto mus) {
+                    constexpr int MU = decltype(mus)::value;
 #pragma unroll
-                for (int u = 0; u < KU; u++) {
-                    u32 xf[MT][4];
+                    for (int mt = 0; mt < MU; mt++)
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
+                        for (int j = 0; j < NJ; j++)
 #pragma unroll
-                    for (int j = 0; j < NJ; j++) {
-                        const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
-                        u32 a[4][2];
+                            for (int q = 0; q < 4; q++) part[mt][j][q] = 0.f;
 #pragma unroll
-                        for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
+                    for (int u = 0; u < KU; u++) {
+                        u32 xf[MU][4];
 #pragma unroll
-                        for (int mt = 0; mt < MT; mt++) {
-                            mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
-                            mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
+                        for (int mt = 0; mt < MU; mt++)
+                            ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
+#pragma unroll
+                        for (int j = 0; j < NJ; j++) {
+                            const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
+                            u32 a[4][2];
+#pragma unroll
+                            for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
+#pragma unroll
+                            for (int mt = 0; mt < MU; mt++) {
+                                mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
+                                mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
+                            }
                         }
                     }
-                }
-            }
-            // part[mt][j]: columns 8 grp8(2 j) + g (0, 1) and 8 grp8(2 j + 1) + g (2, 3), tokens
-            // 8 mt + 2 t4 and 8 mt + 2 t4 + 1.
-            const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
-#pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
-                    acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
-                }
+                    fold8(mus);
+                };
+                if (HALVES && !c_wide)
+                    tok_n(IntC<1>{});
+                else
+                    tok_n(IntC<MT>{});
             }
         } else if (FMT == 0) {
 #pragma unroll
@@ -389,6 +425,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             __syncthreads();
             if (tid == 0) st_release_gpu(sk_flag + blockIdx.x, 1u);
             c_it++, c_kt = 0, c_first = 0;
+            c_wide = wide(c_it);
             continue;
         }
         if (sk && c_kt < KTI) {
@@ -477,6 +514,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 }
         }
         c_it++;
+        c_wide = wide(c_it);
     }
     pdl_trigger();
     cp_async_wait<0>();
@@ -513,6 +551,10 @@ extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_f32(QGP_ARGS
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 0, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 1, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128, 3) qgpn_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 2, 256, 64, 4, 0, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128, 3) qgpn_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 2, 256, 64, 4, 1, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgpn_awq_128_64_4_f32(QGP_ARGS) { qg_persistent<0, 2, 128, 64, 4, 0, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgpn_awq_128_64_4_silu(QGP_ARGS) { qg_persistent<0, 2, 128, 64, 4, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_silu(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 1>(QGP_PASS); }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -24,7 +24,7 @@ mod moe;
 pub use moe::{GemmKernel, GroupedGemm, PersistentGemm, WgmmaGemm, GGW_FP8_BM, GGW_KERNELS};
 mod qdecode;
 pub(crate) use qdecode::StreamK;
-pub use qdecode::{Fp8Order, QPersist, QDECODE_KERNELS};
+pub use qdecode::{Fp8Order, QMma, QPersist, QDECODE_KERNELS};
 mod quant;
 pub use quant::{Expansion, QCut, QGemm, QWeights, QUANT_KERNELS};
 mod routing;

@@ -11,46 +11,63 @@ use crate::{Arg, Gpu, KernelError, Result};
 use Arg::{Ptr, I32};
 
 /// A persistent compressed-GEMM configuration: rows and columns per work item, input channels per
-/// k-tile and pipeline stages (one compiled kernel per format and epilogue). Rows: 16; 8 (AWQ: the
-/// weights as the MMAs' 16-row operand and the tokens as their 8 columns, half the MMAs and scale
-/// folds of a 16-row tile, for tiles of at most 8 rows); or 64 for dense GEMMs of more rows,
-/// unpacking each weight once for four MMAs. `wgmma` (AWQ, sm_90a, 64 rows): the weights as the
-/// 64-row register operand of warpgroup MMAs whose N is the tile's 64 tokens, read by the tensor
-/// cores from shared memory, each weight unpacked once for all of them.
+/// k-tile, pipeline stages and how the tensor cores take the operands (one compiled kernel per
+/// format and epilogue). Rows: 16; 8 (AWQ, [`QMma::TokensN`], for tiles of at most 8 rows); or 64
+/// for dense GEMMs of more rows, unpacking each weight once for four MMAs (or, [`QMma::Wgmma`], all
+/// 64 tokens).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QPersist {
     pub bm: usize,
     pub bn: usize,
     pub bk: usize,
     pub stages: usize,
-    pub wgmma: bool,
+    pub mma: QMma,
 }
 
-/// (format, bm, bn, bk, stages, wgmma, f32 kernel, silu kernel) of every compiled shape
+/// How a persistent compressed GEMM puts its operands on the tensor cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QMma {
+    /// `mma.sync` with the tokens as the 16-row A operand and the weights as B.
+    TokensA,
+    /// `mma.sync` (AWQ) with the weights as the 16-row A operand and the tokens as N, 8 a row tile:
+    /// half the MMAs and scale folds of [`QMma::TokensA`] for 8 rows. Tiles of 16 rows are two
+    /// such row tiles, an item of at most 8 rows skipping the second.
+    TokensN,
+    /// Warpgroup MMAs (AWQ, sm_90a, 64 rows): the weights as the 64-row register operand, the
+    /// tile's 64 tokens as N read by the tensor cores from shared memory, each weight unpacked once
+    /// for all of them.
+    Wgmma,
+}
+
+/// (format, bm, bn, bk, stages, mma, f32 kernel, silu kernel) of every compiled shape
 /// (qdecode.cu's list).
-type Compiled = (QFormat, usize, usize, usize, usize, bool, &'static str, &'static str);
+type Compiled = (QFormat, usize, usize, usize, usize, QMma, &'static str, &'static str);
+
+use QMma::{TokensA, TokensN, Wgmma};
 
 /// Every compiled shape.
-const QGP_KERNELS: [Compiled; 19] = [
-    (QFormat::AwqInt4, 64, 64, 64, 4, true, "qgw64_awq_64_64_4_f32", "qgw64_awq_64_64_4_silu"),
-    (QFormat::AwqInt4, 8, 256, 64, 4, false, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
-    (QFormat::AwqInt4, 8, 128, 64, 6, false, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
-    (QFormat::AwqInt4, 16, 64, 64, 8, false, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
-    (QFormat::AwqInt4, 16, 64, 128, 4, false, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
-    (QFormat::AwqInt4, 16, 64, 128, 6, false, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
-    (QFormat::AwqInt4, 16, 128, 64, 6, false, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
-    (QFormat::AwqInt4, 16, 32, 128, 6, false, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
-    (QFormat::AwqInt4, 16, 128, 64, 4, false, "qgp_awq_128_64_4_f32", "qgp_awq_128_64_4_silu"),
-    (QFormat::AwqInt4, 16, 128, 64, 8, false, "qgp_awq_128_64_8_f32", "qgp_awq_128_64_8_silu"),
-    (QFormat::AwqInt4, 16, 128, 128, 4, false, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
-    (QFormat::AwqInt4, 16, 256, 64, 4, false, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
-    (QFormat::AwqInt4, 64, 64, 64, 4, false, "qgp64_awq_64_64_4_f32", "qgp64_awq_64_64_4_silu"),
-    (QFormat::Fp8E4m3, 64, 64, 128, 4, false, "qgp64_fp8_64_128_4_f32", "qgp64_fp8_64_128_4_silu"),
-    (QFormat::Fp8E4m3, 16, 64, 128, 4, false, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
-    (QFormat::Fp8E4m3, 16, 64, 128, 6, false, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
-    (QFormat::Fp8E4m3, 16, 128, 128, 4, false, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
-    (QFormat::Fp8E4m3, 16, 32, 128, 8, false, "qgp_fp8_32_128_8_f32", "qgp_fp8_32_128_8_silu"),
-    (QFormat::Fp8E4m3, 16, 64, 64, 8, false, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
+const QGP_KERNELS: [Compiled; 21] = [
+    (QFormat::AwqInt4, 64, 64, 64, 4, Wgmma, "qgw64_awq_64_64_4_f32", "qgw64_awq_64_64_4_silu"),
+    (QFormat::AwqInt4, 8, 256, 64, 4, TokensN, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 8, 128, 64, 6, TokensN, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
+    (QFormat::AwqInt4, 16, 256, 64, 4, TokensN, "qgpn_awq_256_64_4_f32", "qgpn_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 4, TokensN, "qgpn_awq_128_64_4_f32", "qgpn_awq_128_64_4_silu"),
+    (QFormat::AwqInt4, 16, 64, 64, 8, TokensA, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
+    (QFormat::AwqInt4, 16, 64, 128, 4, TokensA, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
+    (QFormat::AwqInt4, 16, 64, 128, 6, TokensA, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 6, TokensA, "qgp_awq_128_64_6_f32", "qgp_awq_128_64_6_silu"),
+    (QFormat::AwqInt4, 16, 32, 128, 6, TokensA, "qgp_awq_32_128_6_f32", "qgp_awq_32_128_6_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 4, TokensA, "qgp_awq_128_64_4_f32", "qgp_awq_128_64_4_silu"),
+    (QFormat::AwqInt4, 16, 128, 64, 8, TokensA, "qgp_awq_128_64_8_f32", "qgp_awq_128_64_8_silu"),
+    (QFormat::AwqInt4, 16, 128, 128, 4, TokensA, "qgp_awq_128_128_4_f32", "qgp_awq_128_128_4_silu"),
+    (QFormat::AwqInt4, 16, 256, 64, 4, TokensA, "qgp_awq_256_64_4_f32", "qgp_awq_256_64_4_silu"),
+    (QFormat::AwqInt4, 64, 64, 64, 4, TokensA, "qgp64_awq_64_64_4_f32", "qgp64_awq_64_64_4_silu"),
+    (QFormat::Fp8E4m3, 64, 64, 128, 4, TokensA, "qgp64_fp8_64_128_4_f32", "qgp64_fp8_64_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 128, 4, TokensA, "qgp_fp8_64_128_4_f32", "qgp_fp8_64_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 128, 6, TokensA, "qgp_fp8_64_128_6_f32", "qgp_fp8_64_128_6_silu"),
+    (QFormat::Fp8E4m3, 16, 128, 128, 4, TokensA, "qgp_fp8_128_128_4_f32", "qgp_fp8_128_128_4_silu"),
+    (QFormat::Fp8E4m3, 16, 32, 128, 8, TokensA, "qgp_fp8_32_128_8_f32", "qgp_fp8_32_128_8_silu"),
+    (QFormat::Fp8E4m3, 16, 64, 64, 8, TokensA, "qgp_fp8_64_64_8_f32", "qgp_fp8_64_64_8_silu"),
 ];
 
 /// The functions of qdecode.cu: every compiled persistent GEMM (which get the opt-in dynamic shared
@@ -103,7 +120,7 @@ impl QPersist {
     }
 
     fn of(k: &Compiled) -> QPersist {
-        QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4, wgmma: k.5 }
+        QPersist { bm: k.1, bn: k.2, bk: k.3, stages: k.4, mma: k.5 }
     }
 
     /// The default shape for `format` with groups of `group` channels and row tiles of at most
@@ -114,14 +131,14 @@ impl QPersist {
     /// Row tiles of 64 (`bm` 64) are for dense GEMMs of more than 16 rows; AWQ ones go to wgmma
     /// where the GPU has it (run 157: 20-25% faster at every V3 dense shape).
     pub fn default_for(format: QFormat, group: usize, bm: usize, wgmma: bool) -> Option<QPersist> {
-        let shape = |bm, bn, bk, stages, wgmma| QPersist { bm, bn, bk, stages, wgmma };
+        let shape = |bm, bn, bk, stages, mma| QPersist { bm, bn, bk, stages, mma };
         let pick = match (format, bm) {
-            (QFormat::AwqInt4, 64) if wgmma => shape(64, 64, 64, 4, true),
-            (QFormat::AwqInt4, 64) => shape(64, 64, 64, 4, false),
-            (QFormat::Fp8E4m3, 64) => shape(64, 64, 128, 4, false),
-            (QFormat::AwqInt4, 8) => shape(8, 256, 64, 4, false),
-            (QFormat::AwqInt4, _) => shape(16, 256, 64, 4, false),
-            (QFormat::Fp8E4m3, _) => shape(16, 128, 128, 4, false),
+            (QFormat::AwqInt4, 64) if wgmma => shape(64, 64, 64, 4, Wgmma),
+            (QFormat::AwqInt4, 64) => shape(64, 64, 64, 4, TokensA),
+            (QFormat::Fp8E4m3, 64) => shape(64, 64, 128, 4, TokensA),
+            (QFormat::AwqInt4, 8) => shape(8, 256, 64, 4, TokensN),
+            (QFormat::AwqInt4, _) => shape(16, 256, 64, 4, TokensN),
+            (QFormat::Fp8E4m3, _) => shape(16, 128, 128, 4, TokensA),
         };
         pick.takes(format, group).then_some(pick)
     }
@@ -153,7 +170,7 @@ impl QPersist {
             QFormat::Fp8E4m3 => self.bm,
         };
         let used = self.bm * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4;
-        if self.wgmma {
+        if self.mma == Wgmma {
             used.next_multiple_of(1024)
         } else {
             used
@@ -162,15 +179,19 @@ impl QPersist {
 
     /// Dynamic shared memory of a block: the stages, and with wgmma 1 KB to align them.
     pub fn smem_bytes(&self, format: QFormat) -> usize {
-        self.stages * self.stage_bytes(format) + if self.wgmma { 1024 } else { 0 }
+        self.stages * self.stage_bytes(format) + if self.mma == Wgmma { 1024 } else { 0 }
     }
 }
 
 impl std::fmt::Display for QPersist {
-    /// `BN/BK/STAGES`, prefixed `BMx` for row tiles other than 16, and before that `wg` for wgmma.
+    /// `BN/BK/STAGES`, prefixed `BMx` for row tiles other than 16, and before that `wg` for
+    /// [`QMma::Wgmma`] or `n` for [`QMma::TokensN`] other than the 8-row tiles (which are all
+    /// TokensN).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.wgmma {
-            write!(f, "wg")?;
+        match self.mma {
+            Wgmma => write!(f, "wg")?,
+            TokensN if self.bm != 8 => write!(f, "n")?,
+            _ => {}
         }
         if self.bm != 16 {
             write!(f, "{}x", self.bm)?;
@@ -182,14 +203,17 @@ impl std::fmt::Display for QPersist {
 impl std::str::FromStr for QPersist {
     type Err = KernelError;
 
-    /// `[wg][BMx]BN/BK/STAGES`, e.g. `64/128/6`, `64x64/64/4` or `wg64x64/64/4`; the shape must
-    /// be compiled for some format.
+    /// `[wg|n][BMx]BN/BK/STAGES`, e.g. `64/128/6`, `8x256/64/4`, `n16x256/64/4` or
+    /// `wg64x64/64/4`; the shape must be compiled for some format.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [wg][BMx]BN/BK/STAGES"));
+        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [wg|n][BMx]BN/BK/STAGES"));
         let s_trim = s.trim();
-        let (wgmma, rest) = match s_trim.strip_prefix("wg") {
-            Some(rest) => (true, rest),
-            None => (false, s_trim),
+        let (mma, rest) = if let Some(rest) = s_trim.strip_prefix("wg") {
+            (Some(Wgmma), rest)
+        } else if let Some(rest) = s_trim.strip_prefix('n') {
+            (Some(TokensN), rest)
+        } else {
+            (None, s_trim)
         };
         let (bm, rest) = match rest.split_once('x') {
             Some((bm, rest)) => (bm.trim().parse().map_err(|_| bad())?, rest),
@@ -197,7 +221,8 @@ impl std::str::FromStr for QPersist {
         };
         let v: Vec<usize> = rest.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
         let [bn, bk, stages] = v[..] else { return Err(bad()) };
-        let cfg = QPersist { bm, bn, bk, stages, wgmma };
+        let mma = mma.unwrap_or(if bm == 8 { TokensN } else { TokensA });
+        let cfg = QPersist { bm, bn, bk, stages, mma };
         if !QGP_KERNELS.iter().any(|k| Self::of(k) == cfg) {
             return Err(KernelError::Invalid(format!("persistent compressed GEMM shape {cfg} is not compiled")));
         }
@@ -267,7 +292,7 @@ impl Gpu {
                 cut.map(|c| c.first)
             )));
         }
-        if cfg.wgmma && !self.has_wgmma() {
+        if cfg.mma == Wgmma && !self.has_wgmma() {
             return Err(KernelError::Invalid(format!("persistent GEMM {cfg}: warpgroup MMAs need sm_90a")));
         }
         let name = cfg.kernel(s.format, g.silu)?;
@@ -405,16 +430,19 @@ mod tests {
             let awq = |group| QPersist::default_for(QFormat::AwqInt4, group, bm, hopper);
             assert_eq!(awq(64).unwrap().bk, 64);
             assert_eq!(awq(64).unwrap().bm, bm);
-            assert!(hopper || !awq(64).unwrap().wgmma, "wgmma only where the GPU has it");
+            assert!(hopper || awq(64).unwrap().mma != Wgmma, "wgmma only where the GPU has it");
             assert_eq!(awq(128), awq(64));
             assert!(awq(32).is_none());
             let fp8 = QPersist::default_for(QFormat::Fp8E4m3, 128, bm, hopper);
-            assert!(fp8.is_some_and(|c| c.bm >= bm && !c.wgmma));
+            assert!(fp8.is_some_and(|c| c.bm >= bm && c.mma == TokensA));
         }
         assert!("64/128".parse::<QPersist>().is_err() && "16/16/2".parse::<QPersist>().is_err());
-        let shape = |bm, bn, wgmma| QPersist { bm, bn, bk: 64, stages: 4, wgmma };
-        assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, false));
-        assert_eq!("wg64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, true));
+        let shape = |bm, bn, mma| QPersist { bm, bn, bk: 64, stages: 4, mma };
+        assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, TokensA));
+        assert_eq!("wg64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, Wgmma));
+        assert_eq!("8x256/64/4".parse::<QPersist>().unwrap(), shape(8, 256, TokensN));
+        assert_eq!("n16x256/64/4".parse::<QPersist>().unwrap(), shape(16, 256, TokensN));
+        assert_eq!("256/64/4".parse::<QPersist>().unwrap(), shape(16, 256, TokensA));
         assert!("32x64/64/4".parse::<QPersist>().is_err() && "wg256/64/4".parse::<QPersist>().is_err());
     }
 
