@@ -35,11 +35,6 @@ __device__ __forceinline__ int qswz(int r, int c) {
     return (r * CH + (c ^ ((CH >= 8 ? r : r >> 1) & (CH >= 8 ? 7 : CH - 1)))) * 16;
 }
 
-template <int N>
-struct IntC {
-    static constexpr int value = N;
-};
-
 // Y[rs + r, n] = sum_k X[row(rs + r), k] W[e, n, k] over work items (row tile of at most BM = 16 MT
 // rows, column block of BN, input split z): the tiles of `tiles`/`meta` (moe_align with BM; items
 // tile-major, so that consecutive items share their rows), or, when `tiles` is null, BM-row tiles
@@ -59,7 +54,7 @@ struct IntC {
 // stores. The grid must fit on the GPU at once (the launcher's resident blocks): a block waits
 // only on blocks after it, which never wait before they hand over. Dense f32 results of one
 // split are cut after column `first` (< N) into Y and Y2 (first == N: no cut).
-template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16, bool WG = false, bool MIX = false>
+template <int FMT, int MT, int BN, int BK, int ST, int EPI, int TOK = 16, bool WG = false>
 __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const int* __restrict__ rowidx,
                                               const u32* __restrict__ Wq, const void* __restrict__ S,
                                               const u32* __restrict__ Z, void* Y, const int* __restrict__ tiles,
@@ -80,7 +75,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
     static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= (WG ? 8 : 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
-    static_assert(!MIX || (FMT == 0 && TOK == 16 && MT == 1 && !WG && NT % 2 == 0), "mixed: AWQ 16-row tiles");
     static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT == 8), "wgmma: 64-column slabs, 64 tokens");
     extern __shared__ __align__(128) unsigned char qsm[];
     const bool dense = tiles == nullptr;
@@ -220,25 +214,14 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mt][nt][q] = 0.f;
     // This lane's ldmatrix rows of the first 16-row A tile, per k16 step (AWQ) or 32-channel unit
-    // (FP8), and of the first 8-token B tile per unit (tokens as N); the swizzle repeats every 8
-    // rows, so tile mt is MT_BYTES further.
-    int a_off[2 * KU], b_off8[KU];
+    // (FP8); the swizzle repeats every 8 rows, so tile mt is MT_BYTES further.
+    int a_off[2 * KU];
 #pragma unroll
     for (int j = 0; j < 2 * KU; j++)
-        a_off[j] = FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4)) : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
-#pragma unroll
-    for (int u = 0; u < KU; u++) b_off8[u] = qswz<ACH>(lane & 7, 4 * u + (lane >> 3));
+        a_off[j] = TOK == 8  ? qswz<ACH>(lane & 7, 4 * j + (lane >> 3))
+                   : FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4))
+                              : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
     int c_it = i0, c_kt = kt_first, c_first = kt_first, cs = 0, ls = ST - 1;  // c_first: the piece's first k-tile
-    // A mixed kernel's items of at most 8 rows take the tokens-as-N body (half the MMAs and folds
-    // of the 16-row one; a branch per k-tile between two straight bodies): whether item `it` does not.
-    auto wide = [&](int it) {
-        if (!MIX || it >= i1) return true;
-        int t, cb, z, e, rs, rc;
-        decode(it, t, cb, z);
-        tile_rows(t, e, rs, rc);
-        return rc > TOK;
-    };
-    bool c_wide = wide(i0);
 #pragma unroll 1
     for (int s = 0; s < ST - 1; s++) {
         if (s < steps) load(s);
@@ -261,7 +244,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             for (int nt = 0; nt < NJ; nt++)
 #pragma unroll
                 for (int q = 0; q < 4; q++)
-                    if (TOK == 16 && c_wide) part[mt][nt][q] = 0.f;  // tokens as N: below; wgmma: the k-tile's first overwrites
+                    if (!WG) part[mt][nt][q] = 0.f;  // wgmma: the k-tile's first overwrites
         // AWQ: this lane's column's zero point in each of the warp's column groups.
         u32 zz[NT];
         if (FMT == 0) {
@@ -269,82 +252,67 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[grp8(nt)], 4 * g);
         }
-        // Tokens as N (AWQ): the weights as the 16-row A operand (column groups 2j and 2j + 1 of the
-        // warp as rows g and g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2
-        // and 3 the next one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row
-        // tile), row tiles [0, MU); part[mt][j]: columns 8 grp8(2 j) + g (0, 1) and
-        // 8 grp8(2 j + 1) + g (2, 3), tokens 8 mt + 2 t4 and 8 mt + 2 t4 + 1; folded into acc with
-        // the group scales.
-        constexpr int NJ8 = NT / 2;
-        auto fold8 = [&](auto mus) {
+        if (FMT == 0 && TOK == 8) {
+            if constexpr (WG) {
+                // As TOK 8, with the four warps' A fragments one 64-row operand per slab j (columns
+                // 64 j .. 64 j + 63) and the k-tile's 64 tokens as B, read by the tensor cores from
+                // the swizzled tile; each weight is unpacked once for all 64 tokens.
+#pragma unroll
+                for (int u = 0; u < KU; u++) {
+                    u32 a[NJ][2][4];
+#pragma unroll
+                    for (int j = 0; j < NJ; j++) {
+                        const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            a[j][h][0] = awq_pair(w0, 2 * h, zz[2 * j]), a[j][h][1] = awq_pair(w1, 2 * h, zz[2 * j + 1]);
+                            a[j][h][2] = awq_pair(w0, 2 * h + 1, zz[2 * j]), a[j][h][3] = awq_pair(w1, 2 * h + 1, zz[2 * j + 1]);
+                        }
+                    }
+                    wg_fence();
+#pragma unroll
+                    for (int j = 0; j < NJ; j++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) wgmma_tok_rs(part, j, a[j][h], wg_desc(sst + (2 * u + h) * 32), u + h);
+                }
+                wg_commit();
+                wg_wait<0>();
+                wg_fence_regs(reinterpret_cast<float(&)[MT * NJ * 4]>(part));
+            } else {
+                // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
+                // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
+                // one's), this k-tile's 8-token rows as B (one ldmatrix per unit and row tile).
+#pragma unroll
+                for (int u = 0; u < KU; u++) {
+                    u32 xf[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
+#pragma unroll
+                    for (int j = 0; j < NJ; j++) {
+                        const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
+                        u32 a[4][2];
+#pragma unroll
+                        for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
+                            mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
+                        }
+                    }
+                }
+            }
+            // part[mt][j]: columns 8 grp8(2 j) + g (0, 1) and 8 grp8(2 j + 1) + g (2, 3), tokens
+            // 8 mt + 2 t4 and 8 mt + 2 t4 + 1.
             const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
 #pragma unroll
-            for (int j = 0; j < NJ8; j++) {
+            for (int j = 0; j < NJ; j++) {
                 const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
 #pragma unroll
-                for (int mt = 0; mt < decltype(mus)::value; mt++) {
+                for (int mt = 0; mt < MT; mt++) {
                     acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
                     acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
                 }
             }
-        };
-        auto tokens_n = [&](auto mus) {
-            constexpr int MU = decltype(mus)::value;
-#pragma unroll
-            for (int mt = 0; mt < MU; mt++)
-#pragma unroll
-                for (int j = 0; j < NJ8; j++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) part[mt][j][q] = 0.f;
-#pragma unroll
-            for (int u = 0; u < KU; u++) {
-                u32 xf[MU][4];
-#pragma unroll
-                for (int mt = 0; mt < MU; mt++)
-                    ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + b_off8[u] + mt * MT_BYTES);
-#pragma unroll
-                for (int j = 0; j < NJ8; j++) {
-                    const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
-                    u32 a[4][2];
-#pragma unroll
-                    for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
-#pragma unroll
-                    for (int mt = 0; mt < MU; mt++) {
-                        mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
-                        mma_bf16(part[mt][j], a[2][0], a[2][1], a[3][0], a[3][1], xf[mt][2], xf[mt][3]);
-                    }
-                }
-            }
-            fold8(mus);
-        };
-        if constexpr (FMT == 0 && TOK == 8 && WG) {
-            // As tokens as N, with the four warps' A fragments one 64-row operand per slab j (columns
-            // 64 j .. 64 j + 63) and the k-tile's 64 tokens as B, read by the tensor cores from the
-            // swizzled tile; each weight is unpacked once for all 64 tokens.
-#pragma unroll
-            for (int u = 0; u < KU; u++) {
-                u32 a[NJ][2][4];
-#pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        a[j][h][0] = awq_pair(w0, 2 * h, zz[2 * j]), a[j][h][1] = awq_pair(w1, 2 * h, zz[2 * j + 1]);
-                        a[j][h][2] = awq_pair(w0, 2 * h + 1, zz[2 * j]), a[j][h][3] = awq_pair(w1, 2 * h + 1, zz[2 * j + 1]);
-                    }
-                }
-                wg_fence();
-#pragma unroll
-                for (int j = 0; j < NJ; j++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) wgmma_tok_rs(part, j, a[j][h], wg_desc(sst + (2 * u + h) * 32), u + h);
-            }
-            wg_commit();
-            wg_wait<0>();
-            wg_fence_regs(reinterpret_cast<float(&)[MT * NJ * 4]>(part));
-            fold8(IntC<MT>{});
-        } else if (FMT == 0 && (TOK == 8 || (MIX && !c_wide))) {
-            tokens_n(IntC<TOK == 8 ? MT : 1>{});
         } else if (FMT == 0) {
 #pragma unroll
             for (int u = 0; u < KU; u++) {
@@ -421,7 +389,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             __syncthreads();
             if (tid == 0) st_release_gpu(sk_flag + blockIdx.x, 1u);
             c_it++, c_kt = 0, c_first = 0;
-            c_wide = wide(c_it);
             continue;
         }
         if (sk && c_kt < KTI) {
@@ -463,13 +430,13 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         decode(c_it, t, cb, z);
         tile_rows(t, e, rs, rc);
         float* yz = reinterpret_cast<float*>(Y) + (u64)z * M * N;
-        if (TOK == 8 || (MIX && !c_wide)) {
+        if (TOK == 8) {
             // Each lane holds one column for two tokens; SiLU's gate (even column) meets its up
             // value in the lane of column + 1 (g + 1: lane + 4).
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int j = 0; j < NT / 2; j++) {
+                for (int j = 0; j < NJ; j++) {
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
                         const int col = cb * BN + 8 * grp8(2 * j + (q >> 1)) + g, r = 8 * mt + 2 * t4 + (q & 1);
@@ -510,7 +477,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 }
         }
         c_it++;
-        c_wide = wide(c_it);
     }
     pdl_trigger();
     cp_async_wait<0>();
@@ -522,9 +488,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits, float *sk_ws,   \
         u32 *sk_flag, float *Y2, int first
 #define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits, sk_ws, sk_flag, Y2, first
-// Names: qg<p|w>[8|64|m]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp: mma.sync; qgw: AWQ on wgmma with
-// the 64 tokens as N, sm_90a; 64: row tiles of 64; 8: of 8, tokens as the MMAs' N; m: of 16, items of
-// at most 8 rows with the tokens as N); ops/qdecode.rs (QGP_KERNELS) mirrors them.
+// Names: qg<p|w>[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp: mma.sync; qgw: AWQ on wgmma with
+// the 64 tokens as N, sm_90a; 64: row tiles of 64; 8: of 8, tokens as the MMAs' N); ops/qdecode.rs
+// (QGP_KERNELS) mirrors them.
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_64_8_silu(QGP_ARGS) { qg_persistent<0, 1, 64, 64, 8, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_64_128_4_f32(QGP_ARGS) { qg_persistent<0, 1, 64, 128, 4, 0>(QGP_PASS); }
@@ -547,10 +513,6 @@ extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_f32(QGP_ARGS
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 0, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 1, 8>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgpm_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0, 16, false, true>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgpm_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1, 16, false, true>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgpm_awq_128_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 4, 0, 16, false, true>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgpm_awq_128_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 4, 1, 16, false, true>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_silu(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 1>(QGP_PASS); }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

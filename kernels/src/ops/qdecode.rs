@@ -29,12 +29,9 @@ pub struct QPersist {
 pub enum QMma {
     /// `mma.sync` with the tokens as the 16-row A operand and the weights as B.
     TokensA,
-    /// `mma.sync` (AWQ) with the weights as the 16-row A operand and the tokens as N, 8 a row tile:
-    /// half the MMAs and scale folds of [`QMma::TokensA`] for 8 rows.
+    /// `mma.sync` (AWQ, tiles of 8 rows) with the weights as the 16-row A operand and the tokens as
+    /// N: half the MMAs and scale folds of [`QMma::TokensA`] for 8 rows.
     TokensN,
-    /// AWQ tiles of 16 rows on [`QMma::TokensA`], items of at most 8 rows on [`QMma::TokensN`]
-    /// (a branch per k-tile between the two).
-    Mixed,
     /// Warpgroup MMAs (AWQ, sm_90a, 64 rows): the weights as the 64-row register operand, the
     /// tile's 64 tokens as N read by the tensor cores from shared memory, each weight unpacked once
     /// for all of them.
@@ -45,15 +42,13 @@ pub enum QMma {
 /// (qdecode.cu's list).
 type Compiled = (QFormat, usize, usize, usize, usize, QMma, &'static str, &'static str);
 
-use QMma::{Mixed, TokensA, TokensN, Wgmma};
+use QMma::{TokensA, TokensN, Wgmma};
 
 /// Every compiled shape.
-const QGP_KERNELS: [Compiled; 21] = [
+const QGP_KERNELS: [Compiled; 19] = [
     (QFormat::AwqInt4, 64, 64, 64, 4, Wgmma, "qgw64_awq_64_64_4_f32", "qgw64_awq_64_64_4_silu"),
     (QFormat::AwqInt4, 8, 256, 64, 4, TokensN, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
     (QFormat::AwqInt4, 8, 128, 64, 6, TokensN, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
-    (QFormat::AwqInt4, 16, 256, 64, 4, Mixed, "qgpm_awq_256_64_4_f32", "qgpm_awq_256_64_4_silu"),
-    (QFormat::AwqInt4, 16, 128, 64, 4, Mixed, "qgpm_awq_128_64_4_f32", "qgpm_awq_128_64_4_silu"),
     (QFormat::AwqInt4, 16, 64, 64, 8, TokensA, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
     (QFormat::AwqInt4, 16, 64, 128, 4, TokensA, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
     (QFormat::AwqInt4, 16, 64, 128, 6, TokensA, "qgp_awq_64_128_6_f32", "qgp_awq_64_128_6_silu"),
@@ -139,7 +134,7 @@ impl QPersist {
             (QFormat::AwqInt4, 64) => shape(64, 64, 64, 4, TokensA),
             (QFormat::Fp8E4m3, 64) => shape(64, 64, 128, 4, TokensA),
             (QFormat::AwqInt4, 8) => shape(8, 256, 64, 4, TokensN),
-            (QFormat::AwqInt4, _) => shape(16, 256, 64, 4, Mixed),
+            (QFormat::AwqInt4, _) => shape(16, 256, 64, 4, TokensA),
             (QFormat::Fp8E4m3, _) => shape(16, 128, 128, 4, TokensA),
         };
         pick.takes(format, group).then_some(pick)
@@ -187,12 +182,11 @@ impl QPersist {
 
 impl std::fmt::Display for QPersist {
     /// `BN/BK/STAGES`, prefixed `BMx` for row tiles other than 16, and before that `wg` for
-    /// [`QMma::Wgmma`] or `m` for [`QMma::Mixed`] (8-row tiles are all [`QMma::TokensN`]).
+    /// [`QMma::Wgmma`] (the mma.sync kind follows from the rows: 8 [`QMma::TokensN`], else
+    /// [`QMma::TokensA`]).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.mma {
-            Wgmma => write!(f, "wg")?,
-            Mixed => write!(f, "m")?,
-            _ => {}
+        if self.mma == Wgmma {
+            write!(f, "wg")?;
         }
         if self.bm != 16 {
             write!(f, "{}x", self.bm)?;
@@ -204,17 +198,14 @@ impl std::fmt::Display for QPersist {
 impl std::str::FromStr for QPersist {
     type Err = KernelError;
 
-    /// `[wg|m][BMx]BN/BK/STAGES`, e.g. `64/128/6`, `8x256/64/4`, `m256/64/4` or `wg64x64/64/4`;
-    /// the shape must be compiled for some format.
+    /// `[wg][BMx]BN/BK/STAGES`, e.g. `64/128/6`, `8x256/64/4` or `wg64x64/64/4`; the shape must
+    /// be compiled for some format.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [wg|m][BMx]BN/BK/STAGES"));
+        let bad = || KernelError::Invalid(format!("persistent compressed GEMM `{s}`: expected [wg][BMx]BN/BK/STAGES"));
         let s_trim = s.trim();
-        let (mma, rest) = if let Some(rest) = s_trim.strip_prefix("wg") {
-            (Some(Wgmma), rest)
-        } else if let Some(rest) = s_trim.strip_prefix('m') {
-            (Some(Mixed), rest)
-        } else {
-            (None, s_trim)
+        let (wgmma, rest) = match s_trim.strip_prefix("wg") {
+            Some(rest) => (true, rest),
+            None => (false, s_trim),
         };
         let (bm, rest) = match rest.split_once('x') {
             Some((bm, rest)) => (bm.trim().parse().map_err(|_| bad())?, rest),
@@ -222,7 +213,11 @@ impl std::str::FromStr for QPersist {
         };
         let v: Vec<usize> = rest.split('/').map(|x| x.trim().parse().map_err(|_| bad())).collect::<Result<_>>()?;
         let [bn, bk, stages] = v[..] else { return Err(bad()) };
-        let mma = mma.unwrap_or(if bm == 8 { TokensN } else { TokensA });
+        let mma = match (wgmma, bm) {
+            (true, _) => Wgmma,
+            (false, 8) => TokensN,
+            (false, _) => TokensA,
+        };
         let cfg = QPersist { bm, bn, bk, stages, mma };
         if !QGP_KERNELS.iter().any(|k| Self::of(k) == cfg) {
             return Err(KernelError::Invalid(format!("persistent compressed GEMM shape {cfg} is not compiled")));
@@ -442,7 +437,6 @@ mod tests {
         assert_eq!("64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, TokensA));
         assert_eq!("wg64x64/64/4".parse::<QPersist>().unwrap(), shape(64, 64, Wgmma));
         assert_eq!("8x256/64/4".parse::<QPersist>().unwrap(), shape(8, 256, TokensN));
-        assert_eq!("m256/64/4".parse::<QPersist>().unwrap(), shape(16, 256, Mixed));
         assert_eq!("256/64/4".parse::<QPersist>().unwrap(), shape(16, 256, TokensA));
         assert!("32x64/64/4".parse::<QPersist>().is_err() && "wg256/64/4".parse::<QPersist>().is_err());
     }
