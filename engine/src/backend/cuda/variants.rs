@@ -130,7 +130,9 @@ impl QuantGemm {
         match self {
             QuantGemm::Tiled => None,
             QuantGemm::Persistent(Some(c))
-                if c.takes(format, group) && (wgmma || c.mma != QMma::Wgmma) && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
+                if c.takes(format, group)
+                    && (wgmma || c.mma != QMma::Wgmma)
+                    && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
             {
                 Some(*c)
             }
