@@ -170,3 +170,53 @@ share_steps() {
   grep -E "CUDA graph" $f | cut -c1-150
   grep -oE "moe_route_align [0-9.]+ms/[0-9]+" $f | head -1
 }
+
+# qgemm_tune_run TAG [BIN]: `kernels-check --stages qgemm_tune` with BIN (default $C) into
+# $OUT/runR-TAG.txt (150 s at most); prints the verdict and any failing row.
+qgemm_tune_run() {
+  local f=$OUT/run$R-$1.txt
+  timeout 150 ${2:-$C} kernels-check --stages qgemm_tune > $f 2>&1
+  echo "$1 rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $f)"
+  grep -iE "fail|panic|error" $f | head -5 | cut -c1-200
+}
+
+# sass_top REPORT OUT: the 40 SASS instructions with most warp-stall samples in an ncu report
+# made with `--section SourceCounters` (file REPORT.ncu-rep), with each one's two largest stall
+# reasons, into OUT.
+sass_top() {
+  ncu -i $1.ncu-rep --page source --csv --print-source sass > /tmp/sass.csv 2>&1
+  python3 - /tmp/sass.csv <<'PY' > $2
+import csv, sys, re
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"') and 'Source' in l)
+rows = list(csv.DictReader(lines[start:]))
+cols = list(rows[0].keys())
+samp = next(c for c in cols if c.startswith("Warp Stall Sampling (All"))
+def f(x):
+    try: return float(x.replace(",", ""))
+    except: return 0.0
+tot = sum(f(r[samp]) for r in rows); print("total samples", tot, "instructions", len(rows))
+idx = sorted(range(len(rows)), key=lambda i: -f(rows[i][samp]))[:40]
+for i in sorted(idx):
+    r = rows[i]
+    top = sorted(((f(r[c]), c) for c in cols if c != samp and re.search("stall|Stall", c)), reverse=True)[:2]
+    print(f"{i:5} {f(r[samp]) / tot * 100:5.1f}% {r['Source'][:70]:70} {' '.join(f'{c[:28]}={v:.0f}' for v, c in top)}")
+PY
+}
+
+# awq_models_gen, awq_models_ab: four V3 layers in AWQ (64 experts; v3l4) and V2-Lite in AWQ (v2awq), generated
+# into host memory (in the background, unless there already), then their steps with this build and
+# $P (v3l4 at batches 1, 16, 64; v2awq at 1, 16, 64, 256) and each run's AWQ GEMMs from the
+# profile.
+awq_models_gen() {
+  ( [ -f /dev/shm/v3l4.done ] || gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64
+    [ -f /dev/shm/v2awq.done ] || gen_model v2awq --shape v2-lite --dtype awq ) &
+}
+awq_models_ab() {
+  BENCH_TIMEOUT=50 ab_steps v3l4 1,16,64
+  BENCH_TIMEOUT=50 ab_steps v2awq 1,16,64,256
+  for m in v3l4 v2awq; do for t in new prev; do
+    echo "== $m $t"
+    grep -hE "profile decode batch (1|16|64|256):" $OUT/run$R-$m-$t.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qg[pw][a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo
+  done; done
+}

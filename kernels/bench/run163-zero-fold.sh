@@ -9,18 +9,13 @@
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-163}
 nvidia-smi --query-gpu=name --format=csv,noheader
-( gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64; gen_model v2awq --shape v2-lite --dtype awq ) &
+awq_models_gen
 $P kernels-check --quick --stages sample > /dev/null 2>&1 &
-timeout 150 $C kernels-check --stages qgemm_tune > $OUT/run$R-tune-full.txt 2>&1
-echo "tune rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-tune-full.txt)"
-grep -iE "fail|panic|error" $OUT/run$R-tune-full.txt | head -5 | cut -c1-200
-timeout 120 $P kernels-check --stages qgemm_tune > $OUT/run$R-tune-prev.txt 2>&1
-echo "tune prev rc=$? $(( $(date +%s) - S )) s"
+qgemm_tune_run tune-full
+qgemm_tune_run tune-prev $P
 quick_checks $R
 wait
-BENCH_TIMEOUT=50 ab_steps v3l4 1,16,64
-BENCH_TIMEOUT=50 ab_steps v2awq 1,16,64,256
-for m in v3l4 v2awq; do for t in new prev; do echo "== $m $t"; grep -hE "profile decode batch (1|16|64|256):" $OUT/run$R-$m-$t.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qgp[a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo; done; done
+awq_models_ab
 SHARE_END=560 share_steps 1,64
 echo "== the fastest persistent shape per case, before -> now (us)"
 python3 - $OUT/run$R-tune-prev.txt $OUT/run$R-tune-full.txt <<'PY'

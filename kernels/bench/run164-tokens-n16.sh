@@ -9,19 +9,15 @@
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-164}
 nvidia-smi --query-gpu=name --format=csv,noheader
-( gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64; gen_model v2awq --shape v2-lite --dtype awq ) &
+awq_models_gen
 $P kernels-check --quick --stages sample > /dev/null 2>&1 &
-timeout 150 $C kernels-check --stages qgemm_tune > $OUT/run$R-tune-full.txt 2>&1
-echo "tune rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-tune-full.txt)"
-grep -iE "fail|panic|error" $OUT/run$R-tune-full.txt | head -5 | cut -c1-200
+qgemm_tune_run tune-full
 echo "== experts, g64: tokens-as-A 256/64/4, tokens-as-N 8x256/64/4 and n16x256/64/4, n16x128/64/4 (us, stream-K)"
 grep -E "^qgp awq g64 (256/64/4|8x256/64/4|n16x256/64/4|n16x128/64/4) .* tok, .*stream-K" $OUT/run$R-tune-full.txt | awk '{l = substr($0, 26); sub(/ \(stream-K.*/, "", l); printf "%-72s %-14s %8s us %s\n", l, $4, $(NF-4), $(NF-1)}' | sort -s -k1,12 | cut -c1-130
 echo "== dense 16 rows, g64"
 grep -E "^qgp awq g64 (256/64/4|128/64/4|n16x256/64/4|n16x128/64/4) .* 16 rows" $OUT/run$R-tune-full.txt | cut -c1-150
 quick_checks $R
 wait
-BENCH_TIMEOUT=50 ab_steps v3l4 1,16,64
-BENCH_TIMEOUT=50 ab_steps v2awq 1,16,64,256
-for m in v3l4 v2awq; do for t in new prev; do echo "== $m $t"; grep -hE "profile decode batch (1|16|64|256):" $OUT/run$R-$m-$t.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qgp[a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo; done; done
+awq_models_ab
 SHARE_END=560 share_steps 1,64
 grep -E "profile decode batch (1|64):" $OUT/run$R-v3-61.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qg[a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo

@@ -21,22 +21,5 @@ done
 timeout 150 ncu --profile-from-start off --clock-control none --kernel-name regex:qgp_awq_256_64_4 --launch-count 1 \
   --section SourceCounters --section WarpStateStats -f -o /tmp/prof $(run_b 64) > $OUT/run$R-ncu-src-log.txt 2>&1
 echo "ncu source rc=$? $(( $(date +%s) - S )) s"
-ncu -i /tmp/prof.ncu-rep --page source --csv --print-source sass > /tmp/sass.csv 2>&1
-python3 - /tmp/sass.csv <<'PY' > $OUT/run$R-sass-top.txt
-import csv, sys, re
-lines = open(sys.argv[1]).read().splitlines()
-start = next(i for i, l in enumerate(lines) if l.startswith('"') and 'Source' in l)
-rows = list(csv.DictReader(lines[start:]))
-cols = list(rows[0].keys())
-samp = next(c for c in cols if c.startswith("Warp Stall Sampling (All"))
-def f(x):
-    try: return float(x.replace(",", ""))
-    except: return 0.0
-tot = sum(f(r[samp]) for r in rows); print("total samples", tot, "instructions", len(rows))
-idx = sorted(range(len(rows)), key=lambda i: -f(rows[i][samp]))[:40]
-for i in sorted(idx):
-    r = rows[i]
-    top = sorted(((f(r[c]), c) for c in cols if c != samp and re.search("stall|Stall", c)), reverse=True)[:2]
-    print(f"{i:5} {f(r[samp]) / tot * 100:5.1f}% {r['Source'][:70]:70} {' '.join(f'{c[:28]}={v:.0f}' for v, c in top)}")
-PY
+sass_top /tmp/prof $OUT/run$R-sass-top.txt
 cut -c1-150 $OUT/run$R-sass-top.txt

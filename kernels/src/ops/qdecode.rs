@@ -9,6 +9,7 @@ use crate::quant::QFormat;
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, I32};
+use QMma::{TokensA, TokensN, Wgmma};
 
 /// A persistent compressed-GEMM configuration: rows and columns per work item, input channels per
 /// k-tile, pipeline stages and how the tensor cores take the operands (one compiled kernel per
@@ -41,8 +42,6 @@ pub enum QMma {
 /// (format, bm, bn, bk, stages, mma, f32 kernel, silu kernel) of every compiled shape
 /// (qdecode.cu's list).
 type Compiled = (QFormat, usize, usize, usize, usize, QMma, &'static str, &'static str);
-
-use QMma::{TokensA, TokensN, Wgmma};
 
 /// Every compiled shape.
 const QGP_KERNELS: [Compiled; 19] = [
