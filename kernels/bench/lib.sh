@@ -220,3 +220,12 @@ awq_models_ab() {
     grep -hE "profile decode batch (1|16|64|256):" $OUT/run$R-$m-$t.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qg[pw][a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo
   done; done
 }
+
+# tune_experts SHAPES: the stream-K expert rows of $OUT/runR-tune-full.txt (qgemm_tune) for the
+# shapes matching SHAPES (an ERE alternation of shape names as qgemm_tune prints them), a line per
+# group, case and shape: time and % of HBM, sorted by case.
+tune_experts() {
+  grep -E "^qgp awq g[0-9]+ +($1) .* tok, .*stream-K" $OUT/run$R-tune-full.txt |
+    awk '{l = $3 " " substr($0, 26); sub(/ \(stream-K.*/, "", l); printf "%-76s %-12s %8s us %s\n", l, $4, $(NF-4), $(NF-1)}' |
+    sort -s -k1,13 | cut -c1-130
+}

@@ -12,10 +12,11 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 awq_models_gen
 $P kernels-check --quick --stages sample > /dev/null 2>&1 &
 qgemm_tune_run tune-full
-echo "== experts, g64: tokens-as-A 256/64/4, tokens-as-N 8x256/64/4 and n16x256/64/4, n16x128/64/4 (us, stream-K)"
-grep -E "^qgp awq g64 (256/64/4|8x256/64/4|n16x256/64/4|n16x128/64/4) .* tok, .*stream-K" $OUT/run$R-tune-full.txt | awk '{l = substr($0, 26); sub(/ \(stream-K.*/, "", l); printf "%-72s %-14s %8s us %s\n", l, $4, $(NF-4), $(NF-1)}' | sort -s -k1,12 | cut -c1-130
+# (The build printed the two-token-tile shapes as n256/64/4 and n128/64/4.)
+echo "== experts, stream-K: tokens-as-A 256/64/4, tokens-as-N 8x256/64/4, two 8-token tiles n256/64/4 and n128/64/4"
+tune_experts "256/64/4|8x256/64/4|n256/64/4|n128/64/4"
 echo "== dense 16 rows, g64"
-grep -E "^qgp awq g64 (256/64/4|128/64/4|n16x256/64/4|n16x128/64/4) .* 16 rows" $OUT/run$R-tune-full.txt | cut -c1-150
+grep -E "^qgp awq g64 (256/64/4|128/64/4|n256/64/4|n128/64/4) .* 16 rows" $OUT/run$R-tune-full.txt | cut -c1-150
 quick_checks $R
 wait
 awq_models_ab

@@ -12,8 +12,8 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 awq_models_gen
 $P kernels-check --quick --stages sample > /dev/null 2>&1 &
 qgemm_tune_run tune-full
-echo "== experts, g64 and g128, stream-K: tokens-as-A 256/64/4, tokens-as-N 8x256/64/4, mixed m256/64/4 and m128/64/4"
-grep -E "^qgp awq g(64|128) (256/64/4|8x256/64/4|m256/64/4|m128/64/4) .* tok, .*stream-K" $OUT/run$R-tune-full.txt | awk '{l = $3 " " substr($0, 26); sub(/ \(stream-K.*/, "", l); printf "%-76s %-12s %8s us %s\n", l, $4, $(NF-4), $(NF-1)}' | sort -s -k1,13 | cut -c1-130
+echo "== experts, stream-K: tokens-as-A 256/64/4, tokens-as-N 8x256/64/4, mixed m256/64/4 and m128/64/4"
+tune_experts "256/64/4|8x256/64/4|m256/64/4|m128/64/4"
 echo "== the fastest per case"
 grep -E "^  awq g(64|128) .* (16 rows|tok)" $OUT/run$R-tune-full.txt | cut -c1-170
 quick_checks $R

@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 use cleave_kernels::cudarc::driver::CudaSlice;
-use cleave_kernels::ops::{Fp8Order, QGemm, QMma, QPersist, QWeights};
+use cleave_kernels::ops::{Fp8Order, QGemm, QPersist, QWeights};
 use cleave_kernels::quant::{pack, QFormat, QShape};
 use cleave_kernels::{ptr, Gpu};
 
@@ -255,7 +255,7 @@ impl Ctx<'_> {
         };
         let shapes: Vec<QPersist> = QPersist::compiled(w.shape.format)
             .filter(|cfg| cfg.takes(w.shape.format, w.shape.group) && (c.dense_rows > 0 || cfg.bm <= 16))
-            .filter(|cfg| cfg.mma != QMma::Wgmma || g.has_wgmma())
+            .filter(|cfg| cfg.runs_with(g.has_wgmma()))
             .collect();
         let (t_splits, p_splits) = if c.dense_rows > 0 {
             let p = shapes.iter().map(|&cfg| g.qgp_splits(&w, rows, cfg)).collect::<Result<Vec<_>, _>>()?;

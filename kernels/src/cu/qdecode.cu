@@ -73,7 +73,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int STAGE = WG ? (STAGE_USED + 1023) / 1024 * 1024 : STAGE_USED;
     constexpr int NJ = TOK == 16 ? NT : NT / 2;  // accumulator tiles per row tile and warp
     constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
-    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && MT <= (WG ? 8 : 4), "shape");
+    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && (WG || MT <= 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
     static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT == 8), "wgmma: 64-column slabs, 64 tokens");
     extern __shared__ __align__(128) unsigned char qsm[];

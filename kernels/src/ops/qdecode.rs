@@ -139,6 +139,11 @@ impl QPersist {
         pick.takes(format, group).then_some(pick)
     }
 
+    /// Whether this shape runs on a GPU with warpgroup MMAs (`wgmma`) or without.
+    pub fn runs_with(&self, wgmma: bool) -> bool {
+        self.mma != Wgmma || wgmma
+    }
+
     /// Whether this shape is compiled for `format` and takes groups of `group` channels.
     pub fn takes(&self, format: QFormat, group: usize) -> bool {
         group >= self.bk && Self::compiled(format).any(|c| c == *self)
@@ -287,7 +292,7 @@ impl Gpu {
                 cut.map(|c| c.first)
             )));
         }
-        if cfg.mma == Wgmma && !self.has_wgmma() {
+        if !cfg.runs_with(self.has_wgmma()) {
             return Err(KernelError::Invalid(format!("persistent GEMM {cfg}: warpgroup MMAs need sm_90a")));
         }
         let name = cfg.kernel(s.format, g.silu)?;
@@ -425,7 +430,7 @@ mod tests {
             let awq = |group| QPersist::default_for(QFormat::AwqInt4, group, bm, hopper);
             assert_eq!(awq(64).unwrap().bk, 64);
             assert_eq!(awq(64).unwrap().bm, bm);
-            assert!(hopper || awq(64).unwrap().mma != Wgmma, "wgmma only where the GPU has it");
+            assert!(awq(64).unwrap().runs_with(hopper), "wgmma only where the GPU has it");
             assert_eq!(awq(128), awq(64));
             assert!(awq(32).is_none());
             let fp8 = QPersist::default_for(QFormat::Fp8E4m3, 128, bm, hopper);

@@ -2,7 +2,7 @@
 //! side of each is checked against the CPU by kernels-check, so any can be the default.
 
 pub use cleave_kernels::ops::{
-    MlaDecode, Pdl, PersistentGemm, QMma, QPersist, WgmmaGemm, GEMV_MAX_ROWS, ROUTE_ALIGN_MAX_TOKENS,
+    MlaDecode, Pdl, PersistentGemm, QPersist, WgmmaGemm, GEMV_MAX_ROWS, ROUTE_ALIGN_MAX_TOKENS,
 };
 use cleave_kernels::quant::QFormat;
 use cleave_kernels::Gpu;
@@ -130,9 +130,7 @@ impl QuantGemm {
         match self {
             QuantGemm::Tiled => None,
             QuantGemm::Persistent(Some(c))
-                if c.takes(format, group)
-                    && (wgmma || c.mma != QMma::Wgmma)
-                    && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
+                if c.takes(format, group) && c.runs_with(wgmma) && (matches!(rows, QRows::Dense(_)) || c.bm <= 16) =>
             {
                 Some(*c)
             }
@@ -539,20 +537,26 @@ mod tests {
     #[test]
     fn compressed_gemm_shapes_follow_the_format_and_grouping() {
         use QRows::{Dense, Tiles};
-        let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4, mma: QMma::TokensA };
+        let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4, mma: cleave_kernels::ops::QMma::TokensA };
         let forced = QuantGemm::Persistent(Some(cfg));
         assert_eq!(forced.shape(QFormat::AwqInt4, 128, Tiles(8), true), Some(cfg));
         assert_eq!(forced.shape(QFormat::AwqInt4, 128, Dense(64), false), Some(cfg));
         // groups of 64 cannot take 128-channel k-tiles: the format's default instead
         let awq8 = QPersist::default_for(QFormat::AwqInt4, 64, 8, true);
         assert_eq!(forced.shape(QFormat::AwqInt4, 64, Tiles(8), true), awq8);
-        let wide = QuantGemm::Persistent(Some(QPersist { bm: 64, bn: 64, bk: 64, stages: 4, mma: QMma::TokensA }));
+        let wide = QuantGemm::Persistent(Some(QPersist {
+            bm: 64,
+            bn: 64,
+            bk: 64,
+            stages: 4,
+            mma: cleave_kernels::ops::QMma::TokensA,
+        }));
         assert_eq!(wide.shape(QFormat::AwqInt4, 64, Tiles(8), true).unwrap().bm, 8, "expert tiles as asked");
         // a forced wgmma shape only where the GPU has warpgroup MMAs
         let wg: QPersist = "wg64x64/64/4".parse().unwrap();
         let forced_wg = QuantGemm::Persistent(Some(wg));
         assert_eq!(forced_wg.shape(QFormat::AwqInt4, 64, Dense(64), true), Some(wg));
-        assert!(forced_wg.shape(QFormat::AwqInt4, 64, Dense(64), false).is_some_and(|c| c.mma != QMma::Wgmma));
+        assert!(forced_wg.shape(QFormat::AwqInt4, 64, Dense(64), false).is_some_and(|c| c.runs_with(false)));
         let def = QuantGemm::Persistent(None);
         for hopper in [false, true] {
             assert_eq!(def.shape(QFormat::AwqInt4, 64, Tiles(16), hopper).unwrap().bm, 16);
