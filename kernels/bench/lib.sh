@@ -221,11 +221,30 @@ awq_models_ab() {
   done; done
 }
 
-# tune_experts SHAPES: the stream-K expert rows of $OUT/runR-tune-full.txt (qgemm_tune) for the
-# shapes matching SHAPES (an ERE alternation of shape names as qgemm_tune prints them), a line per
-# group, case and shape: time and % of HBM, sorted by case.
+# tune_experts SHAPES [TAG]: the stream-K expert rows of $OUT/runR-TAG.txt (qgemm_tune; default
+# tune-full) for the shapes matching SHAPES (an ERE alternation of shape names as qgemm_tune prints
+# them), a line per group, case and shape: time and % of HBM, sorted by case.
 tune_experts() {
-  grep -E "^qgp awq g[0-9]+ +($1) .* tok, .*stream-K" $OUT/run$R-tune-full.txt |
+  grep -E "^qgp awq g[0-9]+ +($1) .* tok, .*stream-K" $OUT/run$R-${2:-tune-full}.txt |
     awk '{l = $3 " " substr($0, 26); sub(/ \(stream-K.*/, "", l); printf "%-76s %-12s %8s us %s\n", l, $4, $(NF-4), $(NF-1)}' |
     sort -s -k1,13 | cut -c1-130
+}
+
+# tune_ab NEW PREV: qgemm_tune's best persistent shape per case (its summary lines) in
+# $OUT/runR-NEW.txt against $OUT/runR-PREV.txt, one line per case: the times and the ratio.
+tune_ab() {
+  python3 - $OUT/run$R-$1.txt $OUT/run$R-$2.txt <<'PY'
+import re, sys
+def best(p):
+    out = {}
+    for l in open(p):
+        m = re.match(r"  ((?:awq|fp8) g\d+ .*?): tiled .*persistent (\S+)(?: stream-K)? ([\d.]+) us \(([\d.]+)% HBM\)", l)
+        if m: out[m.group(1)] = (m.group(2), float(m.group(3)), m.group(4))
+    return out
+new, prev = best(sys.argv[1]), best(sys.argv[2])
+for k, (s, t, p) in new.items():
+    if k in prev:
+        ps, pt, pp = prev[k]
+        print(f"{k[:66]:66} {ps:>13} {pt:7.1f} -> {s:>13} {t:7.1f} us {p:>5}% x{pt / t:5.3f}")
+PY
 }
