@@ -179,18 +179,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     };
     const u32 sq = WG ? (smem_u32(qsm) + 1023u) & ~1023u : smem_u32(qsm);
     unsigned char* const qs = qsm + (sq - smem_u32(qsm));
-    // Stage s is full once every thread's copies into it have landed (128 arrivals), and empty
-    // once the four warps are done reading it: a warp waits only for the stage it refills, after
-    // its own k-tile, so that warps are never held together by a block barrier (run 166: the
-    // per-k-tile __syncthreads was the largest single stall).
-    __shared__ __align__(8) u64 qbar[2 * ST];
-    const u32 full0 = smem_u32(qbar), empty0 = full0 + 8 * ST;
-    if (tid == 0) {
-#pragma unroll 1
-        for (int i = 0; i < ST; i++) mbar_init(full0 + 8 * i, 128), mbar_init(empty0 + 8 * i, 4);
-        mbar_init_fence();
-    }
-    __syncthreads();
     auto load = [&](int stage) {
         const u32 st = sq + stage * STAGE;
         const int kt = l_kt0 + l_kt, k0 = kt * BK, grp = min(kt >> gshift, KG - 1);  // padding k-tiles: zeros
@@ -212,7 +200,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS)
             cp_async4_if(st + Z_OFF + (tid - 64) * 4, z_src + grp * (Np / 8), z_ok);
         if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS) cp_async4_if(st + Z_OFF + (tid - 64) * 4, xs_src + (k0 >> 7), xs_ok);
-        mbar_arrive_cp_async(full0 + 8 * stage);
         if (++l_kt == KTI) {
             l_kt = 0;
             if (++l_it < i1) set_item();
@@ -235,28 +222,17 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                    : FMT == 0 ? qswz<ACH>(lane & 15, 2 * j + (lane >> 4))
                               : qswz<ACH>(lane & 15, 2 * (j >> 1) + (lane >> 4));
     int c_it = i0, c_kt = kt_first, c_first = kt_first, cs = 0, ls = ST - 1;  // c_first: the piece's first k-tile
-    u32 full_ph = 0, empty_ph = 0;  // per stage, the parity of its next phase to wait for
-    // With wgmma, a wait whose exit ptxas takes for divergent would serialize the wgmmas (C7520).
-    auto wait = [&](u32 bar, u32 parity) {
-        if (WG)
-            mbar_wait_warp(bar, parity);
-        else
-            mbar_wait(bar, parity);
-    };
 #pragma unroll 1
-    for (int s = 0; s < ST - 1; s++)
+    for (int s = 0; s < ST - 1; s++) {
         if (s < steps) load(s);
+        cp_async_commit();
+    }
     for (int s = 0; s < steps; s++) {
-        wait(full0 + 8 * cs, (full_ph >> cs) & 1u);
-        full_ph ^= 1u << cs;
-        // Refill the stage read in the step before (k-tile s + ST - 1) once every warp is done with it.
-        if (s + ST - 1 < steps) {
-            if (s > 0) {
-                wait(empty0 + 8 * ls, (empty_ph >> ls) & 1u);
-                empty_ph ^= 1u << ls;
-            }
-            load(ls);
-        }
+        cp_async_wait<ST - 2>();
+        if (WG) fence_proxy_async();
+        __syncthreads();
+        if (s + ST - 1 < steps) load(ls);
+        cp_async_commit();
         ls = ls + 1 == ST ? 0 : ls + 1;
         const unsigned char* st = qs + cs * STAGE;
         const u32 sst = sq + cs * STAGE;
@@ -398,8 +374,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 }
             }
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * cs);
         cs = cs + 1 == ST ? 0 : cs + 1;
         if (++c_kt < KTI && s + 1 < steps) continue;
         // The piece's last k-tile: the item's (store its rows), or the block's last of a cut item.
@@ -533,8 +507,8 @@ extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_f32(QGP_ARGS)
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_64_8_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 8, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 128, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_128_128_4_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 128, 4, 1>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128, 3) qgp_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128, 3) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 0, 8>(QGP_PASS); }
