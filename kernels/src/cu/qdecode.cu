@@ -28,6 +28,27 @@ __device__ __forceinline__ void store_cut(float* Y, float* Y2, u64 row, int col,
     else
         Y2[row * (N - first) + (col - first)] = v;
 }
+// N consecutive words of shared memory from p (aligned to the widest load N allows: 16 bytes
+// when N % 4 == 0, 8 when N % 2 == 0), in as few loads as N allows.
+template <int N>
+__device__ __forceinline__ void lds_words(u32 (&w)[N], const u32* p) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; i++) {
+            const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = p[i];
+    }
+}
 // Byte offset of 16-byte chunk c of row r in rows of CH chunks, XOR-swizzled so that ldmatrix over
 // eight consecutive rows touches distinct banks.
 template <int CH>
@@ -133,8 +154,14 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     int l_it = i0, l_kt = kt_first, l_kt0 = 0;
     const unsigned char* a_src[CA];
     u32 a_ok[CA];  // 1 or 0: cp_async16_if's flag
-    const u32* b_src[CB];
-    u32 b_ok[CB];
+    // A thread's CB weight chunks lie in one 8-column group (TPG threads a group): chunks r,
+    // r + TPG, ... of the group's k-tile, so that one source pointer and one flag serve them all,
+    // with the offsets immediates, and each copy of a warp reads whole 32-byte sectors.
+    constexpr int TPG = UCH / CB;
+    static_assert((BN / 8) * UCH == 128 * CB && UCH % CB == 0, "a whole number of weight chunks per thread");
+    const int b_grp = tid / TPG, b_r = tid % TPG;
+    const u32* b_src = Wq;
+    u32 b_ok = 0;
     const unsigned char* s_src = reinterpret_cast<const unsigned char*>(S);  // group 0 of the item's scales
     const u32* z_src = Z;
     const float* xs_src = XS;
@@ -154,12 +181,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             a_ok[j] = ok;
             a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K + (u64)kt_at * BK) * XB + (i % ACH) * 16;
         }
-#pragma unroll
-        for (int j = 0; j < CB; j++) {
-            const int i = tid + 128 * j, nb = cb * (BN / 8) + i / UCH;
-            const bool ok = i < (BN / 8) * UCH && nb * 8 < Np;
-            b_ok[j] = ok;
-            b_src[j] = Wq + (((u64)e * (Np / 8) + (ok ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + (i % UCH) * 4;
+        {
+            const int nb = cb * (BN / 8) + b_grp;
+            b_ok = nb * 8 < Np;
+            b_src = Wq + (((u64)e * (Np / 8) + (b_ok ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + b_r * 4;
         }
         if (tid < SCH) {
             const int col = cb * BN + tid * (16 / SB);
@@ -189,13 +214,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             cp_async16_if(st + qswz<ACH>(i / ACH, i % ACH), a_src[j], k0 + a_c < K ? a_ok[j] : 0u);
             a_src[j] += BK * XB;
         }
+        const u32 b_dst = st + A_BYTES + (b_grp * UCH + b_r) * 16;
 #pragma unroll
-        for (int j = 0; j < CB; j++) {
-            const int i = tid + 128 * j;
-            if (CB * 128 > (BN / 8) * UCH && i >= (BN / 8) * UCH) break;
-            cp_async16_if(st + A_BYTES + i * 16, b_src[j], b_ok[j]);
-            b_src[j] += KU * 32 * WPL;
-        }
+        for (int j = 0; j < CB; j++) cp_async16_if(b_dst + j * TPG * 16, b_src + j * TPG * 4, b_ok);
+        b_src += KU * 32 * WPL;
         if (tid < SCH) cp_async16_if(st + S_OFF + tid * 16, s_src + grp * (Np * SB), s_ok);
         if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS)
             cp_async4_if(st + Z_OFF + (tid - 64) * 4, z_src + grp * (Np / 8), z_ok);
@@ -249,8 +271,14 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         u32 zz[NT];
         if (FMT == 0) {
             const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
+            if (WG) {
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[grp8(nt)], 4 * g);
+                for (int nt = 0; nt < NT; nt++) zz[nt] = sz[grp8(nt)];
+            } else {
+                lds_words(zz, sz + cw / 8);  // the warp's groups are consecutive
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(zz[nt], 4 * g);
         }
         if (FMT == 0 && TOK == 8) {
             if constexpr (WG) {
@@ -338,8 +366,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const int c = cw + nt * 8 + 2 * t4;
-                const float s0 = h2f(ss[c]), s1 = h2f(ss[c + 1]);
+                const u32 s01 = *reinterpret_cast<const u32*>(ss + cw + nt * 8 + 2 * t4);  // one load, two columns
+                const float s0 = h2f((unsigned short)s01), s1 = h2f((unsigned short)(s01 >> 16));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     acc[mt][nt][0] += s0 * part[mt][nt][0], acc[mt][nt][1] += s1 * part[mt][nt][1];
