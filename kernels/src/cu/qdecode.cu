@@ -154,14 +154,17 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     int l_it = i0, l_kt = kt_first, l_kt0 = 0;
     const unsigned char* a_src[CA];
     u32 a_ok[CA];  // 1 or 0: cp_async16_if's flag
-    // A thread's CB weight chunks lie in one 8-column group (TPG threads a group): chunks r,
-    // r + TPG, ... of the group's k-tile, so that one source pointer and one flag serve them all,
-    // with the offsets immediates, and each copy of a warp reads whole 32-byte sectors.
-    constexpr int TPG = UCH / CB;
-    static_assert((BN / 8) * UCH == 128 * CB && UCH % CB == 0, "a whole number of weight chunks per thread");
-    const int b_grp = tid / TPG, b_r = tid % TPG;
-    const u32* b_src = Wq;
-    u32 b_ok = 0;
+    // A thread's CB weight chunks lie in NGP 8-column groups, CPG in each: chunks r, r + L, ...
+    // of the group's k-tile (L threads a group), so that one source pointer and one flag serve a
+    // group's chunks, with the offsets immediates. A warp's copy covers whole runs of L chunks,
+    // at least 128 bytes, so that its writes into the stage meet every shared-memory bank once
+    // (with 64-byte runs, 256 bytes apart, they met half the banks twice: run 169).
+    constexpr int L = UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
+    static_assert((BN / 8) * UCH == 128 * CB && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
+    const int b_r = tid % L;
+    auto b_grp = [&](int k) { return tid / L + k * (128 / L); };
+    const u32* b_src[NGP];
+    u32 b_ok[NGP];
     const unsigned char* s_src = reinterpret_cast<const unsigned char*>(S);  // group 0 of the item's scales
     const u32* z_src = Z;
     const float* xs_src = XS;
@@ -181,10 +184,11 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             a_ok[j] = ok;
             a_src[j] = reinterpret_cast<const unsigned char*>(X) + ((u64)row * K + (u64)kt_at * BK) * XB + (i % ACH) * 16;
         }
-        {
-            const int nb = cb * (BN / 8) + b_grp;
-            b_ok = nb * 8 < Np;
-            b_src = Wq + (((u64)e * (Np / 8) + (b_ok ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + b_r * 4;
+#pragma unroll
+        for (int k = 0; k < NGP; k++) {
+            const int nb = cb * (BN / 8) + b_grp(k);
+            b_ok[k] = nb * 8 < Np;
+            b_src[k] = Wq + (((u64)e * (Np / 8) + (b_ok[k] ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + b_r * 4;
         }
         if (tid < SCH) {
             const int col = cb * BN + tid * (16 / SB);
@@ -214,10 +218,13 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             cp_async16_if(st + qswz<ACH>(i / ACH, i % ACH), a_src[j], k0 + a_c < K ? a_ok[j] : 0u);
             a_src[j] += BK * XB;
         }
-        const u32 b_dst = st + A_BYTES + (b_grp * UCH + b_r) * 16;
 #pragma unroll
-        for (int j = 0; j < CB; j++) cp_async16_if(b_dst + j * TPG * 16, b_src + j * TPG * 4, b_ok);
-        b_src += KU * 32 * WPL;
+        for (int k = 0; k < NGP; k++) {
+            const u32 b_dst = st + A_BYTES + (b_grp(k) * UCH + b_r) * 16;
+#pragma unroll
+            for (int m = 0; m < CPG; m++) cp_async16_if(b_dst + m * L * 16, b_src[k] + m * L * 4, b_ok[k]);
+            b_src[k] += KU * 32 * WPL;
+        }
         if (tid < SCH) cp_async16_if(st + S_OFF + tid * 16, s_src + grp * (Np * SB), s_ok);
         if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS)
             cp_async4_if(st + Z_OFF + (tid - 64) * 4, z_src + grp * (Np / 8), z_ok);
