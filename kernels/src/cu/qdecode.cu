@@ -156,10 +156,12 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     u32 a_ok[CA];  // 1 or 0: cp_async16_if's flag
     // A thread's CB weight chunks lie in NGP 8-column groups, CPG in each: chunks r, r + L, ...
     // of the group's k-tile (L threads a group), so that one source pointer and one flag serve a
-    // group's chunks, with the offsets immediates. A warp's copy covers whole runs of L chunks,
-    // at least 128 bytes, so that its writes into the stage meet every shared-memory bank once
-    // (with 64-byte runs, 256 bytes apart, they met half the banks twice: run 169).
-    constexpr int L = UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
+    // group's chunks, with the offsets immediates. AWQ takes the fewest groups a thread whose
+    // runs are at least 8 chunks, 128 bytes, so that a warp's copy meets every shared-memory bank
+    // once (64-byte runs, 256 bytes apart, met half the banks twice: runs 169-170); FP8, bound by
+    // memory rather than instructions, a group's whole k-tile per run (L = UCH: with L = UCH / CB
+    // its 64-row GEMMs were 8-10% slower, runs 169-170).
+    constexpr int L = FMT == 1 ? UCH : UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
     static_assert((BN / 8) * UCH == 128 * CB && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
     const int b_r = tid % L;
     auto b_grp = [&](int k) { return tid / L + k * (128 / L); };
