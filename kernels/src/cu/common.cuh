@@ -40,6 +40,28 @@ __device__ __forceinline__ KeySplit key_split(const int* row_len, const int* row
     return k;
 }
 
+// N consecutive words of shared memory from p (aligned to the widest load N allows: 16 bytes
+// when N % 4 == 0, 8 when N % 2 == 0), in as few loads as N allows.
+template <int N>
+__device__ __forceinline__ void lds_words(u32 (&w)[N], const u32* p) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; i++) {
+            const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+            w[2 * i] = v.x, w[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) w[i] = p[i];
+    }
+}
+
 // Programmatic dependent launch (Hopper): a kernel launched with it (ops::pdl_kernels) may be
 // scheduled while the kernel before it on the stream still runs. pdl_wait() returns once that
 // kernel has finished and its writes are visible: call it before reading or writing anything an

@@ -28,27 +28,6 @@ __device__ __forceinline__ void store_cut(float* Y, float* Y2, u64 row, int col,
     else
         Y2[row * (N - first) + (col - first)] = v;
 }
-// N consecutive words of shared memory from p (aligned to the widest load N allows: 16 bytes
-// when N % 4 == 0, 8 when N % 2 == 0), in as few loads as N allows.
-template <int N>
-__device__ __forceinline__ void lds_words(u32 (&w)[N], const u32* p) {
-    if constexpr (N % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < N / 4; i++) {
-            const uint4 v = reinterpret_cast<const uint4*>(p)[i];
-            w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-        }
-    } else if constexpr (N % 2 == 0) {
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) {
-            const uint2 v = reinterpret_cast<const uint2*>(p)[i];
-            w[2 * i] = v.x, w[2 * i + 1] = v.y;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < N; i++) w[i] = p[i];
-    }
-}
 // Byte offset of 16-byte chunk c of row r in rows of CH chunks, XOR-swizzled so that ldmatrix over
 // eight consecutive rows touches distinct banks.
 template <int CH>
@@ -156,12 +135,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     u32 a_ok[CA];  // 1 or 0: cp_async16_if's flag
     // A thread's CB weight chunks lie in NGP 8-column groups, CPG in each: chunks r, r + L, ...
     // of the group's k-tile (L threads a group), so that one source pointer and one flag serve a
-    // group's chunks, with the offsets immediates. AWQ takes the fewest groups a thread whose
-    // runs are at least 8 chunks, 128 bytes, so that a warp's copy meets every shared-memory bank
-    // once (64-byte runs, 256 bytes apart, met half the banks twice: runs 169-170); FP8, bound by
-    // memory rather than instructions, a group's whole k-tile per run (L = UCH: with L = UCH / CB
-    // its 64-row GEMMs were 8-10% slower, runs 169-170).
-    constexpr int L = FMT == 1 ? UCH : UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
+    // group's chunks, with the offsets immediates. L: the fewest groups a thread whose runs are at
+    // least 8 chunks, 128 bytes, so that a warp's copy meets every shared-memory bank once (64-byte
+    // runs, 256 bytes apart, met half the banks twice: runs 169-170).
+    constexpr int L = UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
     static_assert((BN / 8) * UCH == 128 * CB && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
     const int b_r = tid % L;
     auto b_grp = [&](int k) { return tid / L + k * (128 / L); };
@@ -568,7 +545,8 @@ extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_6_silu(QGP_ARGS
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_f32(QGP_ARGS) { qg_persistent<1, 1, 128, 128, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_128_128_4_silu(QGP_ARGS) { qg_persistent<1, 1, 128, 128, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_f32(QGP_ARGS) { qg_persistent<1, 1, 32, 128, 8, 0>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_silu(QGP_ARGS) { qg_persistent<1, 1, 32, 128, 8, 1>(QGP_PASS); }
+// ptxas held this one at 128 registers (four blocks an SM) with a spill; three blocks, as before run 169.
+extern "C" __global__ void __launch_bounds__(128, 3) qgp_fp8_32_128_8_silu(QGP_ARGS) { qg_persistent<1, 1, 32, 128, 8, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 64, 8, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_silu(QGP_ARGS) { qg_persistent<1, 1, 64, 64, 8, 1>(QGP_PASS); }
 
