@@ -248,3 +248,28 @@ for k, (s, t, p) in new.items():
         print(f"{k[:66]:66} {ps:>13} {pt:7.1f} -> {s:>13} {t:7.1f} us {p:>5}% x{pt / t:5.3f}")
 PY
 }
+
+# tune_ab_run: qgemm_tune with this build ($C, runR-tune-full.txt) and the one before ($P,
+# runR-tune-prev.txt), then tune_ab's side-by-side table of the two.
+tune_ab_run() {
+  qgemm_tune_run tune-full
+  qgemm_tune_run tune-prev $P
+  echo "== qgemm_tune, best persistent shape per case: before -> this build"
+  tune_ab tune-full tune-prev
+}
+
+# kernel_ab: a kernel change's run against the build before ($P): the AWQ models generated in the
+# background, tune_ab_run, the quick pass, then four V3 layers and V2-Lite in AWQ with both builds.
+kernel_ab() {
+  awq_models_gen
+  tune_ab_run
+  quick_checks $R
+  wait
+  awq_models_ab
+}
+
+# share_profile BATCHES: share_steps' kernel profile lines for BATCHES (an ERE alternation such as
+# 1|64): the kernel total and the compressed GEMMs' times.
+share_profile() {
+  grep -E "profile decode batch ($1):" $OUT/run$R-v3-61.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qg[a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo
+}

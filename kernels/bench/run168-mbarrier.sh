@@ -7,11 +7,4 @@
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-168}
 nvidia-smi --query-gpu=name --format=csv,noheader
-awq_models_gen
-qgemm_tune_run tune-full
-qgemm_tune_run tune-prev $P
-echo "== qgemm_tune, best persistent shape per case: before -> this build"
-tune_ab tune-full tune-prev
-quick_checks $R
-wait
-awq_models_ab
+kernel_ab

@@ -8,13 +8,6 @@
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-170}
 nvidia-smi --query-gpu=name --format=csv,noheader
-awq_models_gen
-qgemm_tune_run tune-full
-qgemm_tune_run tune-prev $P
-echo "== qgemm_tune, best persistent shape per case: before -> this build"
-tune_ab tune-full tune-prev
-quick_checks $R
-wait
-awq_models_ab
+kernel_ab
 SHARE_END=560 share_steps 1,64
-grep -E "profile decode batch (1|64):" $OUT/run$R-v3-61.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qg[a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo
+share_profile "1|64"

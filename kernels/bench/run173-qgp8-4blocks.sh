@@ -7,9 +7,6 @@ source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-173}
 nvidia-smi --query-gpu=name --format=csv,noheader
 awq_models_gen
-qgemm_tune_run tune-full
-qgemm_tune_run tune-prev $P
-echo "== qgemm_tune, best persistent shape per case: before -> this build"
-tune_ab tune-full tune-prev | grep -E "^awq g64"
+tune_ab_run | grep -vE "^(awq g128|fp8) "
 wait
 awq_models_ab
