@@ -8,7 +8,7 @@
 //   FMT 1: FP8 e4m3 weights straight into FP8 MMAs (m16n8k32) against activations quantized per
 //          token per 128 channels (DeepSeek's scheme, as the block-scaled prefill GEMM): each
 //          k-tile's partial sums are multiplied by the token's and the weight block's scales.
-// The FP8 activations are stored permuted within each 32-channel unit (act_quant_fp8 with PERM):
+// The FP8 activations are stored permuted within each 32-channel unit (act_quant_fp8 with PERM, quant.cu):
 // position s holds channel pi(s) = 16 (s >> 4) + 2 ((s >> 2) & 3) + 8 ((s >> 1) & 1) + (s & 1),
 // the channel the weights' fragment layout puts in MMA k-slot s, so that both operands are plain
 // 16-byte rows (ldmatrix for A, one 8-byte shared load per lane for B).
@@ -549,70 +549,3 @@ extern "C" __global__ void __launch_bounds__(128) qgp_fp8_32_128_8_f32(QGP_ARGS)
 extern "C" __global__ void __launch_bounds__(128, 3) qgp_fp8_32_128_8_silu(QGP_ARGS) { qg_persistent<1, 1, 32, 128, 8, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 64, 8, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_64_8_silu(QGP_ARGS) { qg_persistent<1, 1, 64, 64, 8, 1>(QGP_PASS); }
-
-// Two floats to packed e4m3x2, rounded to nearest even and saturated to +-448; `lo` in the low byte.
-__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// DeepSeek's activation quantization (kernels/src/fp8.rs is the reference): per token and 128
-// input channels, s = max(amax, 1e-10) / 448 and q = e4m3(x / s). One warp per block of 128, four
-// channels per lane. X [M, K] (K % 128 == 0), f32 or (BF16) bf16.
-//   PERM 0 (the block-scaled prefill GEMM): Q e4m3 [Mp, K]; S f32 [K / 128, Mp] (token-major);
-//          rows M..Mp are zeros.
-//   PERM 1 (qg_persistent): Q [M, K] permuted within each 32-channel unit (channel k at position
-//          16 (k >> 4) + 4 ((k & 7) >> 1) + 2 ((k >> 3) & 1) + (k & 1), the inverse of pi above);
-//          S f32 [M, K / 128]; Mp == M.
-//   PERM 2 (the FP8 wgmma grouped GEMM, wgmma.cu): as PERM 1 with channel k at position
-//          8 ((k >> 1) & 3) + 2 (k >> 3) + (k & 1), where the weights' fragment layout keeps it in
-//          a column's 32 bytes of the unit.
-template <bool BF16, int PERM>
-__device__ __forceinline__ void act_quant(const void* __restrict__ X, unsigned char* __restrict__ Q,
-                                          float* __restrict__ S, int M, int Mp, int K) {
-    pdl_enter();
-    const int KB = K / 128, lane = threadIdx.x & 31;
-    const int w = (int)(((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-    if (w >= Mp * KB) return;
-    const int r = w / KB, b = w % KB;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (r < M) {
-        const u64 at = (u64)r * K + b * 128 + lane * 4;
-        if (BF16) {
-            const uint2 p = *reinterpret_cast<const uint2*>(reinterpret_cast<const bf16_t*>(X) + at);
-            v[0] = __uint_as_float(p.x << 16), v[1] = __uint_as_float(p.x & 0xffff0000u);
-            v[2] = __uint_as_float(p.y << 16), v[3] = __uint_as_float(p.y & 0xffff0000u);
-        } else {
-            const float4 p = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(X) + at);
-            v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w;
-        }
-    }
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    amax = warp_max(amax);
-    const float s = fmaxf(amax, 1e-10f) / 448.f;
-    const u32 q = e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
-    unsigned char* row = Q + (u64)r * K + b * 128;
-    if (PERM) {
-        // Channels 4 lane .. 4 lane + 3: unit lane / 8, offsets o .. o + 3 (o = 4 (lane % 8)); the
-        // pairs (o, o + 1) and (o + 2, o + 3) stay adjacent.
-        const int unit = lane >> 3, o = 4 * (lane & 7);
-        auto pos = [](int k) {
-            return PERM == 1 ? 16 * (k >> 4) + 4 * ((k & 7) >> 1) + 2 * ((k >> 3) & 1) + (k & 1)
-                             : 8 * ((k >> 1) & 3) + 2 * (k >> 3) + (k & 1);
-        };
-        unsigned short* d = reinterpret_cast<unsigned short*>(row + unit * 32);
-        d[pos(o) >> 1] = (unsigned short)(q & 0xffffu);
-        d[pos(o + 2) >> 1] = (unsigned short)(q >> 16);
-        if (lane == 0) S[(u64)r * KB + b] = s;
-    } else {
-        reinterpret_cast<u32*>(row)[lane] = q;
-        if (lane == 0) S[(u64)b * Mp + r] = s;
-    }
-}
-#define AQ_ARGS const void *X, unsigned char *Q, float *S, int M, int Mp, int K
-extern "C" __global__ void act_quant_fp8(AQ_ARGS) { act_quant<false, 0>(X, Q, S, M, Mp, K); }
-extern "C" __global__ void act_quant_fp8_mma_f32(AQ_ARGS) { act_quant<false, 1>(X, Q, S, M, Mp, K); }
-extern "C" __global__ void act_quant_fp8_mma_bf16(AQ_ARGS) { act_quant<true, 1>(X, Q, S, M, Mp, K); }
-extern "C" __global__ void act_quant_fp8_wg_f32(AQ_ARGS) { act_quant<false, 2>(X, Q, S, M, Mp, K); }
-extern "C" __global__ void act_quant_fp8_wg_bf16(AQ_ARGS) { act_quant<true, 2>(X, Q, S, M, Mp, K); }

@@ -67,7 +67,7 @@ const QGP_KERNELS: [Compiled; 19] = [
 ];
 
 /// The functions of qdecode.cu: every compiled persistent GEMM (which get the opt-in dynamic shared
-/// memory), then the activation quantizations.
+/// memory), both epilogues.
 pub const QDECODE_KERNELS: &[&str] = &qdecode_kernels();
 
 /// The persistent GEMMs of [`QDECODE_KERNELS`], both epilogues.
@@ -75,26 +75,13 @@ pub(super) fn qgp_kernels() -> impl Iterator<Item = &'static str> {
     QGP_KERNELS.iter().flat_map(|k| [k.6, k.7])
 }
 
-const ACT_QUANT_KERNELS: [&str; 5] = [
-    "act_quant_fp8",
-    "act_quant_fp8_mma_f32",
-    "act_quant_fp8_mma_bf16",
-    "act_quant_fp8_wg_f32",
-    "act_quant_fp8_wg_bf16",
-];
-
-const fn qdecode_kernels() -> [&'static str; 2 * QGP_KERNELS.len() + ACT_QUANT_KERNELS.len()] {
-    let mut out = [""; 2 * QGP_KERNELS.len() + ACT_QUANT_KERNELS.len()];
+const fn qdecode_kernels() -> [&'static str; 2 * QGP_KERNELS.len()] {
+    let mut out = [""; 2 * QGP_KERNELS.len()];
     let mut i = 0;
     while i < QGP_KERNELS.len() {
         out[2 * i] = QGP_KERNELS[i].6;
         out[2 * i + 1] = QGP_KERNELS[i].7;
         i += 1;
-    }
-    let mut j = 0;
-    while j < ACT_QUANT_KERNELS.len() {
-        out[2 * i + j] = ACT_QUANT_KERNELS[j];
-        j += 1;
     }
     out
 }

@@ -147,6 +147,12 @@ pub const QUANT_KERNELS: &[&str] = &[
     "qdequant_awq_rows",
     "qdequant_fp8",
     "qbytes_fp8",
+    // The FP8 decode GEMMs' activations, per token and 128 channels (Gpu::act_quant_fp8_mma).
+    "act_quant_fp8",
+    "act_quant_fp8_mma_f32",
+    "act_quant_fp8_mma_bf16",
+    "act_quant_fp8_wg_f32",
+    "act_quant_fp8_wg_bf16",
 ];
 
 /// Kernel name, input channels per stage and dynamic shared memory of a qgemm launch.
