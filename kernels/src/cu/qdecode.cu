@@ -8,10 +8,10 @@
 //   FMT 1: FP8 e4m3 weights straight into FP8 MMAs (m16n8k32) against activations quantized per
 //          token per 128 channels (DeepSeek's scheme, as the block-scaled prefill GEMM): each
 //          k-tile's partial sums are multiplied by the token's and the weight block's scales.
-// The FP8 activations are stored permuted within each 32-channel unit (act_quant_fp8 with PERM, quant.cu):
-// position s holds channel pi(s) = 16 (s >> 4) + 2 ((s >> 2) & 3) + 8 ((s >> 1) & 1) + (s & 1),
-// the channel the weights' fragment layout puts in MMA k-slot s, so that both operands are plain
-// 16-byte rows (ldmatrix for A, one 8-byte shared load per lane for B).
+// The FP8 activations are stored permuted within each 32-channel unit (act_quant_fp8 with PERM,
+// quant.cu): position s holds channel pi(s) = 16 (s >> 4) + 2 ((s >> 2) & 3) + 8 ((s >> 1) & 1)
+// + (s & 1), the channel the weights' fragment layout puts in MMA k-slot s, so that both operands
+// are plain 16-byte rows (ldmatrix for A, one 8-byte shared load per lane for B).
 
 __device__ __forceinline__ void mma_e4m3(float* c, const u32 (&a)[4], u32 b0, u32 b1) {
     asm volatile(
@@ -135,9 +135,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     u32 a_ok[CA];  // 1 or 0: cp_async16_if's flag
     // A thread's CB weight chunks lie in NGP 8-column groups, CPG in each: chunks r, r + L, ...
     // of the group's k-tile (L threads a group), so that one source pointer and one flag serve a
-    // group's chunks, with the offsets immediates. L: the fewest groups a thread whose runs are at
-    // least 8 chunks, 128 bytes, so that a warp's copy meets every shared-memory bank once (64-byte
-    // runs, 256 bytes apart, met half the banks twice: runs 169-170).
+    // group's chunks, with the offsets immediates. L = max(UCH / CB, 8): a warp's copy writes runs
+    // of at least 8 chunks (128 bytes) and so meets every shared-memory bank once (runs of 4, 256
+    // bytes apart, met half the banks twice: runs 169-170).
     constexpr int L = UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
     static_assert((BN / 8) * UCH == 128 * CB && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
     const int b_r = tid % L;
