@@ -213,6 +213,8 @@ pub struct Gpu {
     pub sm_count: usize,
     pub name: String,
     pub arch: String,
+    /// Hopper's warpgroup MMA is there (compute capability 9.0, compiled for `sm_90a`).
+    wgmma: bool,
     pub modules: Vec<ModuleReport>,
     pub max_smem_optin: usize,
     /// When on, every launch and GEMM is bracketed by events (see [`Gpu::profile_start`]).
@@ -240,7 +242,8 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let (maj, min) = ctx.compute_capability()?;
-        let arch = if (maj, min) == (9, 0) { "sm_90a".to_string() } else { format!("sm_{maj}{min}") };
+        let wgmma = (maj, min) == (9, 0);
+        let arch = if wgmma { "sm_90a".to_string() } else { format!("sm_{maj}{min}") };
         if maj < 8 {
             return Err(KernelError::NoGpu(format!(
                 "compute capability {maj}.{min}: cleave's kernels need 8.0 or newer"
@@ -289,6 +292,7 @@ impl Gpu {
             sm_count,
             name,
             arch,
+            wgmma,
             modules: reports,
             max_smem_optin,
             prof: RefCell::new(None),

@@ -244,7 +244,7 @@ impl Gpu {
 
     /// Whether the device runs Hopper's warpgroup MMA (the kernels are compiled for sm_90a).
     pub fn has_wgmma(&self) -> bool {
-        self.arch == "sm_90a"
+        self.wgmma
     }
 
     /// Whether the FP8 wgmma grouped GEMM takes weights of `shape`: FP8 with one scale per 128
