@@ -72,7 +72,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int STAGE_USED = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
     constexpr int STAGE = WG ? (STAGE_USED + 1023) / 1024 * 1024 : STAGE_USED;
     constexpr int NJ = TOK == 16 ? NT : NT / 2;  // accumulator tiles per row tile and warp
-    constexpr int CA = (BM * ACH + 127) / 128, CB = ((BN / 8) * UCH + 127) / 128, SCH = S_BYTES / 16;
+    constexpr int CA = (BM * ACH + 127) / 128, CB = (BN / 8) * UCH / 128, SCH = S_BYTES / 16;
     static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && (WG || MT <= 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
     static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT == 8), "wgmma: 64-column slabs, 64 tokens");
@@ -139,7 +139,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     // of at least 8 chunks (128 bytes) and so meets every shared-memory bank once (runs of 4, 256
     // bytes apart, met half the banks twice: runs 169-170).
     constexpr int L = UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
-    static_assert((BN / 8) * UCH == 128 * CB && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
+    static_assert((BN / 8) * UCH % 128 == 0 && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
     const int b_r = tid % L;
     auto b_grp = [&](int k) { return tid / L + k * (128 / L); };
     const u32* b_src[NGP];

@@ -64,8 +64,8 @@ pub fn pdl_kernels() -> impl Iterator<Item = &'static str> {
         .chain(GEMV_KERNELS)
         .chain(MLA_DECODE_KERNELS)
         .chain(MLA_COMBINE_KERNELS)
+        .chain(QDECODE_KERNELS)
         .copied()
-        .chain(qdecode::qgp_kernels())
         .chain(grouped)
 }
 
@@ -85,7 +85,7 @@ impl Pdl {
     /// Whether kernel `name` is launched with it.
     pub fn takes(self, name: &str) -> bool {
         let ops = || [PDL_OPS, GEMV_KERNELS, MLA_DECODE_KERNELS, MLA_COMBINE_KERNELS].iter().any(|l| l.contains(&name));
-        let compressed = || qdecode::qgp_kernels().any(|k| k == name);
+        let compressed = || QDECODE_KERNELS.contains(&name);
         match self {
             Pdl::Off => false,
             Pdl::Light => ops() || compressed(),

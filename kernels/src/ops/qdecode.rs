@@ -70,11 +70,6 @@ const QGP_KERNELS: [Compiled; 19] = [
 /// memory), both epilogues.
 pub const QDECODE_KERNELS: &[&str] = &qdecode_kernels();
 
-/// The persistent GEMMs of [`QDECODE_KERNELS`], both epilogues.
-pub(super) fn qgp_kernels() -> impl Iterator<Item = &'static str> {
-    QGP_KERNELS.iter().flat_map(|k| [k.6, k.7])
-}
-
 const fn qdecode_kernels() -> [&'static str; 2 * QGP_KERNELS.len()] {
     let mut out = [""; 2 * QGP_KERNELS.len()];
     let mut i = 0;

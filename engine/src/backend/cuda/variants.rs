@@ -439,6 +439,7 @@ impl Variants {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cleave_kernels::ops::QMma;
 
     #[test]
     fn settings_parse_and_bad_ones_name_their_variable() {
@@ -537,20 +538,14 @@ mod tests {
     #[test]
     fn compressed_gemm_shapes_follow_the_format_and_grouping() {
         use QRows::{Dense, Tiles};
-        let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4, mma: cleave_kernels::ops::QMma::TokensA };
+        let cfg = QPersist { bm: 16, bn: 64, bk: 128, stages: 4, mma: QMma::TokensA };
         let forced = QuantGemm::Persistent(Some(cfg));
         assert_eq!(forced.shape(QFormat::AwqInt4, 128, Tiles(8), true), Some(cfg));
         assert_eq!(forced.shape(QFormat::AwqInt4, 128, Dense(64), false), Some(cfg));
         // groups of 64 cannot take 128-channel k-tiles: the format's default instead
         let awq8 = QPersist::default_for(QFormat::AwqInt4, 64, 8, true);
         assert_eq!(forced.shape(QFormat::AwqInt4, 64, Tiles(8), true), awq8);
-        let wide = QuantGemm::Persistent(Some(QPersist {
-            bm: 64,
-            bn: 64,
-            bk: 64,
-            stages: 4,
-            mma: cleave_kernels::ops::QMma::TokensA,
-        }));
+        let wide = QuantGemm::Persistent(Some(QPersist { bm: 64, bn: 64, bk: 64, stages: 4, mma: QMma::TokensA }));
         assert_eq!(wide.shape(QFormat::AwqInt4, 64, Tiles(8), true).unwrap().bm, 8, "expert tiles as asked");
         // a forced wgmma shape only where the GPU has warpgroup MMAs
         let wg: QPersist = "wg64x64/64/4".parse().unwrap();
