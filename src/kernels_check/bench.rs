@@ -370,21 +370,25 @@ pub fn run(
             allocating.push(b);
         }
         if matches!(c.quantization, Some(Quantization::Awq(_))) {
-            // AWQ experts with the other work split (stream-K or whole items; FP8 never takes
-            // stream-K), same run.
+            // AWQ experts with the half tiles (16-row tiles' last rows on the 8-row kernel) off
+            // and on at any stack size, where not the default; same run.
             let def = cu.variants();
-            cu.set_variants(Variants { qgemm_streamk: !def.qgemm_streamk, ..def });
-            let alt = graph_step(cu, &model, &mut cache, &input, &greedy, (bs, num_blocks));
-            cu.set_variants(def);
-            let alt = alt?;
-            println!(
-                "{:>6} CUDA graph with stream-K {}: step {:.3} ms ({:.1}% of HBM), logits max|d| vs eager {:.1e}",
-                "",
-                if def.qgemm_streamk { "off" } else { "on" },
-                alt.step * 1e3,
-                100.0 * bytes_full / alt.step / hbm,
-                alt.diff
-            );
+            for (label, halves) in [("off", None), ("on at any size", Some(0))] {
+                if def.qgemm_halves == halves {
+                    continue;
+                }
+                cu.set_variants(Variants { qgemm_halves: halves, ..def });
+                let alt = graph_step(cu, &model, &mut cache, &input, &greedy, (bs, num_blocks));
+                cu.set_variants(def);
+                let alt = alt?;
+                println!(
+                    "{:>6} CUDA graph with half tiles {label}: step {:.3} ms ({:.1}% of HBM), logits max|d| vs eager {:.1e}",
+                    "",
+                    alt.step * 1e3,
+                    100.0 * bytes_full / alt.step / hbm,
+                    alt.diff
+                );
+            }
         }
         if allocs == 0 {
             println!("{:>6} allocations per decode step: 0", "");

@@ -36,7 +36,7 @@ impl Ctx<'_> {
             for &b in batches {
                 let a = b * top_k;
                 let ids = self.rng.routes(b, e, top_k);
-                let dt = DecodeTiles::new(g, &ids, e, top_k)?;
+                let dt = DecodeTiles::new(g, &ids, e, top_k, false)?;
                 let (sorted, tiles, meta, max_tiles) = (&dt.sorted, &dt.tiles, &dt.meta, dt.max_tiles);
                 let mut n_tiles = [0i32];
                 g.dtoh(ptr(meta), &mut n_tiles)?;
@@ -143,24 +143,29 @@ impl Ctx<'_> {
 }
 
 /// Random routing's expert row tiles of 16 on the device, as `moe_align` leaves them (the ids and
-/// the inverse map it wrote live as long as the tiles).
+/// the inverse map it wrote live as long as the tiles); with `halves`, each expert's last tile of
+/// at most 8 rows in `halves` instead (its count in `meta[1]`).
 pub(super) struct DecodeTiles {
     _ids: CudaSlice<u32>,
     pub sorted: CudaSlice<i32>,
     _inv: CudaSlice<i32>,
     pub tiles: CudaSlice<i32>,
+    pub halves: Option<CudaSlice<i32>>,
     pub meta: CudaSlice<i32>,
     pub max_tiles: usize,
+    pub max_halves: usize,
 }
 
 impl DecodeTiles {
-    pub fn new(g: &Gpu, ids: &[u32], experts: usize, top_k: usize) -> Result<Self> {
+    pub fn new(g: &Gpu, ids: &[u32], experts: usize, top_k: usize, halves: bool) -> Result<Self> {
         let a = ids.len();
         let id_buf = g.alloc::<u32>(a)?;
         g.htod(ids, ptr(&id_buf))?;
         let max_tiles = Gpu::moe_max_tiles(a, experts, 16);
+        let max_halves = if halves { Gpu::moe_max_halves(a, experts) } else { 0 };
         let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
-        let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(1)?);
+        let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(2)?);
+        let halves = if halves { Some(g.alloc::<i32>(3 * max_halves.max(1))?) } else { None };
         g.moe_align(&Align {
             ids: ptr(&id_buf),
             assignments: a,
@@ -171,10 +176,11 @@ impl DecodeTiles {
             sorted_tok: ptr(&sorted),
             inv: ptr(&inv),
             tiles: ptr(&tiles),
+            halves: halves.as_ref().map_or(0, |h| ptr(h)),
             meta: ptr(&meta),
             row_expert: 0,
         })?;
-        Ok(DecodeTiles { _ids: id_buf, sorted, _inv: inv, tiles, meta, max_tiles })
+        Ok(DecodeTiles { _ids: id_buf, sorted, _inv: inv, tiles, halves, meta, max_tiles, max_halves })
     }
 
     /// The same sorted rows in tiles of at most `bm` (< 16) rows: each 16-row tile cut in order.

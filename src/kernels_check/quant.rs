@@ -224,8 +224,9 @@ impl Ctx<'_> {
 
     fn quant_experts(&mut self) -> Result<()> {
         let (e, h, i, top) = if self.quick { (8, 256, 128, 3) } else { (64, 2048, 1408, 6) };
-        // 600 quick rows average 225 per expert: the AWQ prefill expansion runs (CLEAVE_AWQ_PREFILL).
-        let sizes: &[usize] = if self.quick { &[1, 5, 100, 600] } else { &[1, 16, 64, 256, 4096] };
+        // 600 quick rows average 225 per expert: the AWQ prefill expansion runs (CLEAVE_AWQ_PREFILL);
+        // 24 average 9, where 16-row AWQ tiles leave the experts' last 1-8 rows to half tiles.
+        let sizes: &[usize] = if self.quick { &[1, 5, 24, 100, 600] } else { &[1, 16, 64, 256, 4096] };
         for (fmt, make) in FORMATS {
             let layers = RandomQuant::experts(&mut self.rng, make, e, h, i);
             let sources = RandomQuant::expert_sources(&layers);
@@ -235,6 +236,13 @@ impl Ctx<'_> {
             let shape = ExpertShape { e, h, i, top, shared: 0, bytes_per_param: layers[0][0].bytes_per_value() };
             for &n in sizes {
                 self.check_experts(&format!("moe_experts {fmt}"), &ec, &eg, shape, n)?;
+            }
+            if fmt.starts_with("awq") {
+                // Every row with the half tiles on the 8-row kernel against 16-row tiles alone.
+                let on = self.cu.variants();
+                let off = ("16-row tiles alone", Variants { qgemm_halves: None, ..on });
+                let halves = [(format!("moe_experts {fmt} half tiles"), Variants { qgemm_halves: Some(0), ..on })];
+                self.variants_agree(&eg, shape, if self.quick { 24 } else { 96 }, off, &halves)?;
             }
             self.shared_experts(&format!("moe_experts {fmt} shared"), &sources, shape, &[1, 64, 4096])?;
         }

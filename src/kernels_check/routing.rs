@@ -68,10 +68,16 @@ impl Ctx<'_> {
     pub fn route_align(&mut self) -> Result<()> {
         let g = self.cu.gpu();
         let [lite, v3, v3_64] = models();
-        // (model, local experts, first local expert, bm)
-        let cases = [(lite, 66, 0, 8), (v3, 257, 0, 16), (("V3 rank 2 of EP4", v3.1), 64, 128, 16), (v3_64, 65, 0, 16)];
+        // (model, local experts, first local expert, bm, half tiles)
+        let cases = [
+            (lite, 66, 0, 8, false),
+            (v3, 257, 0, 16, false),
+            (("V3 rank 2 of EP4", v3.1), 64, 128, 16, false),
+            (v3_64, 65, 0, 16, false),
+            (v3_64, 65, 0, 16, true),
+        ];
         let sizes: &[usize] = if self.quick { &[1, 5] } else { &[1, 3, 4, 16, 64] };
-        for ((label, p), local, first, bm) in cases {
+        for ((label, p), local, first, bm, halves) in cases {
             let (experts, top_k) = (p.n_experts, p.top_k);
             for &n in sizes {
                 let k = top_k + p.shared;
@@ -99,7 +105,7 @@ impl Ctx<'_> {
                 };
                 g.moe_route(&route(ptr(&ids0), ptr(&w0))).map_err(kerr)?;
                 let sort = SortBufs::new(g, a, local, bm)?;
-                let align = sort.align(ptr(&ids1), a, k, local, first, bm);
+                let align = sort.align(ptr(&ids1), a, k, local, first, bm, halves);
                 let fused = route(ptr(&ids1), ptr(&w1));
                 g.moe_route_align(&fused, &align).map_err(kerr)?;
                 let (mut want_ids, mut want_w, mut ids, mut w) =
@@ -113,9 +119,10 @@ impl Ctx<'_> {
                     + w.iter().zip(&want_w).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
                     + sort_differing;
                 let us = self.time(|| g.moe_route_align(&fused, &align).map_err(kerr))?;
+                let half = if halves { format!(" and {}", bm / 2) } else { String::new() };
                 self.push_exact(
                     "moe_route_align",
-                    format!("{label}: {n} tokens, {local} local experts from {first}, tiles of {bm}"),
+                    format!("{label}: {n} tokens, {local} local experts from {first}, tiles of {bm}{half}"),
                     differing,
                     2 * a + sort_total,
                     us,
@@ -130,16 +137,18 @@ impl Ctx<'_> {
     /// prefill sizes, over all experts and over one rank's share of them.
     pub fn align(&mut self) -> Result<()> {
         let g = self.cu.gpu();
-        // (label, routed experts, top_k, shared, local experts, first local expert, bm)
+        // (label, routed experts, top_k, shared, local experts, first local expert, bm, half tiles)
         let cases = [
-            ("V2-Lite", 64, 6, 2, 66, 0, 8),
-            ("V2-Lite", 64, 6, 2, 66, 0, 16),
-            ("V3", 256, 8, 1, 257, 0, 16),
-            ("V3 rank 2 of EP4", 256, 8, 1, 64, 128, 16),
-            ("V3 rank 2 of EP4", 256, 8, 1, 64, 128, 64),
+            ("V2-Lite", 64, 6, 2, 66, 0, 8, false),
+            ("V2-Lite", 64, 6, 2, 66, 0, 16, false),
+            ("V2-Lite", 64, 6, 2, 66, 0, 16, true),
+            ("V3", 256, 8, 1, 257, 0, 16, false),
+            ("V3 rank 2 of EP4", 256, 8, 1, 64, 128, 16, false),
+            ("V3 rank 2 of EP4", 256, 8, 1, 64, 128, 16, true),
+            ("V3 rank 2 of EP4", 256, 8, 1, 64, 128, 64, false),
         ];
         let sizes: &[usize] = if self.quick { &[1, 37] } else { &[1, 8, 64, 256, 4096] };
-        for (label, routed, top_k, shared, experts, first, bm) in cases {
+        for (label, routed, top_k, shared, experts, first, bm, halves) in cases {
             for &n in sizes {
                 let k = top_k + shared;
                 let ids: Vec<u32> = self
@@ -152,13 +161,14 @@ impl Ctx<'_> {
                 let id_buf = g.alloc::<u32>(a).map_err(kerr)?;
                 g.htod(&ids, ptr(&id_buf)).map_err(kerr)?;
                 let sort = SortBufs::new(g, a, experts, bm)?;
-                let align = sort.align(ptr(&id_buf), a, k, experts, first, bm);
+                let align = sort.align(ptr(&id_buf), a, k, experts, first, bm, halves);
                 g.moe_align(&align).map_err(kerr)?;
                 let (differing, total) = sort.against_reference(g, &align, &ids)?;
                 let us = self.time(|| g.moe_align(&align).map_err(kerr))?;
+                let half = if halves { format!(" and {}", bm / 2) } else { String::new() };
                 self.push_exact(
                     "moe_align",
-                    format!("{label}: {n} tokens, {experts} local experts from {first}, tiles of {bm}"),
+                    format!("{label}: {n} tokens, {experts} local experts from {first}, tiles of {bm}{half}"),
                     differing,
                     total,
                     us,
@@ -170,11 +180,13 @@ impl Ctx<'_> {
     }
 }
 
-/// The sort's device outputs for `a` assignments over `experts` local experts in tiles of `bm`.
+/// The sort's device outputs for `a` assignments over `experts` local experts in tiles of `bm`
+/// (and half tiles).
 struct SortBufs {
     sorted: CudaSlice<i32>,
     inv: CudaSlice<i32>,
     tiles: CudaSlice<i32>,
+    halves: CudaSlice<i32>,
     meta: CudaSlice<i32>,
 }
 
@@ -185,11 +197,13 @@ impl SortBufs {
             sorted: g.alloc::<i32>(a).map_err(kerr)?,
             inv: g.alloc::<i32>(a).map_err(kerr)?,
             tiles: g.alloc::<i32>(3 * max_tiles).map_err(kerr)?,
-            meta: g.alloc::<i32>(1).map_err(kerr)?,
+            halves: g.alloc::<i32>(3 * Gpu::moe_max_halves(a, experts).max(1)).map_err(kerr)?,
+            meta: g.alloc::<i32>(2).map_err(kerr)?,
         })
     }
 
-    fn align(&self, ids: u64, a: usize, top_k: usize, experts: usize, first: usize, bm: usize) -> Align {
+    #[allow(clippy::too_many_arguments)]
+    fn align(&self, ids: u64, a: usize, top_k: usize, experts: usize, first: usize, bm: usize, halves: bool) -> Align {
         Align {
             ids,
             assignments: a,
@@ -200,26 +214,35 @@ impl SortBufs {
             sorted_tok: ptr(&self.sorted),
             inv: ptr(&self.inv),
             tiles: ptr(&self.tiles),
+            halves: if halves { ptr(&self.halves) } else { 0 },
             meta: ptr(&self.meta),
             row_expert: 0,
         }
     }
 
     /// (entries differing from `align_reference` on the host `ids`, entries compared): the
-    /// placed rows, `inv`, the tiles and their count.
+    /// placed rows, `inv`, the tiles, the half tiles and their counts.
     fn against_reference(&self, g: &Gpu, al: &Align, ids: &[u32]) -> Result<(usize, usize)> {
-        let (want_sorted, want_inv, want_tiles) = align_reference(ids, al.top_k, al.experts, al.first, al.bm);
-        let (mut sorted, mut inv, mut meta) = (vec![0i32; ids.len()], vec![0i32; ids.len()], [0i32]);
+        let want = align_reference(ids, al.top_k, al.experts, al.first, al.bm, al.halves != 0);
+        let (mut sorted, mut inv, mut meta) = (vec![0i32; ids.len()], vec![0i32; ids.len()], [0i32; 2]);
         g.dtoh(ptr(&self.sorted), &mut sorted).map_err(kerr)?;
         g.dtoh(ptr(&self.inv), &mut inv).map_err(kerr)?;
         g.dtoh(ptr(&self.meta), &mut meta).map_err(kerr)?;
-        let mut tiles = vec![0i32; 3 * want_tiles.len()];
-        g.dtoh(ptr(&self.tiles), &mut tiles).map_err(kerr)?;
-        let differing = sorted.iter().zip(&want_sorted).filter(|(x, y)| x != y).count()
-            + inv.iter().zip(&want_inv).filter(|(x, y)| x != y).count()
-            + tiles.iter().zip(want_tiles.iter().flatten()).filter(|(x, y)| x != y).count()
-            + (meta[0] as usize != want_tiles.len()) as usize;
-        Ok((differing, want_sorted.len() + inv.len() + tiles.len() + 1))
+        let triples = |buf: &CudaSlice<i32>, want: &[[i32; 3]]| -> Result<(usize, usize)> {
+            let mut got = vec![0i32; 3 * want.len()];
+            g.dtoh(ptr(buf), &mut got).map_err(kerr)?;
+            Ok((got.iter().zip(want.iter().flatten()).filter(|(x, y)| x != y).count(), got.len()))
+        };
+        let (tiles_diff, tiles_n) = triples(&self.tiles, &want.tiles)?;
+        let (halves_diff, halves_n) = triples(&self.halves, &want.halves)?;
+        let counts = (meta[0] as usize != want.tiles.len()) as usize
+            + (al.halves != 0 && meta[1] as usize != want.halves.len()) as usize;
+        let differing = sorted.iter().zip(&want.sorted_tok).filter(|(x, y)| x != y).count()
+            + inv.iter().zip(&want.inv).filter(|(x, y)| x != y).count()
+            + tiles_diff
+            + halves_diff
+            + counts;
+        Ok((differing, want.sorted_tok.len() + inv.len() + tiles_n + halves_n + 2))
     }
 }
 

@@ -176,20 +176,50 @@ __device__ __forceinline__ int local_expert(const u32* ids, int* inv, int i, int
 // assignments by expert, stably: sorted_tok[p] is the token of sorted position p, inv[i] the sorted
 // position of assignment i, an expert's rows in assignment order (so a row's tile, and a stream-K
 // GEMM's summation order, never depend on timing); tiles[3t..3t+3] = (expert, first sorted row,
-// rows) for row tiles of at most BM rows; meta[0] = number of tiles; row_expert[p] (when non-null)
+// rows) for row tiles of at most BM rows; meta[0] = number of tiles; with `halves` non-null, an
+// expert's last tile of at most BM / 2 rows goes to `halves` instead (same triple, their count in
+// meta[1]), for a GEMM with tiles of half the rows; row_expert[p] (when non-null)
 // the expert of sorted row p. This rank holds experts first..first+E-1 (expert parallelism): other
 // assignments get inv -1 and no row, and the unused rows at the end point at token 0 of local
 // expert 0 (computed, never combined). `ops::moe::align_reference` is the host reference.
+// An expert of c rows: its tiles in `tiles` (every BM rows, the last one elsewhere when `halves`
+// takes it), and whether `halves` gets its last tile (c % BM in 1..BM / 2).
+__device__ __forceinline__ bool half_tile(int c, int BM, bool halves) {
+    const int rest = c % BM;
+    return halves && rest > 0 && rest <= BM / 2;
+}
+__device__ __forceinline__ int main_tiles(int c, int BM, bool halves) {
+    return (c + BM - 1) / BM - (half_tile(c, BM, halves) ? 1 : 0);
+}
+
+// Writes expert e's tiles: c rows from sorted row `row`, the main ones from index t, its half tile
+// (if any) at index h of `halves`.
+__device__ __forceinline__ void write_tiles(int e, int c, int row, int t, int h, int BM, int* tiles, int* halves) {
+    const int m = main_tiles(c, BM, halves != nullptr);
+    for (int j = 0; j < m; j++) {
+        tiles[3 * (t + j)] = e;
+        tiles[3 * (t + j) + 1] = row + j * BM;
+        tiles[3 * (t + j) + 2] = min(BM, c - j * BM);
+    }
+    if (half_tile(c, BM, halves != nullptr)) {
+        halves[3 * h] = e;
+        halves[3 * h + 1] = row + m * BM;
+        halves[3 * h + 2] = c - m * BM;
+    }
+}
+
 __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok, int* inv,
-                                  int* tiles, int* meta, int* row_expert, int* sh) {
+                                  int* tiles, int* halves, int* meta, int* row_expert, int* sh) {
     int* cnt = sh;
     int* off = sh + E;
     int* cur = sh + 2 * E;
     int* toff = sh + 3 * E;
     int* chunk = sh + 4 * E;
-    int* total = sh + 5 * E;
+    int* hoff = sh + 5 * E;
+    int* total = sh + 6 * E;
+    const bool split = halves != nullptr;
     // wc[w * E + e]: warp w's rows of expert e in the current chunk, then their exclusive prefix over warps.
-    unsigned short* wc = reinterpret_cast<unsigned short*>(sh + 5 * E + 1);
+    unsigned short* wc = reinterpret_cast<unsigned short*>(sh + 6 * E + 1);
     const int tid = threadIdx.x, bd = blockDim.x, lane = tid & 31, warp = tid >> 5;
     for (int e = tid; e < E; e += bd) {
         cnt[e] = 0;
@@ -204,27 +234,33 @@ __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top
     __syncthreads();
     if (tid < 32) {  // offsets by an exclusive scan over warp 0, a run of experts per lane
         const int per = (E + 31) / 32, e0 = tid * per, e1 = min(E, e0 + per);
-        int o = 0, t = 0;
+        int o = 0, t = 0, h = 0;
         for (int e = e0; e < e1; e++) {
             o += cnt[e];
-            t += (cnt[e] + BM - 1) / BM;
+            t += main_tiles(cnt[e], BM, split);
+            h += half_tile(cnt[e], BM, split);
         }
-        int so = o, st = t;
+        int so = o, st = t, sv = h;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
             const int po = __shfl_up_sync(0xffffffffu, so, d), pt = __shfl_up_sync(0xffffffffu, st, d);
-            if (tid >= d) so += po, st += pt;
+            const int ph = __shfl_up_sync(0xffffffffu, sv, d);
+            if (tid >= d) so += po, st += pt, sv += ph;
         }
         o = so - o;
         t = st - t;
+        h = sv - h;
         for (int e = e0; e < e1; e++) {
             off[e] = o;
             toff[e] = t;
+            hoff[e] = h;
             o += cnt[e];
-            t += (cnt[e] + BM - 1) / BM;
+            t += main_tiles(cnt[e], BM, split);
+            h += half_tile(cnt[e], BM, split);
         }
         if (tid == 31) {
             meta[0] = st;
+            if (split) meta[1] = sv;
             *total = so;
         }
     }
@@ -263,15 +299,7 @@ __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top
         sorted_tok[p] = 0;
         if (row_expert) row_expert[p] = 0;
     }
-    for (int e = tid; e < E; e += bd) {
-        const int c = cnt[e];
-        for (int j = 0; j * BM < c; j++) {
-            const int t = toff[e] + j;
-            tiles[3 * t] = e;
-            tiles[3 * t + 1] = off[e] + j * BM;
-            tiles[3 * t + 2] = min(BM, c - j * BM);
-        }
-    }
+    for (int e = tid; e < E; e += bd) write_tiles(e, cnt[e], off[e], toff[e], hoff[e], BM, tiles, halves);
 }
 
 // align_assignments for at most 32 assignments, by one warp without shared memory or barriers
@@ -279,18 +307,21 @@ __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top
 // rank among its warp peers of that expert, and the rows (tiles) of lower experts are counted over
 // the other lanes. The same results as align_assignments.
 __device__ __forceinline__ void align_warp(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok,
-                                           int* inv, int* tiles, int* meta, int* row_expert) {
+                                           int* inv, int* tiles, int* halves, int* meta, int* row_expert) {
     const int lane = threadIdx.x & 31;
+    const bool split = halves != nullptr;
     const int e = lane < A ? local_expert(ids, inv, lane, E, first) : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(peers & ((1u << lane) - 1u)), cnt = __popc(peers);
     const bool lead = e >= 0 && rank == 0;
-    const int ntiles = lead ? (cnt + BM - 1) / BM : 0;
-    int before = 0, tiles_before = 0, tiles_total = 0;
+    const int ntiles = lead ? main_tiles(cnt, BM, split) : 0, nhalf = lead ? half_tile(cnt, BM, split) : 0;
+    int before = 0, tiles_before = 0, tiles_total = 0, halves_before = 0, halves_total = 0;
     for (int j = 0; j < A; j++) {
         const int ej = __shfl_sync(0xffffffffu, e, j), tj = __shfl_sync(0xffffffffu, ntiles, j);
+        const int hj = __shfl_sync(0xffffffffu, nhalf, j);
         tiles_total += tj;
-        if (ej >= 0 && ej < e) before++, tiles_before += tj;
+        halves_total += hj;
+        if (ej >= 0 && ej < e) before++, tiles_before += tj, halves_before += hj;
     }
     const int total = __popc(__ballot_sync(0xffffffffu, e >= 0));
     if (e >= 0) {
@@ -303,21 +334,18 @@ __device__ __forceinline__ void align_warp(const u32* ids, int A, int top_k, int
         sorted_tok[p] = 0;
         if (row_expert) row_expert[p] = 0;
     }
-    if (lead)
-        for (int j = 0; j * BM < cnt; j++) {
-            const int t = tiles_before + j;
-            tiles[3 * t] = e;
-            tiles[3 * t + 1] = before + j * BM;
-            tiles[3 * t + 2] = min(BM, cnt - j * BM);
-        }
-    if (lane == 0) meta[0] = tiles_total;
+    if (lead) write_tiles(e, cnt, before, tiles_before, halves_before, BM, tiles, halves);
+    if (lane == 0) {
+        meta[0] = tiles_total;
+        if (split) meta[1] = halves_total;
+    }
 }
 // The most assignments align_warp takes (one per lane); ops/routing.rs launches one warp's worth
 // of threads (per token, for moe_route_align) for them.
 #define ALIGN_WARP_MAX 32
 
-#define ALIGN_ARGS int A, int top_k, int E, int first, int BM, int *sorted_tok, int *inv, int *tiles, int *meta, int *row_expert
-#define ALIGN_PASS A, top_k, E, first, BM, sorted_tok, inv, tiles, meta, row_expert
+#define ALIGN_ARGS int A, int top_k, int E, int first, int BM, int *sorted_tok, int *inv, int *tiles, int *halves, int *meta, int *row_expert
+#define ALIGN_PASS A, top_k, E, first, BM, sorted_tok, inv, tiles, halves, meta, row_expert
 
 extern "C" __global__ void moe_align(const u32* ids, ALIGN_ARGS) {
     pdl_enter();

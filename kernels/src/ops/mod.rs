@@ -28,7 +28,7 @@ pub use qdecode::{Fp8Order, QMma, QPersist, QDECODE_KERNELS};
 mod quant;
 pub use quant::{Expansion, QCut, QGemm, QWeights, QUANT_KERNELS};
 mod routing;
-pub use routing::{align_reference, Align, Route, ROUTE_ALIGN_MAX_TOKENS};
+pub use routing::{align_reference, Align, Aligned, Route, ROUTE_ALIGN_MAX_TOKENS};
 mod sample;
 pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 

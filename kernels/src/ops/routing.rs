@@ -73,7 +73,9 @@ impl Route {
 /// The sort of `assignments` expert choices (`top_k` per token, in `ids`) into row tiles of at
 /// most `bm` rows of this rank's experts `first..first + experts` (routing.cu `align_assignments`):
 /// `sorted_tok`, `inv`, `tiles` ([`Gpu::moe_max_tiles`] triples), `meta` (the tile count) and,
-/// when non-zero, `row_expert`.
+/// when non-zero, `row_expert`. With `halves` non-zero, each expert's last tile of at most `bm / 2`
+/// rows goes there instead ([`Gpu::moe_max_halves`] triples, their count in `meta[1]`): the
+/// experts' rows split between GEMMs with tiles of `bm` and of `bm / 2` rows.
 #[derive(Debug, Clone, Copy)]
 pub struct Align {
     pub ids: u64,
@@ -85,18 +87,22 @@ pub struct Align {
     pub sorted_tok: u64,
     pub inv: u64,
     pub tiles: u64,
+    pub halves: u64,
     pub meta: u64,
     pub row_expert: u64,
 }
 
 impl Align {
     /// The arguments after `ids`.
-    fn args(&self) -> Result<[Arg; 10]> {
+    fn args(&self) -> Result<[Arg; 11]> {
         if self.experts > ALIGN_MAX_EXPERTS {
             return Err(KernelError::Invalid(format!(
                 "moe_align: {} experts (at most {ALIGN_MAX_EXPERTS})",
                 self.experts
             )));
+        }
+        if self.halves != 0 && self.bm < 2 {
+            return Err(KernelError::Invalid(format!("moe_align: half tiles of tiles of {} rows", self.bm)));
         }
         Ok([
             I32(self.assignments as i32),
@@ -107,17 +113,18 @@ impl Align {
             Ptr(self.sorted_tok),
             Ptr(self.inv),
             Ptr(self.tiles),
+            Ptr(self.halves),
             Ptr(self.meta),
             Ptr(self.row_expert),
         ])
     }
 
-    /// Five ints per expert and one, then a u16 per expert per warp; none for the one-warp sort.
+    /// Six ints per expert and one, then a u16 per expert per warp; none for the one-warp sort.
     fn smem(&self) -> u32 {
         if self.one_warp() {
             return 0;
         }
-        (20 * self.experts + 4 + 2 * self.experts * (ALIGN_THREADS as usize / 32)) as u32
+        (24 * self.experts + 4 + 2 * self.experts * (ALIGN_THREADS as usize / 32)) as u32
     }
 
     /// Whether the one-warp sort takes these assignments.
@@ -136,6 +143,12 @@ impl Gpu {
     /// Most row tiles `moe_align` can produce for `assignments` rows over `experts`.
     pub fn moe_max_tiles(assignments: usize, experts: usize, bm: usize) -> usize {
         assignments.div_ceil(bm) + experts.min(assignments)
+    }
+
+    /// Most half tiles (one an expert at most) `moe_align` can produce for `assignments` rows
+    /// over `experts` ([`Align::halves`]).
+    pub fn moe_max_halves(assignments: usize, experts: usize) -> usize {
+        experts.min(assignments)
     }
 
     /// Sorts the assignments in `a.ids` into row tiles ([`Align`]).
@@ -183,17 +196,23 @@ impl Gpu {
     }
 }
 
-/// What [`Gpu::moe_align`] writes, computed on the host: `(sorted_tok, inv, tiles)` for the
-/// assignments `ids` (`top_k` per token) over local experts `first..first + experts` in row tiles
-/// of at most `bm`; each expert's rows in assignment order, `inv` -1 for other ranks' experts.
-/// `sorted_tok` holds the placed rows only (the kernel's unused rows after them are not compared).
-pub fn align_reference(
-    ids: &[u32],
-    top_k: usize,
-    experts: usize,
-    first: usize,
-    bm: usize,
-) -> (Vec<i32>, Vec<i32>, Vec<[i32; 3]>) {
+/// What [`Gpu::moe_align`] writes, computed on the host ([`align_reference`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Aligned {
+    /// The token of each placed row (the kernel's unused rows after them are not compared).
+    pub sorted_tok: Vec<i32>,
+    /// Each assignment's sorted row, -1 for other ranks' experts.
+    pub inv: Vec<i32>,
+    /// (expert, first sorted row, rows) per tile.
+    pub tiles: Vec<[i32; 3]>,
+    /// The half tiles ([`Align::halves`]); empty without them.
+    pub halves: Vec<[i32; 3]>,
+}
+
+/// [`Aligned`] for the assignments `ids` (`top_k` per token) over local experts
+/// `first..first + experts` in row tiles of at most `bm`, with each expert's last tile of at most
+/// `bm / 2` rows among the half tiles when `halves`; each expert's rows in assignment order.
+pub fn align_reference(ids: &[u32], top_k: usize, experts: usize, first: usize, bm: usize, halves: bool) -> Aligned {
     let local = |id: u32| (id as usize).checked_sub(first).filter(|&e| e < experts);
     let mut rows: Vec<Vec<usize>> = vec![Vec::new(); experts];
     for (i, &id) in ids.iter().enumerate() {
@@ -201,17 +220,22 @@ pub fn align_reference(
             rows[e].push(i);
         }
     }
-    let (mut sorted_tok, mut inv, mut tiles) = (Vec::new(), vec![-1; ids.len()], Vec::new());
+    let mut out = Aligned { sorted_tok: Vec::new(), inv: vec![-1; ids.len()], tiles: Vec::new(), halves: Vec::new() };
     for (e, assigned) in rows.iter().enumerate() {
         for chunk in assigned.chunks(bm) {
-            tiles.push([e as i32, sorted_tok.len() as i32, chunk.len() as i32]);
+            let tile = [e as i32, out.sorted_tok.len() as i32, chunk.len() as i32];
+            if halves && chunk.len() <= bm / 2 {
+                out.halves.push(tile);
+            } else {
+                out.tiles.push(tile);
+            }
             for &i in chunk {
-                inv[i] = sorted_tok.len() as i32;
-                sorted_tok.push((i / top_k) as i32);
+                out.inv[i] = out.sorted_tok.len() as i32;
+                out.sorted_tok.push((i / top_k) as i32);
             }
         }
     }
-    (sorted_tok, inv, tiles)
+    out
 }
 
 #[cfg(test)]
@@ -223,12 +247,28 @@ mod tests {
         // Two tokens of top 3 over local experts 2..5: expert 2 twice (token 0, then token 1),
         // expert 9 belongs to another rank.
         let ids = [2, 4, 9, 3, 2, 4];
-        let (sorted, inv, tiles) = align_reference(&ids, 3, 3, 2, 1);
-        assert_eq!(sorted, vec![0, 1, 1, 0, 1]);
-        assert_eq!(inv, vec![0, 3, -1, 2, 1, 4]);
-        assert_eq!(tiles, vec![[0, 0, 1], [0, 1, 1], [1, 2, 1], [2, 3, 1], [2, 4, 1]]);
-        let (_, _, wide) = align_reference(&ids, 3, 3, 2, 16);
-        assert_eq!(wide, vec![[0, 0, 2], [1, 2, 1], [2, 3, 2]]);
+        let one = align_reference(&ids, 3, 3, 2, 1, false);
+        assert_eq!(one.sorted_tok, vec![0, 1, 1, 0, 1]);
+        assert_eq!(one.inv, vec![0, 3, -1, 2, 1, 4]);
+        assert_eq!(one.tiles, vec![[0, 0, 1], [0, 1, 1], [1, 2, 1], [2, 3, 1], [2, 4, 1]]);
+        assert!(one.halves.is_empty());
+        let wide = align_reference(&ids, 3, 3, 2, 16, false);
+        assert_eq!(wide.tiles, vec![[0, 0, 2], [1, 2, 1], [2, 3, 2]]);
+    }
+
+    #[test]
+    fn half_tiles_take_each_experts_last_rows_up_to_half_a_tile() {
+        // Expert 0: 21 rows (16 + 5: the 5 go to a half tile), expert 1: 12 (one main tile),
+        // expert 2: 3 (a half tile), expert 3: 16 (one main tile), expert 4: none.
+        let counts = [21, 12, 3, 16, 0];
+        let ids: Vec<u32> = counts.iter().enumerate().flat_map(|(e, &c)| std::iter::repeat_n(e as u32, c)).collect();
+        let a = align_reference(&ids, 1, 5, 0, 16, true);
+        assert_eq!(a.tiles, vec![[0, 0, 16], [1, 21, 12], [3, 36, 16]]);
+        assert_eq!(a.halves, vec![[0, 16, 5], [2, 33, 3]]);
+        let whole = align_reference(&ids, 1, 5, 0, 16, false);
+        assert_eq!((whole.sorted_tok, whole.inv), (a.sorted_tok, a.inv));
+        assert_eq!(whole.tiles.len(), a.tiles.len() + a.halves.len());
+        assert!(a.halves.len() <= Gpu::moe_max_halves(ids.len(), 5));
     }
 
     #[test]
@@ -243,6 +283,7 @@ mod tests {
             sorted_tok: 0,
             inv: 0,
             tiles: 0,
+            halves: 0,
             meta: 0,
             row_expert: 0,
         };

@@ -196,11 +196,27 @@ pub(super) fn experts(
     } else {
         persistent_bm.unwrap_or(16)
     };
+    // With 16-row AWQ tiles on the persistent kernel, each expert's last tile of at most 8 rows
+    // goes to the 8-row kernel (a launch of its own: one kernel with both bodies needs registers
+    // that cost a block an SM, run 165), which unpacks each weight for 8 rows where the 16-row
+    // one pays MMAs and folds for 16.
+    let halves = match (&ex.data, v.qgemm_halves) {
+        (ExpertData::Quant { gate_up, down }, Some(min_bytes))
+            if bm == 16 && persistent_bm == Some(16) && gate_up.shape.format == QFormat::AwqInt4 =>
+        {
+            let eight = |w: &QuantWeight| be.qgemm_shape(w, QRows::Tiles(8)).is_some_and(|c| c.bm == 8);
+            eight(gate_up) && eight(down) && gate_up.shape.bytes() + down.shape.bytes() >= min_bytes
+        }
+        _ => false,
+    };
     let max_tiles = Gpu::moe_max_tiles(a, aligned, bm);
+    let max_halves = if halves { Gpu::moe_max_halves(a, aligned) } else { 0 };
     let sorted_tok = be.buf::<i32>(a)?;
     let inv = be.buf::<i32>(a)?;
-    let tiles = be.buf::<i32>(3 * max_tiles)?;
-    let meta = be.buf::<i32>(1)?;
+    // The tiles, then the half tiles; meta holds both counts.
+    let tiles = be.buf::<i32>(3 * (max_tiles + max_halves))?;
+    let meta = be.buf::<i32>(2)?;
+    let halves_at = |base: u64| base + (3 * max_tiles * 4) as u64;
     // The reference-precision experts read each sorted row's expert.
     let row_expert = match ex.data {
         ExpertData::F32 { .. } => Some(be.buf::<i32>(a)?),
@@ -216,6 +232,7 @@ pub(super) fn experts(
         sorted_tok: ptr(&sorted_tok),
         inv: ptr(&inv),
         tiles: ptr(&tiles),
+        halves: if halves { halves_at(ptr(&tiles)) } else { 0 },
         meta: ptr(&meta),
         row_expert: row_expert.as_ref().map_or(0, |b| ptr(b)),
     };
@@ -298,13 +315,21 @@ pub(super) fn experts(
                 let g = QGemm { rows: routed_a, ..g };
                 fp8_wgmma_experts(be, x, [gate_up, down], g, ptr(&y), stages)?;
             } else if bm <= 16 {
-                be.qgemm_decode(gate_up, QIn::F32(x), g, None)?;
-                be.qgemm_decode(
-                    down,
-                    QIn::Bf16 { ptr: ptr(&act), rows: a },
-                    QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g },
-                    None,
-                )?;
+                // The row tiles, then the half tiles on the 8-row kernel.
+                let half = QGemm { tiles: halves_at(tiles), meta: meta + 4, max_tiles: max_halves, bm: 8, ..g };
+                let runs = [Some(g), halves.then_some(half)];
+                for g in runs.into_iter().flatten() {
+                    // AWQ reads x's bf16 shadow either way; FP8 quantizes it from f32.
+                    let x_in = match gate_up.shape.format {
+                        QFormat::AwqInt4 => QIn::Bf16 { ptr: xb.ptr(), rows: n },
+                        QFormat::Fp8E4m3 => QIn::F32(x),
+                    };
+                    be.qgemm_decode(gate_up, x_in, g, None)?;
+                }
+                for g in runs.into_iter().flatten() {
+                    let g = QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g };
+                    be.qgemm_decode(down, QIn::Bf16 { ptr: ptr(&act), rows: a }, g, None)?;
+                }
             } else {
                 gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }).map_err(kerr)?;
                 gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g })

@@ -23,7 +23,9 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
-/// [`ROWS8_MAX_AVG`]), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the
+/// [`ROWS8_MAX_AVG`]), `CLEAVE_QGEMM_HALVES=off|MIB` (default
+/// [`HALVES_MIN_BYTES`]), `CLEAVE_QGEMM_STREAMK=on|off`
+/// (default on), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the
 /// decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS` (default [`Fusion::DEFAULT`]),
 /// `CLEAVE_MOE_END=fused|separate` (default fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +67,11 @@ pub struct Variants {
     /// Compressed experts averaging at most this many rows run 8-row tiles where the format has
     /// them (AWQ), else 16-row ones; 0: never.
     pub qgemm_rows8: usize,
+    /// With 16-row AWQ expert tiles over expert stacks (gate/up and down) of at least this many
+    /// bytes, each expert's last tile of at most 8 rows runs on the 8-row kernel in a launch of
+    /// its own; None: never. At 8 rows an expert on average about half the experts then need no
+    /// 16-row tile; the second launch's fill and drain cost more than that saves on small stacks.
+    pub qgemm_halves: Option<usize>,
     /// Shared experts folded into the routed experts' grouped GEMMs (where the model can: a
     /// rank holding the whole shared MLP, cut on its format's blocks) instead of a dense MLP of
     /// their own; prefill-sized batches still run them as dense GEMMs, reading the folded copy.
@@ -154,6 +161,12 @@ pub enum QRows {
 /// experts then needing two tiles).
 pub const ROWS8_MAX_AVG: usize = 4;
 
+/// Expert layers whose compressed gate/up and down stacks take at least this many bytes run half
+/// tiles (`Variants::qgemm_halves`). Run 174 (`qgemm_tune`, 64 tokens): the V3 share's 64
+/// experts (1.4 GB) gate/up 336.8 -> 313.2 us and down 185.6 -> 171.8 with them; V2-Lite's 64
+/// (0.29 GB) 81.5 -> 82.5 and 49.9 -> 51.5 us.
+pub const HALVES_MIN_BYTES: usize = 512 << 20;
+
 /// Rows per expert on average from which prefill's AWQ experts are expanded to bf16 for the
 /// wgmma GEMM (`Variants::awq_prefill_rows`). The expansion writes the experts' bf16 bytes once
 /// per call (54 us per V3 expert on an H200 since `qdequant_awq_rows`, run 106), which the wgmma
@@ -223,6 +236,15 @@ fn fused_or_separate(name: &str, v: &str) -> Result<bool> {
     }
 }
 
+/// An on/off setting `name` (empty: on).
+fn on_or_off(name: &str, v: &str) -> Result<bool> {
+    match v {
+        "" | "on" => Ok(true),
+        "off" => Ok(false),
+        v => Err(EngineError::Config(format!("{name}: `{v}` is not one of on, off"))),
+    }
+}
+
 /// A count setting `name`: empty (`default`), `off` (0), or a number from 1 to `max`.
 pub fn parse_count(name: &str, v: &str, default: usize, max: usize) -> Result<usize> {
     match v {
@@ -250,6 +272,7 @@ impl Variants {
         qgemm: QuantGemm::Tiled,
         qgemm_streamk: false,
         qgemm_rows8: 0,
+        qgemm_halves: None,
         fold_shared: false,
         gemv_rows: 0,
         router_gemv_rows: 0,
@@ -296,11 +319,8 @@ impl Variants {
             moe_end: fused_or_separate("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"))?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
-        v.qgemm_streamk = match var("CLEAVE_QGEMM_STREAMK").as_str() {
-            "" | "on" => true,
-            "off" => false,
-            v => return Err(EngineError::Config(format!("CLEAVE_QGEMM_STREAMK: `{v}` is not one of on, off"))),
-        };
+        v.qgemm_streamk = on_or_off("CLEAVE_QGEMM_STREAMK", &var("CLEAVE_QGEMM_STREAMK"))?;
+        v.qgemm_halves = Self::parse_halves(&var("CLEAVE_QGEMM_HALVES"))?;
         v.fused_prologue = fused_or_separate("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"))?;
         v.pdl = match var("CLEAVE_PDL").as_str() {
             "" => DEFAULT_PDL,
@@ -321,6 +341,18 @@ impl Variants {
             v => v
                 .parse()
                 .map_err(|_| EngineError::Config(format!("CLEAVE_QGEMM_ROWS8: `{v}` is not off or a number of rows"))),
+        }
+    }
+
+    /// `CLEAVE_QGEMM_HALVES`: empty (the default, [`HALVES_MIN_BYTES`]), `off`, or the least
+    /// MiB of an expert layer's compressed stacks for half tiles.
+    pub fn parse_halves(v: &str) -> Result<Option<usize>> {
+        match v {
+            "" => Ok(Some(HALVES_MIN_BYTES)),
+            "off" => Ok(None),
+            v => v.parse::<usize>().ok().and_then(|m| m.checked_mul(1 << 20)).map(Some).ok_or_else(|| {
+                EngineError::Config(format!("CLEAVE_QGEMM_HALVES: `{v}` is not off or a number of MiB"))
+            }),
         }
     }
 
@@ -426,6 +458,7 @@ impl Variants {
             qgemm,
             qgemm_streamk: true,
             qgemm_rows8: ROWS8_MAX_AVG,
+            qgemm_halves: Some(HALVES_MIN_BYTES),
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
@@ -459,6 +492,7 @@ mod tests {
                 qgemm: QuantGemm::Persistent(None),
                 qgemm_streamk: true,
                 qgemm_rows8: ROWS8_MAX_AVG,
+                qgemm_halves: Some(HALVES_MIN_BYTES),
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
                 router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
@@ -474,6 +508,7 @@ mod tests {
             awq_prefill_rows: AWQ_EXPAND_MIN_AVG,
             qgemm_streamk: true,
             qgemm_rows8: ROWS8_MAX_AVG,
+            qgemm_halves: Some(HALVES_MIN_BYTES),
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
@@ -495,6 +530,14 @@ mod tests {
         assert_eq!(router("").unwrap(), DEFAULT_ROUTER_GEMV_ROWS);
         assert_eq!(router("64").unwrap(), 64);
         assert!(router("1025").unwrap_err().to_string().contains("CLEAVE_ROUTER_GEMV"));
+        assert_eq!(Variants::parse_halves("").unwrap(), Some(HALVES_MIN_BYTES));
+        assert_eq!(Variants::parse_halves("off").unwrap(), None);
+        assert_eq!(Variants::parse_halves("0").unwrap(), Some(0));
+        assert_eq!(Variants::parse_halves("2").unwrap(), Some(2 << 20));
+        assert!(Variants::parse_halves("on").unwrap_err().to_string().contains("CLEAVE_QGEMM_HALVES"));
+        assert!(!on_or_off("CLEAVE_QGEMM_STREAMK", "off").unwrap());
+        assert!(on_or_off("CLEAVE_QGEMM_STREAMK", "").unwrap());
+        assert!(on_or_off("CLEAVE_QGEMM_STREAMK", "1").unwrap_err().to_string().contains("CLEAVE_QGEMM_STREAMK"));
         assert!(fused_or_separate("CLEAVE_MOE_END", "").unwrap());
         assert!(!fused_or_separate("CLEAVE_MOE_END", "separate").unwrap());
         assert!(fused_or_separate("CLEAVE_MOE_END", "on").unwrap_err().to_string().contains("CLEAVE_MOE_END"));
