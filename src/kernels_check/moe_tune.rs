@@ -176,7 +176,7 @@ impl DecodeTiles {
             sorted_tok: ptr(&sorted),
             inv: ptr(&inv),
             tiles: ptr(&tiles),
-            halves: halves.as_ref().map_or(0, |h| ptr(h)),
+            halves: halves.as_ref().map_or(0, ptr),
             meta: ptr(&meta),
             row_expert: 0,
         })?;
