@@ -195,8 +195,17 @@ pub(super) fn mla_attention(
         let a = (d.nope + d.v) * l;
         let q_lat = be.alloc_f32(rows * heads * l)?;
         let (q_in, lq) = (q_bf.ptr(), heads * qk);
-        gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, ptr(&q_lat), heads * l, l, heads))
-            .map_err(kerr)?;
+        // A few rows (small decode batches) on the per-head GEMV kernels, with the dense GEMVs.
+        let dims = [heads, d.nope, d.v, l];
+        let few = rows <= var.gemv_rows && Gpu::mla_absorb_takes(rows, heads, d.nope, d.v, l);
+        if few {
+            // SAFETY: q_in holds rows x (heads qk) bf16 (the prologue's copy), kv_b the whole
+            // projection (its shape checked above), q_lat was allocated for rows x heads x l f32.
+            unsafe { gpu.mla_absorb_q(q_in, lq, qk, kv_b, dims, ptr(&q_lat), rows) }.map_err(kerr)?;
+        } else {
+            let (o, lo) = (ptr(&q_lat), heads * l);
+            gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, o, lo, l, heads)).map_err(kerr)?;
+        }
         let k = p.kernel(var.mla, gpu.has_wgmma());
         let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
         let o_lat = be.alloc_u16(rows * heads * l)?;
@@ -215,8 +224,14 @@ pub(super) fn mla_attention(
         }
         let kv_v = kv_b + (d.nope * l * 2) as u64;
         let o = ptr(&o_lat);
-        gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, o, heads * l, l, false, out.ptr(), heads * d.v, d.v, heads))
-            .map_err(kerr)?;
+        if few {
+            // SAFETY: o_lat holds rows x heads x l bf16, out rows x (heads v) f32 (both made
+            // here), kv_b the whole projection.
+            unsafe { gpu.mla_absorb_out(o, kv_b, dims, out.ptr(), rows) }.map_err(kerr)?;
+        } else {
+            let (y, ly) = (out.ptr(), heads * d.v);
+            gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, o, heads * l, l, false, y, ly, d.v, heads)).map_err(kerr)?;
+        }
     }
     for s in batch.seqs.iter().filter(|s| expand(s)) {
         let tab = tables + 4 * meta[rows + s.q_start] as u64;
