@@ -172,16 +172,6 @@ __device__ __forceinline__ int local_expert(const u32* ids, int* inv, int i, int
     return -1;
 }
 
-// The whole block (1024 threads; `sh` holds 5 E + 1 ints, then 32 E u16). Sorts the n*top_k
-// assignments by expert, stably: sorted_tok[p] is the token of sorted position p, inv[i] the sorted
-// position of assignment i, an expert's rows in assignment order (so a row's tile, and a stream-K
-// GEMM's summation order, never depend on timing); tiles[3t..3t+3] = (expert, first sorted row,
-// rows) for row tiles of at most BM rows; meta[0] = number of tiles; with `halves` non-null, an
-// expert's last tile of at most BM / 2 rows goes to `halves` instead (same triple, their count in
-// meta[1]), for a GEMM with tiles of half the rows; row_expert[p] (when non-null)
-// the expert of sorted row p. This rank holds experts first..first+E-1 (expert parallelism): other
-// assignments get inv -1 and no row, and the unused rows at the end point at token 0 of local
-// expert 0 (computed, never combined). `ops::moe::align_reference` is the host reference.
 // An expert of c rows: its tiles in `tiles` (every BM rows, the last one elsewhere when `halves`
 // takes it), and whether `halves` gets its last tile (c % BM in 1..BM / 2).
 __device__ __forceinline__ bool half_tile(int c, int BM, bool halves) {
@@ -208,6 +198,16 @@ __device__ __forceinline__ void write_tiles(int e, int c, int row, int t, int h,
     }
 }
 
+// The whole block (1024 threads; `sh` holds 6 E + 1 ints, then 32 E u16). Sorts the n*top_k
+// assignments by expert, stably: sorted_tok[p] is the token of sorted position p, inv[i] the sorted
+// position of assignment i, an expert's rows in assignment order (so a row's tile, and a stream-K
+// GEMM's summation order, never depend on timing); tiles[3t..3t+3] = (expert, first sorted row,
+// rows) for row tiles of at most BM rows; meta[0] = number of tiles; with `halves` non-null, an
+// expert's last tile of at most BM / 2 rows goes to `halves` instead (same triple, their count in
+// meta[1]), for a GEMM with tiles of half the rows; row_expert[p] (when non-null)
+// the expert of sorted row p. This rank holds experts first..first+E-1 (expert parallelism): other
+// assignments get inv -1 and no row, and the unused rows at the end point at token 0 of local
+// expert 0 (computed, never combined). `ops::routing::align_reference` is the host reference.
 __device__ __forceinline__ void align_assignments(const u32* ids, int A, int top_k, int E, int first, int BM, int* sorted_tok, int* inv,
                                   int* tiles, int* halves, int* meta, int* row_expert, int* sh) {
     int* cnt = sh;

@@ -195,7 +195,7 @@ pub(super) fn mla_attention(
         let a = (d.nope + d.v) * l;
         let q_lat = be.alloc_f32(rows * heads * l)?;
         let (q_in, lq) = (q_bf.ptr(), heads * qk);
-        // A few rows (small decode batches) on the per-head GEMV kernels, with the dense GEMVs.
+        // One row (batch-1 decode) on the per-head GEMV kernels, as the dense GEMVs go.
         let dims = [heads, d.nope, d.v, l];
         let few = rows <= var.gemv_rows && Gpu::mla_absorb_takes(rows, heads, d.nope, d.v, l);
         if few {
