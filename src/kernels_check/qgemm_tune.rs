@@ -168,14 +168,10 @@ impl Ctx<'_> {
                 let down = QGemm { silu: false, rowidx: 0, ..base };
                 let eight =
                     |g: QGemm| QGemm { tiles: ptr(&tiles8), meta: ptr(&meta8), max_tiles: max_tiles8, bm: 8, ..g };
+                // The sort places rows as without half tiles (stably, by expert), so `g`'s rows
+                // (dt.sorted) serve both lists.
                 let halves = |g: QGemm| {
-                    let main = QGemm {
-                        rowidx: if g.silu { ptr(&dh.sorted) } else { 0 },
-                        tiles: ptr(&dh.tiles),
-                        meta: ptr(&dh.meta),
-                        max_tiles: dh.max_tiles,
-                        ..g
-                    };
+                    let main = QGemm { tiles: ptr(&dh.tiles), meta: ptr(&dh.meta), max_tiles: dh.max_tiles, ..g };
                     let half = dh.halves.as_ref().map(|h| QGemm {
                         tiles: ptr(h),
                         meta: ptr(&dh.meta) + 4,

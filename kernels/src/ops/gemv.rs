@@ -1,6 +1,7 @@
 //! Dense linears of a few rows (`gemv.cu`): memory-bound decode GEMVs over bf16 or f32 weights,
 //! in place of cuBLAS GEMMs at those sizes; more rows run in groups of four (the f32 router,
-//! whose weights stay in L2).
+//! whose weights stay in L2). MLA's absorbed projections at one row (per head over kv_b_proj)
+//! in place of cuBLAS's batched GEMM.
 
 use crate::{Arg, Gpu, KernelError, Result};
 
