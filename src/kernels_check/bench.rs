@@ -105,7 +105,9 @@ fn profile(cu: &CudaBackend, label: &str, mut f: impl FnMut() -> cleave_engine::
     f()?;
     let rows = cu.gpu().profile_stop()?;
     let total: f64 = rows.iter().map(|r| r.1).sum();
-    let list: Vec<String> = rows.iter().take(9).map(|(n, t, c)| format!("{n} {t:.2}ms/{c}")).collect();
+    // Every kernel, longest first; `CLEAVE_PDL=off` makes each time the kernel's own (with PDL a
+    // kernel's time includes its wait for the one before).
+    let list: Vec<String> = rows.iter().map(|(n, t, c)| format!("{n} {t:.2}ms/{c}")).collect();
     println!("  profile {label}: kernels {total:.2} ms: {}", list.join(", "));
     Ok(())
 }
