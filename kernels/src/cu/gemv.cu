@@ -185,67 +185,55 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_f32_r8(const flo
 // MLA's absorbed projections at one row (batch-1 decode), per head h of `heads`, over kv_b_proj's
 // bf16 rows [h (nope + v) .. (h + 1)(nope + v)) of L channels each (nope = 128), where cuBLAS's
 // batched GEMM took 7-11 us a call. Like the GEMV: every weight a thread reads in flight before
-// the PDL wait, f32 sums of exact bf16 products, no workspace. R: the rows compiled for (rows <= R;
-// run 177: the 4-row instances were 1-2% slower than cuBLAS at batch 4, so only R = 1 is built).
+// the PDL wait, f32 sums of exact bf16 products, no workspace. One row only: run 177's 4-row
+// instances were 1-2% slower than cuBLAS at batch 4.
 #define ABSORB_THREADS 128
 #define ABSORB_UK_COLS 256  // q_lat columns per block (8 a thread)
 #define ABSORB_NOPE 128
 
-// q_lat[r, h, c] = sum_{k < 128} q[r, h qk + k] W[h (128 + v) + k, c]: grid (heads, L / 256);
-// thread t owns columns 8 (t % 32) .. + 8 of the block's and k-group t / 32 (32 rows).
-template <int R>
-__device__ __forceinline__ void absorb_uk(const bf16_t* __restrict__ q, int ldq, int qk, const bf16_t* __restrict__ w,
-                                          int v, int L, float* __restrict__ out, int rows) {
+// q_lat[h, c] = sum_{k < 128} q[h qk + k] W[h (128 + v) + k, c]: grid (heads, L / 256); thread t
+// owns columns 8 (t % 32) .. + 8 of the block's and k-group t / 32 (32 rows).
+extern "C" __global__ void __launch_bounds__(ABSORB_THREADS) mla_absorb_uk_r1(const bf16_t* __restrict__ q, int qk,
+                                                                           const bf16_t* __restrict__ w, int v, int L,
+                                                                           float* __restrict__ out) {
     constexpr int PER = ABSORB_NOPE / 4;
     const int h = blockIdx.x, t = threadIdx.x, kg = t >> 5;
     const int c0 = blockIdx.y * ABSORB_UK_COLS + (t & 31) * 8;
     const bf16_t* wr = w + ((u64)h * (ABSORB_NOPE + v) + kg * PER) * L + c0;
-    __shared__ float xs[R][ABSORB_NOPE];
-    __shared__ float part[4][R][ABSORB_UK_COLS + 4];
+    __shared__ float xs[ABSORB_NOPE];
+    __shared__ float part[4][ABSORB_UK_COLS + 4];
     uint4 wv[PER];
 #pragma unroll
     for (int i = 0; i < PER; i++) wv[i] = __ldg(reinterpret_cast<const uint4*>(wr + (u64)i * L));
     // The weights are on their way; q is the kernel before this one's output.
     pdl_enter();
-    for (int i = t; i < R * ABSORB_NOPE; i += ABSORB_THREADS) {
-        const int r = i / ABSORB_NOPE, k = i % ABSORB_NOPE;
-        xs[r][k] = r < rows ? bf2f(q[(u64)r * ldq + (u64)h * qk + k]) : 0.f;
-    }
+    xs[t] = bf2f(q[(u64)h * qk + t]);  // ABSORB_THREADS == ABSORB_NOPE
     __syncthreads();
-    float acc[R][8];
+    float acc[8];
 #pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int c = 0; c < 8; c++) acc[r][c] = 0.f;
+    for (int c = 0; c < 8; c++) acc[c] = 0.f;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         float f[8];
         gemv_unpack(wv[i], f, w);
+        const float x = xs[kg * PER + i];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float x = xs[r][kg * PER + i];
-#pragma unroll
-            for (int c = 0; c < 8; c++) acc[r][c] = fmaf(x, f[c], acc[r][c]);
-        }
+        for (int c = 0; c < 8; c++) acc[c] = fmaf(x, f[c], acc[c]);
     }
 #pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int c = 0; c < 8; c++) part[kg][r][(t & 31) * 8 + c] = acc[r][c];
+    for (int c = 0; c < 8; c++) part[kg][(t & 31) * 8 + c] = acc[c];
     __syncthreads();
-    for (int i = t; i < R * ABSORB_UK_COLS; i += ABSORB_THREADS) {
-        const int r = i / ABSORB_UK_COLS, c = i % ABSORB_UK_COLS;
-        if (r < rows)
-            out[((u64)r * gridDim.x + h) * L + blockIdx.y * ABSORB_UK_COLS + c] =
-                part[0][r][c] + part[1][r][c] + part[2][r][c] + part[3][r][c];
-    }
+    for (int c = t; c < ABSORB_UK_COLS; c += ABSORB_THREADS)
+        out[(u64)h * L + blockIdx.y * ABSORB_UK_COLS + c] = part[0][c] + part[1][c] + part[2][c] + part[3][c];
 }
 
-// y[r, h v + j] = sum_{c < 512} o[r, h 512 + c] W[h (128 + v) + 128 + j, c]: grid (heads, v / 32);
-// warp w owns outputs j = 32 blockIdx.y + 8 w .. + 8, lane l channels 16 l .. 16 l + 15 (L = 512).
-template <int R>
-__device__ __forceinline__ void absorb_uv(const bf16_t* __restrict__ o, const bf16_t* __restrict__ w, int v,
-                                          float* __restrict__ y, int rows) {
+// y[h v + j] = sum_{c < 512} o[h 512 + c] W[h (128 + v) + 128 + j, c], also rounded to bf16 into
+// `yb` when it is not null (the bf16 operand of the output projection that follows): grid
+// (heads, v / 32); warp w owns outputs j = 32 blockIdx.y + 8 w .. + 8, lane l channels 16 l ..
+// 16 l + 15 (L = 512).
+extern "C" __global__ void __launch_bounds__(ABSORB_THREADS) mla_absorb_uv_r1(const bf16_t* __restrict__ o,
+                                                                           const bf16_t* __restrict__ w, int v,
+                                                                           float* __restrict__ y, bf16_t* __restrict__ yb) {
     constexpr int L = 512;
     const int h = blockIdx.x, lane = threadIdx.x & 31, j0 = blockIdx.y * 32 + (threadIdx.x >> 5) * 8;
     const bf16_t* wr = w + ((u64)h * (ABSORB_NOPE + v) + ABSORB_NOPE + j0) * L + lane * 16;
@@ -255,45 +243,27 @@ __device__ __forceinline__ void absorb_uv(const bf16_t* __restrict__ o, const bf
 #pragma unroll
         for (int i = 0; i < 2; i++) wv[j][i] = __ldg(reinterpret_cast<const uint4*>(wr + (u64)j * L + 8 * i));
     pdl_enter();
-    float acc[R][8];
+    float x[16];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float x[16];
-        if (r < rows) {
+    for (int i = 0; i < 2; i++) gemv_unpack(*reinterpret_cast<const uint4*>(o + (u64)h * L + lane * 16 + 8 * i), x + 8 * i, o);
+    float acc[8];
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-                gemv_unpack(*reinterpret_cast<const uint4*>(o + ((u64)r * gridDim.x + h) * L + lane * 16 + 8 * i), x + 8 * i, o);
-        } else {
+    for (int j = 0; j < 8; j++) {
+        float s = 0.f;
 #pragma unroll
-            for (int i = 0; i < 16; i++) x[i] = 0.f;
+        for (int i = 0; i < 2; i++) {
+            float f[8];
+            gemv_unpack(wv[j][i], f, w);
+#pragma unroll
+            for (int c = 0; c < 8; c++) s = fmaf(x[8 * i + c], f[c], s);
         }
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float f[8];
-                gemv_unpack(wv[j][i], f, w);
-#pragma unroll
-                for (int c = 0; c < 8; c++) s = fmaf(x[8 * i + c], f[c], s);
-            }
-            acc[r][j] = warp_sum(s);
-        }
+        acc[j] = warp_sum(s);
     }
-    if (lane < 8)
+    if (lane < 8) {
+        float s = acc[0];
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            if (r < rows) {
-                float s = acc[r][0];
-#pragma unroll
-                for (int j = 1; j < 8; j++) s = lane == j ? acc[r][j] : s;
-                y[((u64)r * gridDim.x + h) * v + j0 + lane] = s;
-            }
-}
-
-extern "C" __global__ void __launch_bounds__(ABSORB_THREADS) mla_absorb_uk_r1(const bf16_t* q, int ldq, int qk, const bf16_t* w, int v, int L, float* out, int rows) {
-    absorb_uk<1>(q, ldq, qk, w, v, L, out, rows);
-}
-extern "C" __global__ void __launch_bounds__(ABSORB_THREADS) mla_absorb_uv_r1(const bf16_t* o, const bf16_t* w, int v, float* y, int rows) {
-    absorb_uv<1>(o, w, v, y, rows);
+        for (int j = 1; j < 8; j++) s = lane == j ? acc[j] : s;
+        y[(u64)h * v + j0 + lane] = s;
+        if (yb) yb[(u64)h * v + j0 + lane] = f2bf(s);
+    }
 }

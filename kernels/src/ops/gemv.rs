@@ -22,9 +22,6 @@ pub const GEMV_KERNELS: &[&str] = &[
     "mla_absorb_uv_r1",
 ];
 
-/// The most rows [`Gpu::mla_absorb_q`] and [`Gpu::mla_absorb_out`] take (run 177: their 4-row
-/// instances were 1-2% slower than cuBLAS's batched GEMM in V2-Lite's batch-4 step).
-pub const ABSORB_MAX_ROWS: usize = 1;
 /// Threads of their blocks and q_lat columns a block of `mla_absorb_uk` computes (gemv.cu).
 const ABSORB_THREADS: u32 = 128;
 const ABSORB_UK_COLS: usize = 256;
@@ -96,84 +93,69 @@ pub fn gemv_weight_reads(rows: usize) -> usize {
 }
 
 impl Gpu {
-    /// Whether [`Gpu::mla_absorb_q`] and [`Gpu::mla_absorb_out`] take `rows` rows of `heads`
-    /// heads with these MLA dimensions (`nope` 128, `v` a multiple of 32, a latent of 512:
-    /// DeepSeek-V2-Lite's and V3's).
-    pub fn mla_absorb_takes(rows: usize, heads: usize, nope: usize, v: usize, kv_lora: usize) -> bool {
-        (1..=ABSORB_MAX_ROWS).contains(&rows)
-            && (1..=u16::MAX as usize).contains(&heads)
-            && nope == 128
-            && v.is_multiple_of(32)
-            && v > 0
-            && kv_lora == 512
+    /// Whether [`Gpu::mla_absorb_q`] and [`Gpu::mla_absorb_out`] take one row of `heads` heads
+    /// with these MLA dimensions (`nope` 128, `v` a multiple of 32, a latent of 512:
+    /// DeepSeek-V2-Lite's and V3's). One row only: run 177's 4-row instances were 1-2% slower
+    /// than cuBLAS's batched GEMM in V2-Lite's batch-4 step.
+    pub fn mla_absorb_takes(heads: usize, nope: usize, v: usize, kv_lora: usize) -> bool {
+        (1..=u16::MAX as usize).contains(&heads) && nope == 128 && v.is_multiple_of(32) && v > 0 && kv_lora == 512
     }
 
-    fn absorb_check(rows: usize, heads: usize, nope: usize, v: usize, kv_lora: usize, kv_b: u64) -> Result<()> {
-        if !Self::mla_absorb_takes(rows, heads, nope, v, kv_lora) || !kv_b.is_multiple_of(16) {
+    fn absorb_check(heads: usize, nope: usize, v: usize, kv_lora: usize, kv_b: u64) -> Result<()> {
+        if !Self::mla_absorb_takes(heads, nope, v, kv_lora) || !kv_b.is_multiple_of(16) {
             return Err(KernelError::Invalid(format!(
-                "mla_absorb: {rows} rows of {heads} heads, nope {nope}, v {v}, latent {kv_lora}: needs 1 to \
-                 {ABSORB_MAX_ROWS} rows, nope 128, v a multiple of 32, a latent of 512, kv_b 16-byte aligned"
+                "mla_absorb: {heads} heads, nope {nope}, v {v}, latent {kv_lora}: needs nope 128, v a multiple \
+                 of 32, a latent of 512, kv_b 16-byte aligned"
             )));
         }
         Ok(())
     }
 
-    /// MLA's absorbed query at one row: `q_lat[r, h, :] = q[r, h qk .. h qk + nope] W_UK[h]`
-    /// (f32 `[rows, heads, kv_lora]`), `W_UK[h]` the first `nope` rows of head h's `nope + v` rows
-    /// of `kv_b` (bf16 `[heads (nope + v), kv_lora]`); `q` bf16 with rows `ldq` apart.
+    /// MLA's absorbed query at one row: `q_lat[h, :] = q[h qk .. h qk + nope] W_UK[h]` (f32
+    /// `[heads, kv_lora]`), `W_UK[h]` the first `nope` rows of head h's `nope + v` rows of `kv_b`
+    /// (bf16 `[heads (nope + v), kv_lora]`); `q` bf16.
     ///
     /// # Safety
-    /// `q` holds `rows` rows of `ldq >= heads * qk` bf16, `kv_b` the whole projection and
-    /// `q_lat` `rows * heads * kv_lora` f32: device addresses of this context.
-    #[allow(clippy::too_many_arguments)]
+    /// `q` holds `heads * qk` bf16, `kv_b` the whole projection and `q_lat` `heads * kv_lora` f32:
+    /// device addresses of this context.
     pub unsafe fn mla_absorb_q(
         &self,
         q: u64,
-        ldq: usize,
         qk: usize,
         kv_b: u64,
         [heads, nope, v, kv_lora]: [usize; 4],
         q_lat: u64,
-        rows: usize,
     ) -> Result<()> {
-        Self::absorb_check(rows, heads, nope, v, kv_lora, kv_b)?;
-        if qk < nope || ldq < heads * qk {
-            return Err(KernelError::Invalid(format!("mla_absorb_q: rows of {ldq} for {heads} heads of {qk}")));
+        Self::absorb_check(heads, nope, v, kv_lora, kv_b)?;
+        if qk < nope {
+            return Err(KernelError::Invalid(format!("mla_absorb_q: heads of {qk} for nope {nope}")));
         }
-        let args = [
-            Ptr(q),
-            I32(ldq as i32),
-            I32(qk as i32),
-            Ptr(kv_b),
-            I32(v as i32),
-            I32(kv_lora as i32),
-            Ptr(q_lat),
-            I32(rows as i32),
-        ];
+        let args = [Ptr(q), I32(qk as i32), Ptr(kv_b), I32(v as i32), I32(kv_lora as i32), Ptr(q_lat)];
         let grid = (heads as u32, (kv_lora / ABSORB_UK_COLS) as u32, 1);
         self.launch("mla_absorb_uk_r1", grid, ABSORB_THREADS, 0, &args)
     }
 
-    /// MLA's absorbed output at one row: `y[r, h v .. (h + 1) v] = o_lat[r, h, :] W_UV[h]^T`
-    /// (f32 `[rows, heads v]`), `W_UV[h]` the last `v` rows of head h's in `kv_b`; `o_lat` bf16
-    /// `[rows, heads, kv_lora]`.
+    /// MLA's absorbed output at one row: `y[h v .. (h + 1) v] = o_lat[h, :] W_UV[h]^T` (f32
+    /// `[heads v]`), and rounded to bf16 into `y_bf16` unless it is 0 (the next linear's
+    /// operand), `W_UV[h]` the last `v` rows of head h's in `kv_b`; `o_lat` bf16 `[heads,
+    /// kv_lora]`.
     ///
     /// # Safety
-    /// `o_lat` holds `rows * heads * kv_lora` bf16, `kv_b` the whole projection and `y`
-    /// `rows * heads * v` f32: device addresses of this context.
+    /// `o_lat` holds `heads * kv_lora` bf16, `kv_b` the whole projection, `y` `heads * v` f32 and
+    /// `y_bf16` (unless 0) `heads * v` bf16: device addresses of this context.
     pub unsafe fn mla_absorb_out(
         &self,
         o_lat: u64,
         kv_b: u64,
         [heads, nope, v, kv_lora]: [usize; 4],
         y: u64,
-        rows: usize,
+        y_bf16: u64,
     ) -> Result<()> {
-        Self::absorb_check(rows, heads, nope, v, kv_lora, kv_b)?;
+        Self::absorb_check(heads, nope, v, kv_lora, kv_b)?;
         if !o_lat.is_multiple_of(16) {
             return Err(KernelError::Invalid("mla_absorb_out: o_lat must be 16-byte aligned".into()));
         }
-        let args = [Ptr(o_lat), Ptr(kv_b), I32(v as i32), Ptr(y), I32(rows as i32)];
+        let args = [Ptr(o_lat), Ptr(kv_b), I32(v as i32), Ptr(y), Ptr(y_bf16)];
         self.launch("mla_absorb_uv_r1", (heads as u32, (v / 32) as u32, 1), ABSORB_THREADS, 0, &args)
     }
 
@@ -272,8 +254,8 @@ mod tests {
             assert_eq!(instance(GEMV_F32, rows), (format!("gemv_f32_{want}").as_str(), group));
         }
         assert_eq!(instance(GEMV_BF16, 1).0, "gemv_bf16_r1");
-        assert!(Gpu::mla_absorb_takes(1, 128, 128, 128, 512) && Gpu::mla_absorb_takes(1, 16, 128, 128, 512));
-        assert!(!Gpu::mla_absorb_takes(2, 128, 128, 128, 512) && !Gpu::mla_absorb_takes(1, 8, 32, 32, 64));
+        assert!(Gpu::mla_absorb_takes(128, 128, 128, 512) && Gpu::mla_absorb_takes(16, 128, 128, 512));
+        assert!(!Gpu::mla_absorb_takes(8, 32, 32, 64) && !Gpu::mla_absorb_takes(16, 128, 48, 512));
         assert_eq!((gemv_weight_reads(8), gemv_weight_reads(9), gemv_weight_reads(64)), (1, 3, 16));
     }
 }

@@ -141,9 +141,8 @@ pub(super) fn mla_attention(
     {
         return Err(EngineError::Backend("mla_attention: shapes disagree with the MLA dimensions".into()));
     }
-    let out = be.tensor(rows, heads * d.v)?;
     if rows == 0 {
-        return Ok(out);
+        return be.tensor(rows, heads * d.v);
     }
     let var = be.variants();
     let precise = cache.f32.is_some() || kv_b.f32_ptr().is_some();
@@ -160,6 +159,11 @@ pub(super) fn mla_attention(
         }
     }
     let (meta, step_ctx, absorbed_rows) = absorbed_meta(batch, rows, expand);
+    // One absorbed row (batch-1 decode) on the per-head GEMV kernels, as the dense GEMVs go;
+    // W_UV's then writes the output projection's bf16 operand too.
+    let few = !precise && absorbed_rows == 1 && rows == 1 && var.gemv_rows > 0;
+    let few = few && Gpu::mla_absorb_takes(heads, d.nope, d.v, l);
+    let out = if few { be.tensor_shadowed(rows, heads * d.v)? } else { be.tensor(rows, heads * d.v)? };
     // A captured step serves any context up to its bound.
     let max_ctx = be.graphs.max_ctx().unwrap_or(step_ctx);
     let mp = be.upload_u32("attn", &meta)?;
@@ -195,13 +199,11 @@ pub(super) fn mla_attention(
         let a = (d.nope + d.v) * l;
         let q_lat = be.alloc_f32(rows * heads * l)?;
         let (q_in, lq) = (q_bf.ptr(), heads * qk);
-        // One row (batch-1 decode) on the per-head GEMV kernels, as the dense GEMVs go.
         let dims = [heads, d.nope, d.v, l];
-        let few = rows <= var.gemv_rows && Gpu::mla_absorb_takes(rows, heads, d.nope, d.v, l);
         if few {
-            // SAFETY: q_in holds rows x (heads qk) bf16 (the prologue's copy), kv_b the whole
-            // projection (its shape checked above), q_lat was allocated for rows x heads x l f32.
-            unsafe { gpu.mla_absorb_q(q_in, lq, qk, kv_b, dims, ptr(&q_lat), rows) }.map_err(kerr)?;
+            // SAFETY: q_in holds one row of heads x qk bf16 (the prologue's copy), kv_b the whole
+            // projection (its shape checked above), q_lat was allocated for heads x l f32.
+            unsafe { gpu.mla_absorb_q(q_in, qk, kv_b, dims, ptr(&q_lat)) }.map_err(kerr)?;
         } else {
             let (o, lo) = (ptr(&q_lat), heads * l);
             gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, o, lo, l, heads)).map_err(kerr)?;
@@ -225,9 +227,10 @@ pub(super) fn mla_attention(
         let kv_v = kv_b + (d.nope * l * 2) as u64;
         let o = ptr(&o_lat);
         if few {
-            // SAFETY: o_lat holds rows x heads x l bf16, out rows x (heads v) f32 (both made
-            // here), kv_b the whole projection.
-            unsafe { gpu.mla_absorb_out(o, kv_b, dims, out.ptr(), rows) }.map_err(kerr)?;
+            // SAFETY: o_lat holds heads x l bf16, out heads x v f32 and its shadow, when it has
+            // one, heads x v bf16 (all made here), kv_b the whole projection.
+            let out_bf16 = out.bf16.as_ref().map_or(0, |b| ptr(b));
+            unsafe { gpu.mla_absorb_out(o, kv_b, dims, out.ptr(), out_bf16) }.map_err(kerr)?;
         } else {
             let (y, ly) = (out.ptr(), heads * d.v);
             gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, o, heads * l, l, false, y, ly, d.v, heads)).map_err(kerr)?;

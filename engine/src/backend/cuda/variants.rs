@@ -78,9 +78,9 @@ pub struct Variants {
     pub fold_shared: bool,
     /// Dense linears over bf16 or f32 weights of at most this many rows (up to
     /// [`GEMV_MAX_ROWS`]) through the GEMV kernel instead of cuBLAS (the first of two projections
-    /// of one input, MLA's q and kv_a, in one launch), and MLA's absorbed projections (W_UK,
-    /// W_UV) of at most this many rows and `ABSORB_MAX_ROWS` through their per-head GEMV kernels
-    /// instead of cuBLAS's batched GEMM; 0: never.
+    /// of one input, MLA's q and kv_a, in one launch), and at one row (unless 0) MLA's absorbed
+    /// projections (W_UK, W_UV) through their per-head GEMV kernels instead of cuBLAS's batched
+    /// GEMM; 0: never.
     pub gemv_rows: usize,
     /// Linears over f32 weights (the MoE router's gate) of at most this many rows through the
     /// GEMV kernel (in groups of rows past [`GEMV_MAX_ROWS`], while the groups' weight reads stay
