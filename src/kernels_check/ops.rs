@@ -446,6 +446,8 @@ impl Ctx<'_> {
         // Few rows (batch 1 to 8 decode steps).
         self.attention_case("few rows", lite, &[(1, 1), (1, 70), (1, 2000)], 8, false)?;
         self.attention_case("few rows V3 heads", v3, &[(1, 33), (2, 300), (1, 4000)], 8, false)?;
+        // Batch-1 decode at 128 heads: v3 with 16 heads a block, the absorbed projections' kernels.
+        self.attention_case("one row V3 heads", v3, &[(1, 2000)], 8, false)?;
         if self.quick {
             return Ok(());
         }

@@ -31,11 +31,18 @@ pub const MLA_MAX_SPLITS: usize = 64;
 /// The shape v3 is compiled for: latent 512, rope 64, cache blocks of 64 keys.
 const V3_SHAPE: (usize, usize, usize) = (512, 64, 64);
 
+/// The fewest rows [`MlaDecode::Auto`] gives v4 (or v3 with more than 16 heads a block). Below,
+/// v3 with 16 heads a block: more, shorter blocks, each loading a quarter of v4's query and
+/// storing a quarter of its partial sums. Four V3 layers in AWQ (runs 181-182), v3:16 against
+/// v4: batch 1 1.216 / 1.221 against 1.234 / 1.226 ms, 2 1.354 against 1.382; 4 1.593 against
+/// 1.574, 8 1.652 against 1.596.
+pub const MLA4_MIN_ROWS: usize = 3;
+
 /// Which absorbed MLA decode kernel runs (`CLEAVE_MLA_DECODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MlaDecode {
     /// The default: v4 where a block's 64 heads are filled on a GPU with warpgroup MMA, else v3
-    /// by the head count.
+    /// by the head count; below [`MLA4_MIN_ROWS`] rows v3 with 16 heads a block.
     Auto,
     /// `mla_decode`: 16 heads per block, MMA operands as 32-bit shared loads.
     V1,
@@ -135,7 +142,8 @@ impl MlaLaunch {
     pub fn kernel(&self, which: MlaDecode, wgmma: bool) -> MlaKernel {
         let deepseek = (self.kv_lora, self.rope, self.block_size) == V3_SHAPE;
         let which = match which {
-            MlaDecode::Auto if wgmma && self.heads >= 64 => MlaDecode::V4,
+            MlaDecode::Auto if wgmma && self.heads >= 64 && self.rows >= MLA4_MIN_ROWS => MlaDecode::V4,
+            MlaDecode::Auto if self.rows < MLA4_MIN_ROWS => MlaDecode::V3(Some(16)),
             MlaDecode::Auto => MlaDecode::V3(None),
             MlaDecode::V4 if !wgmma => MlaDecode::V3(None),
             w => w,
@@ -247,7 +255,7 @@ mod tests {
 
     #[test]
     fn v4_takes_64_heads_on_hopper_and_splits_by_its_tile() {
-        let v3 = MlaLaunch { heads: 128, max_ctx: 2048, ..lite() };
+        let v3 = MlaLaunch { heads: 128, max_ctx: 2048, rows: MLA4_MIN_ROWS, ..lite() };
         let k = v3.kernel(MlaDecode::Auto, true);
         assert_eq!((k.name, k.threads, k.heads_per_block, k.tile), (MLA4_KERNEL, 256, 64, 64));
         // Hopper's opt-in (227 KB), which `FULL_SMEM_KERNELS` grants it.
@@ -263,6 +271,10 @@ mod tests {
         // Splits are whole 64-key tiles: at most 32 over 2,048 keys.
         let one = MlaLaunch { rows: 1, ..v3 };
         assert_eq!(one.splits(&k, 132, 1), 32);
+        // Fewer rows take v3 with 16 heads a block by default.
+        let few = MlaLaunch { rows: MLA4_MIN_ROWS - 1, ..v3 };
+        assert_eq!(few.kernel(MlaDecode::Auto, true).name, "mla_decode3_h16");
+        assert_eq!(few.kernel(MlaDecode::V4, true).name, MLA4_KERNEL);
         assert!(k.writes_output(1) && !k.writes_output(2));
     }
 
