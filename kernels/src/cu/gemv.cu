@@ -207,7 +207,8 @@ extern "C" __global__ void __launch_bounds__(ABSORB_THREADS) mla_absorb_uk_r1(co
     for (int i = 0; i < PER; i++) wv[i] = __ldg(reinterpret_cast<const uint4*>(wr + (u64)i * L));
     // The weights are on their way; q is the kernel before this one's output.
     pdl_enter();
-    xs[t] = bf2f(q[(u64)h * qk + t]);  // ABSORB_THREADS == ABSORB_NOPE
+    static_assert(ABSORB_THREADS == ABSORB_NOPE, "a thread per q channel");
+    xs[t] = bf2f(q[(u64)h * qk + t]);
     __syncthreads();
     float acc[8];
 #pragma unroll

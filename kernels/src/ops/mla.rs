@@ -31,8 +31,8 @@ pub const MLA_MAX_SPLITS: usize = 64;
 /// The shape v3 is compiled for: latent 512, rope 64, cache blocks of 64 keys.
 const V3_SHAPE: (usize, usize, usize) = (512, 64, 64);
 
-/// The fewest rows [`MlaDecode::Auto`] gives v4 (or v3 with more than 16 heads a block). Below,
-/// v3 with 16 heads a block: more, shorter blocks, each loading a quarter of v4's query and
+/// The fewest rows [`MlaDecode::Auto`] gives v4 where it would take it. Below, v3 with 16 heads a
+/// block (measured at 128 heads; fewer heads keep v3's default): more, shorter blocks, each loading a quarter of v4's query and
 /// storing a quarter of its partial sums. Four V3 layers in AWQ (runs 181-182), v3:16 against
 /// v4: batch 1 1.216 / 1.221 against 1.234 / 1.226 ms, 2 1.354 against 1.382; 4 1.593 against
 /// 1.574, 8 1.652 against 1.596.
@@ -42,7 +42,7 @@ pub const MLA4_MIN_ROWS: usize = 3;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MlaDecode {
     /// The default: v4 where a block's 64 heads are filled on a GPU with warpgroup MMA, else v3
-    /// by the head count; below [`MLA4_MIN_ROWS`] rows v3 with 16 heads a block.
+    /// by the head count; v3 with 16 heads a block in v4's place below [`MLA4_MIN_ROWS`] rows.
     Auto,
     /// `mla_decode`: 16 heads per block, MMA operands as 32-bit shared loads.
     V1,
@@ -143,7 +143,7 @@ impl MlaLaunch {
         let deepseek = (self.kv_lora, self.rope, self.block_size) == V3_SHAPE;
         let which = match which {
             MlaDecode::Auto if wgmma && self.heads >= 64 && self.rows >= MLA4_MIN_ROWS => MlaDecode::V4,
-            MlaDecode::Auto if self.rows < MLA4_MIN_ROWS => MlaDecode::V3(Some(16)),
+            MlaDecode::Auto if wgmma && self.heads >= 64 => MlaDecode::V3(Some(16)),
             MlaDecode::Auto => MlaDecode::V3(None),
             MlaDecode::V4 if !wgmma => MlaDecode::V3(None),
             w => w,
