@@ -229,23 +229,17 @@ pub const DEFAULT_FP8_WGMMA_STAGES: usize = 4;
 /// and 72.7 for mma.sync; run 55).
 pub const DEFAULT_WGMMA: WgmmaGemm = WgmmaGemm { bm: 128, bn: 256, stages: 4 };
 
-/// A setting `name` of `fused` (the default, also when empty) or `separate`.
-fn fused_or_separate(name: &str, v: &str) -> Result<bool> {
+/// A two-way setting `name`: `yes` (the default, also when empty) gives true, `no` false.
+fn switch(name: &str, v: &str, [yes, no]: [&str; 2]) -> Result<bool> {
     match v {
-        "" | "fused" => Ok(true),
-        "separate" => Ok(false),
-        v => Err(EngineError::Config(format!("{name}: `{v}` is not one of fused, separate"))),
+        "" => Ok(true),
+        v if v == yes => Ok(true),
+        v if v == no => Ok(false),
+        v => Err(EngineError::Config(format!("{name}: `{v}` is not one of {yes}, {no}"))),
     }
 }
-
-/// An on/off setting `name` (empty: on).
-fn on_or_off(name: &str, v: &str) -> Result<bool> {
-    match v {
-        "" | "on" => Ok(true),
-        "off" => Ok(false),
-        v => Err(EngineError::Config(format!("{name}: `{v}` is not one of on, off"))),
-    }
-}
+const FUSED: [&str; 2] = ["fused", "separate"];
+const ON: [&str; 2] = ["on", "off"];
 
 /// A count setting `name`: empty (`default`), `off` (0), or a number from 1 to `max`.
 pub fn parse_count(name: &str, v: &str, default: usize, max: usize) -> Result<usize> {
@@ -318,12 +312,12 @@ impl Variants {
                 Fusion::DEFAULT.route_align,
                 ROUTE_ALIGN_MAX_TOKENS,
             )?,
-            moe_end: fused_or_separate("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"))?,
+            moe_end: switch("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"), FUSED)?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
-        v.qgemm_streamk = on_or_off("CLEAVE_QGEMM_STREAMK", &var("CLEAVE_QGEMM_STREAMK"))?;
+        v.qgemm_streamk = switch("CLEAVE_QGEMM_STREAMK", &var("CLEAVE_QGEMM_STREAMK"), ON)?;
         v.qgemm_halves = Self::parse_halves(&var("CLEAVE_QGEMM_HALVES"))?;
-        v.fused_prologue = fused_or_separate("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"))?;
+        v.fused_prologue = switch("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"), FUSED)?;
         v.pdl = match var("CLEAVE_PDL").as_str() {
             "" => DEFAULT_PDL,
             "off" => Pdl::Off,
@@ -537,12 +531,12 @@ mod tests {
         assert_eq!(Variants::parse_halves("0").unwrap(), Some(0));
         assert_eq!(Variants::parse_halves("2").unwrap(), Some(2 << 20));
         assert!(Variants::parse_halves("on").unwrap_err().to_string().contains("CLEAVE_QGEMM_HALVES"));
-        assert!(!on_or_off("CLEAVE_QGEMM_STREAMK", "off").unwrap());
-        assert!(on_or_off("CLEAVE_QGEMM_STREAMK", "").unwrap());
-        assert!(on_or_off("CLEAVE_QGEMM_STREAMK", "1").unwrap_err().to_string().contains("CLEAVE_QGEMM_STREAMK"));
-        assert!(fused_or_separate("CLEAVE_MOE_END", "").unwrap());
-        assert!(!fused_or_separate("CLEAVE_MOE_END", "separate").unwrap());
-        assert!(fused_or_separate("CLEAVE_MOE_END", "on").unwrap_err().to_string().contains("CLEAVE_MOE_END"));
+        assert!(!switch("CLEAVE_QGEMM_STREAMK", "off", ON).unwrap());
+        assert!(switch("CLEAVE_QGEMM_STREAMK", "", ON).unwrap());
+        assert!(switch("CLEAVE_QGEMM_STREAMK", "1", ON).unwrap_err().to_string().contains("CLEAVE_QGEMM_STREAMK"));
+        assert!(switch("CLEAVE_MOE_END", "", FUSED).unwrap());
+        assert!(!switch("CLEAVE_MOE_END", "separate", FUSED).unwrap());
+        assert!(switch("CLEAVE_MOE_END", "on", FUSED).unwrap_err().to_string().contains("CLEAVE_MOE_END"));
         for bad in ["0", "9", "fast"] {
             assert!(gemv(bad).unwrap_err().to_string().contains("CLEAVE_DENSE_GEMV"));
         }
