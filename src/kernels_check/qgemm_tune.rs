@@ -148,7 +148,9 @@ impl Ctx<'_> {
                 let dt = DecodeTiles::new(g, &ids, e, top_k, false)?;
                 let (sorted, tiles, meta, max_tiles) = (&dt.sorted, &dt.tiles, &dt.meta, dt.max_tiles);
                 let (tiles8, meta8, max_tiles8) = dt.cut(g, 8)?;
-                let dh = DecodeTiles::new(g, &ids, e, top_k, true)?;
+                // Half tiles run only for AWQ (the 8-row kernel's format).
+                let awq = format == QFormat::AwqInt4;
+                let dh = awq.then(|| DecodeTiles::new(g, &ids, e, top_k, true)).transpose()?;
                 let x = Activations::new(g, b, h, 9)?;
                 let act = Activations::new(g, a, i, 10)?;
                 let base = QGemm {
@@ -171,15 +173,16 @@ impl Ctx<'_> {
                 // The sort places rows as without half tiles (stably, by expert), so `g`'s rows
                 // (dt.sorted) serve both lists.
                 let halves = |g: QGemm| {
+                    let dh = dh.as_ref()?;
                     let main = QGemm { tiles: ptr(&dh.tiles), meta: ptr(&dh.meta), max_tiles: dh.max_tiles, ..g };
-                    let half = dh.halves.as_ref().map(|h| QGemm {
-                        tiles: ptr(h),
+                    let half = QGemm {
+                        tiles: ptr(dh.halves.as_ref()?),
                         meta: ptr(&dh.meta) + 4,
                         max_tiles: dh.max_halves,
                         bm: 8,
                         ..main
-                    });
-                    half.filter(|_| format == QFormat::AwqInt4).map(|half| [main, half])
+                    };
+                    Some([main, half])
                 };
                 let label = format!("{name} {b} tok, {e} experts, {touched} used");
                 let cases = [

@@ -31,11 +31,11 @@ pub const MLA_MAX_SPLITS: usize = 64;
 /// The shape v3 is compiled for: latent 512, rope 64, cache blocks of 64 keys.
 const V3_SHAPE: (usize, usize, usize) = (512, 64, 64);
 
-/// The fewest rows [`MlaDecode::Auto`] gives v4 where it would take it. Below, v3 with 16 heads a
-/// block (measured at 128 heads; fewer heads keep v3's default): more, shorter blocks, each loading a quarter of v4's query and
-/// storing a quarter of its partial sums. Four V3 layers in AWQ (runs 181-182), v3:16 against
-/// v4: batch 1 1.216 / 1.221 against 1.234 / 1.226 ms, 2 1.354 against 1.382; 4 1.593 against
-/// 1.574, 8 1.652 against 1.596.
+/// The fewest rows [`MlaDecode::Auto`] gives v4 where it would take it. Below, v3 with 16 heads
+/// a block (measured at 128 heads; fewer heads keep v3's default): more, shorter blocks, each
+/// loading a quarter of v4's query and storing a quarter of its partial sums. Four V3 layers in
+/// AWQ (runs 181-182), v3:16 against v4: batch 1 1.216 / 1.221 against 1.234 / 1.226 ms, 2 1.354
+/// against 1.382; 4 1.593 against 1.574, 8 1.652 against 1.596.
 pub const MLA4_MIN_ROWS: usize = 3;
 
 /// Which absorbed MLA decode kernel runs (`CLEAVE_MLA_DECODE`).

@@ -318,13 +318,13 @@ pub(super) fn experts(
                 // The row tiles, then the half tiles on the 8-row kernel.
                 let half = QGemm { tiles: halves_at(tiles), meta: meta + 4, max_tiles: max_halves, bm: 8, ..g };
                 let runs = [Some(g), halves.then_some(half)];
+                // AWQ reads x's bf16 shadow; FP8 quantizes it from f32.
+                let x_in = || match gate_up.shape.format {
+                    QFormat::AwqInt4 => QIn::Bf16 { ptr: xb.ptr(), rows: n },
+                    QFormat::Fp8E4m3 => QIn::F32(x),
+                };
                 for g in runs.into_iter().flatten() {
-                    // AWQ reads x's bf16 shadow either way; FP8 quantizes it from f32.
-                    let x_in = match gate_up.shape.format {
-                        QFormat::AwqInt4 => QIn::Bf16 { ptr: xb.ptr(), rows: n },
-                        QFormat::Fp8E4m3 => QIn::F32(x),
-                    };
-                    be.qgemm_decode(gate_up, x_in, g, None)?;
+                    be.qgemm_decode(gate_up, x_in(), g, None)?;
                 }
                 for g in runs.into_iter().flatten() {
                     let g = QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g };

@@ -238,6 +238,7 @@ fn switch(name: &str, v: &str, [yes, no]: [&str; 2]) -> Result<bool> {
         v => Err(EngineError::Config(format!("{name}: `{v}` is not one of {yes}, {no}"))),
     }
 }
+/// [`switch`]'s words for a fusion and for an on/off setting.
 const FUSED: [&str; 2] = ["fused", "separate"];
 const ON: [&str; 2] = ["on", "off"];
 
