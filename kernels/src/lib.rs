@@ -229,6 +229,8 @@ pub struct Gpu {
     /// The persistent compressed GEMMs' stream-K hand-over buffers (allocated at start-up, so
     /// that graphs capture fixed addresses).
     streamk: std::cell::OnceCell<ops::StreamK>,
+    /// The word of the kernels' grid barrier (common.cuh `grid_barrier`), zeroed at start-up.
+    barrier: std::cell::OnceCell<CudaSlice<u32>>,
 }
 
 impl Gpu {
@@ -300,10 +302,20 @@ impl Gpu {
             allocs: Cell::new(0),
             pdl: Cell::new(ops::Pdl::Off),
             streamk: std::cell::OnceCell::new(),
+            barrier: std::cell::OnceCell::new(),
         };
         gpu.set_blas_workspace()?;
         let _ = gpu.streamk.set(gpu.streamk_workspace()?);
+        let barrier = gpu.alloc::<u32>(1)?;
+        gpu.memset(ptr(&barrier), 0, 4)?;
+        gpu.sync()?;
+        let _ = gpu.barrier.set(barrier);
         Ok(gpu)
+    }
+
+    /// The address of the grid barrier's word (set at start-up, so that graphs capture it).
+    pub(crate) fn grid_barrier_word(&self) -> u64 {
+        self.barrier.get().map_or(0, ptr)
     }
 
     /// The dynamic shared memory a kernel of the opt-in list may take on this device.

@@ -178,7 +178,7 @@ impl Ctx<'_> {
         let router = Router { logits: &lc, bias: &bc, params };
         let want = cpu.moe(&xc, router, ec, Some(AddNorm { residual: &mut rc, w: &wc, eps: 1e-6 }))?;
         let def = self.cu.variants();
-        let limits = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, moe_end: true };
+        let limits = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, ..Fusion::DEFAULT };
         self.cu.set_variants(Variants { fusion: limits, ..def });
         let r = self.moe_layer_cuda(eg, s, n, [&x, &logits, &res, &bias, &w], params);
         self.cu.set_variants(def);

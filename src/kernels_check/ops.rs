@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuBackend, CpuTensor};
-use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Variants};
+use cleave_engine::backend::cuda::{CudaBackend, Fusion, MlaDecode, Variants};
 use cleave_engine::backend::{AttnBatch, AttnSeq, Backend, ExpertSource, KvLayout, MlaDims};
 use cleave_engine::weights::{LinearSource, RawTensor};
 use rayon::prelude::*;
@@ -385,7 +385,8 @@ impl Ctx<'_> {
     }
 
     /// Attention under the default kernels and again under the others: v3 with each head
-    /// grouping, v4 (on sm_90a), v2, and the first versions (absorbed decode v1, absorbed prefill).
+    /// grouping, v4 (on sm_90a), the split combine the other way (in the decode kernel or a
+    /// launch of its own), v2, and the first versions (absorbed decode v1, absorbed prefill).
     pub fn attention(&mut self) -> Result<()> {
         let def = self.cu.variants();
         let mut alts: Vec<(String, Variants)> = Vec::new();
@@ -396,6 +397,9 @@ impl Ctx<'_> {
         if self.cu.gpu().has_wgmma() {
             alts.push((" v4".into(), Variants { mla: MlaDecode::V4, ..def }));
         }
+        let separate = Fusion { mla_join: !def.fusion.mla_join, ..def.fusion };
+        let combine = if separate.mla_join { "fused" } else { "separate" };
+        alts.push((format!(" {}, combine {combine}", def.mla), Variants { fusion: separate, ..def }));
         alts.push((" v2".into(), Variants { mla: MlaDecode::V2, ..def }));
         alts.push((" v1".into(), Variants { mla: MlaDecode::V1, expanded_prefill: false, ..def }));
         self.each_variant(&format!(" {}", def.mla), &alts, Self::attention_all)?;

@@ -98,6 +98,23 @@ __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+// Every block of the launch meets here; all must be resident at once (the launcher's rule), and
+// `sync` is one word that starts at 0 and is never reset: block 0 adds 2^31 - (n - 1), the other
+// n - 1 blocks 1 each, so a whole round adds 2^31 and only the last arrival flips the top bit
+// (the low bits return to 0). Writes before the barrier are visible to every block after it.
+__device__ __forceinline__ void grid_barrier(u32* sync) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 n = gridDim.x * gridDim.y * gridDim.z;
+        const bool first = (blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+        __threadfence();
+        const u32 old = atomicAdd(sync, first ? 0x80000000u - (n - 1) : 1u);
+        while (((ld_acquire_gpu(sync) ^ old) & 0x80000000u) == 0) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
 __device__ __forceinline__ void st_relaxed_sys(u32* p, u32 v) {
     asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }

@@ -29,12 +29,72 @@
 #define V3_PS (V3_TT + 8)            // probability row stride (bf16)
 #define V3_CHUNKS (V3_TT * V3_W / 8) // 16-byte copies per tile
 
+// The split combine inside the decode kernel (`sync` non-null; ops/attention.rs MlaOut::Joined):
+// after a grid barrier (every block has written its partials), the `splits` blocks of (row, head
+// block h0..h0+HBK) share that head block's HBK x 512 outputs in equal runs of whole float4s;
+// each merges its run over the row's `used` splits as mla_combine does (the same weights, sums
+// and rounding) and writes the bf16 output. `sW` is shared memory for HBK x 64 weights and HBK
+// reciprocals, free once the barrier is passed.
+template <int HBK, int NT>
+__device__ __noinline__ void mla_join(const float* part_o, const float* part_ml, bf16_t* __restrict__ o_lat,
+                                         float* sW, int row, int split, int splits, int h0, int heads, int used,
+                                         u32* sync) {
+    grid_barrier(sync);
+    constexpr int SPAN = HBK * V3_L;
+    const int per = (SPAN / 4 + splits - 1) / splits * 4;
+    const int b0 = split * per, b1 = min(SPAN, b0 + per);
+    if (b0 >= b1) return;
+    const int hs = b0 / V3_L, nh = (b1 - 1) / V3_L - hs + 1;
+    float* sInv = sW + HBK * 64;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int j = warp; j < nh; j += NT / 32) {  // a warp per head: lane s holds splits s and s + 32
+        const int h = h0 + hs + j;
+        float m[2], l[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int sp = lane + 32 * k;
+            const bool ok = sp < used && h < heads;
+            const u64 b = (((u64)row * splits + sp) * heads + h) * 2;
+            m[k] = ok ? __ldcg(part_ml + b) : NEG_INF;
+            l[k] = ok ? __ldcg(part_ml + b + 1) : 0.f;
+        }
+        const float M = warp_max(fmaxf(m[0], m[1]));
+        float denom = 0.f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float w = m[k] == NEG_INF ? 0.f : expf(m[k] - M);
+            sW[j * 64 + lane + 32 * k] = w;
+            denom += w * l[k];
+        }
+        denom = warp_sum(denom);
+        if (lane == 0) sInv[j] = denom > 0.f ? 1.f / denom : 0.f;
+    }
+    __syncthreads();
+    const u64 sstride = (u64)heads * V3_L;
+    for (int i = b0 + 4 * (int)threadIdx.x; i < b1; i += 4 * NT) {
+        const int j = i / V3_L - hs, c = i % V3_L, h = h0 + hs + j;
+        if (h >= heads) break;
+        const float* src = part_o + ((u64)row * splits * heads + h) * V3_L + c;
+        const float* w = sW + j * 64;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int sp = 0; sp < used; sp++) {
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(src + sp * sstride));
+            const float ws = w[sp];
+            if (ws != 0.f) o.x += ws * v.x, o.y += ws * v.y, o.z += ws * v.z, o.w += ws * v.w;
+        }
+        const float inv = sInv[j];
+        *reinterpret_cast<uint2*>(o_lat + ((u64)row * heads + h) * V3_L + c) =
+            make_uint2(pack_bf16(o.x * inv, o.y * inv), pack_bf16(o.z * inv, o.w * inv));
+    }
+}
+
 template <int G, int ST>
 __device__ __forceinline__ void mla_decode3_t(
     const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache,
     const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables,
     float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer,
-    int splits, float scale, bf16_t* __restrict__ o_lat) {
+    int splits, float scale, bf16_t* __restrict__ o_lat, u32* sync) {
     constexpr int HBK = 16 * G, NW = 4 * G, NT = 32 * NW, NJ = 16 / G;
     const int row = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * HBK;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -53,6 +113,10 @@ __device__ __forceinline__ void mla_decode3_t(
     const int* tab = ks.tab;
     const u64 blk_stride = (u64)layers * V3_BS * V3_W;
     if (ntiles == 0 && !o_lat) return;  // an empty split: mla_combine reads only those with keys
+    auto join = [&]() {
+        mla_join<HBK, NT>(part_o, part_ml, o_lat, reinterpret_cast<float*>(smem_raw), row, split, splits, h0, heads,
+                          splits_used(row_len[row], splits, V3_TT), sync);
+    };
 
     auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V3_TT) / V3_BS) : 0; };
     // The row lengths and block tables are the step's inputs and the cache's keys before this
@@ -62,6 +126,10 @@ __device__ __forceinline__ void mla_decode3_t(
     if (tid == 0 && ntiles > 0)
         prefetch_l2_bulk(cache + (u64)pg0 * blk_stride + ((u64)layer * V3_BS + t_begin % V3_BS) * V3_W, V3_TT * V3_W * 2);
     pdl_enter();
+    if (sync && ntiles == 0) {  // an empty split: it only meets the others and merges its share
+        join();
+        return;
+    }
     auto load_tile = [&](int buf, int tile, int pg) {
         bf16_t* dst = sK + buf * V3_TT * V3_S;
         const int t0 = t_begin + tile * V3_TT;
@@ -223,7 +291,7 @@ __device__ __forceinline__ void mla_decode3_t(
         }
     }
 
-    if (o_lat) {
+    if (o_lat && !sync) {
         // One split (the launcher's rule): the row's output itself, normalized and rounded as
         // mla_combine would (its weight is e^0 = 1), so that no combine runs.
         __syncthreads();
@@ -258,10 +326,11 @@ __device__ __forceinline__ void mla_decode3_t(
         part_ml[(pbase + h0 + tid) * 2] = sM[tid];
         part_ml[(pbase + h0 + tid) * 2 + 1] = sL[tid];
     }
+    if (sync) join();
 }
 
-#define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int splits, float scale, bf16_t* __restrict__ o_lat
-#define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, splits, scale, o_lat
+#define MLA3_ARGS const float* __restrict__ q_lat, const float* __restrict__ q, const bf16_t* __restrict__ cache, const int* __restrict__ row_len, const int* __restrict__ row_tab, const int* __restrict__ tables, float* __restrict__ part_o, float* __restrict__ part_ml, int heads, int nope, int qk, int layers, int layer, int splits, float scale, bf16_t* __restrict__ o_lat, u32* sync
+#define MLA3_PASS q_lat, q, cache, row_len, row_tab, tables, part_o, part_ml, heads, nope, qk, layers, layer, splits, scale, o_lat, sync
 // Pipeline stages by heads per block (kernels-check, run 33): 16 and 32 heads keep two stages
 // (two blocks of 16 heads fit per SM; three at 32 heads measured mixed, run 105), 64 heads take
 // three. 32 heads (a TP4 rank of V3) are held to 128 registers so that two blocks share an SM
@@ -327,6 +396,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     const int* tab = ks.tab;
     const u64 blk_stride = (u64)layers * V3_BS * V3_W;
     if (ntiles == 0 && !o_lat) return;  // an empty split: mla_combine reads only those with keys
+    auto join = [&]() {
+        mla_join<V4_HB, 256>(part_o, part_ml, o_lat, reinterpret_cast<float*>(sm), row, split, splits, h0, heads,
+                             splits_used(row_len[row], splits, V4_TT), sync);
+    };
 
     auto page = [&](int tile) -> int { return tile < ntiles ? __ldg(tab + (t_begin + tile * V4_TT) / V3_BS) : 0; };
     auto tile_src = [&](int pg) { return cache + (u64)pg * blk_stride + (u64)layer * V3_BS * V3_W; };
@@ -340,6 +413,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
     if (tid < V4_HB) sM[tid] = NEG_INF;
     __syncthreads();
     pdl_enter();
+    if (sync && ntiles == 0) {  // an empty split: it only meets the others and merges its share
+        join();
+        return;
+    }
     // This warpgroup's share of tile `tile` into buffer b: 64-channel blocks [j0, j1), each
     // arriving on its mbarrier when this thread's copies have landed (128 arrivals a block).
     // Keys past the row's end are zero-filled; their addresses stay inside the cache block.
@@ -591,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
         if (hh >= heads) continue;
         const float l = sL[r0 + 8 * h] + sL[V4_HB + r0 + 8 * h];
         const int col = wg * 256 + 2 * t4;
-        if (o_lat) {
+        if (o_lat && !sync) {
             // One split: the output itself, normalized and rounded as mla_combine would.
             const float inv = l > 0.f ? 1.f / l : 0.f;
             bf16_t* dst = o_lat + ((u64)row * heads + hh) * V3_L + col;
@@ -610,6 +687,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mla_decode4_h64(MLA3_ARGS) 
             }
         }
     }
+    if (sync) join();
 #else
     __trap();  // wgmma is sm_90a only; ops/mla.rs picks v4 on sm_90a alone
 #endif

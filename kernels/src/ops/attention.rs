@@ -20,12 +20,15 @@ const PREFILL_KEY_TILE: usize = 64;
 const PREFILL_MAX_QK: usize = 192;
 const PREFILL_MAX_V: usize = 128;
 
-/// Where [`Gpu::mla_decode`] writes: f32 partials per split for [`Gpu::mla_combine`], or (one
-/// split, a kernel that can) the bf16 output itself.
+/// Where [`Gpu::mla_decode`] writes: f32 partials per split for [`Gpu::mla_combine`], (one
+/// split, a kernel that can) the bf16 output itself, or (several splits, where
+/// [`Gpu::mla_joins`] holds) the partials and then, merged by the decode kernel's own blocks
+/// after a grid barrier, the bf16 output: no `mla_combine` launch.
 #[derive(Debug, Clone, Copy)]
 pub enum MlaOut {
     Partials { part_o: u64, part_ml: u64 },
     Output(u64),
+    Joined { part_o: u64, part_ml: u64, out: u64 },
 }
 
 impl Gpu {
@@ -42,6 +45,15 @@ impl Gpu {
     /// Resident blocks per SM of decode kernel `k`.
     pub fn mla_decode_blocks_per_sm(&self, k: &MlaKernel) -> Result<usize> {
         self.resident_blocks(k.name, k.threads, k.smem)
+    }
+
+    /// Whether kernel `k` can merge its own `splits` (more than one) for launch `p`
+    /// ([`MlaOut::Joined`]): v3 and v4 can, when every block of the launch is resident at once
+    /// (their grid barrier waits for all of them).
+    pub fn mla_joins(&self, k: &MlaKernel, p: &MlaLaunch, splits: usize) -> Result<bool> {
+        let blocks = p.rows * p.heads.div_ceil(k.heads_per_block) * splits;
+        let resident = self.mla_decode_blocks_per_sm(k)? * self.sm_count;
+        Ok(k.fixed_shape && splits > 1 && blocks <= resident && self.grid_barrier_word() != 0)
     }
 
     /// Partial attention of every row over its visible keys with kernel `k` (from
@@ -77,22 +89,29 @@ impl Gpu {
         }
         let qk = p.nope + p.rope;
         let hg = p.heads.div_ceil(k.heads_per_block);
-        let (part_o, part_ml, o_lat) = match out {
-            MlaOut::Partials { part_o, part_ml } => (part_o, part_ml, 0),
+        let (part_o, part_ml, o_lat, sync) = match out {
+            MlaOut::Partials { part_o, part_ml } => (part_o, part_ml, 0, 0),
             MlaOut::Output(_) if !k.writes_output(splits) => {
                 return Err(KernelError::Invalid(format!(
                     "mla_decode: {} writes its output only with one split (got {splits})",
                     k.name
                 )))
             }
-            MlaOut::Output(o) => (0, 0, o),
+            MlaOut::Output(o) => (0, 0, o, 0),
+            MlaOut::Joined { .. } if !self.mla_joins(k, p, splits)? => {
+                return Err(KernelError::Invalid(format!(
+                    "mla_decode: {} cannot merge {splits} splits of {} rows itself",
+                    k.name, p.rows
+                )))
+            }
+            MlaOut::Joined { part_o, part_ml, out } => (part_o, part_ml, out, self.grid_barrier_word()),
         };
         let ptrs = [Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
         let (heads, nope, qk) = (I32(p.heads as i32), I32(p.nope as i32), I32(qk as i32));
         let (layers, layer) = (I32(p.layers as i32), I32(p.layer as i32));
         let tail = [I32(splits as i32), F32(p.scale)];
         let (dims, last): (Vec<Arg>, Vec<Arg>) = if k.fixed_shape {
-            (vec![heads, nope, qk, layers, layer], vec![Ptr(o_lat)])
+            (vec![heads, nope, qk, layers, layer], vec![Ptr(o_lat), Ptr(sync)])
         } else {
             let (l, r, bs) = (I32(p.kv_lora as i32), I32(p.rope as i32), I32(p.block_size as i32));
             (vec![heads, l, r, nope, qk, layers, layer, bs], vec![])

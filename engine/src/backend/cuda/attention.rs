@@ -220,9 +220,13 @@ pub(super) fn mla_attention(
         } else {
             let part_o = be.alloc_f32(rows * splits * heads * l)?;
             let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
-            decode(MlaOut::Partials { part_o: ptr(&part_o), part_ml: ptr(&part_ml) })?;
             let (po, pml, o) = (ptr(&part_o), ptr(&part_ml), ptr(&o_lat));
-            gpu.mla_combine(po, pml, o, row_len, rows, heads, l, splits, k.tile).map_err(kerr)?;
+            if var.fusion.mla_join && gpu.mla_joins(&k, &p, splits).map_err(kerr)? {
+                decode(MlaOut::Joined { part_o: po, part_ml: pml, out: o })?;
+            } else {
+                decode(MlaOut::Partials { part_o: po, part_ml: pml })?;
+                gpu.mla_combine(po, pml, o, row_len, rows, heads, l, splits, k.tile).map_err(kerr)?;
+            }
         }
         let kv_v = kv_b + (d.nope * l * 2) as u64;
         let o = ptr(&o_lat);

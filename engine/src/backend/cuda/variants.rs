@@ -27,7 +27,8 @@ use crate::error::{EngineError, Result};
 /// [`HALVES_MIN_BYTES`]), `CLEAVE_QGEMM_STREAMK=on|off`
 /// (default on), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the
 /// decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS` (default [`Fusion::DEFAULT`]),
-/// `CLEAVE_MOE_END=fused|separate` (default fused).
+/// `CLEAVE_MOE_END=fused|separate` (default fused), `CLEAVE_MLA_COMBINE=fused|separate` (default
+/// fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -103,14 +104,18 @@ pub struct Fusion {
     pub route_align: usize,
     /// The MoE combine, the residual add and the next RMSNorm in one kernel (`moe_combine_norm`).
     pub moe_end: bool,
+    /// MLA decode's split combine done by the decode kernel's own blocks after a grid barrier
+    /// (v3 and v4, where every block of the launch is resident at once) instead of a
+    /// `mla_combine` launch.
+    pub mla_join: bool,
 }
 
 impl Fusion {
-    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false };
+    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false, mla_join: false };
     /// Run 81: a token per warp of `moe_route_align` (at 64 tokens, two per warp, the V2-Lite
     /// step was 2.4% slower than routing and sorting apart); the fused MoE end saved 3% at batch
     /// 1.
-    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true };
+    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true, mla_join: true };
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -314,6 +319,7 @@ impl Variants {
                 ROUTE_ALIGN_MAX_TOKENS,
             )?,
             moe_end: switch("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"), FUSED)?,
+            mla_join: switch("CLEAVE_MLA_COMBINE", &var("CLEAVE_MLA_COMBINE"), FUSED)?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
         v.qgemm_streamk = switch("CLEAVE_QGEMM_STREAMK", &var("CLEAVE_QGEMM_STREAMK"), ON)?;
