@@ -294,6 +294,30 @@ mod tests {
     }
 
     #[test]
+    fn split_launches_fit_one_wave() {
+        // `Gpu::mla_joins` needs every block resident at once; the split count keeps a launch
+        // that splits within one wave, so the decode kernel can always merge its own splits.
+        for heads in [16, 32, 128] {
+            for rows in [1, 2, 3, 7, 16, 64, 131, 133, 256, 300] {
+                for max_ctx in [1, 33, 1024, 2000, 8192] {
+                    let p = MlaLaunch { heads, rows, max_ctx, ..lite() };
+                    for which in [MlaDecode::Auto, MlaDecode::V3(None), MlaDecode::V3(Some(16)), MlaDecode::V4] {
+                        let k = p.kernel(which, true);
+                        for per_sm in 1..=3 {
+                            let splits = p.splits(&k, 132, per_sm);
+                            let blocks = rows * heads.div_ceil(k.heads_per_block) * splits;
+                            assert!(
+                                splits == 1 || blocks <= per_sm * 132,
+                                "{heads}h {rows} rows {max_ctx}: {splits} splits"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn settings_round_trip() {
         for s in ["auto", "v1", "v2", "v3", "v3:16", "v3:32", "v3:64", "v4"] {
             assert_eq!(s.parse::<MlaDecode>().unwrap().to_string(), s);
