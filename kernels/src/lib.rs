@@ -230,7 +230,7 @@ pub struct Gpu {
     /// that graphs capture fixed addresses).
     streamk: std::cell::OnceCell<ops::StreamK>,
     /// The word of the kernels' grid barrier (common.cuh `grid_barrier`), zeroed at start-up.
-    barrier: std::cell::OnceCell<CudaSlice<u32>>,
+    barrier: CudaSlice<u32>,
 }
 
 impl Gpu {
@@ -285,7 +285,6 @@ impl Gpu {
         let gpu = Gpu {
             lt: std::cell::OnceCell::new(),
             ctx,
-            stream,
             blas,
             blas_ws: RefCell::new(None),
             capturing: Cell::new(false),
@@ -302,20 +301,17 @@ impl Gpu {
             allocs: Cell::new(0),
             pdl: Cell::new(ops::Pdl::Off),
             streamk: std::cell::OnceCell::new(),
-            barrier: std::cell::OnceCell::new(),
+            barrier: stream.alloc_zeros::<u32>(1)?,
+            stream,
         };
         gpu.set_blas_workspace()?;
         let _ = gpu.streamk.set(gpu.streamk_workspace()?);
-        let barrier = gpu.alloc::<u32>(1)?;
-        gpu.memset(ptr(&barrier), 0, 4)?;
-        gpu.sync()?;
-        let _ = gpu.barrier.set(barrier);
         Ok(gpu)
     }
 
     /// The address of the grid barrier's word (set at start-up, so that graphs capture it).
     pub(crate) fn grid_barrier_word(&self) -> u64 {
-        self.barrier.get().map_or(0, ptr)
+        ptr(&self.barrier)
     }
 
     /// The dynamic shared memory a kernel of the opt-in list may take on this device.

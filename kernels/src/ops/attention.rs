@@ -22,7 +22,7 @@ const PREFILL_MAX_V: usize = 128;
 
 /// Where [`Gpu::mla_decode`] writes: f32 partials per split for [`Gpu::mla_combine`], (one
 /// split, a kernel that can) the bf16 output itself, or (several splits, where
-/// [`Gpu::mla_joins`] holds) the partials and then, merged by the decode kernel's own blocks
+/// [`MlaKernel::merges_splits`] holds) the partials and then, merged by the decode kernel's own blocks
 /// after a grid barrier, the bf16 output: no `mla_combine` launch.
 #[derive(Debug, Clone, Copy)]
 pub enum MlaOut {
@@ -45,15 +45,6 @@ impl Gpu {
     /// Resident blocks per SM of decode kernel `k`.
     pub fn mla_decode_blocks_per_sm(&self, k: &MlaKernel) -> Result<usize> {
         self.resident_blocks(k.name, k.threads, k.smem)
-    }
-
-    /// Whether kernel `k` can merge its own `splits` (more than one) for launch `p`
-    /// ([`MlaOut::Joined`]): v3 and v4 can, when every block of the launch is resident at once
-    /// (their grid barrier waits for all of them).
-    pub fn mla_joins(&self, k: &MlaKernel, p: &MlaLaunch, splits: usize) -> Result<bool> {
-        let blocks = p.rows * p.heads.div_ceil(k.heads_per_block) * splits;
-        let resident = self.mla_decode_blocks_per_sm(k)? * self.sm_count;
-        Ok(k.fixed_shape && splits > 1 && blocks <= resident && self.grid_barrier_word() != 0)
     }
 
     /// Partial attention of every row over its visible keys with kernel `k` (from
@@ -98,13 +89,18 @@ impl Gpu {
                 )))
             }
             MlaOut::Output(o) => (0, 0, o, 0),
-            MlaOut::Joined { .. } if !self.mla_joins(k, p, splits)? => {
-                return Err(KernelError::Invalid(format!(
-                    "mla_decode: {} cannot merge {splits} splits of {} rows itself",
-                    k.name, p.rows
-                )))
+            MlaOut::Joined { part_o, part_ml, out } => {
+                // The grid barrier waits for every block: all must be resident at once.
+                let blocks = p.rows * hg * splits;
+                let resident = self.mla_decode_blocks_per_sm(k)? * self.sm_count;
+                if !k.merges_splits(splits) || blocks > resident {
+                    return Err(KernelError::Invalid(format!(
+                        "mla_decode: {} cannot merge {splits} splits itself ({blocks} blocks, {resident} resident)",
+                        k.name
+                    )));
+                }
+                (part_o, part_ml, out, self.grid_barrier_word())
             }
-            MlaOut::Joined { part_o, part_ml, out } => (part_o, part_ml, out, self.grid_barrier_word()),
         };
         let ptrs = [Ptr(q_lat), Ptr(q), Ptr(cache), Ptr(row_len), Ptr(row_tab), Ptr(tables), Ptr(part_o), Ptr(part_ml)];
         let (heads, nope, qk) = (I32(p.heads as i32), I32(p.nope as i32), I32(qk as i32));

@@ -117,6 +117,14 @@ impl MlaKernel {
     pub fn writes_output(&self, splits: usize) -> bool {
         self.fixed_shape && splits == 1
     }
+
+    /// Whether this kernel at `splits` can merge its own splits ([`crate::ops::MlaOut::Joined`]):
+    /// v3 and v4 with more than one. Their grid barrier needs every block resident at once,
+    /// which [`MlaLaunch::splits`] keeps (a launch that splits fits one wave) and
+    /// [`crate::Gpu::mla_decode`] checks.
+    pub fn merges_splits(&self, splits: usize) -> bool {
+        self.fixed_shape && splits > 1
+    }
 }
 
 /// MLA attention launch parameters.
@@ -295,8 +303,8 @@ mod tests {
 
     #[test]
     fn split_launches_fit_one_wave() {
-        // `Gpu::mla_joins` needs every block resident at once; the split count keeps a launch
-        // that splits within one wave, so the decode kernel can always merge its own splits.
+        // A kernel merging its own splits needs every block resident at once; the split count
+        // keeps a launch that splits within one wave, so `merges_splits` needs no occupancy.
         for heads in [16, 32, 128] {
             for rows in [1, 2, 3, 7, 16, 64, 131, 133, 256, 300] {
                 for max_ctx in [1, 33, 1024, 2000, 8192] {
@@ -307,7 +315,7 @@ mod tests {
                             let splits = p.splits(&k, 132, per_sm);
                             let blocks = rows * heads.div_ceil(k.heads_per_block) * splits;
                             assert!(
-                                splits == 1 || blocks <= per_sm * 132,
+                                !k.merges_splits(splits) || blocks <= per_sm * 132,
                                 "{heads}h {rows} rows {max_ctx}: {splits} splits"
                             );
                         }

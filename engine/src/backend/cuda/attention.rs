@@ -221,7 +221,7 @@ pub(super) fn mla_attention(
             let part_o = be.alloc_f32(rows * splits * heads * l)?;
             let part_ml = be.alloc_f32(rows * splits * heads * 2)?;
             let (po, pml, o) = (ptr(&part_o), ptr(&part_ml), ptr(&o_lat));
-            if var.fusion.mla_join && gpu.mla_joins(&k, &p, splits).map_err(kerr)? {
+            if var.fusion.mla_join && k.merges_splits(splits) {
                 decode(MlaOut::Joined { part_o: po, part_ml: pml, out: o })?;
             } else {
                 decode(MlaOut::Partials { part_o: po, part_ml: pml })?;
