@@ -268,3 +268,88 @@ extern "C" __global__ void __launch_bounds__(ABSORB_THREADS) mla_absorb_uv_r1(co
         if (yb) yb[(u64)h * v + j0 + lane] = f2bf(s);
     }
 }
+
+// The grouped GEMM of moe.cu (`grouped_gemm`: expert row tiles from moe_align, the same operands
+// and epilogues) at a few rows a tile, as GEMVs: at decode batches of 1-4 tokens each expert's
+// tile has 1-4 rows, where tensor-core tiles of 16 rows stream the weights at 68-78% of HBM (run
+// 125). Grid (ceil(N / GEMV_COLS), max tiles): a block owns GEMV_COLS columns of one tile, its
+// threads (blockDim.x <= GEMV_THREADS, a multiple of 32) splitting K in 16-byte chunks as `gemv`
+// does, the weights' loads of a pass all in flight at once. The tile's rows run in groups of R
+// (one group when the tile has at most R rows, as at R or fewer tokens). bf16 products summed in
+// f32; N even for EPI 1 (gate/up pairs stay in a block: GEMV_COLS is even).
+template <int R, int EPI>
+__device__ __forceinline__ void grouped_gemv(const bf16_t* __restrict__ X, const int* __restrict__ rowidx,
+                                             const bf16_t* __restrict__ Wt, void* Y, const int* __restrict__ tiles,
+                                             const int* __restrict__ meta, int N, int K) {
+    // The tiles and X are the kernels before this one's outputs, and the weights' expert is in the tiles.
+    pdl_enter();
+    const int tile = blockIdx.y;
+    if (tile >= meta[0]) return;
+    const int e = tiles[3 * tile], rs = tiles[3 * tile + 1], rc = tiles[3 * tile + 2];
+    const bf16_t* w = Wt + (u64)e * N * K;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = blockDim.x >> 5, col0 = blockIdx.x * GEMV_COLS;
+    __shared__ float part[GEMV_THREADS / 32][R * GEMV_COLS];
+    for (int r0 = 0; r0 < rc; r0 += R) {
+        const int rows = min(R, rc - r0);
+        const bf16_t* xr[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int p = rs + r0 + min(r, rows - 1);
+            xr[r] = X + (u64)(rowidx ? rowidx[p] : p) * K;
+        }
+        float acc[R][GEMV_COLS];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int c = 0; c < GEMV_COLS; c++) acc[r][c] = 0.f;
+        for (int k0 = t * 8; k0 < K; k0 += blockDim.x * 8) {
+            uint4 wr[GEMV_COLS];
+#pragma unroll
+            for (int c = 0; c < GEMV_COLS; c++) {
+                const int col = min(col0 + c, N - 1);  // past N: the last column again, dropped
+                wr[c] = __ldg(reinterpret_cast<const uint4*>(w + (u64)col * K + k0));
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < rows) {
+                    float xv[8];
+                    gemv_unpack(*reinterpret_cast<const uint4*>(xr[r] + k0), xv, X);
+#pragma unroll
+                    for (int c = 0; c < GEMV_COLS; c++) {
+                        float wv[8];
+                        gemv_unpack(wr[c], wv, w);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[r][c] = fmaf(xv[i], wv[i], acc[r][c]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int c = 0; c < GEMV_COLS; c++) {
+                const float s = warp_sum(acc[r][c]);
+                if (lane == 0) part[warp][r * GEMV_COLS + c] = s;
+            }
+        __syncthreads();
+        // A thread per (row, column pair): the pair's sums, then grouped_gemm's epilogue.
+        if (t < R * GEMV_COLS / 2) {
+            const int r = t / (GEMV_COLS / 2), c = 2 * (t % (GEMV_COLS / 2));
+            if (r < rows) {
+                float s0 = 0.f, s1 = 0.f;
+                for (int i = 0; i < warps; i++) s0 += part[i][r * GEMV_COLS + c], s1 += part[i][r * GEMV_COLS + c + 1];
+                gg_store<EPI>(Y, (u64)(rs + r0 + r), col0 + c, N, s0, s1);
+            }
+        }
+        __syncthreads();  // part is rewritten by the next group
+    }
+}
+
+#define GGV_ARGS const bf16_t *X, const int *rowidx, const bf16_t *Wt, void *Y, const int *tiles, const int *meta, int N, int K
+#define GGV_PASS X, rowidx, Wt, Y, tiles, meta, N, K
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) ggv_r1_f32(GGV_ARGS) { grouped_gemv<1, 0>(GGV_PASS); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) ggv_r1_silu(GGV_ARGS) { grouped_gemv<1, 1>(GGV_PASS); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) ggv_r2_f32(GGV_ARGS) { grouped_gemv<2, 0>(GGV_PASS); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) ggv_r2_silu(GGV_ARGS) { grouped_gemv<2, 1>(GGV_PASS); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) ggv_r4_f32(GGV_ARGS) { grouped_gemv<4, 0>(GGV_PASS); }
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) ggv_r4_silu(GGV_ARGS) { grouped_gemv<4, 1>(GGV_PASS); }
