@@ -3,9 +3,7 @@
 
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuExperts, CpuRouting};
-use cleave_engine::backend::cuda::{
-    CudaExperts, Fusion, Variants, WgmmaGemm, DEFAULT_MOE_GEMV_TOKENS, DEFAULT_PERSISTENT, DEFAULT_WGMMA,
-};
+use cleave_engine::backend::cuda::{CudaExperts, Fusion, Variants, WgmmaGemm, DEFAULT_PERSISTENT, DEFAULT_WGMMA};
 use cleave_engine::backend::{AddNorm, Backend, Router, RouterParams};
 use cleave_kernels::ops::ROUTE_ALIGN_MAX_TOKENS;
 
@@ -14,8 +12,7 @@ use super::{experts_touched, rel_err, Ceiling};
 
 impl Ctx<'_> {
     /// The experts under the default grouped GEMM, v1, the persistent decode kernel (on, or off
-    /// when it is the default), without its 32-row tiles, without the grouped GEMV at a few
-    /// tokens (or with it when it is off) and, at prefill sizes, the mma.sync
+    /// when it is the default), without its 32-row tiles and, at prefill sizes, the mma.sync
     /// kernel in place of wgmma (or wgmma when it is off); then wgmma against mma.sync on every
     /// row of a prefill batch.
     pub fn experts(&mut self) -> Result<()> {
@@ -23,10 +20,6 @@ impl Ctx<'_> {
         let (tag, other) = match def.moe_persistent {
             Some(_) => (" no-ggp", None),
             None => (" ggp", Some(DEFAULT_PERSISTENT)),
-        };
-        let (gtag, gother) = match def.moe_gemv {
-            0 => (" gemv", DEFAULT_MOE_GEMV_TOKENS),
-            _ => (" no-gemv", 0),
         };
         let (wtag, wother) = match def.prefill_gemm {
             Some(_) => (" mma-prefill", None),
@@ -36,7 +29,6 @@ impl Ctx<'_> {
             (" v1".to_string(), Variants { gemm_v2: false, moe_persistent: None, prefill_gemm: None, ..def }),
             (tag.to_string(), Variants { moe_persistent: other, ..def }),
             (" no-r32".to_string(), Variants { moe_rows32: None, ..def }),
-            (gtag.to_string(), Variants { moe_gemv: gother, ..def }),
             (wtag.to_string(), Variants { prefill_gemm: wother, ..def }),
         ];
         self.each_variant(" v2", &alts, Self::experts_all)?;

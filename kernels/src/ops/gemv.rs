@@ -1,16 +1,14 @@
 //! Dense linears of a few rows (`gemv.cu`): memory-bound decode GEMVs over bf16 or f32 weights,
 //! in place of cuBLAS GEMMs at those sizes; more rows run in groups of four (the f32 router,
 //! whose weights stay in L2). MLA's absorbed projections at one row (per head over kv_b_proj)
-//! in place of cuBLAS's batched GEMM. The grouped GEMM's expert tiles at a few rows each
-//! (`GemmKernel::Gemv`).
+//! in place of cuBLAS's batched GEMM.
 
 use crate::{Arg, Gpu, KernelError, Result};
 
 use Arg::{Ptr, F32, I32};
 
 /// Every kernel of gemv.cu, by compiled row count (1, 2, 4, 8) within each kind: the GEMV over
-/// bf16 weights, then over f32 ones; then MLA's absorbed projections at one row; then the grouped
-/// GEMVs over expert tiles by rows (1, 2, 4), each f32 then SiLU.
+/// bf16 weights, then over f32 ones; then MLA's absorbed projections at one row.
 pub const GEMV_KERNELS: &[&str] = &[
     "gemv_bf16_r1",
     "gemv_bf16_r2",
@@ -22,12 +20,6 @@ pub const GEMV_KERNELS: &[&str] = &[
     "gemv_f32_r8",
     "mla_absorb_uk_r1",
     "mla_absorb_uv_r1",
-    "ggv_r1_f32",
-    "ggv_r1_silu",
-    "ggv_r2_f32",
-    "ggv_r2_silu",
-    "ggv_r4_f32",
-    "ggv_r4_silu",
 ];
 
 /// Threads of their blocks and q_lat columns a block of `mla_absorb_uk` computes (gemv.cu).
@@ -37,24 +29,6 @@ const ABSORB_UK_COLS: usize = 256;
 /// Where each kind's instances start in [`GEMV_KERNELS`].
 const GEMV_BF16: usize = 0;
 const GEMV_F32: usize = 4;
-const GROUPED_GEMV: usize = 10;
-
-/// The most rows of an expert tile the grouped GEMV computes in one pass over its weights (a
-/// tile of more runs in groups of this many, reading the weights again from L2).
-pub const GROUPED_GEMV_MAX_ROWS: usize = 4;
-
-/// The grouped GEMV instance for tiles of up to `rows` rows (the next compiled count, at most
-/// [`GROUPED_GEMV_MAX_ROWS`]) with the SiLU epilogue or the f32 one.
-pub(super) fn grouped_gemv_kernel(rows: usize, silu: bool) -> &'static str {
-    let r = rows.clamp(1, GROUPED_GEMV_MAX_ROWS).next_power_of_two().trailing_zeros() as usize;
-    GEMV_KERNELS[GROUPED_GEMV + 2 * r + silu as usize]
-}
-
-/// Threads of a grouped GEMV block over `k` inputs: a 16-byte chunk of each column a thread, in
-/// whole warps, at most 256 (more inputs take more passes).
-pub(super) fn grouped_gemv_threads(k: usize) -> u32 {
-    (k.div_ceil(8).div_ceil(32) * 32).clamp(32, 256) as u32
-}
 
 /// The instance of the kind starting at `kind` for `rows` rows, and the rows of each group (a row
 /// of blocks): up to [`GEMV_MAX_ROWS`] the instance compiled for them in one group, beyond, the
@@ -73,7 +47,7 @@ pub const GEMV_MAX_ROWS: usize = 8;
 const GEMV_GROUP_ROWS: usize = 4;
 
 /// Output columns per block (`GEMV_COLS` in gemv.cu).
-pub(super) const GEMV_COLS: usize = 8;
+const GEMV_COLS: usize = 8;
 
 /// One output of a [`Gpu::gemv`]: `y[rows, n]` f32 from weights `[n, k]`.
 #[derive(Debug, Clone, Copy)]
@@ -283,17 +257,5 @@ mod tests {
         assert!(Gpu::mla_absorb_takes(128, 128, 128, 512) && Gpu::mla_absorb_takes(16, 128, 128, 512));
         assert!(!Gpu::mla_absorb_takes(8, 32, 32, 64) && !Gpu::mla_absorb_takes(16, 128, 48, 512));
         assert_eq!((gemv_weight_reads(8), gemv_weight_reads(9), gemv_weight_reads(64)), (1, 3, 16));
-    }
-
-    #[test]
-    fn grouped_gemv_instances() {
-        for (rows, want) in [(1, "r1"), (2, "r2"), (3, "r4"), (4, "r4"), (16, "r4")] {
-            assert_eq!(grouped_gemv_kernel(rows, false), format!("ggv_{want}_f32"));
-            assert_eq!(grouped_gemv_kernel(rows, true), format!("ggv_{want}_silu"));
-        }
-        let gemv = crate::MODULES.iter().find(|m| m.0 == "gemv").expect("gemv module");
-        assert!(gemv.1.matches("extern \"C\" __global__").count() == GEMV_KERNELS.len());
-        // V2-Lite's down projection (1,408 inputs): 176 chunks on 6 warps; V3's gate/up: 256 threads.
-        assert_eq!((grouped_gemv_threads(1408), grouped_gemv_threads(7168), grouped_gemv_threads(64)), (192, 256, 32));
     }
 }

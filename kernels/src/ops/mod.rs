@@ -12,7 +12,7 @@ mod attention;
 pub use attention::{MlaOut, PREFILL_FLASH, PREFILL_FLASH_DS_DIMS};
 mod elementwise;
 mod gemv;
-pub use gemv::{gemv_weight_reads, GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS, GROUPED_GEMV_MAX_ROWS};
+pub use gemv::{gemv_weight_reads, GemvOut, GemvWeight, GEMV_KERNELS, GEMV_MAX_ROWS};
 mod kv;
 pub use kv::{MlaPrologue, NO_SLOT};
 mod mla;

@@ -1,7 +1,6 @@
 //! MoE launchers: routing, expert alignment, grouped GEMM (tiled v1/v2, persistent and wgmma
 //! kernels, one argument layout), the weighted combine, and the f32 reference expert MLP.
 
-use super::gemv::{grouped_gemv_kernel, grouped_gemv_threads, GEMV_COLS};
 use super::{QGemm, QWeights, GG_BN};
 use crate::quant::{QFormat, QShape};
 use crate::{Arg, Gpu, KernelError, Result};
@@ -78,12 +77,10 @@ pub struct GroupedGemm {
 /// Which grouped-GEMM kernel runs: one block per (tile of `bm` rows, 128 columns), v1 or v2, the
 /// persistent decode kernel (`gg_persistent` in moe.cu: one wave of resident blocks, each
 /// streaming a balanced range of (row tile, `bn` columns) items through one cp.async pipeline),
-/// the Hopper warpgroup-MMA kernel for prefill sizes (`gg_wgmma`, sm_90a only), or GEMVs for
-/// tiles of a few rows (`grouped_gemv` in gemv.cu: `rows` at a time, decode at 1-4 tokens).
+/// or the Hopper warpgroup-MMA kernel for prefill sizes (`gg_wgmma`, sm_90a only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemmKernel {
     Tiled { v2: bool, bm: usize },
-    Gemv { rows: usize },
     Persistent(PersistentGemm),
     Wgmma(WgmmaGemm),
 }
@@ -230,13 +227,6 @@ impl Gpu {
                 let mut all = args.to_vec();
                 all.push(I32(cfg.prefetch.min(1 << 20) as i32));
                 self.launch(Self::persistent_kernel(cfg, g.silu)?, (blocks as u32, 1, 1), 128, 0, &all)
-            }
-            GemmKernel::Gemv { rows } => {
-                if ![g.x, g.w].iter().all(|p| p.is_multiple_of(16)) {
-                    return Err(KernelError::Invalid("grouped GEMV: x and the weights must be 16-byte aligned".into()));
-                }
-                let grid = (n.div_ceil(GEMV_COLS) as u32, g.max_tiles as u32, 1);
-                self.launch(grouped_gemv_kernel(rows, g.silu), grid, grouped_gemv_threads(k), 0, &args)
             }
             GemmKernel::Wgmma(cfg) => {
                 if !self.has_wgmma() {

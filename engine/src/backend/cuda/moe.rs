@@ -283,8 +283,6 @@ pub(super) fn experts(
         ExpertData::Bf16 { gate_up, down } => {
             let kernel = match (wgmma, v.moe_persistent, rows32) {
                 (Some(cfg), _, _) => GemmKernel::Wgmma(cfg),
-                // A few tokens: each expert's tile has at most n rows.
-                _ if !prefill && n <= v.moe_gemv => GemmKernel::Gemv { rows: n },
                 (_, _, Some(cfg)) if bm == 32 => GemmKernel::Persistent(cfg),
                 (_, Some(cfg), _) if bm == 16 => GemmKernel::Persistent(cfg),
                 _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },

@@ -19,7 +19,6 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
 /// `CLEAVE_ROUTER_GEMV=off|ROWS` (default [`DEFAULT_ROUTER_GEMV_ROWS`]),
-/// `CLEAVE_MOE_GEMV=off|TOKENS` (default [`DEFAULT_MOE_GEMV_TOKENS`]),
 /// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
@@ -88,10 +87,6 @@ pub struct Variants {
     /// GEMV kernel (in groups of rows past [`GEMV_MAX_ROWS`], while the groups' weight reads stay
     /// within [`ROUTER_GEMV_MAX_READS`] bytes) instead of cuBLAS's SGEMM; 0: never.
     pub router_gemv_rows: usize,
-    /// Decode batches of at most this many tokens (up to [`MOE_GEMV_MAX_TOKENS`]) run bf16
-    /// experts' GEMMs on the grouped GEMV (a few rows per expert tile) instead of the persistent
-    /// tensor-core kernel; 0: never.
-    pub moe_gemv: usize,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
@@ -201,14 +196,6 @@ pub const DEFAULT_PDL: Pdl = Pdl::Light;
 /// 4.95 ms; run 48).
 pub const DEFAULT_GEMV_ROWS: usize = 4;
 
-/// bf16 experts at up to this many tokens run on the grouped GEMV by default (to be measured:
-/// run 189).
-pub const DEFAULT_MOE_GEMV_TOKENS: usize = 4;
-/// The most tokens `CLEAVE_MOE_GEMV` takes: past
-/// [`GROUPED_GEMV_MAX_ROWS`](cleave_kernels::ops::GROUPED_GEMV_MAX_ROWS) rows a tile's rows
-/// run in groups, each reading the expert's weights again (from L2).
-pub const MOE_GEMV_MAX_TOKENS: usize = 16;
-
 /// The f32 router gate runs on the GEMV up to this many rows (every decode batch up to
 /// `max_num_seqs` 256); cuBLAS's SGEMM took about 14 us per layer at 64 and 256 rows (run 90's
 /// events profile) for 512 KB of weights.
@@ -291,7 +278,6 @@ impl Variants {
         fold_shared: false,
         gemv_rows: 0,
         router_gemv_rows: 0,
-        moe_gemv: 0,
         fused_prologue: false,
         pdl: Pdl::Off,
         fusion: Fusion::OFF,
@@ -319,8 +305,6 @@ impl Variants {
             }
         };
         v.gemv_rows = parse_count("CLEAVE_DENSE_GEMV", &var("CLEAVE_DENSE_GEMV"), DEFAULT_GEMV_ROWS, GEMV_MAX_ROWS)?;
-        v.moe_gemv =
-            parse_count("CLEAVE_MOE_GEMV", &var("CLEAVE_MOE_GEMV"), DEFAULT_MOE_GEMV_TOKENS, MOE_GEMV_MAX_TOKENS)?;
         v.router_gemv_rows = parse_count(
             "CLEAVE_ROUTER_GEMV",
             &var("CLEAVE_ROUTER_GEMV"),
@@ -481,7 +465,6 @@ impl Variants {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-            moe_gemv: DEFAULT_MOE_GEMV_TOKENS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
@@ -516,7 +499,6 @@ mod tests {
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
                 router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-                moe_gemv: DEFAULT_MOE_GEMV_TOKENS,
                 fused_prologue: true,
                 pdl: DEFAULT_PDL,
                 fusion: Fusion::DEFAULT,
@@ -533,7 +515,6 @@ mod tests {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-            moe_gemv: DEFAULT_MOE_GEMV_TOKENS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
