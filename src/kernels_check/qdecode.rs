@@ -8,7 +8,7 @@
 
 use anyhow::{ensure, Result};
 use cleave_engine::backend::cpu::CpuWeight;
-use cleave_engine::backend::cuda::{Fp8Out, QuantGemm, Variants, QGEMM_MAX_ROWS};
+use cleave_engine::backend::cuda::{Fp8Out, QStreamK, QuantGemm, Variants, QGEMM_MAX_ROWS};
 use cleave_engine::backend::Backend;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::Fp8Order;
@@ -27,9 +27,19 @@ impl Ctx<'_> {
         self.act_quant_mma_check()?;
         let def = self.cu.variants();
         let persistent = Variants { qgemm: QuantGemm::Persistent(None), fp8_tensor_cores: true, ..def };
+        // The dense AWQ GEMMs both ways: split-K and its reduction, and stream-K.
+        let dense_sk = match def.qgemm_streamk {
+            QStreamK::All => (QStreamK::Experts, " split-K"),
+            _ => (QStreamK::All, " stream-K"),
+        };
+        let mut r = Ok(());
+        let runs = if self.defaults_only { 1 } else { 2 };
+        for (sk, tag) in [(def.qgemm_streamk, ""), dense_sk].into_iter().take(runs) {
+            self.cu.set_variants(Variants { qgemm_streamk: sk, ..persistent });
+            r = r.and_then(|()| self.qdecode_linears(def, tag)).and_then(|()| self.qdecode_stacked(tag));
+        }
         self.cu.set_variants(persistent);
-        let r =
-            self.qdecode_linears(def).and_then(|()| self.qdecode_stacked()).and_then(|()| self.qdecode_experts(def));
+        let r = r.and_then(|()| self.qdecode_experts(def));
         self.cu.set_variants(def);
         r
     }
@@ -77,7 +87,9 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn qdecode_linears(&mut self, def: Variants) -> Result<()> {
+    /// Dense linears at decode sizes against the CPU under the variants set (`tag` names them),
+    /// each also timed on the tiled kernel.
+    fn qdecode_linears(&mut self, def: Variants, tag: &str) -> Result<()> {
         // (rows, out, in): V3 q_a, V2-Lite q_proj, V3 kv_a, V2-Lite o_proj, V3 q_b.
         let shapes: &[(usize, usize, usize)] = if self.quick {
             &[(1, 256, 1024), (20, 136, 384)]
@@ -101,7 +113,8 @@ impl Ctx<'_> {
                 let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
                 let bytes = (n * k) as f64 * w.bytes_per_value() + (rows * k * 2 + rows * n * 4) as f64;
                 let shape = format!("{rows} x {k} -> {n}");
-                self.push(&format!("linear {fmt} persistent"), shape.clone(), err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
+                let op = format!("linear {fmt} persistent{tag}");
+                self.push(&op, shape.clone(), err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
                 self.cu.set_variants(Variants { qgemm: QuantGemm::Tiled, fp8_tensor_cores: false, ..def });
                 let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
                 self.push(&format!("linear {fmt} tiled"), shape, 0.0, 1.0, us, bytes, 0.0, Ceiling::Mem);
@@ -114,7 +127,7 @@ impl Ctx<'_> {
     /// MLA's two input projections stacked into one compressed weight and cut after the product
     /// (`linear_split`): in the split-K reduction at decode sizes (or a copy of one split), after
     /// the linear past [`QGEMM_MAX_ROWS`] rows; each part against the CPU's separate linear.
-    fn qdecode_stacked(&mut self) -> Result<()> {
+    fn qdecode_stacked(&mut self, tag: &str) -> Result<()> {
         // (rows, [q out, kv_a out], in): V3's q_a + kv_a, V2-Lite's q + kv_a.
         let shapes: &[(usize, [usize; 2], usize)] = if self.quick {
             &[(1, [256, 64], 1024), (3, [128, 72], 384), (QGEMM_MAX_ROWS + 2, [128, 72], 384)]
@@ -144,7 +157,7 @@ impl Ctx<'_> {
                 let bytes =
                     ((na + nb) * k) as f64 * wa.bytes_per_value() + (rows * k * 2 + rows * (na + nb) * 4) as f64;
                 let shape = format!("{rows} x {k} -> {na} + {nb}");
-                self.push(&format!("linear_split {fmt}"), shape, err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
+                self.push(&format!("linear_split {fmt}{tag}"), shape, err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
             }
         }
         Ok(())
