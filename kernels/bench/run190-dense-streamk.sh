@@ -1,8 +1,8 @@
 #!/bin/bash
 # run 190 (one GPU): the dense AWQ decode GEMMs on stream-K (`CLEAVE_QGEMM_STREAMK=all`, no
-# split-K reduction launch) against split-K (experts, the default), same binary: V2-Lite AWQ and four V3 layers in AWQ at 1-64 rows, then the qdecode
-# stage (every AWQ/FP8 linear, stacked pair and expert GEMM against the CPU, dense GEMMs both ways)
-# as far as it gets in 60 s.
+# split-K reduction launch) against split-K (experts, the default), same binary: V2-Lite AWQ and
+# four V3 layers in AWQ at 1-64 rows, then the qdecode stage (every AWQ/FP8 linear, stacked pair
+# and expert GEMM against the CPU, dense GEMMs both ways) as far as it gets in 70 s.
 # `timeout 570 bash kernels/bench/run190-dense-streamk.sh [RUN]`
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-190}
