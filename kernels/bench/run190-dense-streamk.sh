@@ -8,7 +8,7 @@ source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-190}
 nvidia-smi --query-gpu=name --format=csv,noheader
 ( gen_model v3l4 --shape v3-layers --dtype awq --routed-experts 64; gen_model v2awq --shape v2-lite --dtype awq ) &
-BENCH_TIMEOUT=40 bench_steps v3l4-sk $C v3l4 1,16 CLEAVE_QGEMM_STREAMK=all
+BENCH_TIMEOUT=90 bench_steps v3l4-sk $C v3l4 1,16 CLEAVE_QGEMM_STREAMK=all
 BENCH_TIMEOUT=40 bench_steps v3l4-split $C v3l4 1,16
 BENCH_TIMEOUT=40 bench_steps v2awq-sk $C v2awq 1,16 CLEAVE_QGEMM_STREAMK=all
 BENCH_TIMEOUT=40 bench_steps v2awq-split $C v2awq 1,16
