@@ -78,52 +78,66 @@ __device__ __forceinline__ void gemv(const float* __restrict__ x, const bf16_t* 
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int c = 0; c < GEMV_COLS; c++) acc[r][c] = 0.f;
+    // f32 weights at one or two rows (the router at small batches) take U passes' loads at once:
+    // one pass of 256 threads covers 1,024 channels, so V3's 7,168 would otherwise be seven
+    // dependent rounds of 8 loads a thread, with only 32 blocks (256 experts) in flight.
+    constexpr int U = ROUND ? 1 : (R == 1 ? 4 : R == 2 ? 2 : 1);
+    constexpr int STEP = GEMV_THREADS * V;
     bool waited = false;
-    for (int k0 = t * V; k0 < k; k0 += GEMV_THREADS * V) {
-        uint4 wr[GEMV_COLS];
+    for (int k0 = t * V; k0 < k; k0 += STEP * U) {
+        uint4 wr[U][GEMV_COLS];
 #pragma unroll
-        for (int c = 0; c < GEMV_COLS; c++) {
-            // Columns past n read the last one (valid memory); their sums are dropped.
-            const int col = min(col0 + c, n - 1);
-            wr[c] = __ldg(reinterpret_cast<const uint4*>(w + (u64)col * k + k0));
-        }
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int c = 0; c < GEMV_COLS; c++) {
+                // Columns past n read the last one (valid memory); their sums are dropped.
+                const int col = min(col0 + c, n - 1);
+                wr[u][c] = k0 + u * STEP < k ? __ldg(reinterpret_cast<const uint4*>(w + (u64)col * k + k0 + u * STEP))
+                                             : make_uint4(0, 0, 0, 0);
+            }
         // Weights are never written during a step: the first ones are in flight while the kernel
         // before this one (launched with programmatic dependent launch) finishes.
         if (!waited) {
             pdl_enter();
             waited = true;
         }
-        if constexpr (ROUND) {
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r < rows) {
-                    float xv[V];
-                    gemv_x<V, ROUND>(x, xb, ldx, r, k0, xv);
+        for (int u = 0; u < U; u++) {
+            const int ku = k0 + u * STEP;
+            if (U > 1 && ku >= k) break;
+            if constexpr (ROUND) {
 #pragma unroll
-                    for (int c = 0; c < GEMV_COLS; c++) {
-                        float wv[V];
-                        gemv_unpack(wr[c], wv, w);
+                for (int r = 0; r < R; r++) {
+                    if (r < rows) {
+                        float xv[V];
+                        gemv_x<V, ROUND>(x, xb, ldx, r, ku, xv);
 #pragma unroll
-                        for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[i], wv[i], acc[r][c]);
+                        for (int c = 0; c < GEMV_COLS; c++) {
+                            float wv[V];
+                            gemv_unpack(wr[u][c], wv, w);
+#pragma unroll
+                            for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[i], wv[i], acc[r][c]);
+                        }
                     }
                 }
-            }
-        } else {
-            // f32 (the router, up to hundreds of rows in groups): every row's inputs are loaded
-            // before any product (rows past `rows` repeat the last, their sums dropped), so their
-            // latencies overlap instead of adding up row by row. (bf16 weights keep the loop above:
-            // hoisted, their 4-row instance took 172 registers against 104.)
-            float xv[R][V];
+            } else {
+                // f32 (the router, up to hundreds of rows in groups): every row's inputs are
+                // loaded before any product (rows past `rows` repeat the last, their sums
+                // dropped), so their latencies overlap instead of adding up row by row. (bf16
+                // weights keep the loop above: hoisted, their 4-row instance took 172 registers
+                // against 104.)
+                float xv[R][V];
 #pragma unroll
-            for (int r = 0; r < R; r++) gemv_x<V, ROUND>(x, xb, ldx, min(r, rows - 1), k0, xv[r]);
+                for (int r = 0; r < R; r++) gemv_x<V, ROUND>(x, xb, ldx, min(r, rows - 1), ku, xv[r]);
 #pragma unroll
-            for (int c = 0; c < GEMV_COLS; c++) {
-                float wv[V];
-                gemv_unpack(wr[c], wv, w);
+                for (int c = 0; c < GEMV_COLS; c++) {
+                    float wv[V];
+                    gemv_unpack(wr[u][c], wv, w);
 #pragma unroll
-                for (int r = 0; r < R; r++)
+                    for (int r = 0; r < R; r++)
 #pragma unroll
-                    for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[r][i], wv[i], acc[r][c]);
+                        for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[r][i], wv[i], acc[r][c]);
+                }
             }
         }
     }
