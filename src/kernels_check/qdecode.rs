@@ -8,7 +8,7 @@
 
 use anyhow::{ensure, Result};
 use cleave_engine::backend::cpu::CpuWeight;
-use cleave_engine::backend::cuda::{Fp8Out, QStreamK, QuantGemm, Variants, QGEMM_MAX_ROWS};
+use cleave_engine::backend::cuda::{Fp8Out, QuantGemm, Variants, QGEMM_MAX_ROWS};
 use cleave_engine::backend::Backend;
 use cleave_kernels::fp8::{self, BLOCK};
 use cleave_kernels::ops::Fp8Order;
@@ -28,19 +28,8 @@ impl Ctx<'_> {
         let def = self.cu.variants();
         let persistent = Variants { qgemm: QuantGemm::Persistent(None), fp8_tensor_cores: true, ..def };
         self.cu.set_variants(persistent);
-        let mut r = self.qdecode_linears(def, None).and_then(|()| self.qdecode_stacked(None));
-        // The dense AWQ GEMMs the other way too (split-K and its reduction, or stream-K): only
-        // AWQ runs stream-K, and the tiled kernel's times are taken once.
-        if !self.defaults_only {
-            let (sk, tag) = match def.qgemm_streamk {
-                QStreamK::All => (QStreamK::Experts, " split-K"),
-                _ => (QStreamK::All, " stream-K"),
-            };
-            self.cu.set_variants(Variants { qgemm_streamk: sk, ..persistent });
-            r = r.and_then(|()| self.qdecode_linears(def, Some(tag))).and_then(|()| self.qdecode_stacked(Some(tag)));
-            self.cu.set_variants(persistent);
-        }
-        let r = r.and_then(|()| self.qdecode_experts(def));
+        let r =
+            self.qdecode_linears(def).and_then(|()| self.qdecode_stacked()).and_then(|()| self.qdecode_experts(def));
         self.cu.set_variants(def);
         r
     }
@@ -88,10 +77,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// Dense linears at decode sizes against the CPU under the variants set, each also timed on
-    /// the tiled kernel; or, for a `stream_k` pass (its tag naming the rows), the AWQ ones alone
-    /// and untimed elsewhere.
-    fn qdecode_linears(&mut self, def: Variants, stream_k: Option<&str>) -> Result<()> {
+    fn qdecode_linears(&mut self, def: Variants) -> Result<()> {
         // (rows, out, in): V3 q_a, V2-Lite q_proj, V3 kv_a, V2-Lite o_proj, V3 q_b.
         let shapes: &[(usize, usize, usize)] = if self.quick {
             &[(1, 256, 1024), (20, 136, 384)]
@@ -99,7 +85,7 @@ impl Ctx<'_> {
             &[(1, 1536, 7168), (16, 3072, 2048), (64, 576, 7168), (128, 2048, 2048), (5, 24576, 1536)]
         };
         let persistent = self.cu.variants();
-        for (fmt, make) in formats(stream_k) {
+        for (fmt, make) in super::quant::FORMATS {
             for &(rows, n, k) in shapes {
                 let w = make(&mut self.rng, n, k);
                 let wc = self.cpu.load_linear(&[w.source()])?;
@@ -115,11 +101,7 @@ impl Ctx<'_> {
                 let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
                 let bytes = (n * k) as f64 * w.bytes_per_value() + (rows * k * 2 + rows * n * 4) as f64;
                 let shape = format!("{rows} x {k} -> {n}");
-                let op = format!("linear {fmt} persistent{}", stream_k.unwrap_or(""));
-                self.push(&op, shape.clone(), err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
-                if stream_k.is_some() {
-                    continue;
-                }
+                self.push(&format!("linear {fmt} persistent"), shape.clone(), err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
                 self.cu.set_variants(Variants { qgemm: QuantGemm::Tiled, fp8_tensor_cores: false, ..def });
                 let us = self.time(|| self.cu.linear(&xg, &wg).map(drop))?;
                 self.push(&format!("linear {fmt} tiled"), shape, 0.0, 1.0, us, bytes, 0.0, Ceiling::Mem);
@@ -132,14 +114,14 @@ impl Ctx<'_> {
     /// MLA's two input projections stacked into one compressed weight and cut after the product
     /// (`linear_split`): in the split-K reduction at decode sizes (or a copy of one split), after
     /// the linear past [`QGEMM_MAX_ROWS`] rows; each part against the CPU's separate linear.
-    fn qdecode_stacked(&mut self, stream_k: Option<&str>) -> Result<()> {
+    fn qdecode_stacked(&mut self) -> Result<()> {
         // (rows, [q out, kv_a out], in): V3's q_a + kv_a, V2-Lite's q + kv_a.
         let shapes: &[(usize, [usize; 2], usize)] = if self.quick {
             &[(1, [256, 64], 1024), (3, [128, 72], 384), (QGEMM_MAX_ROWS + 2, [128, 72], 384)]
         } else {
             &[(1, [1536, 576], 7168), (4, [3072, 576], 2048), (64, [1536, 576], 7168), (200, [1536, 576], 7168)]
         };
-        for (fmt, make) in formats(stream_k) {
+        for (fmt, make) in super::quant::FORMATS {
             for &(rows, [na, nb], k) in shapes {
                 let (wa, wb) = (make(&mut self.rng, na, k), make(&mut self.rng, nb, k));
                 ensure!(self.cu.stacks_projections(&wa.source(), &wb.source()), "{fmt}: the backend keeps these apart");
@@ -162,8 +144,7 @@ impl Ctx<'_> {
                 let bytes =
                     ((na + nb) * k) as f64 * wa.bytes_per_value() + (rows * k * 2 + rows * (na + nb) * 4) as f64;
                 let shape = format!("{rows} x {k} -> {na} + {nb}");
-                let op = format!("linear_split {fmt}{}", stream_k.unwrap_or(""));
-                self.push(&op, shape, err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
+                self.push(&format!("linear_split {fmt}"), shape, err, 1e-2, us, bytes, 0.0, Ceiling::Mem);
             }
         }
         Ok(())
@@ -288,11 +269,4 @@ impl Ctx<'_> {
         );
         Ok(())
     }
-}
-
-/// The weight formats a dense pass checks: every one, or for a stream-K pass AWQ alone (the only
-/// format that runs stream-K).
-fn formats(stream_k: Option<&str>) -> impl Iterator<Item = &'static (&'static str, super::quant::Maker)> {
-    let every = stream_k.is_none();
-    super::quant::FORMATS.iter().filter(move |(fmt, _)| every || fmt.starts_with("awq"))
 }

@@ -189,8 +189,8 @@ impl CudaBackend {
     /// activations quantized first, unless `CLEAVE_FP8_GEMM=bf16`), else the tiled kernels; a
     /// dense GEMM (`g.tiles == 0`) split over the input channels until the GPU is full, its
     /// result cut in two by `cut` (by the persistent kernel itself at one split, else in the
-    /// split-K reduction). AWQ GEMMs on the persistent kernel run stream-K where
-    /// `Variants::qgemm_streamk` says (expert tiles by default); `g.streamk` is set here.
+    /// split-K reduction). AWQ expert tiles on the persistent kernel run stream-K
+    /// (`Variants::qgemm_streamk`); `g.streamk` is set here.
     pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm, cut: Option<QCut>) -> Result<()> {
         if cut.is_some() && (g.tiles != 0 || g.silu) {
             return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut".into()));
@@ -223,11 +223,10 @@ impl CudaBackend {
             (_, QIn::Bf16 { ptr, .. }) => QGemm { x: *ptr, ..g },
         };
         // Stream-K where it measured faster (runs 111-117, NOTES): AWQ expert tiles, whose rows
-        // moe_align places in a fixed order, so that each row's summation order is fixed too
-        // (blocks add their pieces in block order). Dense GEMMs split K unless the variant says
-        // otherwise; FP8 runs whole items.
+        // moe_align places in a fixed order, so that each row's summation order is fixed too.
+        // Dense GEMMs keep split-K, FP8 whole items.
         let streamk =
-            persistent.is_some() && format == QFormat::AwqInt4 && self.variants().qgemm_streamk.takes(g.tiles != 0);
+            persistent.is_some() && self.variants().qgemm_streamk && format == QFormat::AwqInt4 && g.tiles != 0;
         let splits = match (g.tiles, persistent) {
             _ if streamk => 1,
             (0, Some(cfg)) => self.gpu.qgp_splits(&q, g.rows, cfg).map_err(kerr)?,

@@ -24,8 +24,8 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
 /// [`DEFAULT_FP8_WGMMA_STAGES`] on sm_90a), `CLEAVE_QGEMM_ROWS8=off|AVG` (default
 /// [`ROWS8_MAX_AVG`]), `CLEAVE_QGEMM_HALVES=off|MIB` (default
-/// [`HALVES_MIN_BYTES`]), `CLEAVE_QGEMM_STREAMK=experts|all|off`
-/// (default experts), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the
+/// [`HALVES_MIN_BYTES`]), `CLEAVE_QGEMM_STREAMK=on|off`
+/// (default on), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the
 /// decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS` (default [`Fusion::DEFAULT`]),
 /// `CLEAVE_MOE_END=fused|separate` (default fused), `CLEAVE_MLA_COMBINE=fused|separate` (default
 /// fused).
@@ -61,10 +61,10 @@ pub struct Variants {
     pub fp8_tensor_cores: bool,
     /// Decode GEMMs over compressed weights.
     pub qgemm: QuantGemm,
-    /// Which AWQ GEMMs on the persistent kernel share their k-tiles equally among the kernel's
-    /// blocks, cut items handed over between blocks (stream-K), instead of whole items per block
-    /// (experts) or split-K with a reduction (dense GEMMs).
-    pub qgemm_streamk: QStreamK,
+    /// AWQ expert GEMMs on the persistent kernel share their k-tiles equally among
+    /// the persistent kernel's blocks, cut items handed over between blocks (stream-K), instead
+    /// of whole items per block (`CLEAVE_QGEMM_STREAMK=on|off`).
+    pub qgemm_streamk: bool,
     /// Compressed experts averaging at most this many rows run 8-row tiles where the format has
     /// them (AWQ), else 16-row ones; 0: never.
     pub qgemm_rows8: usize,
@@ -116,37 +116,6 @@ impl Fusion {
     /// step was 2.4% slower than routing and sorting apart); the fused MoE end saved 3% at batch
     /// 1.
     pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true, mla_join: true };
-}
-
-/// Which AWQ GEMMs on the persistent kernel run stream-K (`CLEAVE_QGEMM_STREAMK=experts|all|off`,
-/// `on` meaning experts; default experts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QStreamK {
-    Off,
-    /// Expert tiles only; dense GEMMs split K and reduce (runs 111-117).
-    Experts,
-    /// Expert tiles and dense GEMMs (no split-K reduction launch).
-    All,
-}
-
-impl QStreamK {
-    /// Whether a GEMM over expert tiles (`experts`) or a dense one runs stream-K.
-    pub fn takes(self, experts: bool) -> bool {
-        match self {
-            QStreamK::Off => false,
-            QStreamK::Experts => experts,
-            QStreamK::All => true,
-        }
-    }
-
-    fn parse(v: &str) -> Result<Self> {
-        match v {
-            "" | "on" | "experts" => Ok(QStreamK::Experts),
-            "all" => Ok(QStreamK::All),
-            "off" => Ok(QStreamK::Off),
-            v => Err(EngineError::Config(format!("CLEAVE_QGEMM_STREAMK: `{v}` is not one of experts, all, off"))),
-        }
-    }
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -274,8 +243,9 @@ fn switch(name: &str, v: &str, [yes, no]: [&str; 2]) -> Result<bool> {
         v => Err(EngineError::Config(format!("{name}: `{v}` is not one of {yes}, {no}"))),
     }
 }
-/// [`switch`]'s words for a fusion.
+/// [`switch`]'s words for a fusion and for an on/off setting.
 const FUSED: [&str; 2] = ["fused", "separate"];
+const ON: [&str; 2] = ["on", "off"];
 
 /// A count setting `name`: empty (`default`), `off` (0), or a number from 1 to `max`.
 pub fn parse_count(name: &str, v: &str, default: usize, max: usize) -> Result<usize> {
@@ -302,7 +272,7 @@ impl Variants {
         expanded_prefill: false,
         fp8_tensor_cores: false,
         qgemm: QuantGemm::Tiled,
-        qgemm_streamk: QStreamK::Off,
+        qgemm_streamk: false,
         qgemm_rows8: 0,
         qgemm_halves: None,
         fold_shared: false,
@@ -352,7 +322,7 @@ impl Variants {
             mla_join: switch("CLEAVE_MLA_COMBINE", &var("CLEAVE_MLA_COMBINE"), FUSED)?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
-        v.qgemm_streamk = QStreamK::parse(&var("CLEAVE_QGEMM_STREAMK"))?;
+        v.qgemm_streamk = switch("CLEAVE_QGEMM_STREAMK", &var("CLEAVE_QGEMM_STREAMK"), ON)?;
         v.qgemm_halves = Self::parse_halves(&var("CLEAVE_QGEMM_HALVES"))?;
         v.fused_prologue = switch("CLEAVE_MLA_PROLOGUE", &var("CLEAVE_MLA_PROLOGUE"), FUSED)?;
         v.pdl = match var("CLEAVE_PDL").as_str() {
@@ -489,7 +459,7 @@ impl Variants {
             expanded_prefill,
             fp8_tensor_cores,
             qgemm,
-            qgemm_streamk: QStreamK::Experts,
+            qgemm_streamk: true,
             qgemm_rows8: ROWS8_MAX_AVG,
             qgemm_halves: Some(HALVES_MIN_BYTES),
             fold_shared: true,
@@ -523,7 +493,7 @@ mod tests {
                 expanded_prefill: true,
                 fp8_tensor_cores: true,
                 qgemm: QuantGemm::Persistent(None),
-                qgemm_streamk: QStreamK::Experts,
+                qgemm_streamk: true,
                 qgemm_rows8: ROWS8_MAX_AVG,
                 qgemm_halves: Some(HALVES_MIN_BYTES),
                 fold_shared: true,
@@ -539,7 +509,7 @@ mod tests {
             prefill_gemm: Some(DEFAULT_WGMMA),
             prefill_fp8: Some(DEFAULT_FP8_WGMMA_STAGES),
             awq_prefill_rows: AWQ_EXPAND_MIN_AVG,
-            qgemm_streamk: QStreamK::Experts,
+            qgemm_streamk: true,
             qgemm_rows8: ROWS8_MAX_AVG,
             qgemm_halves: Some(HALVES_MIN_BYTES),
             fold_shared: true,
@@ -568,13 +538,9 @@ mod tests {
         assert_eq!(Variants::parse_halves("0").unwrap(), Some(0));
         assert_eq!(Variants::parse_halves("2").unwrap(), Some(2 << 20));
         assert!(Variants::parse_halves("on").unwrap_err().to_string().contains("CLEAVE_QGEMM_HALVES"));
-        assert_eq!(QStreamK::parse("off").unwrap(), QStreamK::Off);
-        assert_eq!(QStreamK::parse("").unwrap(), QStreamK::Experts);
-        assert_eq!(QStreamK::parse("on").unwrap(), QStreamK::Experts);
-        assert_eq!(QStreamK::parse("all").unwrap(), QStreamK::All);
-        assert!(QStreamK::parse("1").unwrap_err().to_string().contains("CLEAVE_QGEMM_STREAMK"));
-        assert!(QStreamK::Experts.takes(true) && !QStreamK::Experts.takes(false));
-        assert!(QStreamK::All.takes(false) && !QStreamK::Off.takes(true));
+        assert!(!switch("CLEAVE_QGEMM_STREAMK", "off", ON).unwrap());
+        assert!(switch("CLEAVE_QGEMM_STREAMK", "", ON).unwrap());
+        assert!(switch("CLEAVE_QGEMM_STREAMK", "1", ON).unwrap_err().to_string().contains("CLEAVE_QGEMM_STREAMK"));
         assert!(switch("CLEAVE_MOE_END", "", FUSED).unwrap());
         assert!(!switch("CLEAVE_MOE_END", "separate", FUSED).unwrap());
         assert!(switch("CLEAVE_MOE_END", "on", FUSED).unwrap_err().to_string().contains("CLEAVE_MOE_END"));
