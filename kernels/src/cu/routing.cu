@@ -39,7 +39,7 @@ __device__ __forceinline__ void route_token(const float* logits, const float* bi
         const int e = lane + 32 * j;
         taken[j] = e >= E;
         if (e < E) {
-            const float s = 1.0f / (1.0f + expf(-lg[e]));
+            const float s = 1.0f / (1.0f + expf(-__ldcg(lg + e)));  // L2: moe_gate's other blocks wrote them
             sc[j] = s;
             ch[j] = s + bias[e];
         } else {
@@ -374,6 +374,142 @@ extern "C" __global__ void moe_route_align(const float* logits, const float* bia
     }
     align_assignments(ids, ALIGN_PASS, sh);
 }
+
+// A MoE layer's entry at a few tokens, one launch for three (rms_norm_f32 with a residual, the
+// router's f32 GEMV, moe_route_align with the one-warp sort): res += a, y = rmsnorm(res) * nw (and
+// its bf16 copy yb when non-null), logits = y . gw^T, then routing and the sort. Grid ceil(E / 8)
+// blocks of GATE_THREADS, each owning 8 experts' logits for every row (n <= R): its first gate
+// weights are in flight before the PDL wait; it then computes the rows' norms itself from res and
+// a (which only the last block writes) and the normalized inputs pass by pass. A block done with
+// its logits counts itself on `done` (atomicInc, so the word returns to 0 each launch); the last
+// one writes res, y and yb, routes (a warp per token) and sorts (ALIGN_WARP_MAX assignments at
+// most). The same sums as rms_norm_f32 and gemv_f32 up to the order of the norm's reduction.
+#define GATE_THREADS 256
+#define GATE_COLS 8
+template <int R>
+__device__ __forceinline__ void moe_gate(const float* __restrict__ a, float* res, const float* __restrict__ nw, float* y,
+                                         bf16_t* yb, int cols, float eps, const float* __restrict__ gw, float* logits,
+                                         u32* done, const float* bias, u32* ids, float* wts, int n, int n_experts,
+                                         int n_group, int topk_group, int route_k, int shared, int norm, float scaling,
+                                         ALIGN_ARGS) {
+    constexpr int V = 4, STEP = GATE_THREADS * V, U = R == 1 ? 4 : 2;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, col0 = blockIdx.x * GATE_COLS;
+    const int rows = min(n, R);
+    uint4 wr[U][GATE_COLS];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int c = 0; c < GATE_COLS; c++) {
+                const int col = min(col0 + c, n_experts - 1), k = k0 + u * STEP;
+                wr[u][c] = k < cols ? __ldg(reinterpret_cast<const uint4*>(gw + (u64)col * cols + k)) : make_uint4(0, 0, 0, 0);
+            }
+    };
+    load(t * V);
+    pdl_enter();
+    // The rows' inverse RMS, all rows reduced at once.
+    __shared__ float red[GATE_THREADS / 32][R];
+    __shared__ float rinv[R];
+    float ss[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        ss[r] = 0.f;
+        if (r < rows)
+            for (int c = t; c < cols; c += GATE_THREADS) {
+                const float v = a[(u64)r * cols + c] + res[(u64)r * cols + c];
+                ss[r] += v * v;
+            }
+        ss[r] = warp_sum(ss[r]);
+        if (lane == 0) red[warp][r] = ss[r];
+    }
+    __syncthreads();
+    if (t < R) {
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < GATE_THREADS / 32; w++) s += red[w][t];
+        rinv[t] = 1.0f / sqrtf(s / (float)cols + eps);
+    }
+    __syncthreads();
+    float acc[R][GATE_COLS];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < GATE_COLS; c++) acc[r][c] = 0.f;
+    for (int k0 = t * V; k0 < cols; k0 += STEP * U) {
+        if (k0 != t * V) load(k0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * STEP;
+            if (k >= cols) break;
+            const float4 g = *reinterpret_cast<const float4*>(nw + k);
+            const float gv[V] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int rr = min(r, rows - 1);
+                const float4 av = *reinterpret_cast<const float4*>(a + (u64)rr * cols + k);
+                const float4 hv = *reinterpret_cast<const float4*>(res + (u64)rr * cols + k);
+                const float xv[V] = {(av.x + hv.x) * rinv[rr] * gv[0], (av.y + hv.y) * rinv[rr] * gv[1],
+                                     (av.z + hv.z) * rinv[rr] * gv[2], (av.w + hv.w) * rinv[rr] * gv[3]};
+#pragma unroll
+                for (int c = 0; c < GATE_COLS; c++) {
+                    const uint4 q = wr[u][c];
+                    const float wv[V] = {__uint_as_float(q.x), __uint_as_float(q.y), __uint_as_float(q.z), __uint_as_float(q.w)};
+#pragma unroll
+                    for (int i = 0; i < V; i++) acc[r][c] = fmaf(xv[i], wv[i], acc[r][c]);
+                }
+            }
+        }
+    }
+    __shared__ float part[GATE_THREADS / 32][R * GATE_COLS];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < GATE_COLS; c++) {
+            const float s = warp_sum(acc[r][c]);
+            if (lane == 0) part[warp][r * GATE_COLS + c] = s;
+        }
+    __syncthreads();
+    if (t < R * GATE_COLS) {
+        const int r = t / GATE_COLS, col = col0 + t % GATE_COLS;
+        if (r < rows && col < n_experts) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < GATE_THREADS / 32; i++) s += part[i][t];
+            logits[(u64)r * n_experts + col] = s;
+        }
+    }
+    // The last block (every other one's logits written and its reads of res done) goes on.
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (t == 0) last = atomicInc(done, gridDim.x - 1) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int r = 0; r < rows; r++)
+        for (int c = t; c < cols; c += GATE_THREADS) {
+            const u64 at = (u64)r * cols + c;
+            const float v = a[at] + res[at], o = v * rinv[r] * nw[c];
+            res[at] = v;
+            y[at] = o;
+            if (yb) yb[at] = f2bf(o);
+        }
+    for (int tok = warp; tok < rows; tok += GATE_THREADS / 32)
+        route_token(logits, bias, ids, wts, tok, n_experts, n_group, topk_group, route_k, shared, norm, scaling);
+    __syncthreads();
+    if (t < 32) align_warp(ids, ALIGN_PASS);
+}
+#define MOE_GATE(R)                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GATE_THREADS) moe_gate_r##R(                                          \
+        const float* a, float* res, const float* nw, float* y, bf16_t* yb, int cols, float eps, const float* gw,        \
+        float* logits, u32* done, const float* bias, u32* ids, float* wts, int n, int n_experts, int n_group,           \
+        int topk_group, int route_k, int shared, int norm, float scaling, ALIGN_ARGS) {                                 \
+        moe_gate<R>(a, res, nw, y, yb, cols, eps, gw, logits, done, bias, ids, wts, n, n_experts, n_group, topk_group, \
+                    route_k, shared, norm, scaling, ALIGN_PASS);                                                        \
+    }
+MOE_GATE(1)
+MOE_GATE(2)
+MOE_GATE(4)
 
 // out[t] = sum_j wts[t, j] * Y[inv[t, j]]: the weighted sum of token t's expert outputs. Grid
 // (ceil(H / 4 / blockDim), n): each thread owns 4 columns of one token, the top_k rows' loads
