@@ -386,6 +386,7 @@ extern "C" __global__ void moe_route_align(const float* logits, const float* bia
 // most). The same sums as rms_norm_f32 and gemv_f32 up to the order of the norm's reduction.
 #define GATE_THREADS 256
 #define GATE_COLS 8
+#define GATE_C4 8
 template <int R>
 __device__ __forceinline__ void moe_gate(const float* __restrict__ a, float* res, const float* __restrict__ nw, float* y,
                                          bf16_t* yb, int cols, float eps, const float* __restrict__ gw, float* logits,
@@ -410,20 +411,33 @@ __device__ __forceinline__ void moe_gate(const float* __restrict__ a, float* res
     // The rows' inverse RMS, all rows reduced at once.
     __shared__ float red[GATE_THREADS / 32][R];
     __shared__ float rinv[R];
-    float ss[R];
+    // A row's float4 chunks a thread holds at once (cols <= 4 GATE_C4 GATE_THREADS, checked by
+    // the launcher): every load in flight before the sum, one row at a time.
+    const int n4 = cols / 4;
+#pragma unroll 1
+    for (int r = 0; r < rows; r++) {
+        float4 av[GATE_C4], hv[GATE_C4];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        ss[r] = 0.f;
-        if (r < rows)
-            for (int c = t; c < cols; c += GATE_THREADS) {
-                const float v = a[(u64)r * cols + c] + res[(u64)r * cols + c];
-                ss[r] += v * v;
+        for (int i = 0; i < GATE_C4; i++) {
+            const int c4 = t + i * GATE_THREADS;
+            if (c4 < n4) {
+                av[i] = reinterpret_cast<const float4*>(a + (u64)r * cols)[c4];
+                hv[i] = reinterpret_cast<const float4*>(res + (u64)r * cols)[c4];
             }
-        ss[r] = warp_sum(ss[r]);
-        if (lane == 0) red[warp][r] = ss[r];
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < GATE_C4; i++) {
+            if (t + i * GATE_THREADS < n4) {
+                const float v0 = av[i].x + hv[i].x, v1 = av[i].y + hv[i].y, v2 = av[i].z + hv[i].z, v3 = av[i].w + hv[i].w;
+                ss += v0 * v0 + v1 * v1 + v2 * v2 + v3 * v3;
+            }
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp][r] = ss;
     }
     __syncthreads();
-    if (t < R) {
+    if (t < rows) {
         float s = 0.f;
 #pragma unroll
         for (int w = 0; w < GATE_THREADS / 32; w++) s += red[w][t];
@@ -486,14 +500,34 @@ __device__ __forceinline__ void moe_gate(const float* __restrict__ a, float* res
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int r = 0; r < rows; r++)
-        for (int c = t; c < cols; c += GATE_THREADS) {
-            const u64 at = (u64)r * cols + c;
-            const float v = a[at] + res[at], o = v * rinv[r] * nw[c];
-            res[at] = v;
-            y[at] = o;
-            if (yb) yb[at] = f2bf(o);
+#pragma unroll 1
+    for (int r = 0; r < rows; r++) {
+        const u64 row = (u64)r * cols;
+        float4 av[GATE_C4], hv[GATE_C4], gv[GATE_C4];
+#pragma unroll
+        for (int i = 0; i < GATE_C4; i++) {
+            const int c4 = t + i * GATE_THREADS;
+            if (c4 < n4) {
+                av[i] = reinterpret_cast<const float4*>(a + row)[c4];
+                hv[i] = reinterpret_cast<const float4*>(res + row)[c4];
+                gv[i] = reinterpret_cast<const float4*>(nw)[c4];
+            }
         }
+#pragma unroll
+        for (int i = 0; i < GATE_C4; i++) {
+            const int c4 = t + i * GATE_THREADS;
+            if (c4 >= n4) continue;
+            const float4 v = make_float4(av[i].x + hv[i].x, av[i].y + hv[i].y, av[i].z + hv[i].z, av[i].w + hv[i].w);
+            const float4 o = make_float4(v.x * rinv[r] * gv[i].x, v.y * rinv[r] * gv[i].y, v.z * rinv[r] * gv[i].z,
+                                         v.w * rinv[r] * gv[i].w);
+            reinterpret_cast<float4*>(res + row)[c4] = v;
+            reinterpret_cast<float4*>(y + row)[c4] = o;
+            if (yb) {
+                bf16_t* b = yb + row + 4 * c4;
+                b[0] = f2bf(o.x), b[1] = f2bf(o.y), b[2] = f2bf(o.z), b[3] = f2bf(o.w);
+            }
+        }
+    }
     for (int tok = warp; tok < rows; tok += GATE_THREADS / 32)
         route_token(logits, bias, ids, wts, tok, n_experts, n_group, topk_group, route_k, shared, norm, scaling);
     __syncthreads();

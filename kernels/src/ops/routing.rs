@@ -12,6 +12,8 @@ const ALIGN_MAX_EXPERTS: usize = 512;
 pub const ROUTE_ALIGN_MAX_TOKENS: usize = 64;
 /// Most tokens [`Gpu::moe_gate`] takes (its largest instance's rows).
 pub const MOE_GATE_MAX_TOKENS: usize = 4;
+/// Most channels [`Gpu::moe_gate`] takes (routing.cu: `GATE_C4` float4s a thread of 256).
+const MOE_GATE_MAX_COLS: usize = 8 * 4 * 256;
 /// The kernels of routing.cu.
 pub const ROUTING_KERNELS: &[&str] =
     &["moe_route", "moe_align", "moe_route_align", "moe_gate_r1", "moe_gate_r2", "moe_gate_r4", "moe_combine"];
@@ -204,7 +206,10 @@ impl Gpu {
     /// Whether [`Gpu::moe_gate`] takes `n` tokens of `cols` channels whose routing makes
     /// `assignments` expert choices.
     pub fn moe_gate_takes(n: usize, cols: usize, assignments: usize) -> bool {
-        (1..=MOE_GATE_MAX_TOKENS).contains(&n) && cols > 0 && cols.is_multiple_of(4) && assignments <= ALIGN_WARP_MAX
+        (1..=MOE_GATE_MAX_TOKENS).contains(&n)
+            && (1..=MOE_GATE_MAX_COLS).contains(&cols)
+            && cols.is_multiple_of(4)
+            && assignments <= ALIGN_WARP_MAX
     }
 
     /// [`Gate`], then [`Gpu::moe_route_align`]'s routing and sort, in one launch (routing.cu
@@ -221,12 +226,14 @@ impl Gpu {
         }
         if !Self::moe_gate_takes(r.n, g.cols, a.assignments) {
             return Err(KernelError::Invalid(format!(
-                "moe_gate: {} tokens of {} channels, {} assignments (at most {MOE_GATE_MAX_TOKENS} tokens, channels a multiple of 4, {ALIGN_WARP_MAX} assignments)",
+                "moe_gate: {} tokens of {} channels, {} assignments (at most {MOE_GATE_MAX_TOKENS} tokens, {MOE_GATE_MAX_COLS} channels, a multiple of 4, {ALIGN_WARP_MAX} assignments)",
                 r.n, g.cols, a.assignments
             )));
         }
-        if ![g.a, g.res, g.norm, g.gate].iter().all(|p| p.is_multiple_of(16)) {
-            return Err(KernelError::Invalid("moe_gate: the input, residual, norm and gate must be 16-byte aligned".into()));
+        if ![g.a, g.res, g.norm, g.gate, g.y].iter().all(|p| p.is_multiple_of(16)) || !g.yb.is_multiple_of(8) {
+            return Err(KernelError::Invalid(
+                "moe_gate: the input, residual, norm, gate and output must be 16-byte aligned, the bf16 output 8-byte".into(),
+            ));
         }
         let name = match r.n {
             1 => "moe_gate_r1",
