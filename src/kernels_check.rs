@@ -334,7 +334,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "fp8_prefill" => ctx.fp8_prefill(),
                 "attention" => ctx.attention(),
                 "prefill" => ctx.prefill(),
-                "router" => ctx.router().and_then(|_| ctx.align()).and_then(|_| ctx.route_align()).and_then(|_| ctx.moe_gate()),
+                "router" => ctx.router().and_then(|_| ctx.align()).and_then(|_| ctx.route_align()),
                 "sample" => ctx.sample(),
                 "qdecode" => ctx.qdecode(),
                 "moe_tune" => ctx.moe_tune(),

@@ -89,7 +89,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ("qdecode", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/qdecode.cu")), ops::QDECODE_KERNELS),
     ("wgmma", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/wgmma.cu")), ops::GGW_KERNELS),
     ("peer", include_str!("cu/peer.cu"), &["peer_all_reduce_f32"]),
-    ("routing", include_str!("cu/routing.cu"), ops::ROUTING_KERNELS),
+    ("routing", include_str!("cu/routing.cu"), &["moe_route", "moe_align", "moe_route_align", "moe_combine"]),
     (
         "moe",
         include_str!("cu/moe.cu"),
@@ -229,8 +229,7 @@ pub struct Gpu {
     /// The persistent compressed GEMMs' stream-K hand-over buffers (allocated at start-up, so
     /// that graphs capture fixed addresses).
     streamk: std::cell::OnceCell<ops::StreamK>,
-    /// The word of the kernels' grid barrier (common.cuh `grid_barrier`), then the count of
-    /// `moe_gate`'s finished blocks (back to 0 after each launch), zeroed at start-up.
+    /// The word of the kernels' grid barrier (common.cuh `grid_barrier`), zeroed at start-up.
     barrier: CudaSlice<u32>,
 }
 
@@ -302,7 +301,7 @@ impl Gpu {
             allocs: Cell::new(0),
             pdl: Cell::new(ops::Pdl::Off),
             streamk: std::cell::OnceCell::new(),
-            barrier: stream.alloc_zeros::<u32>(2)?,
+            barrier: stream.alloc_zeros::<u32>(1)?,
             stream,
         };
         gpu.set_blas_workspace()?;
@@ -313,11 +312,6 @@ impl Gpu {
     /// The address of the grid barrier's word (set at start-up, so that graphs capture it).
     pub(crate) fn grid_barrier_word(&self) -> u64 {
         ptr(&self.barrier)
-    }
-
-    /// The address of `moe_gate`'s count of finished blocks (set at start-up, like the barrier's).
-    pub(crate) fn blocks_done_word(&self) -> u64 {
-        ptr(&self.barrier) + 4
     }
 
     /// The dynamic shared memory a kernel of the opt-in list may take on this device.

@@ -1,12 +1,11 @@
 //! Expert routing (`moe_route`) against the CPU backend, the assignment sort (`moe_align`)
-//! against its host reference, exactly (each expert's rows in assignment order), the two in
-//! one block (`moe_route_align`) against both kernels' own results, exactly, and a MoE layer's
-//! entry in one kernel (`moe_gate`) against the three kernels it replaces.
+//! against its host reference, exactly (each expert's rows in assignment order), and the two in
+//! one block (`moe_route_align`) against both kernels' own results, exactly.
 
 use anyhow::Result;
 use cleave_engine::backend::{Backend, RouterParams};
 use cleave_kernels::cudarc::driver::CudaSlice;
-use cleave_kernels::ops::{align_reference, Align, Gate, GemvOut, GemvWeight, Route};
+use cleave_kernels::ops::{align_reference, Align, Route};
 use cleave_kernels::{ptr, Gpu};
 
 use super::ops::{kerr, Ctx};
@@ -129,109 +128,6 @@ impl Ctx<'_> {
                     us,
                     (n * experts * 4) as f64,
                 );
-            }
-        }
-        Ok(())
-    }
-
-    /// `moe_gate` at the few tokens it takes against the kernels it replaces, on the same inputs
-    /// (`rms_norm_f32` with the residual, the f32 GEMV, `moe_route_align`): the residual, the
-    /// normalized input (f32 and bf16), the logits and the routing weights within 1e-5 (the
-    /// norm's sum meets in another order), the routed ids and the sort exactly.
-    pub fn moe_gate(&mut self) -> Result<()> {
-        let g = self.cu.gpu();
-        let [lite, v3, v3_64] = models();
-        let sizes: &[usize] = if self.quick { &[1, 3] } else { &[1, 2, 3, 4] };
-        for ((label, p), h, bm) in [(lite, 2048, 8), (v3, 7168, 16), (v3_64, 7168, 16)] {
-            let (e, k) = (p.n_experts, p.top_k + p.shared);
-            for &n in sizes.iter().filter(|&&n| Gpu::moe_gate_takes(n, h, n * k)) {
-                let a = n * k;
-                let mut up = |len: usize, scale: f32| -> Result<CudaSlice<f32>> {
-                    let buf = g.alloc::<f32>(len).map_err(kerr)?;
-                    g.htod(&self.rng.vec(len, scale), ptr(&buf)).map_err(kerr)?;
-                    Ok(buf)
-                };
-                let (att, norm, gate, bias) = (up(n * h, 1.0)?, up(h, 1.0)?, up(e * h, (3.0 / h as f32).sqrt())?, up(e, 0.3)?);
-                let res0 = up(n * h, 1.0)?;
-                let res1 = g.alloc::<f32>(n * h).map_err(kerr)?;
-                g.dtod(ptr(&res1), ptr(&res0), n * h * 4).map_err(kerr)?;
-                // The separate kernels' outputs (0) and moe_gate's (1).
-                let path = || -> Result<_> {
-                    Ok((
-                        g.alloc::<f32>(n * h).map_err(kerr)?,
-                        g.alloc::<u16>(n * h).map_err(kerr)?,
-                        g.alloc::<f32>(n * e).map_err(kerr)?,
-                        g.alloc::<u32>(a).map_err(kerr)?,
-                        g.alloc::<f32>(a).map_err(kerr)?,
-                        SortBufs::new(g, a, e + p.shared, bm)?,
-                    ))
-                };
-                let ((y0, yb0, lg0, ids0, w0, sort0), (y1, yb1, lg1, ids1, w1, sort1)) = (path()?, path()?);
-                let route = |logits: u64, ids: u64, wts: u64| Route {
-                    logits,
-                    bias: ptr(&bias),
-                    ids,
-                    wts,
-                    n,
-                    experts: e,
-                    n_group: p.n_group,
-                    topk_group: p.topk_group,
-                    top_k: p.top_k,
-                    shared: p.shared,
-                    norm: p.norm_topk_prob,
-                    scaling: p.scaling,
-                };
-                let eps = 1e-6;
-                g.rms_norm(ptr(&att), ptr(&res0), ptr(&norm), ptr(&y0), ptr(&yb0), n, h, h, eps).map_err(kerr)?;
-                let out = GemvOut { w: GemvWeight::F32(ptr(&gate)), y: ptr(&lg0), n: e };
-                // SAFETY: y0 holds n x h f32, the gate e x h, lg0 n x e: allocations of this GPU.
-                unsafe { g.gemv(ptr(&y0), 0, h, n, h, &[out], 0.0) }.map_err(kerr)?;
-                let al0 = sort0.align(ptr(&ids0), a, k, e + p.shared, 0, bm, false);
-                g.moe_route_align(&route(ptr(&lg0), ptr(&ids0), ptr(&w0)), &al0).map_err(kerr)?;
-                let gate_in = Gate {
-                    a: ptr(&att),
-                    res: ptr(&res1),
-                    norm: ptr(&norm),
-                    y: ptr(&y1),
-                    yb: ptr(&yb1),
-                    cols: h,
-                    eps,
-                    gate: ptr(&gate),
-                };
-                let (r1, al1) = (route(ptr(&lg1), ptr(&ids1), ptr(&w1)), sort1.align(ptr(&ids1), a, k, e + p.shared, 0, bm, false));
-                // SAFETY: every buffer above is sized for n tokens of h channels and e experts.
-                unsafe { g.moe_gate(&gate_in, &r1, &al1) }.map_err(kerr)?;
-                let f32s = |b: &CudaSlice<f32>, len: usize| -> Result<Vec<f32>> {
-                    let mut v = vec![0f32; len];
-                    g.dtoh(ptr(b), &mut v).map_err(kerr)?;
-                    Ok(v)
-                };
-                let bf16s = |b: &CudaSlice<u16>| -> Result<Vec<f32>> {
-                    let mut v = vec![0u16; n * h];
-                    g.dtoh(ptr(b), &mut v).map_err(kerr)?;
-                    Ok(v.iter().map(|&x| f32::from_bits((x as u32) << 16)).collect())
-                };
-                let err = [
-                    rel_err(&f32s(&res1, n * h)?, &f32s(&res0, n * h)?),
-                    rel_err(&f32s(&y1, n * h)?, &f32s(&y0, n * h)?),
-                    rel_err(&bf16s(&yb1)?, &bf16s(&yb0)?),
-                    rel_err(&f32s(&lg1, n * e)?, &f32s(&lg0, n * e)?),
-                    rel_err(&f32s(&w1, a)?, &f32s(&w0, a)?),
-                ]
-                .into_iter()
-                .fold(0f64, f64::max);
-                let (mut ids, mut want) = (vec![0u32; a], vec![0u32; a]);
-                g.dtoh(ptr(&ids1), &mut ids).map_err(kerr)?;
-                g.dtoh(ptr(&ids0), &mut want).map_err(kerr)?;
-                let (sort_differing, sort_total) = sort1.against_reference(g, &al1, &ids)?;
-                let differing = ids.iter().zip(&want).filter(|(x, y)| x != y).count() + sort_differing;
-                // Each timed launch adds the input to the residual again: harmless to the timing.
-                // SAFETY: as above.
-                let us = self.time(|| unsafe { g.moe_gate(&gate_in, &r1, &al1) }.map_err(kerr))?;
-                let shape = format!("{label}: {n} tokens of {h}, {e} experts, top {}, {} shared", p.top_k, p.shared);
-                let bytes = (e * h * 4 + 4 * n * h * 4) as f64;
-                self.push("moe_gate", shape.clone(), err, 1e-5, us, bytes, 0.0, Ceiling::Mem);
-                self.push_exact("moe_gate ids, sort", shape, differing, a + sort_total, us, bytes);
             }
         }
         Ok(())

@@ -90,19 +90,6 @@ pub fn mla_prologue_ops<B: Backend + ?Sized>(
     be.write_kv(cache, layer, &latent, slots)
 }
 
-/// A MoE layer from its attention output, as separate ops: what [`Backend::moe_layer`] does
-/// unless a backend fuses it.
-pub fn moe_layer_ops<B: Backend + ?Sized>(
-    be: &B,
-    entry: MoeEntry<'_, B::Tensor, B::Weight>,
-    experts: &B::Experts,
-    end: AddNorm<'_, B::Tensor>,
-) -> Result<B::Tensor> {
-    let x = be.add_rms_norm(end.residual, entry.a, entry.norm, end.eps)?;
-    let logits = be.linear(&x, entry.gate)?;
-    be.moe(&x, Router { logits: &logits, bias: entry.bias, params: entry.params }, experts, Some(end))
-}
-
 /// Static router parameters for `noaux_tc` group-limited routing.
 #[derive(Debug, Clone, Copy)]
 pub struct RouterParams {
@@ -124,17 +111,6 @@ pub struct AddNorm<'a, T> {
     pub residual: &'a mut T,
     pub w: &'a T,
     pub eps: f32,
-}
-
-/// A MoE layer's input before its RMSNorm ([`Backend::moe_layer`]): the attention output `a`,
-/// which joins the residual and is normalized by `norm` (the layer's post-attention RMSNorm),
-/// and its router: the `gate` (f32 logits), the selection bias and the static parameters.
-pub struct MoeEntry<'a, T, W> {
-    pub a: &'a T,
-    pub norm: &'a T,
-    pub gate: &'a W,
-    pub bias: &'a T,
-    pub params: RouterParams,
 }
 
 /// A MoE layer's router: the gate's `logits` `[n, experts]` (f32), the selection bias and the
@@ -350,18 +326,6 @@ pub trait Backend {
             Some(e) => self.add_rms_norm(e.residual, &y, e.w, e.eps),
             None => Ok(y),
         }
-    }
-
-    /// A MoE layer from its attention output: `end.residual += entry.a`, its RMSNorm `x`, the
-    /// router's logits `x gate^T`, then [`Backend::moe`] with `end` (the next input returned). A
-    /// backend may fuse the norm, the router and the routing ([`moe_layer_ops`] otherwise).
-    fn moe_layer(
-        &self,
-        entry: MoeEntry<'_, Self::Tensor, Self::Weight>,
-        experts: &Self::Experts,
-        end: AddNorm<'_, Self::Tensor>,
-    ) -> Result<Self::Tensor> {
-        moe_layer_ops(self, entry, experts, end)
     }
 
     /// Picks a token for each listed row of `logits` `[rows, vocab]`, where the logits are (the

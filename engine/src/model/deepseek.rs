@@ -6,7 +6,7 @@ use std::path::Path;
 use super::config::ModelConfig;
 use super::load::Loader;
 use super::rope::cos_sin_table;
-use crate::backend::{AddNorm, AttnBatch, Backend, MlaDims, MoeEntry, Rotary, Router, RouterParams};
+use crate::backend::{AddNorm, AttnBatch, Backend, MlaDims, Rotary, Router, RouterParams};
 use crate::error::{EngineError, Result};
 use crate::parallel::{Axis, Collectives, RankCoord};
 use crate::weights::{LoadFormat, Weights};
@@ -215,20 +215,9 @@ impl<B: Backend> Model<B> {
         let mut x = be.rms_norm(&h, &self.layers[0].input_norm, eps)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let a = self.attention(be, &step, cache, i, &layer.attn, &x)?;
+            x = be.add_rms_norm(&mut h, &a, &layer.post_norm, eps)?;
             let next = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_norm);
-            let end = AddNorm { residual: &mut h, w: next, eps };
-            x = match &layer.mlp {
-                // Alone, with no dense shared MLP to add, the layer from its attention output is
-                // the backend's op (which may fuse the norm, the router and the routing).
-                Mlp::Moe { gate, bias, experts, shared } if self.moe_alone(shared) => {
-                    let params = self.router_params(shared);
-                    be.moe_layer(MoeEntry { a: &a, norm: &layer.post_norm, gate, bias, params }, experts, end)?
-                }
-                mlp => {
-                    let x = be.add_rms_norm(end.residual, &a, &layer.post_norm, eps)?;
-                    self.mlp(be, &step, mlp, &x, Some(end))?
-                }
-            };
+            x = self.mlp(be, &step, &layer.mlp, &x, Some(AddNorm { residual: &mut h, w: next, eps }))?;
         }
         match &self.lm_head {
             Some(w) => Ok(Some(be.linear(&be.gather_rows(&x, &input.sample_rows)?, w)?)),
@@ -289,8 +278,17 @@ impl<B: Backend> Model<B> {
                     }
                     _ => x,
                 };
+                let folded = match shared {
+                    SharedExperts::Folded(n) => *n,
+                    _ => 0,
+                };
                 let logits = be.linear(xs, gate)?;
-                let router = Router { logits: &logits, bias, params: self.router_params(shared) };
+                let router = Router { logits: &logits, bias, params: RouterParams { shared: folded, ..self.router } };
+                // Alone, with no dense shared MLP to add, the experts' sum joins the residual in
+                // the backend's MoE op (which may fuse the two).
+                if self.coord.par.world() == 1 && !matches!(shared, SharedExperts::Dense(_)) {
+                    return be.moe(xs, router, experts, end);
+                }
                 let mut y = be.moe(xs, router, experts, None)?;
                 if let SharedExperts::Dense(s) = shared {
                     be.add_assign(&mut y, &dense(s, xs)?)?;
@@ -309,23 +307,6 @@ impl<B: Backend> Model<B> {
             Some(e) => be.add_rms_norm(e.residual, &y, e.w, e.eps),
             None => Ok(y),
         }
-    }
-}
-
-impl<B: Backend> Model<B> {
-    /// Whether a MoE layer's experts are its whole MLP on one GPU (no group to reduce over, no
-    /// dense shared MLP to add): then [`Backend::moe_layer`] runs it from the attention output.
-    fn moe_alone(&self, shared: &SharedExperts<B>) -> bool {
-        self.coord.par.world() == 1 && !matches!(shared, SharedExperts::Dense(_))
-    }
-
-    /// The router's parameters with the layer's folded shared experts.
-    fn router_params(&self, shared: &SharedExperts<B>) -> RouterParams {
-        let folded = match shared {
-            SharedExperts::Folded(n) => *n,
-            _ => 0,
-        };
-        RouterParams { shared: folded, ..self.router }
     }
 }
 

@@ -28,7 +28,7 @@ pub use qdecode::{Fp8Order, QMma, QPersist, QDECODE_KERNELS};
 mod quant;
 pub use quant::{Expansion, QCut, QGemm, QWeights, QUANT_KERNELS};
 mod routing;
-pub use routing::{align_reference, Align, Aligned, Gate, Route, MOE_GATE_MAX_TOKENS, ROUTE_ALIGN_MAX_TOKENS, ROUTING_KERNELS};
+pub use routing::{align_reference, Align, Aligned, Route, ROUTE_ALIGN_MAX_TOKENS};
 mod sample;
 pub use sample::{SampleLaunch, NO_MASK, SAMPLE_PARAM_WORDS};
 
@@ -43,9 +43,6 @@ const PDL_OPS: &[&str] = &[
     "moe_route",
     "moe_align",
     "moe_route_align",
-    "moe_gate_r1",
-    "moe_gate_r2",
-    "moe_gate_r4",
     "moe_combine",
     "moe_combine_norm",
     "qgemm_reduce",

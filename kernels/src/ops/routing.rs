@@ -10,13 +10,6 @@ const ALIGN_THREADS: u32 = 1024;
 const ALIGN_MAX_EXPERTS: usize = 512;
 /// Most tokens [`Gpu::moe_route_align`] takes (two per warp of its block).
 pub const ROUTE_ALIGN_MAX_TOKENS: usize = 64;
-/// Most tokens [`Gpu::moe_gate`] takes (its largest instance's rows).
-pub const MOE_GATE_MAX_TOKENS: usize = 4;
-/// Most channels [`Gpu::moe_gate`] takes (routing.cu: `GATE_C4` float4s a thread of 256).
-const MOE_GATE_MAX_COLS: usize = 8 * 4 * 256;
-/// The kernels of routing.cu.
-pub const ROUTING_KERNELS: &[&str] =
-    &["moe_route", "moe_align", "moe_route_align", "moe_gate_r1", "moe_gate_r2", "moe_gate_r4", "moe_combine"];
 /// Most assignments the sort takes with one warp (routing.cu `ALIGN_WARP_MAX`): no shared
 /// memory, no barriers, a block of a warp per token.
 const ALIGN_WARP_MAX: usize = 32;
@@ -75,22 +68,6 @@ impl Route {
             F32(self.scaling),
         ]
     }
-}
-
-/// A MoE layer's entry ([`Gpu::moe_gate`]): the attention output `a` `[n, cols]` (f32) added to
-/// the residual `res` in place, the sum RMS-normalized with the f32 weights `norm` (`cols` of them)
-/// into `y` (and its bf16 copy `yb` when non-zero), and the router's f32 `gate` `[experts, cols]`
-/// applied to `y` into the route's `logits`.
-#[derive(Debug, Clone, Copy)]
-pub struct Gate {
-    pub a: u64,
-    pub res: u64,
-    pub norm: u64,
-    pub y: u64,
-    pub yb: u64,
-    pub cols: usize,
-    pub eps: f32,
-    pub gate: u64,
 }
 
 /// The sort of `assignments` expert choices (`top_k` per token, in `ids`) into row tiles of at
@@ -201,61 +178,6 @@ impl Gpu {
         // A warp routes each token; the one-warp sort needs no more.
         let threads = if a.one_warp() { (32 * r.n.max(1)) as u32 } else { ALIGN_THREADS };
         self.launch("moe_route_align", (1, 1, 1), threads, a.smem(), &args)
-    }
-
-    /// Whether [`Gpu::moe_gate`] takes `n` tokens of `cols` channels whose routing makes
-    /// `assignments` expert choices.
-    pub fn moe_gate_takes(n: usize, cols: usize, assignments: usize) -> bool {
-        (1..=MOE_GATE_MAX_TOKENS).contains(&n)
-            && (1..=MOE_GATE_MAX_COLS).contains(&cols)
-            && cols.is_multiple_of(4)
-            && assignments <= ALIGN_WARP_MAX
-    }
-
-    /// [`Gate`], then [`Gpu::moe_route_align`]'s routing and sort, in one launch (routing.cu
-    /// `moe_gate`): at most [`MOE_GATE_MAX_TOKENS`] tokens and 32 assignments.
-    ///
-    /// # Safety
-    /// `g.a`, `g.res`, `g.y` hold `r.n * g.cols` f32 (`g.yb` as many bf16 when non-zero), `g.norm`
-    /// `g.cols` f32 and `g.gate` `r.experts * g.cols` f32, 16-byte aligned; `r`'s and `a`'s
-    /// buffers are sized for `r.n` tokens: device addresses of this context.
-    pub unsafe fn moe_gate(&self, g: &Gate, r: &Route, a: &Align) -> Result<()> {
-        r.check()?;
-        if a.ids != r.ids || a.assignments != r.n * (r.top_k + r.shared) || a.top_k != r.top_k + r.shared {
-            return Err(KernelError::Invalid("moe_gate: the sort must take the routed ids".into()));
-        }
-        if !Self::moe_gate_takes(r.n, g.cols, a.assignments) {
-            return Err(KernelError::Invalid(format!(
-                "moe_gate: {} tokens of {} channels, {} assignments (at most {MOE_GATE_MAX_TOKENS} tokens, {MOE_GATE_MAX_COLS} channels, a multiple of 4, {ALIGN_WARP_MAX} assignments)",
-                r.n, g.cols, a.assignments
-            )));
-        }
-        if ![g.a, g.res, g.norm, g.gate, g.y].iter().all(|p| p.is_multiple_of(16)) || !g.yb.is_multiple_of(8) {
-            return Err(KernelError::Invalid(
-                "moe_gate: the input, residual, norm, gate and output must be 16-byte aligned, the bf16 output 8-byte".into(),
-            ));
-        }
-        let name = match r.n {
-            1 => "moe_gate_r1",
-            2 => "moe_gate_r2",
-            _ => "moe_gate_r4",
-        };
-        let mut args = vec![
-            Ptr(g.a),
-            Ptr(g.res),
-            Ptr(g.norm),
-            Ptr(g.y),
-            Ptr(g.yb),
-            I32(g.cols as i32),
-            F32(g.eps),
-            Ptr(g.gate),
-            Ptr(r.logits),
-            Ptr(self.blocks_done_word()),
-        ];
-        // The route's arguments after the logits.
-        args.extend_from_slice(&r.args()[1..]);
-        args.extend(a.args()?);
-        self.launch(name, (r.experts.div_ceil(8) as u32, 1, 1), 256, 0, &args)
     }
 
     /// `out[t] = sum_j wts[t, j] y[inv[t, j]]` over token t's `top_k` expert rows of `y` `[*, h]`.

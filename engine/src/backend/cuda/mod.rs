@@ -38,7 +38,7 @@ pub use cleave_kernels::Gpu;
 use cleave_kernels::{ptr, KernelError};
 
 use super::{
-    mla_prologue_ops, AddNorm, AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, MoeEntry, Rotary, Router,
+    mla_prologue_ops, AddNorm, AttnBatch, Backend, ExpertSource, GraphLimits, KvLayout, MlaDims, Rotary, Router,
     RouterParams, SampleRow, StepIndices, NO_SLOT,
 };
 use crate::error::{EngineError, Result};
@@ -546,15 +546,6 @@ impl Backend for CudaBackend {
         end: Option<AddNorm<'_, CudaTensor>>,
     ) -> Result<CudaTensor> {
         moe::experts(self, x, moe::Routing::Router(router), experts, end)
-    }
-
-    fn moe_layer(
-        &self,
-        entry: MoeEntry<'_, CudaTensor, CudaWeight>,
-        experts: &CudaExperts,
-        end: AddNorm<'_, CudaTensor>,
-    ) -> Result<CudaTensor> {
-        moe::layer(self, entry, experts, end)
     }
 
     fn sample(&self, logits: &CudaTensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>> {

@@ -5,16 +5,13 @@
 //! the device.
 
 use cleave_kernels::fp8::BLOCK;
-use cleave_kernels::ops::{
-    Align, Fp8Order, Gate, GemmKernel, GroupedGemm, QGemm, QWeights, Route, WgmmaGemm, GGW_FP8_BM,
-};
+use cleave_kernels::ops::{Align, Fp8Order, GemmKernel, GroupedGemm, QGemm, QWeights, Route, WgmmaGemm, GGW_FP8_BM};
 use cleave_kernels::quant::QFormat;
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::{QIn, QuantWeight};
-use super::weights::WeightData;
-use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, CudaWeight, ExpertData, QRows, ROWS32_MIN_AVG};
-use crate::backend::{moe_layer_ops, AddNorm, Backend, MoeEntry, Router, RouterParams};
+use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, QRows, ROWS32_MIN_AVG};
+use crate::backend::{AddNorm, Backend, Router, RouterParams};
 use crate::error::{EngineError, Result};
 
 /// Rows up to which shared experts folded in are computed in the routed experts' grouped GEMM
@@ -30,47 +27,6 @@ pub(super) enum Routing<'a> {
     /// The router, run by the MoE op itself: with the assignment sort in one kernel at batches
     /// of up to `Fusion::route_align` tokens.
     Router(Router<'a, CudaTensor>),
-    /// The router's logits (into `router.logits`) and the input `x` itself, computed with the
-    /// routing and the sort in one kernel ([`layer`]).
-    Gate { router: Router<'a, CudaTensor>, gate: Gate },
-}
-
-/// A MoE layer from its attention output ([`Backend::moe_layer`]): at up to
-/// `MOE_GATE_MAX_TOKENS` tokens one kernel joins the residual, normalizes, runs the f32 router
-/// and routes and sorts (`Fusion::moe_gate`), where that took three launches; else the ops apart.
-pub(super) fn layer(
-    be: &CudaBackend,
-    entry: MoeEntry<'_, CudaTensor, CudaWeight>,
-    ex: &CudaExperts,
-    end: AddNorm<'_, CudaTensor>,
-) -> Result<CudaTensor> {
-    let (n, h, p) = (entry.a.rows, entry.a.cols, entry.params);
-    let gate = match &entry.gate.data {
-        WeightData::F32(w) if (entry.gate.out, entry.gate.inp) == (p.n_experts, h) => ptr(w),
-        _ => 0,
-    };
-    let fused = be.variants().fusion.moe_gate
-        && gate != 0
-        && Gpu::moe_gate_takes(n, h, n * (p.top_k + p.shared))
-        && entry.norm.len() == h
-        && (end.residual.rows, end.residual.cols) == (n, h);
-    if !fused {
-        return moe_layer_ops(be, entry, ex, end);
-    }
-    let x = be.tensor_shadowed(n, h)?;
-    let logits = be.tensor(n, p.n_experts)?;
-    let gate = Gate {
-        a: entry.a.ptr(),
-        res: end.residual.ptr_mut(),
-        norm: entry.norm.ptr(),
-        y: x.ptr(),
-        yb: x.bf16_ptr().unwrap_or(0),
-        cols: h,
-        eps: end.eps,
-        gate,
-    };
-    let router = Router { logits: &logits, bias: entry.bias, params: p };
-    experts(be, &x, Routing::Gate { router, gate }, ex, Some(end))
 }
 
 pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
@@ -139,7 +95,7 @@ pub(super) fn experts(
     let (n, h, e, i) = (x.rows, x.cols, ex.experts, ex.inter);
     let (rows, k) = match &routing {
         Routing::Done(r) => (r.rows, r.top_k),
-        Routing::Router(r) | Routing::Gate { router: r, .. } => (r.logits.rows, r.params.top_k + r.params.shared),
+        Routing::Router(r) => (r.logits.rows, r.params.top_k + r.params.shared),
     };
     if h != ex.hidden || rows != n {
         return Err(EngineError::Backend(format!(
@@ -163,7 +119,7 @@ pub(super) fn experts(
     // Tile sizes follow the rows each expert gets on average: the routed assignments spread over
     // the whole layer's routed experts, of which a rank holds `e - s` with expert parallelism.
     let group_routed = match &routing {
-        Routing::Router(r) | Routing::Gate { router: r, .. } => r.params.n_experts,
+        Routing::Router(r) => r.params.n_experts,
         Routing::Done(_) => e - s,
     }
     .max(e - s);
@@ -295,15 +251,6 @@ pub(super) fn experts(
                 gpu.moe_route(&route).map_err(kerr)?;
                 gpu.moe_align(&align).map_err(kerr)?;
             }
-            routed = r;
-            &routed
-        }
-        Routing::Gate { router: rt, gate } => {
-            let (r, route) = routing_for(be, rt.logits, rt.bias, rt.params)?;
-            // SAFETY: `layer` made the gate's input, residual and output tensors of n x h f32
-            // (the output's shadow, when there is one, in bf16), its norm of h values and gate of
-            // experts x h; the route and the sort are sized for these n tokens above.
-            unsafe { gpu.moe_gate(&gate, &route, &Align { ids: route.ids, ..align }) }.map_err(kerr)?;
             routed = r;
             &routed
         }

@@ -28,7 +28,7 @@ use crate::error::{EngineError, Result};
 /// (default on), `CLEAVE_AWQ_PREFILL=off|ROWS` (default [`AWQ_EXPAND_MIN_AVG`]), and the
 /// decode fusions ([`Fusion`]): `CLEAVE_ROUTE_ALIGN=off|TOKENS` (default [`Fusion::DEFAULT`]),
 /// `CLEAVE_MOE_END=fused|separate` (default fused), `CLEAVE_MLA_COMBINE=fused|separate` (default
-/// fused), `CLEAVE_MOE_GATE=fused|separate` (default fused).
+/// fused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variants {
     /// The absorbed MLA decode kernel.
@@ -108,17 +108,14 @@ pub struct Fusion {
     /// (v3 and v4, where every block of the launch is resident at once) instead of a
     /// `mla_combine` launch.
     pub mla_join: bool,
-    /// A MoE layer's entry at up to `MOE_GATE_MAX_TOKENS` tokens (the post-attention residual add
-    /// and RMSNorm, the router GEMV, the routing and the sort) in one kernel (`moe_gate`).
-    pub moe_gate: bool,
 }
 
 impl Fusion {
-    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false, mla_join: false, moe_gate: false };
+    pub const OFF: Fusion = Fusion { route_align: 0, moe_end: false, mla_join: false };
     /// Run 81: a token per warp of `moe_route_align` (at 64 tokens, two per warp, the V2-Lite
     /// step was 2.4% slower than routing and sorting apart); the fused MoE end saved 3% at batch
     /// 1.
-    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true, mla_join: true, moe_gate: true };
+    pub const DEFAULT: Fusion = Fusion { route_align: 32, moe_end: true, mla_join: true };
 }
 
 /// Which kernel runs decode-sized GEMMs (up to `QGEMM_MAX_ROWS` rows) over compressed weights.
@@ -323,7 +320,6 @@ impl Variants {
             )?,
             moe_end: switch("CLEAVE_MOE_END", &var("CLEAVE_MOE_END"), FUSED)?,
             mla_join: switch("CLEAVE_MLA_COMBINE", &var("CLEAVE_MLA_COMBINE"), FUSED)?,
-            moe_gate: switch("CLEAVE_MOE_GATE", &var("CLEAVE_MOE_GATE"), FUSED)?,
         };
         v.qgemm_rows8 = Self::parse_rows8(&var("CLEAVE_QGEMM_ROWS8"))?;
         v.qgemm_streamk = switch("CLEAVE_QGEMM_STREAMK", &var("CLEAVE_QGEMM_STREAMK"), ON)?;
