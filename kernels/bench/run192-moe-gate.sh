@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran on commit 2a29eb1; `CLEAVE_MOE_GATE` and moe_gate were reverted after run 193 (docs/benchmarks.md).
 # run 192 (one GPU): a MoE layer's entry at 1-4 tokens in one kernel (`moe_gate`: the
 # post-attention residual add and RMSNorm, the f32 router GEMV, routing and the one-warp sort)
 # against the three kernels it replaces (`CLEAVE_MOE_GATE=separate`), same binary: the quick pass

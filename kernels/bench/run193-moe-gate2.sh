@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran on commit d660f0f; `CLEAVE_MOE_GATE` and moe_gate were reverted after this run (docs/benchmarks.md).
 # run 193 (one GPU): run 192 again with moe_gate's row loops unrolled (every float4 of a row in
 # flight before its sum; the last block's writes likewise): the router stage (moe_gate against
 # the three kernels it replaces), then decode steps fused against separate (`CLEAVE_MOE_GATE`),
