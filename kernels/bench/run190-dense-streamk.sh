@@ -1,4 +1,5 @@
 #!/bin/bash
+# Ran on commit f232799 (H100); `CLEAVE_QGEMM_STREAMK=all` was reverted after this run (docs/benchmarks.md).
 # run 190 (one GPU): the dense AWQ decode GEMMs on stream-K (`CLEAVE_QGEMM_STREAMK=all`, no
 # split-K reduction launch) against split-K (experts, the default), same binary: V2-Lite AWQ and
 # four V3 layers in AWQ at 1 and 16 rows. Then the f32 router GEMV with up to four passes' loads in
