@@ -273,19 +273,3 @@ kernel_ab() {
 share_profile() {
   grep -E "profile decode batch ($1):" $OUT/run$R-v3-61.txt | grep -oE "(batch [0-9]+|kernels [0-9.]+ ms|qg[a-z0-9_]* [0-9.]+ms/[0-9]+)" | tr '\n' ' ' | cut -c1-600; echo
 }
-
-# share_ab VAR BATCHES MODE...: the 61-layer V3 AWQ share (dummy weights, /tmp/v3x61) at BATCHES
-# with VAR set to each MODE in turn, one load each, into $OUT/runR-v3-61-MODE.txt; prints each
-# mode's graph steps and its batch-1 profile's compressed GEMMs.
-share_ab() {
-  local var=$1 batches=$2; shift 2
-  [ -d /tmp/v3x61 ] || $C gen-checkpoint --config-only --shape v3-layers --layers 61 --routed-experts 64 --dtype awq \
-    --out /tmp/v3x61 > /dev/null
-  for mode in "$@"; do
-    local f=$OUT/run$R-v3-61-$mode.txt
-    env $var=$mode timeout 270 $C kernels-check --no-ops --bench-model /tmp/v3x61 --load-format dummy \
-      --ctx 2048 --batches $batches --prefill 0 > $f 2>&1
-    echo "$mode rc=$? $(( $(date +%s) - S )) s: $(grep -o 'CUDA graph: step [0-9.]* ms ([0-9.]*% of HBM' $f | tr '\n' ' ')"
-    grep -hE 'profile decode batch 1:' $f | tr ',' '\n' | grep -E 'qg|kernels' | tr '\n' ' ' | cut -c1-300; echo
-  done
-}

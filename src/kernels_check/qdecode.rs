@@ -77,6 +77,8 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// Dense linears at decode sizes against the CPU on the persistent kernel, each also timed on
+    /// the tiled kernel (`def`'s other settings).
     fn qdecode_linears(&mut self, def: Variants) -> Result<()> {
         // (rows, out, in): V3 q_a, V2-Lite q_proj, V3 kv_a, V2-Lite o_proj, V3 q_b.
         let shapes: &[(usize, usize, usize)] = if self.quick {
