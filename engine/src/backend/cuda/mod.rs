@@ -26,6 +26,8 @@ mod pool;
 mod quant;
 mod repack;
 mod sample;
+mod shared;
+mod side;
 pub mod transfer;
 mod variants;
 mod weights;
@@ -535,17 +537,17 @@ impl Backend for CudaBackend {
     }
 
     fn moe_experts(&self, x: &CudaTensor, routing: &CudaRouting, experts: &CudaExperts) -> Result<CudaTensor> {
-        moe::experts(self, x, moe::Routing::Done(routing), experts, None)
+        moe::experts(self, x, moe::Routing::Done(routing), experts, None, None)
     }
 
     fn moe(
         &self,
         x: &CudaTensor,
-        router: Router<'_, CudaTensor>,
+        router: Router<'_, CudaTensor, CudaWeight>,
         experts: &CudaExperts,
         end: Option<AddNorm<'_, CudaTensor>>,
     ) -> Result<CudaTensor> {
-        moe::experts(self, x, moe::Routing::Router(router), experts, end)
+        moe::layer(self, x, router, experts, end)
     }
 
     fn sample(&self, logits: &CudaTensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>> {
