@@ -472,8 +472,10 @@ impl Gpu {
     /// Counted in [`Gpu::device_allocs`].
     pub fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.no_capture("allocate device memory")?;
-        self.main_only("an allocation")?;
         let s = unsafe { self.stream.alloc::<T>(n.max(1)) }?;
+        // Ordered on the compute stream: side-stream work may use it once the side has waited
+        // for that (and for everything else queued there since the fork; eager steps only).
+        self.side_after_main()?;
         self.allocs.set(self.allocs.get() + 1);
         Ok(s)
     }

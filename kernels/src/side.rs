@@ -6,7 +6,8 @@
 //! as two parallel chains of nodes.
 //!
 //! What runs on the side: kernel launches and fills. cuBLAS, host copies and synchronization
-//! stay on the compute stream (they fail there with [`KernelError::Invalid`]). The caller keeps
+//! stay on the compute stream (they fail there with [`KernelError::Invalid`]); an allocation
+//! made inside a branch is ordered on the compute stream, and the side waits for it. The caller keeps
 //! every buffer the side reads or writes from being reused until the join: buffers are recycled
 //! in the compute stream's order only.
 
@@ -69,6 +70,16 @@ impl Gpu {
         let out = f();
         self.on_side.set(false);
         Ok(out)
+    }
+
+    /// Inside [`Gpu::on_side`]: makes the side stream wait for everything queued on the compute
+    /// stream so far (a new allocation, which is ordered there); elsewhere nothing.
+    pub(crate) fn side_after_main(&self) -> Result<()> {
+        if self.on_side.get() {
+            self.side.fork.record(&self.stream)?;
+            self.side.stream.wait(&self.side.fork)?;
+        }
+        Ok(())
     }
 
     /// Makes the compute stream wait for everything queued on the side stream so far.
