@@ -3,6 +3,8 @@
 # by default (`light`), off, and on every launch (`all`), same binary: does PDL's placement
 # explain runs 192-193's one-row AWQ gain (kernels/NOTES.md)?
 # `timeout 100 bash kernels/bench/run194-v2awq-pdl.sh [RUN]`
+# Ran on commit 7cecb17 with CLEAVE_SHARED_BESIDE=off exported (that build's default otherwise
+# moved V2-Lite's shared experts to a side stream; with it off the step is HEAD's).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-194}
 nvidia-smi --query-gpu=name --format=csv,noheader

@@ -5,6 +5,8 @@
 # reference; tiny-r1 graphs against eager), then decode steps on V2-Lite bf16 and AWQ and on 30
 # V3 layers in AWQ (64 routed experts, dummy weights; the 61-layer share needs an H200).
 # `timeout 570 bash kernels/bench/run195-shared-beside.sh [RUN]`
+# Ran on commit 7cecb17 (its first try, on 2d91b82, failed: results/run195-*-a.txt); the code was
+# reverted afterwards (docs/benchmarks.md, "Tried and dropped: shared experts on a side stream").
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-195}
 nvidia-smi --query-gpu=name --format=csv,noheader

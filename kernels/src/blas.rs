@@ -49,7 +49,6 @@ impl Gpu {
         let f = if g.c_bf16 { bf } else { sys::cudaDataType_t::CUDA_R_32F };
         let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let algo = sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
-        self.main_only("cuBLAS")?;
         self.ctx.bind_to_thread()?;
         let t = self.prof_mark()?;
         let r = unsafe {
@@ -115,7 +114,6 @@ impl Gpu {
         }
         let (alpha, beta) = (1.0f32, 0.0f32);
         let f = sys::cudaDataType_t::CUDA_R_32F;
-        self.main_only("cuBLAS")?;
         self.ctx.bind_to_thread()?;
         let t = self.prof_mark()?;
         unsafe {

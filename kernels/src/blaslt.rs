@@ -91,7 +91,6 @@ impl Gpu {
         if g.rows_p == 0 || g.n == 0 {
             return Ok(());
         }
-        self.main_only("cuBLASLt")?;
         let handle = self.lt()?;
         let fp8 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
         let out = if g.y_bf16 { sys::cudaDataType_t::CUDA_R_16BF } else { sys::cudaDataType_t::CUDA_R_32F };

@@ -14,7 +14,6 @@ pub mod nccl;
 pub mod ops;
 pub mod peer;
 pub mod quant;
-mod side;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -232,9 +231,6 @@ pub struct Gpu {
     streamk: std::cell::OnceCell<ops::StreamK>,
     /// The word of the kernels' grid barrier (common.cuh `grid_barrier`), zeroed at start-up.
     barrier: CudaSlice<u32>,
-    /// The side stream ([`Gpu::on_side`]) and whether launches go to it now.
-    side: side::Side,
-    on_side: Cell<bool>,
 }
 
 impl Gpu {
@@ -306,8 +302,6 @@ impl Gpu {
             pdl: Cell::new(ops::Pdl::Off),
             streamk: std::cell::OnceCell::new(),
             barrier: stream.alloc_zeros::<u32>(1)?,
-            side: side::Side::new(&stream)?,
-            on_side: Cell::new(false),
             stream,
         };
         gpu.set_blas_workspace()?;
@@ -374,7 +368,7 @@ impl Gpu {
                 blockDimY: 1,
                 blockDimZ: 1,
                 sharedMemBytes: smem,
-                hStream: self.cur_stream().cu_stream(),
+                hStream: self.stream.cu_stream(),
                 attrs: &mut attr,
                 numAttrs: 1,
             };
@@ -386,14 +380,7 @@ impl Gpu {
             // SAFETY: as above, one pointer per kernel parameter in order; a plain stream-ordered
             // launch.
             unsafe {
-                drv::launch_kernel(
-                    f.cu_function(),
-                    grid,
-                    (block, 1, 1),
-                    smem,
-                    self.cur_stream().cu_stream(),
-                    &mut params,
-                )
+                drv::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), &mut params)
             }?;
         }
         self.prof_end(name, t)
@@ -458,7 +445,6 @@ impl Gpu {
     /// Waits for all queued work; surfaces asynchronous kernel faults.
     pub fn sync(&self) -> Result<()> {
         self.no_capture("synchronize")?;
-        self.main_only("a synchronization")?;
         self.stream.synchronize()?;
         Ok(())
     }
@@ -473,9 +459,6 @@ impl Gpu {
     pub fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.no_capture("allocate device memory")?;
         let s = unsafe { self.stream.alloc::<T>(n.max(1)) }?;
-        // Ordered on the compute stream: side-stream work may use it once the side has waited
-        // for that (and for everything else queued there since the fork; eager steps only).
-        self.side_after_main()?;
         self.allocs.set(self.allocs.get() + 1);
         Ok(s)
     }
@@ -489,7 +472,7 @@ impl Gpu {
     /// Fills `bytes` bytes at `ptr` with `value`.
     pub fn memset(&self, ptr: u64, value: u8, bytes: usize) -> Result<()> {
         if bytes > 0 {
-            unsafe { drv::memset_d8_async(ptr, value, bytes, self.cur_stream().cu_stream()) }?;
+            unsafe { drv::memset_d8_async(ptr, value, bytes, self.stream.cu_stream()) }?;
         }
         Ok(())
     }
@@ -497,7 +480,6 @@ impl Gpu {
     /// Host -> device copy of raw values to `ptr` (ordered on the stream).
     pub fn htod<T>(&self, src: &[T], ptr: u64) -> Result<()> {
         self.no_capture("copy from the host")?;
-        self.main_only("a copy from the host")?;
         if !src.is_empty() {
             self.ctx.bind_to_thread()?;
             unsafe { drv::memcpy_htod_async(ptr, src, self.stream.cu_stream()) }?;
@@ -508,7 +490,6 @@ impl Gpu {
     /// Device -> host copy into `dst`, then waits for it.
     pub fn dtoh<T>(&self, ptr: u64, dst: &mut [T]) -> Result<()> {
         self.no_capture("copy to the host")?;
-        self.main_only("a copy to the host")?;
         if !dst.is_empty() {
             self.ctx.bind_to_thread()?;
             unsafe { drv::memcpy_dtoh_async(dst, ptr, self.stream.cu_stream()) }?;
@@ -519,15 +500,15 @@ impl Gpu {
     /// Device -> device copy.
     pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         if bytes > 0 {
-            unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.cur_stream().cu_stream()) }?;
+            unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }?;
         }
         Ok(())
     }
 
-    /// A CUDA event recorded now on the stream launches go to (for timing).
+    /// A CUDA event recorded now on the stream (for timing).
     pub fn record(&self) -> Result<cudarc::driver::CudaEvent> {
         let flags = Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT);
-        Ok(self.cur_stream().record_event(flags)?)
+        Ok(self.stream.record_event(flags)?)
     }
 }
 

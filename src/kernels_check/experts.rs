@@ -4,7 +4,7 @@
 use anyhow::Result;
 use cleave_engine::backend::cpu::{CpuExperts, CpuRouting};
 use cleave_engine::backend::cuda::{CudaExperts, Fusion, Variants, WgmmaGemm, DEFAULT_PERSISTENT, DEFAULT_WGMMA};
-use cleave_engine::backend::{AddNorm, Backend, Gate, Router, RouterParams};
+use cleave_engine::backend::{AddNorm, Backend, Router, RouterParams};
 use cleave_kernels::ops::ROUTE_ALIGN_MAX_TOKENS;
 
 use super::ops::{Ctx, RandomExperts};
@@ -175,7 +175,7 @@ impl Ctx<'_> {
             cpu.upload(&w, 1, h)?,
         );
         let mut rc = cpu.upload(&res[..check * h], check, h)?;
-        let router = Router { gate: Gate::Logits(&lc), bias: &bc, params };
+        let router = Router { logits: &lc, bias: &bc, params };
         let want = cpu.moe(&xc, router, ec, Some(AddNorm { residual: &mut rc, w: &wc, eps: 1e-6 }))?;
         let def = self.cu.variants();
         let limits = Fusion { route_align: ROUTE_ALIGN_MAX_TOKENS, ..Fusion::DEFAULT };
@@ -212,11 +212,11 @@ impl Ctx<'_> {
         let (xg, lg, bg, wg) =
             (cu.upload(x, n, h)?, cu.upload(logits, n, routed)?, cu.upload(bias, 1, routed)?, cu.upload(w, 1, h)?);
         let mut rg = cu.upload(res, n, h)?;
-        let router = Router { gate: Gate::Logits(&lg), bias: &bg, params };
+        let router = Router { logits: &lg, bias: &bg, params };
         let got = cu.download(&cu.moe(&xg, router, eg, Some(AddNorm { residual: &mut rg, w: &wg, eps: 1e-6 }))?)?;
         let res_got = cu.download(&rg)?;
         let us = self.time(|| {
-            let router = Router { gate: Gate::Logits(&lg), bias: &bg, params };
+            let router = Router { logits: &lg, bias: &bg, params };
             cu.moe(&xg, router, eg, Some(AddNorm { residual: &mut rg, w: &wg, eps: 1e-6 })).map(drop)
         })?;
         Ok((got, res_got, us))

@@ -251,7 +251,7 @@ impl Backend for CudaRef<'_> {
         mla_attention(q: &Self::Tensor, cache: &Self::KvCache, layer: usize, kv_b: &Self::Weight, batch: &cleave_engine::backend::AttnBatch, dims: cleave_engine::backend::MlaDims) -> cleave_engine::Result<Self::Tensor>;
         moe_route(logits: &Self::Tensor, bias: &Self::Tensor, params: cleave_engine::backend::RouterParams) -> cleave_engine::Result<Self::Routing>;
         moe_experts(x: &Self::Tensor, routing: &Self::Routing, experts: &Self::Experts) -> cleave_engine::Result<Self::Tensor>;
-        moe(x: &Self::Tensor, router: cleave_engine::backend::Router<'_, Self::Tensor, Self::Weight>, experts: &Self::Experts, end: Option<cleave_engine::backend::AddNorm<'_, Self::Tensor>>) -> cleave_engine::Result<Self::Tensor>;
+        moe(x: &Self::Tensor, router: cleave_engine::backend::Router<'_, Self::Tensor>, experts: &Self::Experts, end: Option<cleave_engine::backend::AddNorm<'_, Self::Tensor>>) -> cleave_engine::Result<Self::Tensor>;
         sample(logits: &Self::Tensor, rows: &[cleave_engine::backend::SampleRow], masks: &[u32]) -> cleave_engine::Result<Vec<(u32, f32)>>;
         export_blocks(cache: &Self::KvCache, blocks: &[u32]) -> cleave_engine::Result<Vec<f32>>;
         import_blocks(cache: &mut Self::KvCache, blocks: &[u32], data: &[f32]) -> cleave_engine::Result<()>;

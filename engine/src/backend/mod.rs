@@ -113,21 +113,12 @@ pub struct AddNorm<'a, T> {
     pub eps: f32,
 }
 
-/// A MoE layer's router: its gate (the logits or the weight that makes them), the selection bias
-/// and the static parameters.
-pub struct Router<'a, T, W> {
-    pub gate: Gate<'a, T, W>,
+/// A MoE layer's router: the gate's `logits` `[n, experts]` (f32), the selection bias and the
+/// static parameters.
+pub struct Router<'a, T> {
+    pub logits: &'a T,
     pub bias: &'a T,
     pub params: RouterParams,
-}
-
-/// Where a router's logits `[n, experts]` (f32) come from.
-pub enum Gate<'a, T, W> {
-    /// Computed already.
-    Logits(&'a T),
-    /// The gate's weight, applied to the MoE input by the backend's MoE op (which may run work
-    /// that needs no routing, such as shared experts, beside it).
-    Weight(&'a W),
 }
 
 /// One routed expert's three projections.
@@ -325,19 +316,11 @@ pub trait Backend {
     fn moe(
         &self,
         x: &Self::Tensor,
-        router: Router<'_, Self::Tensor, Self::Weight>,
+        router: Router<'_, Self::Tensor>,
         experts: &Self::Experts,
         end: Option<AddNorm<'_, Self::Tensor>>,
     ) -> Result<Self::Tensor> {
-        let computed;
-        let logits = match router.gate {
-            Gate::Logits(l) => l,
-            Gate::Weight(w) => {
-                computed = self.linear(x, w)?;
-                &computed
-            }
-        };
-        let routing = self.moe_route(logits, router.bias, router.params)?;
+        let routing = self.moe_route(router.logits, router.bias, router.params)?;
         let y = self.moe_experts(x, &routing, experts)?;
         match end {
             Some(e) => self.add_rms_norm(e.residual, &y, e.w, e.eps),

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::config::ModelConfig;
 use super::load::Loader;
 use super::rope::cos_sin_table;
-use crate::backend::{AddNorm, AttnBatch, Backend, Gate, MlaDims, Rotary, Router, RouterParams};
+use crate::backend::{AddNorm, AttnBatch, Backend, MlaDims, Rotary, Router, RouterParams};
 use crate::error::{EngineError, Result};
 use crate::parallel::{Axis, Collectives, RankCoord};
 use crate::weights::{LoadFormat, Weights};
@@ -282,8 +282,8 @@ impl<B: Backend> Model<B> {
                     SharedExperts::Folded(n) => *n,
                     _ => 0,
                 };
-                let params = RouterParams { shared: folded, ..self.router };
-                let router = Router { gate: Gate::Weight(gate), bias, params };
+                let logits = be.linear(xs, gate)?;
+                let router = Router { logits: &logits, bias, params: RouterParams { shared: folded, ..self.router } };
                 // Alone, with no dense shared MLP to add, the experts' sum joins the residual in
                 // the backend's MoE op (which may fuse the two).
                 if self.coord.par.world() == 1 && !matches!(shared, SharedExperts::Dense(_)) {

@@ -26,8 +26,6 @@ mod pool;
 mod quant;
 mod repack;
 mod sample;
-mod shared;
-mod side;
 pub mod transfer;
 mod variants;
 mod weights;
@@ -537,17 +535,17 @@ impl Backend for CudaBackend {
     }
 
     fn moe_experts(&self, x: &CudaTensor, routing: &CudaRouting, experts: &CudaExperts) -> Result<CudaTensor> {
-        moe::experts(self, x, moe::Routing::Done(routing), experts, None, None)
+        moe::experts(self, x, moe::Routing::Done(routing), experts, None)
     }
 
     fn moe(
         &self,
         x: &CudaTensor,
-        router: Router<'_, CudaTensor, CudaWeight>,
+        router: Router<'_, CudaTensor>,
         experts: &CudaExperts,
         end: Option<AddNorm<'_, CudaTensor>>,
     ) -> Result<CudaTensor> {
-        moe::layer(self, x, router, experts, end)
+        moe::experts(self, x, moe::Routing::Router(router), experts, end)
     }
 
     fn sample(&self, logits: &CudaTensor, rows: &[SampleRow], masks: &[u32]) -> Result<Vec<(u32, f32)>> {

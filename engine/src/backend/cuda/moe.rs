@@ -10,10 +10,8 @@ use cleave_kernels::quant::QFormat;
 use cleave_kernels::{ptr, Gpu};
 
 use super::quant::{QIn, QuantWeight};
-use super::shared;
-use super::side::Branch;
-use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, CudaWeight, ExpertData, QRows, ROWS32_MIN_AVG};
-use crate::backend::{AddNorm, Backend, Gate, Router, RouterParams};
+use super::{kerr, CudaBackend, CudaExperts, CudaRouting, CudaTensor, ExpertData, QRows, ROWS32_MIN_AVG};
+use crate::backend::{AddNorm, Backend, Router, RouterParams};
 use crate::error::{EngineError, Result};
 
 /// Rows up to which shared experts folded in are computed in the routed experts' grouped GEMM
@@ -26,47 +24,9 @@ const FOLDED_SHARED_MAX_ROWS: usize = 64;
 pub(super) enum Routing<'a> {
     /// Computed already ([`Backend::moe_route`]).
     Done(&'a CudaRouting),
-    /// The router's logits, routed by the MoE op itself: with the assignment sort in one kernel
-    /// at batches of up to `Fusion::route_align` tokens.
-    Router(Logits<'a>),
-}
-
-/// A router whose logits are computed.
-pub(super) struct Logits<'a> {
-    pub logits: &'a CudaTensor,
-    pub bias: &'a CudaTensor,
-    pub params: RouterParams,
-}
-
-/// A MoE layer ([`Backend::moe`]): at decode sizes with folded shared experts and the layer's end
-/// asked for, the shared experts run on the side stream into the residual while the compute
-/// stream runs the router and the routed experts ([`shared::beside`]).
-pub(super) fn layer(
-    be: &CudaBackend,
-    x: &CudaTensor,
-    router: Router<'_, CudaTensor, CudaWeight>,
-    ex: &CudaExperts,
-    end: Option<AddNorm<'_, CudaTensor>>,
-) -> Result<CudaTensor> {
-    let mut end = end;
-    let beside = end.as_ref().is_some_and(|e| shared::beside_takes(be, x, ex, e));
-    let branch = match end.as_mut() {
-        Some(e) if beside => {
-            let res = e.residual.ptr_mut();
-            Some(be.fork(|| shared::beside(be, x, ex, res))?.0)
-        }
-        _ => None,
-    };
-    let computed;
-    let logits = match router.gate {
-        Gate::Logits(l) => l,
-        Gate::Weight(w) => {
-            computed = be.linear(x, w)?;
-            &computed
-        }
-    };
-    let routing = Routing::Router(Logits { logits, bias: router.bias, params: router.params });
-    experts(be, x, routing, ex, end, branch)
+    /// The router, run by the MoE op itself: with the assignment sort in one kernel at batches
+    /// of up to `Fusion::route_align` tokens.
+    Router(Router<'a, CudaTensor>),
 }
 
 pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
@@ -125,16 +85,12 @@ fn local_assignments(n: usize, top_k: usize, local: usize, group_routed: usize) 
 
 /// The routed experts' weighted sum per token or, with `end`, the next input (the combine, the
 /// residual add and the RMSNorm in one kernel where no dense shared MLP comes between).
-/// With `beside`, the shared experts folded into `ex` run on that side-stream branch (into the
-/// residual of `end`): only the routed experts are computed here, and the branch joins before
-/// the combine.
 pub(super) fn experts(
     be: &CudaBackend,
     x: &CudaTensor,
     routing: Routing<'_>,
     ex: &CudaExperts,
     end: Option<AddNorm<'_, CudaTensor>>,
-    beside: Option<Branch<'_>>,
 ) -> Result<CudaTensor> {
     let (n, h, e, i) = (x.rows, x.cols, ex.experts, ex.inter);
     let (rows, k) = match &routing {
@@ -172,15 +128,11 @@ pub(super) fn experts(
     // (cuBLAS there beats the grouped GEMM's 64-row tiles) and beyond FOLDED_SHARED_MAX_ROWS
     // rows (compressed slots are then expanded to bf16 per call). Aligning only the routed
     // experts gives the shared assignments no row and no weight in the combine.
-    let dense_shared = s > 0
-        && beside.is_none()
-        && (prefill || n > FOLDED_SHARED_MAX_ROWS)
-        && !matches!(ex.data, ExpertData::F32 { .. });
-    let routed_only = dense_shared || beside.is_some();
-    let (aligned, routed_a) = if routed_only { (e - s, n * (k - s)) } else { (e, a) };
+    let dense_shared = s > 0 && (prefill || n > FOLDED_SHARED_MAX_ROWS) && !matches!(ex.data, ExpertData::F32 { .. });
+    let (aligned, routed_a) = if dense_shared { (e - s, n * (k - s)) } else { (e, a) };
     // The assignments this rank's experts expect: its share of the routed ones, and the shared
     // experts' rows when they are folded in.
-    let local_a = local_assignments(n, k - s, e - s, group_routed) + if routed_only { 0 } else { n * s };
+    let local_a = local_assignments(n, k - s, e - s, group_routed) + if dense_shared { 0 } else { n * s };
     let rows32 = match (&ex.data, v.moe_persistent, v.moe_rows32) {
         (ExpertData::Bf16 { .. }, Some(_), Some(cfg)) if local_a >= ROWS32_MIN_AVG * aligned => Some(cfg),
         _ => None,
@@ -218,7 +170,7 @@ pub(super) fn experts(
         ExpertData::Quant { gate_up, down } => {
             let avg = local_a.div_ceil(aligned.max(1));
             let rows = QRows::Tiles(if avg <= v.qgemm_rows8 { 8 } else { 16 });
-            let shape = |w: &QuantWeight| be.qgemm_shape(w.shape, rows).map(|c| c.bm);
+            let shape = |w: &QuantWeight| be.qgemm_shape(w, rows).map(|c| c.bm);
             match (shape(gate_up), shape(down)) {
                 (Some(a), Some(b)) if a == b => Some(a),
                 _ => None,
@@ -252,7 +204,7 @@ pub(super) fn experts(
         (ExpertData::Quant { gate_up, down }, Some(min_bytes))
             if bm == 16 && persistent_bm == Some(16) && gate_up.shape.format == QFormat::AwqInt4 =>
         {
-            let eight = |w: &QuantWeight| be.qgemm_shape(w.shape, QRows::Tiles(8)).is_some_and(|c| c.bm == 8);
+            let eight = |w: &QuantWeight| be.qgemm_shape(w, QRows::Tiles(8)).is_some_and(|c| c.bm == 8);
             eight(gate_up) && eight(down) && gate_up.shape.bytes() + down.shape.bytes() >= min_bytes
         }
         _ => false,
@@ -372,11 +324,11 @@ pub(super) fn experts(
                     QFormat::Fp8E4m3 => QIn::F32(x),
                 };
                 for g in runs.into_iter().flatten() {
-                    be.qgemm_decode(gate_up.view(), x_in(), g, None)?;
+                    be.qgemm_decode(gate_up, x_in(), g, None)?;
                 }
                 for g in runs.into_iter().flatten() {
                     let g = QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g };
-                    be.qgemm_decode(down.view(), QIn::Bf16 { ptr: ptr(&act), rows: a }, g, None)?;
+                    be.qgemm_decode(down, QIn::Bf16 { ptr: ptr(&act), rows: a }, g, None)?;
                 }
             } else {
                 gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }).map_err(kerr)?;
@@ -393,9 +345,6 @@ pub(super) fn experts(
         let mut used = vec![false; routed];
         ids.iter().filter(|&&id| (id as usize) < routed).for_each(|&id| used[id as usize] = true);
         stats.push(used.iter().filter(|&&u| u).count());
-    }
-    if let Some(b) = beside {
-        b.join()?;
     }
     combine(be, x, ptr(&y), ptr(&inv), r, ex, dense_shared, end)
 }
@@ -427,7 +376,7 @@ fn combine(
         {
             let res = e.residual.ptr_mut();
             if dense_shared {
-                shared::dense(be, x, ex, res)?;
+                shared_dense(be, x, ex, res)?;
             }
             let out = be.tensor_shadowed(n, h)?;
             let yb = out.bf16_ptr().unwrap_or(0);
@@ -439,7 +388,7 @@ fn combine(
             let out = be.tensor(n, h)?;
             gpu.moe_combine(y, inv, ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
             if dense_shared {
-                shared::dense(be, x, ex, out.ptr())?;
+                shared_dense(be, x, ex, out.ptr())?;
             }
             joined(be, out, end)
         }
@@ -511,6 +460,44 @@ fn fp8_wgmma_experts(
     gpu.act_quant_fp8_mma(Fp8Order::Wgmma, g.y, true, a, i, ptr(&aq), ptr(&asc)).map_err(kerr)?;
     let dn = QGemm { silu: false, x: ptr(&aq), x_scales: ptr(&asc), rowidx: 0, y, ..g };
     gemm(down, &dn)
+}
+
+/// `out += shared(x)` for the shared experts folded into the last slots of `ex`, as dense GEMMs
+/// over those slots (compressed ones expanded to bf16 first): one GEMM for every slot's
+/// interleaved gate/up rows, SiLU-mul over the pairs, then each slot's down projection
+/// accumulated into `out` (f32 `[x.rows, hidden]`, an allocation of `be`).
+fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: u64) -> Result<()> {
+    let (n, h, i, s, gpu) = (x.rows, ex.hidden, ex.inter, ex.shared, be.gpu());
+    let first = ex.experts - s;
+    let expanded;
+    let (wgu, wdn) = match &ex.data {
+        ExpertData::Bf16 { gate_up, down } => {
+            (ptr(gate_up) + (first * 2 * i * h * 2) as u64, ptr(down) + (first * h * i * 2) as u64)
+        }
+        ExpertData::Quant { gate_up, down } => {
+            let slots = |q: &super::quant::QuantWeight| {
+                q.view().matrices(first, s).ok_or_else(|| {
+                    EngineError::Backend(format!("{s} shared experts from slot {first}: not in the stack"))
+                })
+            };
+            let (bgu, bdn) = (be.buf::<u16>(s * 2 * i * h)?, be.buf::<u16>(s * h * i)?);
+            gpu.qdequant(&slots(gate_up)?, ptr(&bgu)).map_err(kerr)?;
+            gpu.qdequant(&slots(down)?, ptr(&bdn)).map_err(kerr)?;
+            expanded = (bgu, bdn);
+            (ptr(&expanded.0), ptr(&expanded.1))
+        }
+        ExpertData::F32 { .. } => unreachable!("reference precision folds shared experts at every size"),
+    };
+    let xb = be.bf16_in(x)?;
+    let gu = be.alloc_f32(n * s * 2 * i)?;
+    let act = be.alloc_u16(n * s * i)?;
+    gpu.linear_bf16(xb.ptr(), wgu, ptr(&gu), n, s * 2 * i, h).map_err(kerr)?;
+    gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, s * i, true).map_err(kerr)?;
+    for j in 0..s {
+        let (a, w) = (ptr(&act) + (j * i * 2) as u64, wdn + (j * h * i * 2) as u64);
+        gpu.linear_bf16_acc(a, s * i, w, out, n, h, i).map_err(kerr)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,9 +11,7 @@
 //! Safety of reuse rests on one fact: every kernel, copy and GEMM of the backend runs on its one
 //! compute stream, so a buffer handed back while a queued kernel still reads it is only written
 //! again by work queued after that kernel. (KV transfers on the transfer stream touch the KV cache
-//! only, never pooled buffers.) The one exception, a branch on the side stream, holds the pool
-//! while it is open ([`SizePool::hold`]): buffers handed back meanwhile are reused only after the
-//! branch has joined the compute stream.
+//! only, never pooled buffers.)
 //!
 //! The pool lives with its backend on the rank thread (`Rc`, not `Send`). A buffer keeps only a
 //! weak reference to it: one dropped after the backend frees its memory directly (`CudaSlice`
@@ -54,8 +52,6 @@ pub struct SizePool<B> {
     cap: usize,
     tick: u64,
     stats: PoolStats,
-    /// While held ([`SizePool::hold`]): the buffers handed back since, with their keys.
-    held: Option<Vec<((u8, usize), B)>>,
 }
 
 /// What the pool has done so far.
@@ -75,21 +71,7 @@ pub struct PoolStats {
 
 impl<B> SizePool<B> {
     pub fn new(cap: usize) -> Self {
-        SizePool { free: HashMap::new(), idle_bytes: 0, cap, tick: 0, stats: PoolStats::default(), held: None }
-    }
-
-    /// Keeps every buffer handed back from now on out of reuse until [`SizePool::release`] (for
-    /// work on a second stream, which the compute stream's order does not cover).
-    pub fn hold(&mut self) {
-        self.held.get_or_insert_with(Vec::new);
-    }
-
-    /// Ends [`SizePool::hold`]: the buffers handed back meanwhile become idle, in the order they
-    /// came back.
-    pub fn release(&mut self) {
-        for ((kind, class), b) in self.held.take().into_iter().flatten() {
-            self.give(kind, class, b);
-        }
+        SizePool { free: HashMap::new(), idle_bytes: 0, cap, tick: 0, stats: PoolStats::default() }
     }
 
     /// An idle buffer of `kind` and size class `class` (the most recently returned), if any.
@@ -112,10 +94,6 @@ impl<B> SizePool<B> {
     /// Keeps `b` (of `class` bytes) for reuse, evicting the least recently returned idle buffers
     /// while the idle bytes would exceed the cap; a buffer larger than the cap is freed instead.
     pub fn give(&mut self, kind: u8, class: usize, b: B) {
-        if let Some(h) = self.held.as_mut() {
-            h.push(((kind, class), b));
-            return;
-        }
         if class > self.cap {
             self.stats.evicted += 1;
             drop(b);
@@ -231,16 +209,6 @@ impl Workspace {
         self.pool.borrow_mut().clear()
     }
 
-    /// [`SizePool::hold`].
-    pub fn hold(&self) {
-        self.pool.borrow_mut().hold()
-    }
-
-    /// [`SizePool::release`].
-    pub fn release(&self) {
-        self.pool.borrow_mut().release()
-    }
-
     pub fn set_cap(&self, cap: usize) {
         self.pool.borrow_mut().set_cap(cap)
     }
@@ -343,28 +311,6 @@ mod tests {
         assert_eq!(p.clear(), 512);
         assert_eq!(freed.get(), 4);
         assert_eq!(p.idle_bytes(), 0);
-    }
-
-    #[test]
-    fn a_held_pool_reuses_nothing_handed_back_until_released() {
-        let freed = Rc::new(Cell::new(0));
-        let mut p = SizePool::new(1 << 20);
-        p.give(0, 256, Fake(1, freed.clone()));
-        p.hold();
-        p.give(0, 256, Fake(2, freed.clone()));
-        p.give(0, 512, Fake(3, freed.clone()));
-        // Idle before the hold: still reusable; handed back during it: not.
-        assert_eq!(p.take(0, 256).map(|f| f.0), Some(1));
-        assert!(p.take(0, 256).is_none() && p.take(0, 512).is_none());
-        assert_eq!(p.idle_bytes(), 0);
-        p.release();
-        assert_eq!(p.idle_bytes(), 768);
-        assert_eq!(p.take(0, 512).map(|f| f.0), Some(3));
-        assert_eq!(p.take(0, 256).map(|f| f.0), Some(2));
-        // Released means no longer held.
-        p.give(0, 256, Fake(4, freed.clone()));
-        assert_eq!(p.take(0, 256).map(|f| f.0), Some(4));
-        assert_eq!(freed.get(), 4, "every buffer came back to the test, none was freed by the pool");
     }
 
     #[test]

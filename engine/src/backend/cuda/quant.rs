@@ -147,7 +147,7 @@ impl CudaBackend {
             self.gpu.qdequant(&q, ptr(&wb)).map_err(kerr)?;
             return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
         }
-        self.qgemm_decode(w.view(), QIn::F32(x), QGemm::dense(rows, y.ptr()), None)
+        self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()), None)
     }
 
     /// [`crate::backend::Backend::linear_split`]: over a compressed weight at decode sizes, the
@@ -163,7 +163,7 @@ impl CudaBackend {
         let cut = QCut { first, rest: b.ptr() };
         match &w.data {
             WeightData::Quant(q) if rows <= QGEMM_MAX_ROWS => {
-                self.qgemm_decode(q.view(), QIn::F32(x), QGemm::dense(rows, a.ptr()), Some(cut))?;
+                self.qgemm_decode(q, QIn::F32(x), QGemm::dense(rows, a.ptr()), Some(cut))?;
             }
             _ => {
                 let y = self.linear(x, w)?;
@@ -176,8 +176,8 @@ impl CudaBackend {
     /// The persistent shape a decode GEMM of `rows` over `w` runs (`None`: the tiled kernel): the
     /// variants' choice, for FP8 only where its activations go to FP8 tensor cores in whole
     /// 128-channel blocks.
-    pub(super) fn qgemm_shape(&self, s: QShape, rows: QRows) -> Option<QPersist> {
-        let v = self.variants();
+    pub(super) fn qgemm_shape(&self, w: &QuantWeight, rows: QRows) -> Option<QPersist> {
+        let (s, v) = (w.shape, self.variants());
         v.qgemm.shape(s.format, s.group, rows, self.gpu.has_wgmma()).filter(|_| match s.format {
             QFormat::AwqInt4 => true,
             QFormat::Fp8E4m3 => v.fp8_tensor_cores && s.k.is_multiple_of(BLOCK),
@@ -191,13 +191,14 @@ impl CudaBackend {
     /// result cut in two by `cut` (by the persistent kernel itself at one split, else in the
     /// split-K reduction). AWQ expert tiles on the persistent kernel run stream-K
     /// (`Variants::qgemm_streamk`); `g.streamk` is set here.
-    pub(super) fn qgemm_decode(&self, q: QWeights, x: QIn<'_>, g: QGemm, cut: Option<QCut>) -> Result<()> {
+    pub(super) fn qgemm_decode(&self, w: &QuantWeight, x: QIn<'_>, g: QGemm, cut: Option<QCut>) -> Result<()> {
         if cut.is_some() && (g.tiles != 0 || g.silu) {
             return Err(EngineError::Backend("qgemm_decode: only a dense f32 result can be cut".into()));
         }
+        let q = w.view();
         let (k, n, format) = (q.shape.k, q.shape.n, q.shape.format);
         let rows = if g.tiles == 0 { QRows::Dense(g.rows) } else { QRows::Tiles(g.bm) };
-        let persistent = self.qgemm_shape(q.shape, rows);
+        let persistent = self.qgemm_shape(w, rows);
         // The activations as the kernel reads them: e4m3 with scales, or bf16 (kept alive here).
         let (mut bf16, mut fp8) = (None, None);
         let g = match (persistent, &x) {

@@ -19,7 +19,6 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
 /// `CLEAVE_ROUTER_GEMV=off|ROWS` (default [`DEFAULT_ROUTER_GEMV_ROWS`]),
-/// `CLEAVE_SHARED_BESIDE=off|ROWS` (default [`DEFAULT_SHARED_BESIDE_ROWS`]),
 /// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
@@ -88,10 +87,6 @@ pub struct Variants {
     /// GEMV kernel (in groups of rows past [`GEMV_MAX_ROWS`], while the groups' weight reads stay
     /// within [`ROUTER_GEMV_MAX_READS`] bytes) instead of cuBLAS's SGEMM; 0: never.
     pub router_gemv_rows: usize,
-    /// Folded shared experts of decode batches of at most this many rows run on the side stream
-    /// (beside the router and the routed experts) instead of in the routed experts' GEMMs; 0:
-    /// never.
-    pub shared_beside: usize,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
@@ -206,10 +201,6 @@ pub const DEFAULT_GEMV_ROWS: usize = 4;
 /// events profile) for 512 KB of weights.
 pub const DEFAULT_ROUTER_GEMV_ROWS: usize = 256;
 
-/// Decode batches up to which folded shared experts run on the side stream
-/// (`Variants::shared_beside`).
-pub const DEFAULT_SHARED_BESIDE_ROWS: usize = 4;
-
 /// The most bytes of f32 weights the router's GEMV reads over all its row groups (each group
 /// reads them again, from L2): V2-Lite's gate (512 KB) up to 128 rows, V3's (7.3 MB) up to 8.
 /// Beyond, cuBLAS was as fast or faster (run 92-93's linear stage: V2-Lite at 256 rows equal in
@@ -287,7 +278,6 @@ impl Variants {
         fold_shared: false,
         gemv_rows: 0,
         router_gemv_rows: 0,
-        shared_beside: 0,
         fused_prologue: false,
         pdl: Pdl::Off,
         fusion: Fusion::OFF,
@@ -320,12 +310,6 @@ impl Variants {
             &var("CLEAVE_ROUTER_GEMV"),
             DEFAULT_ROUTER_GEMV_ROWS,
             ROUTER_GEMV_MAX_ROWS,
-        )?;
-        v.shared_beside = parse_count(
-            "CLEAVE_SHARED_BESIDE",
-            &var("CLEAVE_SHARED_BESIDE"),
-            DEFAULT_SHARED_BESIDE_ROWS,
-            GEMV_MAX_ROWS,
         )?;
         v.fusion = Fusion {
             route_align: parse_count(
@@ -481,7 +465,6 @@ impl Variants {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-            shared_beside: DEFAULT_SHARED_BESIDE_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
@@ -516,7 +499,6 @@ mod tests {
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
                 router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-                shared_beside: DEFAULT_SHARED_BESIDE_ROWS,
                 fused_prologue: true,
                 pdl: DEFAULT_PDL,
                 fusion: Fusion::DEFAULT,
@@ -533,7 +515,6 @@ mod tests {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-            shared_beside: DEFAULT_SHARED_BESIDE_ROWS,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
