@@ -166,7 +166,6 @@ impl Ctx<'_> {
                     bm: 16,
                     splits: 1,
                     streamk: false,
-                    prefetch: 0,
                 };
                 let down = QGemm { silu: false, rowidx: 0, ..base };
                 let eight =

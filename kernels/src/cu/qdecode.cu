@@ -61,8 +61,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                                               const int* __restrict__ meta, int M, int N, int K, int Np, int Kp,
                                               int G, const float* __restrict__ XS, int splits,
                                               float* __restrict__ sk_ws, u32* __restrict__ sk_flag,
-                                              float* __restrict__ Y2, int first,
-                                              const unsigned char* __restrict__ pf, int pf_bytes) {
+                                              float* __restrict__ Y2, int first) {
     constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
     constexpr int BM = TOK * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
@@ -83,15 +82,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     // before it before reading what that one wrote: expert tiles at once, dense GEMMs once their
     // first weights are on their way into L2 (below). It lets the next kernel launch only when
     // its work is done (pdl_trigger at the end), so that kernel's blocks do not wait beside it.
-    if (!dense) {
-        // Expert tiles: the shared experts' weights (pf_bytes at pf, a multiple of 16), which
-        // every token takes, leave for L2 in a slice per block while the routing still runs.
-        if (pf_bytes > 0 && threadIdx.x == 0) {
-            const u32 chunk = ((u32)(pf_bytes + gridDim.x - 1) / gridDim.x + 15u) & ~15u, off = blockIdx.x * chunk;
-            if (off < (u32)pf_bytes) prefetch_l2_bulk(pf + off, min(chunk, (u32)pf_bytes - off));
-        }
-        pdl_wait();
-    }
+    if (!dense) pdl_wait();
     const int ntiles = dense ? (M + BM - 1) / BM : meta[0];
     const int NB = (N + BN - 1) / BN, KT = Kp / BK, KTI = KT / splits, KUT = Kp / 32, KG = (K + G - 1) / G;
     const int gshift = __ffs(G) - __ffs(BK);  // k-tile kt lies in group kt >> gshift
@@ -509,8 +500,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #define QGP_ARGS                                                                                                   \
     const void *X, const int *rowidx, const u32 *Wq, const void *S, const u32 *Z, void *Y, const int *tiles,      \
         const int *meta, int M, int N, int K, int Np, int Kp, int G, const float *XS, int splits, float *sk_ws,   \
-        u32 *sk_flag, float *Y2, int first, const unsigned char *pf, int pf_bytes
-#define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits, sk_ws, sk_flag, Y2, first, pf, pf_bytes
+        u32 *sk_flag, float *Y2, int first
+#define QGP_PASS X, rowidx, Wq, S, Z, Y, tiles, meta, M, N, K, Np, Kp, G, XS, splits, sk_ws, sk_flag, Y2, first
 // Names: qg<p|w>[8|64]_<awq|fp8>_<BN>_<BK>_<ST>_<f32|silu> (qgp: mma.sync; qgw: AWQ on wgmma with
 // the 64 tokens as N, sm_90a; 64: row tiles of 64; 8: of 8, tokens as the MMAs' N); ops/qdecode.rs
 // (QGP_KERNELS) mirrors them.

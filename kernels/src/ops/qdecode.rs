@@ -296,16 +296,8 @@ impl Gpu {
             }
         };
         let (first, rest) = cut.map_or((s.n, 0), |c| (c.first, c.rest));
-        let (pf, pf_bytes) = match w.matrices(s.experts.saturating_sub(g.prefetch), g.prefetch) {
-            Some(m) if g.prefetch > 0 && g.tiles != 0 => (m.words, g.prefetch * s.words_per_matrix() * 4),
-            _ => (0, 0),
-        };
-        if pf_bytes > i32::MAX as usize {
-            return Err(KernelError::Invalid(format!("persistent GEMM: an L2 prefetch of {pf_bytes} bytes")));
-        }
         let mut args = g.args(w).to_vec();
         args.extend([Ptr(g.x_scales), I32(g.splits as i32), Ptr(ws), Ptr(flags), Ptr(rest), I32(first as i32)]);
-        args.extend([Ptr(pf), I32(pf_bytes as i32)]);
         self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
     }
 

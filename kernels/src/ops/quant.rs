@@ -60,10 +60,6 @@ pub struct QGemm {
     /// them (one split; [`Gpu::qgemm_persistent`]), instead of whole items. Its results depend
     /// on which tile holds each row (whole items' do not): moe_align's stable order fixes that.
     pub streamk: bool,
-    /// Expert GEMMs on the persistent kernel: the last this many matrices of the stack (shared
-    /// experts folded in, which every token takes) are prefetched into L2 before the kernel waits
-    /// for the one before it, while that one (the routing) still runs.
-    pub prefetch: usize,
 }
 
 impl QGemm {
@@ -107,7 +103,6 @@ impl QGemm {
             bm,
             splits: 1,
             streamk: false,
-            prefetch: 0,
         }
     }
 }

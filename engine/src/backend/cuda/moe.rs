@@ -305,7 +305,6 @@ pub(super) fn experts(
                 bm,
                 splits: 1,
                 streamk: false,
-                prefetch: 0,
             };
             // Decode-sized tiles as the variants pick; prefill's expanded to bf16 (AWQ with enough
             // rows), on FP8 wgmma, or 64 rows each on the tiled kernel.
@@ -318,10 +317,7 @@ pub(super) fn experts(
             } else if bm <= 16 {
                 // The row tiles, then the half tiles on the 8-row kernel.
                 let half = QGemm { tiles: halves_at(tiles), meta: meta + 4, max_tiles: max_halves, bm: 8, ..g };
-                // The first gate/up launch, right after the routing, prefetches the shared
-                // experts folded in (when this GEMM computes them).
-                let shared_in = if dense_shared || !v.shared_prefetch { 0 } else { s };
-                let runs = [Some(QGemm { prefetch: shared_in, ..g }), halves.then_some(half)];
+                let runs = [Some(g), halves.then_some(half)];
                 // AWQ reads x's bf16 shadow; FP8 quantizes it from f32.
                 let x_in = || match gate_up.shape.format {
                     QFormat::AwqInt4 => QIn::Bf16 { ptr: xb.ptr(), rows: n },
@@ -331,7 +327,7 @@ pub(super) fn experts(
                     be.qgemm_decode(gate_up, x_in(), g, None)?;
                 }
                 for g in runs.into_iter().flatten() {
-                    let g = QGemm { silu: false, rowidx: 0, y: ptr(&y), prefetch: 0, ..g };
+                    let g = QGemm { silu: false, rowidx: 0, y: ptr(&y), ..g };
                     be.qgemm_decode(down, QIn::Bf16 { ptr: ptr(&act), rows: a }, g, None)?;
                 }
             } else {

@@ -19,7 +19,6 @@ use crate::error::{EngineError, Result};
 /// [`DEFAULT_ROWS32`]), `CLEAVE_SHARED_EXPERTS=folded|separate` (default folded; read when a
 /// model loads), `CLEAVE_DENSE_GEMV=off|ROWS` (default [`DEFAULT_GEMV_ROWS`]),
 /// `CLEAVE_ROUTER_GEMV=off|ROWS` (default [`DEFAULT_ROUTER_GEMV_ROWS`]),
-/// `CLEAVE_SHARED_PREFETCH=on|off` (default on),
 /// `CLEAVE_MLA_PROLOGUE=fused|separate` (default fused), `CLEAVE_PDL=off|light|all` (default
 /// [`DEFAULT_PDL`]), `CLEAVE_PREFILL_GEMM=wgmma[:BMxBN/STAGES]|mma` (default wgmma with
 /// [`DEFAULT_WGMMA`] on sm_90a), `CLEAVE_PREFILL_FP8=wgmma[:STAGES]|mma` (default wgmma with
@@ -88,9 +87,6 @@ pub struct Variants {
     /// GEMV kernel (in groups of rows past [`GEMV_MAX_ROWS`], while the groups' weight reads stay
     /// within [`ROUTER_GEMV_MAX_READS`] bytes) instead of cuBLAS's SGEMM; 0: never.
     pub router_gemv_rows: usize,
-    /// Compressed expert GEMMs at decode sizes prefetch the shared experts folded in into L2
-    /// while the routing runs (`QGemm::prefetch`).
-    pub shared_prefetch: bool,
     /// MLA's q RoPE, latent RMSNorm, latent RoPE and cache write as one kernel
     /// ([`crate::backend::Backend::mla_prologue`]) instead of four.
     pub fused_prologue: bool,
@@ -282,7 +278,6 @@ impl Variants {
         fold_shared: false,
         gemv_rows: 0,
         router_gemv_rows: 0,
-        shared_prefetch: false,
         fused_prologue: false,
         pdl: Pdl::Off,
         fusion: Fusion::OFF,
@@ -316,7 +311,6 @@ impl Variants {
             DEFAULT_ROUTER_GEMV_ROWS,
             ROUTER_GEMV_MAX_ROWS,
         )?;
-        v.shared_prefetch = switch("CLEAVE_SHARED_PREFETCH", &var("CLEAVE_SHARED_PREFETCH"), ON)?;
         v.fusion = Fusion {
             route_align: parse_count(
                 "CLEAVE_ROUTE_ALIGN",
@@ -471,7 +465,6 @@ impl Variants {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-            shared_prefetch: true,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
@@ -506,7 +499,6 @@ mod tests {
                 fold_shared: true,
                 gemv_rows: DEFAULT_GEMV_ROWS,
                 router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-                shared_prefetch: true,
                 fused_prologue: true,
                 pdl: DEFAULT_PDL,
                 fusion: Fusion::DEFAULT,
@@ -523,7 +515,6 @@ mod tests {
             fold_shared: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             router_gemv_rows: DEFAULT_ROUTER_GEMV_ROWS,
-            shared_prefetch: true,
             fused_prologue: true,
             pdl: DEFAULT_PDL,
             fusion: Fusion::DEFAULT,
