@@ -4,6 +4,8 @@
 # same binary: the quant stage and tiny-r1-awq first (graphs against eager), then V2-Lite AWQ and
 # 30 V3 layers in AWQ (64 routed experts, dummy weights) at batch 1-2, on and off.
 # `timeout 250 bash kernels/bench/run197-shared-prefetch.sh [RUN]`
+# Not run yet (the session's device time ran out): the code is commit 5254242, reverted (82d9720)
+# until measured: `git cherry-pick 5254242`, build, carry, then run this.
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-197}
 nvidia-smi --query-gpu=name --format=csv,noheader
