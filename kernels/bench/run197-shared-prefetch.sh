@@ -14,12 +14,7 @@ $C gen-checkpoint --config-only --shape v3-layers --layers 30 --routed-experts 6
 timeout 200 $C kernels-check --quick --stages quant --compare-model models/tiny-r1-awq > $OUT/run$R-checks.txt 2>&1
 echo "checks rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $OUT/run$R-checks.txt)"
 grep -iE "fail|panic|graphs vs eager|over tol" $OUT/run$R-checks.txt | cut -c1-160 | head -6
-v3x30() {
-  env "${@:2}" timeout 80 $C kernels-check --no-ops --bench-model /dev/shm/v3x30 --load-format dummy --ctx 2048 \
-    --batches 1,2 --prefill 0 > $OUT/run$R-$1.txt 2>&1
-  echo "$1 rc=$? $(( $(date +%s) - S )) s: $(grep -o 'CUDA graph: step [0-9.]* ms' $OUT/run$R-$1.txt | grep -o '[0-9.]* ms' | tr '\n' ' ')"
-}
-v3x30 v3x30-on
-v3x30 v3x30-off CLEAVE_SHARED_PREFETCH=off
+v3x30_steps v3x30-on
+v3x30_steps v3x30-off CLEAVE_SHARED_PREFETCH=off
 BENCH_TIMEOUT=40 bench_steps v2awq-on $C v2awq 1,2
 BENCH_TIMEOUT=40 bench_steps v2awq-off $C v2awq 1,2 CLEAVE_SHARED_PREFETCH=off
