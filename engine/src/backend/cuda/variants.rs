@@ -61,9 +61,8 @@ pub struct Variants {
     pub fp8_tensor_cores: bool,
     /// Decode GEMMs over compressed weights.
     pub qgemm: QuantGemm,
-    /// AWQ expert GEMMs on the persistent kernel share their k-tiles equally among
-    /// the persistent kernel's blocks, cut items handed over between blocks (stream-K), instead
-    /// of whole items per block (`CLEAVE_QGEMM_STREAMK=on|off`).
+    /// AWQ expert GEMMs on the persistent kernel share their k-tiles equally among its blocks,
+    /// cut items handed over between blocks (stream-K), instead of whole items per block.
     pub qgemm_streamk: bool,
     /// Compressed experts averaging at most this many rows run 8-row tiles where the format has
     /// them (AWQ), else 16-row ones; 0: never.
