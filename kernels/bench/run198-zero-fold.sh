@@ -4,6 +4,7 @@
 # two more MMAs a unit) against the build before ($P): the quick pass, qgemm_tune with both builds,
 # then V2-Lite AWQ and 30 V3 layers in AWQ (64 routed experts, dummy weights) at batch 1 and 64.
 # `timeout 560 bash kernels/bench/run198-zero-fold.sh [RUN]`
+# Ran on commit 7c77159 (one H100), reverted after: no gain (docs/benchmarks.md).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-198}
 nvidia-smi --query-gpu=name --format=csv,noheader

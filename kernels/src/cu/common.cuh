@@ -256,20 +256,10 @@ __device__ __forceinline__ u32 awq_zero_at(u32 word, int shift) {
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(word >> shift), "r"(0xFu), "r"(0xC300u));
     return v * 0x10001u;
 }
-// The f32 128 + z of the zero point at bit `shift` of a packed word: the nibble rotated to bits
-// 16..19, where the mantissa bits of 128.0f are worth 1 each.
-__device__ __forceinline__ float awq_zero_f32_at(u32 word, int shift) {
-    u32 v;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;"
-        : "=r"(v)
-        : "r"(__funnelshift_r(word, word, shift - 16)), "r"(0x000F0000u), "r"(0x43000000u));
-    return __uint_as_float(v);
-}
-// Pair p of a packed word as the exact bf16 pair 128 + q: (w & mask) | magic as one LOP3 (written
-// out, ptxas emits an AND and an OR: a LOP3 takes one immediate).
-__device__ __forceinline__ u32 awq_raw(u32 w, int p) {
+__device__ __forceinline__ u32 awq_pair(u32 w, int p, u32 zero) {
+    // (w & mask) | magic as one LOP3: written out, ptxas emits an AND and an OR (a LOP3 takes one
+    // immediate).
     u32 v;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w >> (4 * p)), "r"(0x000F000Fu), "r"(0x43004300u));
-    return v;
+    return fma_bf16x2(v, 0x3F803F80u, zero);
 }
-__device__ __forceinline__ u32 awq_pair(u32 w, int p, u32 zero) { return fma_bf16x2(awq_raw(w, p), 0x3F803F80u, zero); }

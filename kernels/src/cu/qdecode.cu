@@ -72,10 +72,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     constexpr int STAGE_USED = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
     constexpr int STAGE = WG ? (STAGE_USED + 1023) / 1024 * 1024 : STAGE_USED;
     constexpr int NJ = TOK == 16 ? NT : NT / 2;  // accumulator tiles per row tile and warp
-    // AWQ on 8-token tiles with mma.sync: the MMAs take the weights as 128 + q (one LOP3 a pair)
-    // and each k-tile's fold subtracts (128 + z) times the tokens' sums over the k-tile, which
-    // two more MMAs a unit (an A of ones) give in the accumulators' own layout.
-    constexpr bool ZFOLD = FMT == 0 && TOK == 8 && !WG;
     constexpr int CA = (BM * ACH + 127) / 128, CB = (BN / 8) * UCH / 128, SCH = S_BYTES / 16;
     static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && (WG || MT <= 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
@@ -257,8 +253,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
                 for (int q = 0; q < 4; q++)
                     if (!WG) part[mt][nt][q] = 0.f;  // wgmma: the k-tile's first overwrites
-        // AWQ: this lane's column's zero point in each of the warp's column groups, as the bf16
-        // pair -(128 + z) that the unpacking adds, or (ZFOLD) as the f32 bits of 128 + z.
+        // AWQ: this lane's column's zero point in each of the warp's column groups.
         u32 zz[NT];
         if (FMT == 0) {
             const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
@@ -269,15 +264,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 lds_words(zz, sz + cw / 8);  // the warp's groups are consecutive
             }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                zz[nt] = ZFOLD ? __float_as_uint(awq_zero_f32_at(zz[nt], 4 * g)) : awq_zero_at(zz[nt], 4 * g);
+            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(zz[nt], 4 * g);
         }
-        // ZFOLD: per row tile, the k-tile's sums of tokens 2 t4 and 2 t4 + 1 (twice: rows g, g + 8).
-        float xs[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) xs[mt][q] = 0.f;
         if (FMT == 0 && TOK == 8) {
             if constexpr (WG) {
                 // As TOK 8, with the four warps' A fragments one 64-row operand per slab j (columns
@@ -312,19 +300,13 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 for (int u = 0; u < KU; u++) {
                     u32 xf[MT][4];
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
-                        // The tokens' sums: an A of ones (bf16 1.0) against the same B.
-                        constexpr u32 ONE = 0x3F803F80u;
-                        mma_bf16(xs[mt], ONE, ONE, ONE, ONE, xf[mt][0], xf[mt][1]);
-                        mma_bf16(xs[mt], ONE, ONE, ONE, ONE, xf[mt][2], xf[mt][3]);
-                    }
+                    for (int mt = 0; mt < MT; mt++) ldsm_x4(xf[mt][0], xf[mt][1], xf[mt][2], xf[mt][3], sst + a_off[u] + mt * MT_BYTES);
 #pragma unroll
                     for (int j = 0; j < NJ; j++) {
                         const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
                         u32 a[4][2];
 #pragma unroll
-                        for (int p = 0; p < 4; p++) a[p][0] = awq_raw(w0, p), a[p][1] = awq_raw(w1, p);
+                        for (int p = 0; p < 4; p++) a[p][0] = awq_pair(w0, p, zz[2 * j]), a[p][1] = awq_pair(w1, p, zz[2 * j + 1]);
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
                             mma_bf16(part[mt][j], a[0][0], a[0][1], a[1][0], a[1][1], xf[mt][0], xf[mt][1]);
@@ -341,17 +323,8 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    if constexpr (ZFOLD) {
-                        // sum x (q - z) = sum x (128 + q) - (128 + z) sum x
-                        const float z0 = __uint_as_float(zz[2 * j]), z1 = __uint_as_float(zz[2 * j + 1]);
-                        acc[mt][j][0] += s0 * fmaf(-z0, xs[mt][0], part[mt][j][0]);
-                        acc[mt][j][1] += s0 * fmaf(-z0, xs[mt][1], part[mt][j][1]);
-                        acc[mt][j][2] += s1 * fmaf(-z1, xs[mt][0], part[mt][j][2]);
-                        acc[mt][j][3] += s1 * fmaf(-z1, xs[mt][1], part[mt][j][3]);
-                    } else {
-                        acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
-                        acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
-                    }
+                    acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
+                    acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
                 }
             }
         } else if (FMT == 0) {
