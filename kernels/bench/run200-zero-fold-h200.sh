@@ -1,0 +1,17 @@
+#!/bin/bash
+# run 200 (one GPU, meant for an H200): run 198 again where the GEMMs are further from the HBM
+# limit: the 8-row AWQ GEMMs with the zero point folded out of the unpacking (commit 7c77159, as
+# $C) against the current source ($P): qgemm_tune with both builds (run 198 passed the quick pass
+# with this build), then 30 V3 layers and V2-Lite in AWQ at batch 1 and 64.
+# `timeout 560 bash kernels/bench/run200-zero-fold-h200.sh [RUN]`
+source kernels/bench/lib.sh
+S=$(date +%s); R=${1:-200}
+nvidia-smi --query-gpu=name --format=csv,noheader
+gen_model v2awq --shape v2-lite --dtype awq &
+$C gen-checkpoint --config-only --shape v3-layers --layers 30 --routed-experts 64 --dtype awq --out /dev/shm/v3x30 > /dev/null 2>&1
+tune_ab_run | grep -vE "^(awq g128|fp8) "
+wait
+V3X30_BATCHES=1,64 v3x30_steps v3x30-new
+V3X30_BATCHES=1,64 V3X30_BIN=$P v3x30_steps v3x30-prev
+BENCH_TIMEOUT=40 ab_steps v2awq 1,64
+cd $OUT && tar czf run$R.tgz run$R-*.txt && rm run$R-*.txt
