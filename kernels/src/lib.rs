@@ -81,7 +81,11 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
             "mla_ref_f32",
         ],
     ),
-    ("mla_decode", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/mla_decode.cu")), ops::MLA_DECODE_KERNELS),
+    (
+        "mla_decode",
+        concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/mla_decode.cu"), include_str!("cu/mla_decode4.cu")),
+        ops::MLA_DECODE_KERNELS,
+    ),
     ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", ops::PREFILL_FLASH[0], ops::PREFILL_FLASH[1]]),
     ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
     ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),

@@ -1,5 +1,5 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) primitives shared by wgmma.cu's GEMMs, qdecode.cu's AWQ
-// decode GEMM on warpgroup MMAs and mla_decode.cu's v4 attention, with the mbarriers and named
+// decode GEMM on warpgroup MMAs and mla_decode4.cu's v4 attention, with the mbarriers and named
 // barriers that pace them. Operands in shared memory use the 128-byte swizzle: 16-byte chunk c of
 // a 128-byte row r at r * 128 + 16 (c ^ (r % 8)), each 8-row group 1024-byte aligned.
 // Callers guard their use with __CUDA_ARCH_FEAT_SM90_ALL.

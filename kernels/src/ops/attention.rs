@@ -48,7 +48,7 @@ impl Gpu {
     }
 
     /// Partial attention of every row over its visible keys with kernel `k` (from
-    /// [`MlaLaunch::kernel`]); see attention.cu and mla_decode.cu. Where
+    /// [`MlaLaunch::kernel`]); see attention.cu, mla_decode.cu and mla_decode4.cu. Where
     /// [`MlaKernel::writes_output`] holds for `splits`, `out` is the bf16 `[rows, heads,
     /// kv_lora]` output (what [`Gpu::mla_combine`] would write; no partials), else the f32
     /// partials `(part_o, part_ml)`.

@@ -6,19 +6,19 @@ use std::fmt;
 /// Keys per tile of the decode kernels but v4 (must match attention.cu `TT` and mla_decode.cu
 /// `V3_TT`).
 pub const MLA_TILE: usize = 32;
-/// Keys per tile of v4 (mla_decode.cu `V4_TT`): one cache block.
+/// Keys per tile of v4 (mla_decode4.cu `V4_TT`): one cache block.
 const V4_TILE: usize = 64;
 /// The largest latent width the decode kernels take.
 pub const MLA_MAX_LATENT: usize = 512;
 /// Heads per block of v1 and v2 (attention.cu `HB`).
 const V12_HEADS: usize = 16;
-/// The mla_decode.cu kernels: v3 by heads per block, then v4.
+/// The mla_decode module's kernels: v3 by heads per block (mla_decode.cu), then v4 (mla_decode4.cu).
 pub const MLA_DECODE_KERNELS: &[&str] = &["mla_decode3_h16", "mla_decode3_h32", "mla_decode3_h64", MLA4_KERNEL];
 /// v4: warpgroup MMAs, 64 heads per block (sm_90a).
 pub const MLA4_KERNEL: &str = "mla_decode4_h64";
 /// v4's shared memory: the query and two key tiles (64 x 576 bf16 each), the running maxima, two
 /// rescales and two warpgroups' sums (64 f32 each), 18 mbarriers (one per key buffer and
-/// 64-column block), and 1 KB to align it all to the wgmma swizzle (mla_decode.cu `V4_SMEM`: the
+/// 64-column block), and 1 KB to align it all to the wgmma swizzle (mla_decode4.cu `V4_SMEM`: the
 /// kernel traps when launched with less). More than [`crate::DYN_SMEM_MAX`]:
 /// [`crate::Gpu::smem_limit`] grants it the device's whole opt-in.
 const MLA4_SMEM: usize = 3 * 64 * 576 * 2 + 5 * 64 * 4 + 2 * 9 * 8 + 1024;
