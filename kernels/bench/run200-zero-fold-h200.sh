@@ -4,6 +4,9 @@
 # $C) against the current source ($P): qgemm_tune with both builds (run 198 passed the quick pass
 # with this build), then 30 V3 layers and V2-Lite in AWQ at batch 1 and 64.
 # `timeout 560 bash kernels/bench/run200-zero-fold-h200.sh [RUN]`
+# Not run yet: session 36's tries got no machine three times, and the one H200 that came was
+# taken back before the call finished. Build 7c77159 as .carry/cleave.gz and the current source
+# as .carry/cleave-prev.gz, then run it (about 300 s).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-200}
 nvidia-smi --query-gpu=name --format=csv,noheader
