@@ -1,19 +1,19 @@
 #!/bin/bash
 # run 199 (one GPU): where the one-row dense AWQ GEMMs wait, and whether run 198's zero-point fold
-# (commit 7c77159, carried as .carry/cleave-zf) ran fewer instructions. ncu on the 8-row AWQ kernel
+# (commit 7c77159, carried as $C) ran fewer instructions. ncu on the 8-row AWQ kernel
 # (qgp8_awq_256_64_4_f32) in two V3 layers' batch-1 steps (AWQ, 64 routed experts, dummy weights,
 # context 2,048): per-launch time, DRAM bytes, issue, warps and instructions per byte with $P
-# (the current source) and with cleave-zf, then $P's stall reasons and memory sections.
-# `timeout 400 bash kernels/bench/run199-ncu-dense.sh [RUN]`
+# (the current source) and with $C (7c77159), then $P's stall reasons and memory sections.
+# `timeout 400 bash kernels/bench/run199-ncu-dense.sh [RUN]`, with the same two binaries as run 200, so
+# both can share one call: `bash kernels/bench/run200-zero-fold-h200.sh; bash kernels/bench/run199-ncu-dense.sh`.
 # First try (results/run199a-*): on 30 layers ncu's replays saved and restored most of the GPU's
 # memory, so neither pass finished in 90 s.
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-199}
-chmod +x .carry/cleave-zf
 nvidia-smi --query-gpu=name --format=csv,noheader
 $P gen-checkpoint --config-only --shape v3-layers --layers 2 --routed-experts 64 --dtype awq --out /dev/shm/v3x2 > /dev/null 2>&1
 M=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum
-for b in $P .carry/cleave-zf; do
+for b in $P $C; do
   t=$(basename $b)
   timeout 100 ncu --clock-control none -k regex:qgp8_awq_256_64_4_f32 --launch-skip 4 --launch-count 8 --metrics $M --csv \
     --print-units base $b kernels-check --no-ops --bench-model /dev/shm/v3x2 --load-format dummy \

@@ -17,4 +17,4 @@ wait
 V3X30_BATCHES=1,64 v3x30_steps v3x30-new
 V3X30_BATCHES=1,64 V3X30_BIN=$P v3x30_steps v3x30-prev
 [ "$(( $(date +%s) - S ))" -lt 250 ] && BENCH_TIMEOUT=40 ab_steps v2awq 1,64
-cd $OUT && tar czf run$R.tgz run$R-*.txt && rm run$R-*.txt
+(cd $OUT && tar czf run$R.tgz run$R-*.txt && rm run$R-*.txt)
