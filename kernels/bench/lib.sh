@@ -88,6 +88,12 @@ PY
 # /dev/shm/NAME.done, which bench_steps waits for.
 gen_model() { $C gen-checkpoint "${@:2}" --out /dev/shm/$1 > /dev/null 2>&1; touch /dev/shm/$1.done; }
 
+# v3x30_gen: the 30-layer V3 AWQ config (64 routed experts; no weights) at /dev/shm/v3x30.
+v3x30_gen() {
+  $C gen-checkpoint --config-only --shape v3-layers --layers 30 --routed-experts 64 --dtype awq --out /dev/shm/v3x30 \
+    > /dev/null 2>&1
+}
+
 # v3x30_steps TAG [ENV...]: CUDA-graph decode steps at batch 1-2 (or $V3X30_BATCHES) of the
 # 30-layer V3 AWQ config at /dev/shm/v3x30 (`gen-checkpoint --config-only`; dummy weights, context
 # 2,048) with $C (or $V3X30_BIN) into $OUT/runR-TAG.txt; prints the step times.
@@ -95,6 +101,13 @@ v3x30_steps() {
   env "${@:2}" timeout 80 ${V3X30_BIN:-$C} kernels-check --no-ops --bench-model /dev/shm/v3x30 --load-format dummy \
     --ctx 2048 --batches ${V3X30_BATCHES:-1,2} --prefill 0 > $OUT/run$R-$1.txt 2>&1
   echo "$1 rc=$? $(( $(date +%s) - S )) s: $(grep -o 'CUDA graph: step [0-9.]* ms' $OUT/run$R-$1.txt | grep -o '[0-9.]* ms' | tr '\n' ' ')"
+}
+
+# v3x30_ab BATCHES: v3x30_steps at BATCHES with this build ($C, tag v3x30-new) and the one before
+# ($P, v3x30-prev).
+v3x30_ab() {
+  V3X30_BATCHES=$1 v3x30_steps v3x30-new
+  V3X30_BATCHES=$1 V3X30_BIN=$P v3x30_steps v3x30-prev
 }
 
 # ids_run OUT ARGS...: `cleave generate --device cuda --output json ARGS` (logs at info), its JSON

@@ -6,14 +6,14 @@
 # V3 layers in AWQ (64 routed experts, dummy weights; the 61-layer share needs an H200).
 # `timeout 570 bash kernels/bench/run195-shared-beside.sh [RUN]`
 # Ran on commit 7cecb17 (its first try, on 2d91b82, failed: results/run195-*-a.txt), with the
-# 30-layer steps inline (now lib.sh's v3x30_steps, the same commands); the code was
+# 30-layer steps inline (now lib.sh's v3x30_gen and v3x30_steps, the same commands); the code was
 # reverted afterwards (docs/benchmarks.md, "Tried and dropped: shared experts on a side stream").
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-195}
 nvidia-smi --query-gpu=name --format=csv,noheader
 gen_model v2bf --shape v2-lite &
 gen_model v2awq --shape v2-lite --dtype awq &
-$C gen-checkpoint --config-only --shape v3-layers --layers 30 --routed-experts 64 --dtype awq --out /dev/shm/v3x30 > /dev/null 2>&1
+v3x30_gen
 quick_checks $R
 grep -E "moe_experts .*shared|moe layer" $OUT/run$R-checks.txt | cut -c1-170 | head -12
 BENCH_TIMEOUT=70 bench_steps v2bf-on $C v2bf 1,2,4

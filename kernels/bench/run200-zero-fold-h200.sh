@@ -11,10 +11,9 @@ source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-200}
 nvidia-smi --query-gpu=name --format=csv,noheader
 gen_model v2awq --shape v2-lite --dtype awq &
-$C gen-checkpoint --config-only --shape v3-layers --layers 30 --routed-experts 64 --dtype awq --out /dev/shm/v3x30 > /dev/null 2>&1
+v3x30_gen
 tune_ab_run | grep -vE "^(awq g128|fp8) "
 wait
-V3X30_BATCHES=1,64 v3x30_steps v3x30-new
-V3X30_BATCHES=1,64 V3X30_BIN=$P v3x30_steps v3x30-prev
+v3x30_ab 1,64
 [ "$(( $(date +%s) - S ))" -lt 250 ] && BENCH_TIMEOUT=40 ab_steps v2awq 1,64
 (cd $OUT && tar czf run$R.tgz run$R-*.txt && rm run$R-*.txt)
