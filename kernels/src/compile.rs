@@ -78,17 +78,16 @@ pub fn compile_cached(name: &str, src: &str, arch: &str, gpu_key: &str) -> Resul
     Ok(Compiled { cubin, cached: false, seconds: t0.elapsed().as_secs_f64() })
 }
 
-/// Compiles without caching and returns the CUBIN size and ptxas' resource report (registers,
-/// shared memory, spills) for every kernel. Needs only libnvrtc, no GPU.
-pub fn resource_report(name: &str, src: &str, arch: &str) -> Result<(usize, String), KernelError> {
+/// Compiles without caching and returns the CUBIN and ptxas' resource report (registers, shared
+/// memory, spills) for every kernel. Needs only libnvrtc, no GPU.
+pub fn resource_report(name: &str, src: &str, arch: &str) -> Result<(Vec<u8>, String), KernelError> {
     let options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "-default-device".to_string(),
         "--ptxas-options=-v".to_string(),
     ];
-    let (cubin, log) = compile_with_log(name, src, &options)?;
-    Ok((cubin.len(), log))
+    compile_with_log(name, src, &options)
 }
 
 fn compile(name: &str, src: &str, options: &[String]) -> Result<Vec<u8>, KernelError> {
@@ -177,7 +176,8 @@ mod tests {
 
     /// Compiles every module for sm_90a when libnvrtc can be opened (no GPU needed), so that
     /// syntax and PTX errors, spills and serialized wgmmas surface before a GPU run; skipped
-    /// otherwise.
+    /// otherwise. With `CLEAVE_CUBIN_DIR` set, each module's CUBIN is written there as
+    /// `NAME.cubin`, for reading its SASS offline (`nvdisasm -c`, kernels/NOTES.md).
     #[test]
     fn modules_compile_for_hopper() {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -186,9 +186,13 @@ mod tests {
         }
         for (name, src, _) in crate::MODULES {
             let full = format!("{}\n{src}", crate::COMMON);
-            let (size, log) = resource_report(name, &full, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
-            eprintln!("== {name}.cu: {size} bytes of CUBIN\n{log}");
-            assert!(size > 0);
+            let (cubin, log) = resource_report(name, &full, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("== {name}.cu: {} bytes of CUBIN\n{log}", cubin.len());
+            assert!(!cubin.is_empty());
+            if let Some(dir) = std::env::var_os("CLEAVE_CUBIN_DIR") {
+                let path = std::path::Path::new(&dir).join(format!("{name}.cubin"));
+                std::fs::write(&path, &cubin).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
             let spills: Vec<String> = spilling(&log).into_iter().filter(|f| !spill_allowed(f)).collect();
             assert!(spills.is_empty(), "{name}.cu: {spills:?} spill registers:\n{log}");
             // ptxas C7510/C7520: every wgmma of a kernel waits for the one before it (MLA decode
