@@ -3,12 +3,12 @@
 //! R1's chat template ends the prompt inside the reasoning (`<｜Assistant｜><think>\n`), so every
 //! generated token up to the first `</think>` token is reasoning and everything after it is the
 //! answer. The split is made on the `</think>` token id, never by searching the text, so a
-//! literal "</think>" typed inside the reasoning's words cannot end it early. The `</think>` token
+//! literal "`</think>`" typed inside the reasoning's words cannot end it early. The `</think>` token
 //! itself produces no text on either side.
 //!
 //! The engine's text stream may release text one token late (a character split across tokens,
 //! text held back while it could begin a stop string). Text carried on the `</think>` token's
-//! own output therefore belongs to the reasoning, except for the token's literal "</think>"
+//! own output therefore belongs to the reasoning, except for the token's literal "`</think>`"
 //! (which is not a special token in R1's vocabulary, so it is decoded even with
 //! `skip_special_tokens`) and anything after it.
 

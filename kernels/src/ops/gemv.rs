@@ -41,7 +41,7 @@ fn instance(kind: usize, rows: usize) -> (&'static str, usize) {
     (GEMV_KERNELS[kind + rows.next_power_of_two().trailing_zeros() as usize], rows.max(1))
 }
 
-/// The most rows one group of blocks computes; more rows run in groups of [`GEMV_GROUP_ROWS`],
+/// The most rows one group of blocks computes; more rows run in groups of `GEMV_GROUP_ROWS`,
 /// every group reading the weights again (for weights that stay in L2: the router's gate).
 pub const GEMV_MAX_ROWS: usize = 8;
 const GEMV_GROUP_ROWS: usize = 4;

@@ -42,7 +42,7 @@ pub const MLA4_MIN_ROWS: usize = 3;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MlaDecode {
     /// The default: v4 where a block's 64 heads are filled on a GPU with warpgroup MMA, else v3
-    /// by the head count; v3 with 16 heads a block in v4's place below [`MLA4_MIN_ROWS`] rows.
+    /// by the head count; v3 with 16 heads a block in v4's place below `MLA4_MIN_ROWS` rows.
     Auto,
     /// `mla_decode`: 16 heads per block, MMA operands as 32-bit shared loads.
     V1,

@@ -57,8 +57,8 @@ pub const GGW_KERNELS: &[&str] = &[
 ];
 
 /// The operands of a grouped GEMM over expert row tiles: for each tile (expert e, sorted rows
-/// rs..rs+rc) of `tiles`/`meta` (from `moe_align`), Y[rs + r, :n] = X[row(rs + r), :k] W[e]^T with
-/// row(p) = rowidx[p] (or p when `rowidx` is 0). `silu` takes interleaved gate/up columns and
+/// rs..rs+rc) of `tiles`/`meta` (from `moe_align`), `Y[rs + r, :n] = X[row(rs + r), :k] W[e]^T` with
+/// `row(p) = rowidx[p]` (or p when `rowidx` is 0). `silu` takes interleaved gate/up columns and
 /// writes bf16 `[*, n/2]` = silu(gate) * up, else f32 `[*, n]`.
 #[derive(Debug, Clone, Copy)]
 pub struct GroupedGemm {
@@ -272,7 +272,7 @@ impl Gpu {
     }
 
     /// The grouped GEMM over FP8 expert weights on FP8 tensor cores (`gg_wgmma_fp8`): `g.x` holds
-    /// e4m3 activations quantized by [`Gpu::act_quant_fp8`] in [`Fp8Order::Wgmma`] and
+    /// e4m3 activations quantized by [`Gpu::act_quant_fp8`] in [`super::Fp8Order::Wgmma`] and
     /// `g.x_scales` their scales; tiles from `moe_align` with [`GGW_FP8_BM`]. Persistent: as many
     /// blocks as fit at once, each walking (tile, column block) items. `paired_scales`: the
     /// weights have, per group and 128-column block, one scale for the even columns and one for

@@ -301,7 +301,7 @@ impl Gpu {
         self.launch(name, (blocks as u32, 1, 1), 128, smem as u32, &args)
     }
 
-    /// Split-K count for a dense persistent GEMM of `rows` over `w`: see [`split_count`].
+    /// Split-K count for a dense persistent GEMM of `rows` over `w`: see `split_count`.
     pub fn qgp_splits(&self, w: &QWeights, rows: usize, cfg: QPersist) -> Result<usize> {
         let s = w.shape;
         let kt = s.kp() / cfg.bk;

@@ -49,9 +49,10 @@ use pool::{Buf, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
 pub use quant::Fp8Out;
 pub use variants::{
-    Fusion, MlaDecode, PersistentGemm, QRows, QuantGemm, Variants, WgmmaGemm, DEFAULT_GEMV_ROWS, DEFAULT_PERSISTENT,
-    DEFAULT_ROWS32, DEFAULT_WGMMA, EXPAND_MIN_ROWS, GEMV_MAX_ROWS, ROUTER_GEMV_MAX_READS, ROWS32_MIN_AVG,
-    ROWS8_MAX_AVG,
+    Fusion, MlaDecode, PersistentGemm, QRows, QuantGemm, Variants, WgmmaGemm, AWQ_EXPAND_MIN_AVG,
+    DEFAULT_FP8_WGMMA_STAGES, DEFAULT_GEMV_ROWS, DEFAULT_PDL, DEFAULT_PERSISTENT, DEFAULT_ROUTER_GEMV_ROWS,
+    DEFAULT_ROWS32, DEFAULT_WGMMA, EXPAND_MIN_ROWS, GEMV_MAX_ROWS, HALVES_MIN_BYTES, ROUTER_GEMV_MAX_READS,
+    ROWS32_MIN_AVG, ROWS8_MAX_AVG,
 };
 pub use weights::{CudaExperts, CudaWeight};
 use weights::{ExpertData, WeightData};

@@ -61,7 +61,7 @@ pub struct PoolStats {
     pub hits: u64,
     /// Requests that needed a new buffer.
     pub misses: u64,
-    /// Idle buffers freed to stay under the cap (or by [`SizePool::clear`]).
+    /// Idle buffers freed to stay under the cap (or by `SizePool::clear`).
     pub evicted: u64,
     /// Bytes of idle buffers now.
     pub idle_bytes: usize,
