@@ -26,6 +26,7 @@ mod pool;
 mod quant;
 mod repack;
 mod sample;
+mod tensor;
 pub mod transfer;
 mod variants;
 mod weights;
@@ -48,6 +49,8 @@ pub use kv::CudaKvCache;
 use pool::{Buf, Workspace};
 pub use pool::{PoolStats, DEFAULT_IDLE_CAP};
 pub use quant::Fp8Out;
+pub(crate) use tensor::Bf16In;
+pub use tensor::{CudaRouting, CudaTensor};
 pub use variants::{
     Fusion, MlaDecode, PersistentGemm, QRows, QuantGemm, Variants, WgmmaGemm, AWQ_EXPAND_MIN_AVG,
     DEFAULT_FP8_WGMMA_STAGES, DEFAULT_GEMV_ROWS, DEFAULT_PDL, DEFAULT_PERSISTENT, DEFAULT_ROUTER_GEMV_ROWS,
@@ -68,51 +71,6 @@ pub(crate) fn kerr(e: KernelError) -> EngineError {
     }
 }
 
-/// An f32 matrix on the device, optionally with a bf16 copy of its values (its "shadow").
-pub struct CudaTensor {
-    buf: Buf<f32>,
-    /// The values as bf16, written by the kernel that produced them (see the module docs). Only
-    /// that kernel sets it; [`CudaTensor::ptr_mut`] clears it.
-    bf16: Option<Buf<u16>>,
-    rows: usize,
-    cols: usize,
-}
-
-impl CudaTensor {
-    /// Device address of the f32 values, to read them (or to write a tensor just created). Any
-    /// in-place change of an existing tensor must use [`CudaTensor::ptr_mut`].
-    pub fn ptr(&self) -> u64 {
-        ptr(&self.buf)
-    }
-    /// Device address of the f32 values for an in-place change: drops the bf16 shadow, which
-    /// would no longer match.
-    pub fn ptr_mut(&mut self) -> u64 {
-        self.bf16 = None;
-        ptr(&self.buf)
-    }
-    /// Device address of the bf16 shadow, when the tensor has one.
-    pub fn bf16_ptr(&self) -> Option<u64> {
-        self.bf16.as_ref().map(|b| ptr(b))
-    }
-    pub fn has_bf16(&self) -> bool {
-        self.bf16.is_some()
-    }
-    pub fn len(&self) -> usize {
-        self.rows * self.cols
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Per-token expert ids and weights, on the device.
-pub struct CudaRouting {
-    ids: Buf<u32>,
-    weights: Buf<f32>,
-    pub rows: usize,
-    pub top_k: usize,
-}
-
 /// Numerics of a CUDA backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
@@ -121,21 +79,6 @@ pub enum Precision {
     /// f32 weights, activations and KV cache, f32 GEMMs and the reference kernels: matches the
     /// CPU backend to rounding, for small models and for checking the fast path end to end.
     F32,
-}
-
-/// A bf16 GEMM operand: a tensor's shadow, or a cast made for this use.
-pub(crate) enum Bf16In<'a> {
-    Shadow(&'a Buf<u16>),
-    Cast(Buf<u16>),
-}
-
-impl Bf16In<'_> {
-    pub(crate) fn ptr(&self) -> u64 {
-        match self {
-            Bf16In::Shadow(b) => ptr(b),
-            Bf16In::Cast(b) => ptr(b),
-        }
-    }
 }
 
 /// An uploaded index array: the values last sent and the device buffer holding them.
