@@ -302,24 +302,31 @@ async fn sweep_three_points_with_charts_and_overlay() {
         assert!(svg.contains(text), "chart text {text:?} missing");
     }
     let overlay = dir.join("overlay");
+    chart_as_two_sets(&dir, &overlay).await;
+    assert_non_trivial_charts(&overlay);
+    let svg = std::fs::read_to_string(overlay.with_extension("svg")).unwrap();
+    assert!(svg.contains("colocated output") && svg.contains("1p1d P99 ITL"), "legend entries for both sets");
+}
+
+/// `cleave-bench chart` over `input` twice, labelled as two sets ("colocated" and "1p1d"), to
+/// `output`; asserts that it succeeded.
+async fn chart_as_two_sets(input: &std::path::Path, output: &std::path::Path) {
+    let (input, output) = (input.to_str().unwrap(), output.to_str().unwrap());
     let (ok, stdout, stderr) = run_bench(args(&[
         "chart",
         "--input",
-        dir.to_str().unwrap(),
+        input,
         "--input",
-        dir.to_str().unwrap(),
+        input,
         "--label",
         "colocated",
         "--label",
         "1p1d",
         "--output",
-        overlay.to_str().unwrap(),
+        output,
     ]))
     .await;
     assert!(ok, "{stdout}\n{stderr}");
-    assert_non_trivial_charts(&overlay);
-    let svg = std::fs::read_to_string(overlay.with_extension("svg")).unwrap();
-    assert!(svg.contains("colocated output") && svg.contains("1p1d P99 ITL"), "legend entries for both sets");
 }
 
 fn assert_non_trivial_charts(base: &std::path::Path) {
@@ -457,21 +464,7 @@ async fn mixed_scenario_reports_background_and_long_prompts_apart() {
     let mean_itl = j["background"]["mean_itl_ms"].as_f64().unwrap();
     assert!((4.0..30.0).contains(&mean_itl), "server writes every 5 ms: {mean_itl}");
     let base = dir.join("mixed-chart");
-    let (ok, stdout, stderr) = run_bench(args(&[
-        "chart",
-        "--input",
-        out.to_str().unwrap(),
-        "--input",
-        out.to_str().unwrap(),
-        "--label",
-        "colocated",
-        "--label",
-        "1p1d",
-        "--output",
-        base.to_str().unwrap(),
-    ]))
-    .await;
-    assert!(ok, "{stdout}\n{stderr}");
+    chart_as_two_sets(&out, &base).await;
     for suffix in ["itl", "ttft"] {
         let png = std::fs::read(dir.join(format!("mixed-chart-{suffix}.png"))).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000);
