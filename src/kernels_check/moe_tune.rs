@@ -31,8 +31,10 @@ impl Ctx<'_> {
             let batches: &[usize] = if self.quick || shape_name == "odd" { &[4, 64] } else { &[1, 16, 64] };
             let gate_up = g.alloc::<u16>(e * 2 * i * h)?;
             let down = g.alloc::<u16>(e * h * i)?;
-            g.fill_uniform_bf16(ptr(&gate_up), e * 2 * i * h, 7, -0.05, 0.05)?;
-            g.fill_uniform_bf16(ptr(&down), e * h * i, 8, -0.05, 0.05)?;
+            // SAFETY: the destination is a live buffer of this GPU of n bf16.
+            unsafe { g.fill_uniform_bf16(ptr(&gate_up), e * 2 * i * h, 7, -0.05, 0.05) }?;
+            // SAFETY: the destination is a live buffer of this GPU of n bf16.
+            unsafe { g.fill_uniform_bf16(ptr(&down), e * h * i, 8, -0.05, 0.05) }?;
             for &b in batches {
                 let a = b * top_k;
                 let ids = self.rng.routes(b, e, top_k);
@@ -41,9 +43,11 @@ impl Ctx<'_> {
                 let mut n_tiles = [0i32];
                 g.dtoh(ptr(meta), &mut n_tiles)?;
                 let x = g.alloc::<u16>(b * h)?;
-                g.fill_uniform_bf16(ptr(&x), b * h, 9, -1.0, 1.0)?;
+                // SAFETY: the destination is a live buffer of this GPU of n bf16.
+                unsafe { g.fill_uniform_bf16(ptr(&x), b * h, 9, -1.0, 1.0) }?;
                 let act = g.alloc::<u16>(a * i)?;
-                g.fill_uniform_bf16(ptr(&act), a * i, 10, -1.0, 1.0)?;
+                // SAFETY: the destination is a live buffer of this GPU of n bf16.
+                unsafe { g.fill_uniform_bf16(ptr(&act), a * i, 10, -1.0, 1.0) }?;
                 let touched = experts_touched(&ids);
                 // (op, silu, x, rowidx, w, n, k, output u16 words, weight bytes read)
                 let (s, guw, dnw) = (ptr(sorted), ptr(&gate_up), ptr(&down));

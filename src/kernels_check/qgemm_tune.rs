@@ -378,7 +378,8 @@ struct Activations {
 impl Activations {
     fn new(g: &Gpu, rows: usize, k: usize, seed: u64) -> Result<Self> {
         let bf16 = g.alloc::<u16>(rows * k)?;
-        g.fill_uniform_bf16(ptr(&bf16), rows * k, seed, -1.0, 1.0)?;
+        // SAFETY: the destination is a live buffer of this GPU of n bf16.
+        unsafe { g.fill_uniform_bf16(ptr(&bf16), rows * k, seed, -1.0, 1.0) }?;
         let fp8 = g.alloc::<u32>((rows * k).div_ceil(4))?;
         let scales = g.alloc::<f32>((rows * k.div_ceil(128)).max(1))?;
         if k.is_multiple_of(128) {

@@ -6,7 +6,10 @@ use crate::{Arg, Gpu, KernelError, Result};
 use Arg::{Ptr, F32, I32, U64};
 
 impl Gpu {
-    pub fn embedding(&self, table: u64, ids: u64, out: u64, n: usize, cols: usize) -> Result<()> {
+    /// # Safety
+    /// `table` holds the `[vocab, cols]` f32 rows, `ids` `n` u32 ids below vocab and `out` `n * cols`
+    /// f32: device addresses of this context.
+    pub unsafe fn embedding(&self, table: u64, ids: u64, out: u64, n: usize, cols: usize) -> Result<()> {
         self.launch_rows("embedding_f32", n, 256, &[Ptr(table), Ptr(ids), Ptr(out), I32(n as i32), I32(cols as i32)])
     }
 
@@ -14,8 +17,12 @@ impl Gpu {
     /// With `yb != 0`, also writes `y` as bf16 there (a GEMM operand, no separate cast). Under PDL
     /// the weights `w` are read (into registers, or into L2 past 8,192 columns) before the kernel
     /// waits for the one before it.
+    ///
+    /// # Safety
+    /// `x` and `y` (and `res`, `yb` when non-zero: f32 and bf16) hold `rows * cols` values, `w` `wc`
+    /// f32: device addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn rms_norm(
+    pub unsafe fn rms_norm(
         &self,
         x: u64,
         res: u64,
@@ -45,8 +52,13 @@ impl Gpu {
     /// `top_k` expert rows of `ys` (as [`Gpu::moe_combine`]), then [`Gpu::rms_norm`] of `res` by
     /// `w` into `y` (and `yb`, bf16, when non-zero). `cols` must be a multiple of 4. As
     /// [`Gpu::rms_norm`] does, it reads `w` before the PDL wait.
+    ///
+    /// # Safety
+    /// `ys` holds the expert rows `inv` (`rows * top_k` u32) indexes, `wts` `rows * top_k` f32; `res` and
+    /// `y` (and `yb` when non-zero, bf16) `rows * cols` f32, `w` `cols` f32: device addresses of this
+    /// context.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine_norm(
+    pub unsafe fn moe_combine_norm(
         &self,
         ys: u64,
         inv: u64,
@@ -85,21 +97,33 @@ impl Gpu {
     /// `silu(gate) * up` over f32 rows of `2 * half`: `[gate | up]`, or with `pairs` gate and up
     /// interleaved column by column (the experts' gate/up layout). Written as f32 to `y` and as
     /// bf16 to `yb`, each when non-zero.
-    pub fn silu_mul(&self, x: u64, y: u64, yb: u64, rows: usize, half: usize, pairs: bool) -> Result<()> {
+    ///
+    /// # Safety
+    /// `x` holds `rows * 2 * half` f32, `y` (f32) and `yb` (bf16) when non-zero `rows * half`: device
+    /// addresses of this context.
+    pub unsafe fn silu_mul(&self, x: u64, y: u64, yb: u64, rows: usize, half: usize, pairs: bool) -> Result<()> {
         let args = [Ptr(x), Ptr(y), Ptr(yb), I32(rows as i32), I32(half as i32), I32(pairs as i32)];
         self.launch_flat("silu_mul_f32", rows * half, &args)
     }
 
-    pub fn add(&self, a: u64, b: u64, n: usize) -> Result<()> {
+    /// # Safety
+    /// `a` and `b` hold `n` f32 (`a += b` in place): device addresses of this context.
+    pub unsafe fn add(&self, a: u64, b: u64, n: usize) -> Result<()> {
         self.launch_flat("add_f32", n, &[Ptr(a), Ptr(b), U64(n as u64)])
     }
 
-    pub fn gather_rows(&self, x: u64, rows: u64, y: u64, n: usize, cols: usize) -> Result<()> {
+    /// # Safety
+    /// `rows` holds `n` u32 row indices of `x` (`cols` f32 a row), `y` `n * cols` f32: device addresses
+    /// of this context.
+    pub unsafe fn gather_rows(&self, x: u64, rows: u64, y: u64, n: usize, cols: usize) -> Result<()> {
         self.launch_rows("gather_rows_f32", n, 256, &[Ptr(x), Ptr(rows), Ptr(y), I32(n as i32), I32(cols as i32)])
     }
 
+    /// # Safety
+    /// `x` holds `n` rows of `cols` f32 (the `heads` rotated parts at `offset + h * stride`), `cos_sin`
+    /// a row of `rope` values for every position in `pos` (`n` u32): device addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn rope(
+    pub unsafe fn rope(
         &self,
         x: u64,
         cos_sin: u64,
@@ -130,18 +154,27 @@ impl Gpu {
         )
     }
 
-    pub fn cast_f32_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
+    /// # Safety
+    /// `x` holds `n` f32 and `y` `n` bf16: device addresses of this context.
+    pub unsafe fn cast_f32_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
         self.launch_flat("cast_f32_bf16", n, &[Ptr(x), Ptr(y), U64(n as u64)])
     }
 
-    pub fn cast_bf16_f32(&self, x: u64, y: u64, n: usize) -> Result<()> {
+    /// # Safety
+    /// `x` holds `n` bf16 and `y` `n` f32: device addresses of this context.
+    pub unsafe fn cast_bf16_f32(&self, x: u64, y: u64, n: usize) -> Result<()> {
         self.launch_flat("cast_bf16_f32", n, &[Ptr(x), Ptr(y), U64(n as u64)])
     }
 
     /// Converts a stored `[rows, cols]` weight into bf16 rows `row_base + r * row_mul + row_off`
     /// of `dst` (`cols` wide). `scale`: fp8 block scales (0 for none) with block `[sb0, sb1]`.
+    ///
+    /// # Safety
+    /// `src` holds `rows * cols` values of `dtype` (and `scale` its block scales when non-zero); `dst`
+    /// every row `row_base + r * row_mul + row_off` (r < rows) of `cols` bf16: device addresses of this
+    /// context.
     #[allow(clippy::too_many_arguments)]
-    pub fn convert_weight(
+    pub unsafe fn convert_weight(
         &self,
         src: u64,
         dtype: SrcDtype,
@@ -173,7 +206,9 @@ impl Gpu {
         )
     }
 
-    pub fn fill_uniform_bf16(&self, dst: u64, n: usize, seed: u64, lo: f32, hi: f32) -> Result<()> {
+    /// # Safety
+    /// `dst` holds `n` bf16: a device address of this context.
+    pub unsafe fn fill_uniform_bf16(&self, dst: u64, n: usize, seed: u64, lo: f32, hi: f32) -> Result<()> {
         self.launch_flat("fill_uniform_bf16", n, &[Ptr(dst), U64(n as u64), U64(seed), F32(lo), F32(hi)])
     }
 }

@@ -98,7 +98,8 @@ impl CudaBackend {
     /// `x` as bf16 (for GEMM operands), always a fresh cast.
     pub(super) fn to_bf16(&self, x: &CudaTensor) -> Result<Buf<u16>> {
         let b = self.buf::<u16>(x.len())?;
-        self.gpu.cast_f32_bf16(x.ptr(), ptr(&b), x.len()).map_err(kerr)?;
+        // SAFETY: source and destination are live buffers of this GPU of n values.
+        unsafe { self.gpu.cast_f32_bf16(x.ptr(), ptr(&b), x.len()) }.map_err(kerr)?;
         Ok(b)
     }
 

@@ -73,7 +73,10 @@ fn convert_into(
         None => (None, [1, 1]),
     };
     let sp = scale.as_ref().map_or(0, ptr);
-    gpu.convert_weight(ptr(&raw), dtype, rows, cols, sp, block, dst, row_base, row_mul, row_off).map_err(kerr)
+    // SAFETY: the stored weight (and its scales) and the destination rows are live buffers of this
+    // GPU of the sizes convert_weight reads and writes.
+    unsafe { gpu.convert_weight(ptr(&raw), dtype, rows, cols, sp, block, dst, row_base, row_mul, row_off) }
+        .map_err(kerr)
 }
 
 /// The MoE router's gate (`model.layers.N.mlp.gate.weight`): kept in f32.

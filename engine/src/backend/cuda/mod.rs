@@ -210,7 +210,8 @@ impl CudaBackend {
         if cache.f32.is_some() {
             return Err(EngineError::Backend("fill_kv_random: bf16 caches only".into()));
         }
-        self.gpu.fill_uniform_bf16(ptr(&cache.buf), cache.buf.len(), seed, -1.0, 1.0).map_err(kerr)
+        // SAFETY: the destination is a live buffer of this GPU of n bf16.
+        unsafe { self.gpu.fill_uniform_bf16(ptr(&cache.buf), cache.buf.len(), seed, -1.0, 1.0) }.map_err(kerr)
     }
 
     /// A routing decided elsewhere (tests: the CPU router's choice).
@@ -341,7 +342,9 @@ impl Backend for CudaBackend {
         }
         let out = self.tensor(ids.len(), table.cols)?;
         let ip = self.upload_u32("ids", ids)?;
-        self.gpu.embedding(table.ptr(), ip, out.ptr(), ids.len(), table.cols).map_err(kerr)?;
+        // SAFETY: the table, the uploaded ids and `out` (made above for ids x cols) are live buffers of
+        // this GPU of the sizes embedding reads and writes.
+        unsafe { self.gpu.embedding(table.ptr(), ip, out.ptr(), ids.len(), table.cols) }.map_err(kerr)?;
         Ok(out)
     }
 
@@ -351,7 +354,9 @@ impl Backend for CudaBackend {
         }
         let y = self.tensor_shadowed(x.rows, x.cols)?;
         let yb = y.bf16_ptr().unwrap_or(0);
-        self.gpu.rms_norm(x.ptr(), 0, w.ptr(), y.ptr(), yb, x.rows, x.cols, w.len(), eps).map_err(kerr)?;
+        // SAFETY: input, residual, weight and outputs are live buffers of this GPU holding the rows x
+        // cols (weight: normalized columns) that rms_norm reads and writes.
+        unsafe { self.gpu.rms_norm(x.ptr(), 0, w.ptr(), y.ptr(), yb, x.rows, x.cols, w.len(), eps) }.map_err(kerr)?;
         Ok(y)
     }
 
@@ -363,7 +368,9 @@ impl Backend for CudaBackend {
         let y = self.tensor_shadowed(x.rows, x.cols)?;
         let yb = y.bf16_ptr().unwrap_or(0);
         let res = residual.ptr_mut();
-        self.gpu.rms_norm(x.ptr(), res, w.ptr(), y.ptr(), yb, x.rows, x.cols, w.len(), eps).map_err(kerr)?;
+        // SAFETY: input, residual, weight and outputs are live buffers of this GPU holding the rows x
+        // cols (weight: normalized columns) that rms_norm reads and writes.
+        unsafe { self.gpu.rms_norm(x.ptr(), res, w.ptr(), y.ptr(), yb, x.rows, x.cols, w.len(), eps) }.map_err(kerr)?;
         Ok(y)
     }
 
@@ -383,14 +390,16 @@ impl Backend for CudaBackend {
         let h = x.cols / 2;
         let y = self.tensor_shadowed(x.rows, h)?;
         let yb = y.bf16_ptr().unwrap_or(0);
-        self.gpu.silu_mul(x.ptr(), y.ptr(), yb, x.rows, h, false).map_err(kerr)?;
+        // SAFETY: input (rows x 2 half) and outputs (rows x half) are live buffers of this GPU.
+        unsafe { self.gpu.silu_mul(x.ptr(), y.ptr(), yb, x.rows, h, false) }.map_err(kerr)?;
         Ok(y)
     }
 
     fn add_assign(&self, a: &mut CudaTensor, b: &CudaTensor) -> Result<()> {
         Self::check_same(a, b, "add")?;
         let n = a.len();
-        self.gpu.add(a.ptr_mut(), b.ptr(), n).map_err(kerr)
+        // SAFETY: both operands are live buffers of this GPU of n values.
+        unsafe { self.gpu.add(a.ptr_mut(), b.ptr(), n) }.map_err(kerr)
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
@@ -399,7 +408,9 @@ impl Backend for CudaBackend {
         }
         let y = self.tensor(rows.len(), x.cols)?;
         let rp = self.upload_u32("gather", rows)?;
-        self.gpu.gather_rows(x.ptr(), rp, y.ptr(), rows.len(), x.cols).map_err(kerr)?;
+        // SAFETY: the source, the uploaded row indices and the output (n x cols) are live buffers of
+        // this GPU.
+        unsafe { self.gpu.gather_rows(x.ptr(), rp, y.ptr(), rows.len(), x.cols) }.map_err(kerr)?;
         Ok(y)
     }
 
@@ -420,8 +431,9 @@ impl Backend for CudaBackend {
         }
         let pp = self.upload_u32("positions", positions)?;
         let (rows, cols) = (x.rows, x.cols);
-        self.gpu
-            .rope(x.ptr_mut(), cos_sin.ptr(), pp, rows, cols, heads, offset, stride, rope, interleaved)
+        // SAFETY: the rows, the cos/sin table (covering every position) and the uploaded positions are
+        // live buffers of this GPU.
+        unsafe { self.gpu.rope(x.ptr_mut(), cos_sin.ptr(), pp, rows, cols, heads, offset, stride, rope, interleaved) }
             .map_err(kerr)
     }
 

@@ -380,7 +380,9 @@ fn combine(
             }
             let out = be.tensor_shadowed(n, h)?;
             let yb = out.bf16_ptr().unwrap_or(0);
-            gpu.moe_combine_norm(y, inv, ptr(&r.weights), k, res, e.w.ptr(), out.ptr(), yb, n, h, e.eps)
+            // SAFETY: the expert rows, their index and weight lists, the residual, the norm weight and
+            // the outputs are live buffers of this GPU of the sizes moe_combine_norm reads and writes.
+            unsafe { gpu.moe_combine_norm(y, inv, ptr(&r.weights), k, res, e.w.ptr(), out.ptr(), yb, n, h, e.eps) }
                 .map_err(kerr)?;
             Ok(out)
         }
@@ -492,7 +494,8 @@ fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: u64) ->
     let gu = be.alloc_f32(n * s * 2 * i)?;
     let act = be.alloc_u16(n * s * i)?;
     gpu.linear_bf16(xb.ptr(), wgu, ptr(&gu), n, s * 2 * i, h).map_err(kerr)?;
-    gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, s * i, true).map_err(kerr)?;
+    // SAFETY: input (rows x 2 half) and outputs (rows x half) are live buffers of this GPU.
+    unsafe { gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, s * i, true) }.map_err(kerr)?;
     for j in 0..s {
         let (a, w) = (ptr(&act) + (j * i * 2) as u64, wdn + (j * h * i * 2) as u64);
         gpu.linear_bf16_acc(a, s * i, w, out, n, h, i).map_err(kerr)?;

@@ -302,7 +302,8 @@ impl CudaBackend {
                 self.gpu.dtod(y.ptr(), ptr(t), rows * n * 4).map_err(kerr)?;
             }
             if let Some(t) = &tmp_bf16 {
-                self.gpu.cast_bf16_f32(ptr(t), y.ptr(), rows * n).map_err(kerr)?;
+                // SAFETY: source and destination are live buffers of this GPU of n values.
+                unsafe { self.gpu.cast_bf16_f32(ptr(t), y.ptr(), rows * n) }.map_err(kerr)?;
             }
             if self.fp8_out.get() == Fp8Out::Untried {
                 tracing::info!(output = ?out, "FP8 prefill linears run on FP8 tensor cores (cuBLASLt block scaling)");
