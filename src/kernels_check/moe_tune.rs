@@ -170,20 +170,24 @@ impl DecodeTiles {
         let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
         let (tiles, meta) = (g.alloc::<i32>(3 * max_tiles)?, g.alloc::<i32>(2)?);
         let halves = if halves { Some(g.alloc::<i32>(3 * max_halves.max(1))?) } else { None };
-        g.moe_align(&Align {
-            ids: ptr(&id_buf),
-            assignments: a,
-            top_k,
-            experts,
-            first: 0,
-            bm: 16,
-            sorted_tok: ptr(&sorted),
-            inv: ptr(&inv),
-            tiles: ptr(&tiles),
-            halves: halves.as_ref().map_or(0, ptr),
-            meta: ptr(&meta),
-            row_expert: 0,
-        })?;
+        // SAFETY: the assignment ids and the sort's outputs (sized for the most tiles these
+        // assignments can make) are live buffers of this GPU.
+        unsafe {
+            g.moe_align(&Align {
+                ids: ptr(&id_buf),
+                assignments: a,
+                top_k,
+                experts,
+                first: 0,
+                bm: 16,
+                sorted_tok: ptr(&sorted),
+                inv: ptr(&inv),
+                tiles: ptr(&tiles),
+                halves: halves.as_ref().map_or(0, ptr),
+                meta: ptr(&meta),
+                row_expert: 0,
+            })
+        }?;
         Ok(DecodeTiles { _ids: id_buf, sorted, _inv: inv, tiles, halves, meta, max_tiles, max_halves })
     }
 

@@ -103,11 +103,15 @@ impl Ctx<'_> {
                     norm: p.norm_topk_prob,
                     scaling: p.scaling,
                 };
-                g.moe_route(&route(ptr(&ids0), ptr(&w0))).map_err(kerr)?;
+                // SAFETY: the router's logits, bias, and the id and weight outputs are live buffers of this
+                // GPU sized for these tokens and experts.
+                unsafe { g.moe_route(&route(ptr(&ids0), ptr(&w0))) }.map_err(kerr)?;
                 let sort = SortBufs::new(g, a, local, bm)?;
                 let align = sort.align(ptr(&ids1), a, k, local, first, bm, halves);
                 let fused = route(ptr(&ids1), ptr(&w1));
-                g.moe_route_align(&fused, &align).map_err(kerr)?;
+                // SAFETY: the routing's and the sort's buffers are live buffers of this GPU sized for these
+                // tokens, experts and tiles.
+                unsafe { g.moe_route_align(&fused, &align) }.map_err(kerr)?;
                 let (mut want_ids, mut want_w, mut ids, mut w) =
                     (vec![0u32; a], vec![0f32; a], vec![0u32; a], vec![0f32; a]);
                 g.dtoh(ptr(&ids0), &mut want_ids).map_err(kerr)?;
@@ -118,7 +122,9 @@ impl Ctx<'_> {
                 let differing = ids.iter().zip(&want_ids).filter(|(x, y)| x != y).count()
                     + w.iter().zip(&want_w).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
                     + sort_differing;
-                let us = self.time(|| g.moe_route_align(&fused, &align).map_err(kerr))?;
+                // SAFETY: the routing's and the sort's buffers are live buffers of this GPU sized for these
+                // tokens, experts and tiles.
+                let us = self.time(|| unsafe { g.moe_route_align(&fused, &align) }.map_err(kerr))?;
                 let half = if halves { format!(" and {}", bm / 2) } else { String::new() };
                 self.push_exact(
                     "moe_route_align",
@@ -162,9 +168,13 @@ impl Ctx<'_> {
                 g.htod(&ids, ptr(&id_buf)).map_err(kerr)?;
                 let sort = SortBufs::new(g, a, experts, bm)?;
                 let align = sort.align(ptr(&id_buf), a, k, experts, first, bm, halves);
-                g.moe_align(&align).map_err(kerr)?;
+                // SAFETY: the assignment ids and the sort's outputs (sized for the most tiles these
+                // assignments can make) are live buffers of this GPU.
+                unsafe { g.moe_align(&align) }.map_err(kerr)?;
                 let (differing, total) = sort.against_reference(g, &align, &ids)?;
-                let us = self.time(|| g.moe_align(&align).map_err(kerr))?;
+                // SAFETY: the assignment ids and the sort's outputs (sized for the most tiles these
+                // assignments can make) are live buffers of this GPU.
+                let us = self.time(|| unsafe { g.moe_align(&align) }.map_err(kerr))?;
                 let half = if halves { format!(" and {}", bm / 2) } else { String::new() };
                 self.push_exact(
                     "moe_align",

@@ -52,8 +52,13 @@ impl Gpu {
     /// [`MlaKernel::writes_output`] holds for `splits`, `out` is the bf16 `[rows, heads,
     /// kv_lora]` output (what [`Gpu::mla_combine`] would write; no partials), else the f32
     /// partials `(part_o, part_ml)`.
+    ///
+    /// # Safety
+    /// Every address is a live device allocation of this context: the queries and the cache as `p`
+    /// describes them, `row_len` and `row_tab` `p.rows` u32, `tables` the block tables they index (every
+    /// block in the cache), and `out` sized for `p`, `k` and `splits` ([`MlaOut`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_decode(
+    pub unsafe fn mla_decode(
         &self,
         k: &MlaKernel,
         p: &MlaLaunch,
@@ -120,8 +125,13 @@ impl Gpu {
     /// reading only the splits that hold keys (by each row's length at `row_len`, the decode
     /// launch's, read before the PDL wait: no kernel still in flight may write it, and the decode
     /// kernel's [`MlaKernel::tile`], by which its splits were dealt).
+    ///
+    /// # Safety
+    /// `part_o` and `part_ml` hold the partials of `rows * heads` rows over `splits` splits (as
+    /// [`Gpu::mla_decode`] writes them), `o_lat` `rows * heads * kv_lora` bf16, `row_len` `rows` u32:
+    /// device addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_combine(
+    pub unsafe fn mla_combine(
         &self,
         part_o: u64,
         part_ml: u64,
@@ -153,8 +163,13 @@ impl Gpu {
     }
 
     /// Expanded prefill: a sequence's latent rows `[ctx, width]` gathered from the paged cache.
+    ///
+    /// # Safety
+    /// `table` holds the block ids (u32) of the sequence's `ctx` keys in `cache` (`layers` layers of
+    /// blocks of `bs` slots, `width` bf16 a slot), `out` `ctx * width` bf16: device addresses of this
+    /// context.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather_latent(
+    pub unsafe fn gather_latent(
         &self,
         cache: u64,
         table: u64,
@@ -211,8 +226,13 @@ impl Gpu {
     /// attention.cu `mla_prefill_flash` for the operand layouts). `q`, `out` point at the chunk's
     /// first row, `kv` (per-head `[k_nope | v]`) and `k_rope` at the sequence's first key; leading
     /// dimensions are in elements.
+    ///
+    /// # Safety
+    /// `q` and `out` hold `q_len` rows (leading dimensions `q_ld`, `out_ld`), `kv` and `k_rope` `ctx`
+    /// rows (`kv_ld`, `kr_ld`), all bf16 with the heads' columns as attention.cu lays them out: device
+    /// addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_prefill_flash(
+    pub unsafe fn mla_prefill_flash(
         &self,
         q: u64,
         q_ld: usize,
@@ -283,8 +303,12 @@ impl Gpu {
 
     /// Reference precision: `out[row, h*V..]` for every row and head, all in f32 (see attention.cu
     /// `mla_ref_f32`).
+    ///
+    /// # Safety
+    /// As [`Gpu::mla_decode`] for the f32 reference cache, `kv_b` the f32 up-projection and `out`
+    /// `p.rows * heads * v` f32.
     #[allow(clippy::too_many_arguments)]
-    pub fn mla_ref_f32(
+    pub unsafe fn mla_ref_f32(
         &self,
         p: &MlaLaunch,
         v: usize,

@@ -79,26 +79,48 @@ impl Gpu {
         self.launch(name, (m.rows as u32, 1 + q_blocks, 1), 256, 0, &args)
     }
 
-    pub fn kv_export(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
+    /// # Safety
+    /// `cache` is a KV cache of this context whose blocks include the `nb` u32 ids at `blocks`, each
+    /// `per_block` bf16; `out` holds `nb * per_block` bf16.
+    pub unsafe fn kv_export(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
         self.kv_blocks("kv_export_f32", cache, blocks, out, nb, per_block)
     }
 
-    pub fn kv_import(&self, input: u64, blocks: u64, cache: u64, nb: usize, per_block: usize) -> Result<()> {
+    /// # Safety
+    /// `input` holds `nb * per_block` bf16; `cache` is a KV cache of this context whose blocks include
+    /// the `nb` u32 ids at `blocks`, each `per_block` bf16.
+    pub unsafe fn kv_import(&self, input: u64, blocks: u64, cache: u64, nb: usize, per_block: usize) -> Result<()> {
         self.kv_blocks("kv_import_f32", input, blocks, cache, nb, per_block)
     }
 
-    pub fn kv_gather_f32(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
+    /// # Safety
+    /// As [`Gpu::kv_export`], of an f32 cache and into f32 `out`.
+    pub unsafe fn kv_gather_f32(&self, cache: u64, blocks: u64, out: u64, nb: usize, per_block: usize) -> Result<()> {
         self.kv_blocks("kv_gather_f32", cache, blocks, out, nb, per_block)
     }
 
-    pub fn kv_scatter_f32(&self, input: u64, blocks: u64, cache: u64, nb: usize, per_block: usize) -> Result<()> {
+    /// # Safety
+    /// As [`Gpu::kv_import`], from f32 `input` into an f32 cache.
+    pub unsafe fn kv_scatter_f32(
+        &self,
+        input: u64,
+        blocks: u64,
+        cache: u64,
+        nb: usize,
+        per_block: usize,
+    ) -> Result<()> {
         self.kv_blocks("kv_scatter_f32", input, blocks, cache, nb, per_block)
     }
 
     /// Writes `n` latent rows `width` wide into their cache slots (a row whose slot is
     /// [`NO_SLOT`] is not written), of a bf16 cache or (`f32_cache`) the f32 reference-precision one.
+    ///
+    /// # Safety
+    /// `latent` holds `n * width` f32, `slots` `n` u32 slots of the cache (or [`NO_SLOT`]), `cache` the
+    /// whole cache (`layers` layers of blocks of `bs` slots, `width` values a slot, bf16 or f32 as
+    /// `f32_cache` says): device addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn write_kv(
+    pub unsafe fn write_kv(
         &self,
         f32_cache: bool,
         latent: u64,

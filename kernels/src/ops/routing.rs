@@ -135,7 +135,11 @@ impl Align {
 
 impl Gpu {
     /// Routes `r.n` tokens ([`Route`]).
-    pub fn moe_route(&self, r: &Route) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every address in `r` is a live device allocation of this context: `logits` `r.n * experts` f32,
+    /// `bias` (when non-zero) `experts` f32, `ids` and `wts` `r.n * (top_k + shared)` u32 and f32.
+    pub unsafe fn moe_route(&self, r: &Route) -> Result<()> {
         r.check()?;
         self.launch("moe_route", (r.n.div_ceil(4) as u32, 1, 1), 128, 0, &r.args())
     }
@@ -152,7 +156,11 @@ impl Gpu {
     }
 
     /// Sorts the assignments in `a.ids` into row tiles ([`Align`]).
-    pub fn moe_align(&self, a: &Align) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every address in `a` is a live device allocation of this context of the sizes [`Align`] gives
+    /// (the tile lists of [`Gpu::moe_max_tiles`] entries).
+    pub unsafe fn moe_align(&self, a: &Align) -> Result<()> {
         let mut args = vec![Ptr(a.ids)];
         args.extend(a.args()?);
         let threads = if a.one_warp() { 32 } else { ALIGN_THREADS };
@@ -162,7 +170,10 @@ impl Gpu {
     /// [`Gpu::moe_route`] then [`Gpu::moe_align`] on the ids just written, in one block: for
     /// batches of up to [`ROUTE_ALIGN_MAX_TOKENS`] tokens, where each is a launch of a few
     /// microseconds. `a.ids` must be `r.ids` and `a.assignments` all of `r`'s.
-    pub fn moe_route_align(&self, r: &Route, a: &Align) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Gpu::moe_route`] for `r` and [`Gpu::moe_align`] for `a`.
+    pub unsafe fn moe_route_align(&self, r: &Route, a: &Align) -> Result<()> {
         r.check()?;
         if a.ids != r.ids || a.assignments != r.n * (r.top_k + r.shared) || a.top_k != r.top_k + r.shared {
             return Err(KernelError::Invalid("moe_route_align: the sort must take the routed ids".into()));
@@ -181,8 +192,21 @@ impl Gpu {
     }
 
     /// `out[t] = sum_j wts[t, j] y[inv[t, j]]` over token t's `top_k` expert rows of `y` `[*, h]`.
+    ///
+    /// # Safety
+    /// `y` holds the expert rows `inv` (`n * top_k` u32) indexes, `h` f32 each; `wts` `n * top_k` f32,
+    /// `out` `n * h` f32: device addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_combine(&self, y: u64, inv: u64, wts: u64, out: u64, n: usize, top_k: usize, h: usize) -> Result<()> {
+    pub unsafe fn moe_combine(
+        &self,
+        y: u64,
+        inv: u64,
+        wts: u64,
+        out: u64,
+        n: usize,
+        top_k: usize,
+        h: usize,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }

@@ -27,7 +27,12 @@ impl Gpu {
     /// Samples one token per row: `params` holds [`SAMPLE_PARAM_WORDS`] u32 per row, `masks` the
     /// masks the rows index ([`SampleLaunch::mask_words`] each; 0 when no row has one), `out`
     /// receives `(token, logprob bits)` per row.
-    pub fn sample_rows(&self, logits: u64, params: u64, masks: u64, out: u64, s: SampleLaunch) -> Result<()> {
+    ///
+    /// # Safety
+    /// `logits` holds the f32 rows the parameters name (`vocab` each), `params` `s.rows` rows of
+    /// [`SAMPLE_PARAM_WORDS`] u32, `masks` (when non-zero) every mask a row indexes, `out` `2 * s.rows`
+    /// u32: device addresses of this context.
+    pub unsafe fn sample_rows(&self, logits: u64, params: u64, masks: u64, out: u64, s: SampleLaunch) -> Result<()> {
         if s.vocab == 0 || s.vocab > i32::MAX as usize {
             return Err(KernelError::Invalid(format!("sample_rows: vocabulary of {}", s.vocab)));
         }

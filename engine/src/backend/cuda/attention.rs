@@ -182,7 +182,10 @@ pub(super) fn mla_attention(
         max_ctx,
     };
     if let (Some(c32), Some(w32)) = (&cache.f32, kv_b.f32_ptr()) {
-        gpu.mla_ref_f32(&p, d.v, q.ptr(), ptr(c32), row_len, row_tab, tables, w32, out.ptr()).map_err(kerr)?;
+        // SAFETY: the queries, the f32 cache, the uploaded lengths and tables, kv_b and the output are
+        // live buffers of this GPU of the sizes this launch reads and writes.
+        unsafe { gpu.mla_ref_f32(&p, d.v, q.ptr(), ptr(c32), row_len, row_tab, tables, w32, out.ptr()) }
+            .map_err(kerr)?;
         return Ok(out);
     }
     if precise {
@@ -212,8 +215,12 @@ pub(super) fn mla_attention(
         let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
         let o_lat = be.alloc_u16(rows * heads * l)?;
         let decode = |out| {
-            gpu.mla_decode(&k, &p, splits, ptr(&q_lat), q.ptr(), ptr(&cache.buf), row_len, row_tab, tables, out)
-                .map_err(kerr)
+            // SAFETY: the queries, the cache, the uploaded lengths and block tables (each block in the
+            // cache) and the outputs sized for this launch are live buffers of this GPU.
+            unsafe {
+                gpu.mla_decode(&k, &p, splits, ptr(&q_lat), q.ptr(), ptr(&cache.buf), row_len, row_tab, tables, out)
+            }
+            .map_err(kerr)
         };
         if k.writes_output(splits) {
             decode(MlaOut::Output(ptr(&o_lat)))?;
@@ -225,7 +232,9 @@ pub(super) fn mla_attention(
                 decode(MlaOut::Joined { part_o: po, part_ml: pml, out: o })?;
             } else {
                 decode(MlaOut::Partials { part_o: po, part_ml: pml })?;
-                gpu.mla_combine(po, pml, o, row_len, rows, heads, l, splits, k.tile).map_err(kerr)?;
+                // SAFETY: the partials were written by the decode launch of these rows, heads and splits, and
+                // the output and row lengths are live buffers of this GPU of those sizes.
+                unsafe { gpu.mla_combine(po, pml, o, row_len, rows, heads, l, splits, k.tile) }.map_err(kerr)?;
             }
         }
         let kv_v = kv_b + (d.nope * l * 2) as u64;
@@ -291,29 +300,36 @@ fn expanded(
     let (ctx, ql, heads, l, w) = (s.ctx_len, s.q_len, d.heads, d.kv_lora, lay.width);
     let (qk, kvw) = (d.nope + d.rope, d.nope + d.v);
     let lat = be.alloc_u16(ctx * w)?;
-    gpu.gather_latent(ptr(&cache.buf), tab, ptr(&lat), ctx, lay.layers, layer, lay.block_size, w).map_err(kerr)?;
+    // SAFETY: the block table lists the sequence's blocks of this cache, and the output holds the
+    // sequence's latent rows: live buffers of this GPU.
+    unsafe { gpu.gather_latent(ptr(&cache.buf), tab, ptr(&lat), ctx, lay.layers, layer, lay.block_size, w) }
+        .map_err(kerr)?;
     // kv[t, h*(nope+v) + j] = latent[t, :L] . kv_b[h*(nope+v) + j, :]   (bf16 out)
     let kv = be.alloc_u16(ctx * heads * kvw)?;
     let mut g = gemm(heads * kvw, ctx, l, kv_b, l, 0, true, ptr(&lat), w, 0, false, ptr(&kv), heads * kvw, 0, 1);
     g.c_bf16 = true;
     gpu.gemm(&g).map_err(kerr)?;
     let (q0, o0) = (s.q_start * heads * qk * 2, s.q_start * heads * d.v * 4);
-    gpu.mla_prefill_flash(
-        q_bf + q0 as u64,
-        heads * qk,
-        ptr(&kv),
-        heads * kvw,
-        ptr(&lat) + (l * 2) as u64,
-        w,
-        out.ptr() + o0 as u64,
-        heads * d.v,
-        ql,
-        ctx,
-        heads,
-        d.nope,
-        d.rope,
-        d.v,
-        d.scale,
-    )
+    // SAFETY: the query, key/value and output rows of this chunk are live buffers of this GPU with
+    // the leading dimensions passed.
+    unsafe {
+        gpu.mla_prefill_flash(
+            q_bf + q0 as u64,
+            heads * qk,
+            ptr(&kv),
+            heads * kvw,
+            ptr(&lat) + (l * 2) as u64,
+            w,
+            out.ptr() + o0 as u64,
+            heads * d.v,
+            ql,
+            ctx,
+            heads,
+            d.nope,
+            d.rope,
+            d.v,
+            d.scale,
+        )
+    }
     .map_err(kerr)
 }

@@ -38,8 +38,12 @@ pub(super) fn export(be: &CudaBackend, cache: &CudaKvCache, blocks: &[u32]) -> R
     let out = be.alloc_f32(blocks.len() * per)?;
     let bp = be.upload_u32("blocks", blocks)?;
     match &cache.f32 {
-        Some(f) => be.gpu.kv_gather_f32(ptr(f), bp, ptr(&out), blocks.len(), per),
-        None => be.gpu.kv_export(ptr(&cache.buf), bp, ptr(&out), blocks.len(), per),
+        // SAFETY: the f32 cache holds every block listed in the uploaded block ids, and the output
+        // holds that many whole blocks: live buffers of this GPU.
+        Some(f) => unsafe { be.gpu.kv_gather_f32(ptr(f), bp, ptr(&out), blocks.len(), per) },
+        // SAFETY: the cache holds every block listed in the uploaded block ids, and the output buffer
+        // holds that many whole blocks: live buffers of this GPU.
+        None => unsafe { be.gpu.kv_export(ptr(&cache.buf), bp, ptr(&out), blocks.len(), per) },
     }
     .map_err(kerr)?;
     let mut v = vec![0f32; blocks.len() * per];
@@ -63,8 +67,12 @@ pub(super) fn import(be: &CudaBackend, cache: &mut CudaKvCache, blocks: &[u32], 
     be.gpu.htod(data, ptr(&src)).map_err(kerr)?;
     let bp = be.upload_u32("blocks", blocks)?;
     match &cache.f32 {
-        Some(f) => be.gpu.kv_scatter_f32(ptr(&src), bp, ptr(f), blocks.len(), per),
-        None => be.gpu.kv_import(ptr(&src), bp, ptr(&cache.buf), blocks.len(), per),
+        // SAFETY: the f32 cache holds every block listed in the uploaded block ids, and the input
+        // holds that many whole blocks: live buffers of this GPU.
+        Some(f) => unsafe { be.gpu.kv_scatter_f32(ptr(&src), bp, ptr(f), blocks.len(), per) },
+        // SAFETY: the cache holds every block listed in the uploaded block ids, and the input buffer
+        // holds that many whole blocks: live buffers of this GPU.
+        None => unsafe { be.gpu.kv_import(ptr(&src), bp, ptr(&cache.buf), blocks.len(), per) },
     }
     .map_err(kerr)
 }

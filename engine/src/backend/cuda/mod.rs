@@ -441,8 +441,10 @@ impl Backend for CudaBackend {
         let l = cache.layout;
         check_slots(cache, layer, latent, slots)?;
         let sp = self.upload_u32("slots", slots)?;
-        self.gpu
-            .write_kv(
+        // SAFETY: the latent rows, their uploaded slots (checked against the cache's size) and the
+        // cache are live buffers of this GPU.
+        unsafe {
+            self.gpu.write_kv(
                 cache.f32.is_some(),
                 latent.ptr(),
                 sp,
@@ -453,7 +455,8 @@ impl Backend for CudaBackend {
                 layer,
                 l.block_size,
             )
-            .map_err(kerr)
+        }
+        .map_err(kerr)
     }
 
     fn mla_prologue(

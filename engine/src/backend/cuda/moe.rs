@@ -31,7 +31,9 @@ pub(super) enum Routing<'a> {
 
 pub(super) fn route(be: &CudaBackend, logits: &CudaTensor, bias: &CudaTensor, p: RouterParams) -> Result<CudaRouting> {
     let (r, launch) = routing_for(be, logits, bias, p)?;
-    be.gpu().moe_route(&launch).map_err(kerr)?;
+    // SAFETY: the router's logits, bias, and the id and weight outputs are live buffers of this
+    // GPU sized for these tokens and experts.
+    unsafe { be.gpu().moe_route(&launch) }.map_err(kerr)?;
     Ok(r)
 }
 
@@ -239,17 +241,25 @@ pub(super) fn experts(
     let routed;
     let r = match routing {
         Routing::Done(r) => {
-            gpu.moe_align(&Align { ids: ptr(&r.ids), ..align }).map_err(kerr)?;
+            // SAFETY: the assignment ids and the sort's outputs (sized for the most tiles these
+            // assignments can make) are live buffers of this GPU.
+            unsafe { gpu.moe_align(&Align { ids: ptr(&r.ids), ..align }) }.map_err(kerr)?;
             r
         }
         Routing::Router(rt) => {
             let (r, route) = routing_for(be, rt.logits, rt.bias, rt.params)?;
             let align = Align { ids: route.ids, ..align };
             if n <= v.fusion.route_align {
-                gpu.moe_route_align(&route, &align).map_err(kerr)?;
+                // SAFETY: the routing's and the sort's buffers are live buffers of this GPU sized for these
+                // tokens, experts and tiles.
+                unsafe { gpu.moe_route_align(&route, &align) }.map_err(kerr)?;
             } else {
-                gpu.moe_route(&route).map_err(kerr)?;
-                gpu.moe_align(&align).map_err(kerr)?;
+                // SAFETY: the router's logits, bias, and the id and weight outputs are live buffers of this
+                // GPU sized for these tokens and experts.
+                unsafe { gpu.moe_route(&route) }.map_err(kerr)?;
+                // SAFETY: the assignment ids and the sort's outputs (sized for the most tiles these
+                // assignments can make) are live buffers of this GPU.
+                unsafe { gpu.moe_align(&align) }.map_err(kerr)?;
             }
             routed = r;
             &routed
@@ -388,7 +398,9 @@ fn combine(
         }
         end => {
             let out = be.tensor(n, h)?;
-            gpu.moe_combine(y, inv, ptr(&r.weights), out.ptr(), n, k, h).map_err(kerr)?;
+            // SAFETY: the expert rows, their index and weight lists and the output are live buffers of
+            // this GPU of the sizes moe_combine reads and writes.
+            unsafe { gpu.moe_combine(y, inv, ptr(&r.weights), out.ptr(), n, k, h) }.map_err(kerr)?;
             if dense_shared {
                 shared_dense(be, x, ex, out.ptr())?;
             }

@@ -31,7 +31,9 @@ pub(super) fn sample(
     let pp = be.upload_u32("sample", &params)?;
     let mp = if masks.is_empty() { 0 } else { be.upload_u32("sample masks", masks)? };
     let out = be.buf::<u32>(2 * n)?;
-    be.gpu.sample_rows(logits.ptr(), pp, mp, cleave_kernels::ptr(&out), launch).map_err(kerr)?;
+    // SAFETY: the logits, the uploaded per-row parameters and masks and the output are live
+    // buffers of this GPU of the sizes sample_rows reads and writes.
+    unsafe { be.gpu.sample_rows(logits.ptr(), pp, mp, cleave_kernels::ptr(&out), launch) }.map_err(kerr)?;
     let mut host = vec![0u32; 2 * n];
     be.gpu.dtoh(cleave_kernels::ptr(&out), &mut host).map_err(kerr)?;
     Ok(host.chunks(2).map(|c| (c[0], f32::from_bits(c[1]))).collect())
