@@ -40,7 +40,11 @@ fn op(t: bool) -> sys::cublasOperation_t {
 
 impl Gpu {
     /// bf16 A and B, f32 C, f32 compute.
-    pub fn gemm(&self, g: &Gemm) -> Result<()> {
+    ///
+    /// # Safety
+    /// `g.a`, `g.b` (bf16) and `g.c` (f32) are device addresses of this context holding the
+    /// (batched, strided) matrices `g`'s sizes and leading dimensions describe.
+    pub unsafe fn gemm(&self, g: &Gemm) -> Result<()> {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
@@ -108,7 +112,10 @@ impl Gpu {
 
     /// Row-major `Y[n, m] = X[n, k] W[m, k]^T` all in f32 with f32 compute (no TF32): the MoE
     /// router, whose logits decide discrete expert choices.
-    pub fn linear_f32(&self, x: u64, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// `x` holds `n * k`, `w` `m * k` and `y` `n * m` f32: device addresses of this context.
+    pub unsafe fn linear_f32(&self, x: u64, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
         }
@@ -144,19 +151,37 @@ impl Gpu {
     }
 
     /// Row-major `Y[n, m] = X[n, k] W[m, k]^T` (X, W bf16; Y f32): the linear layer.
-    pub fn linear_bf16(&self, x: u64, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// `x` holds `n * k` and `w` `m * k` bf16, `y` `n * m` f32: device addresses of this context.
+    pub unsafe fn linear_bf16(&self, x: u64, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
         self.linear_bf16_strided(x, k, w, y, n, m, k, 0.0)
     }
 
     /// Row-major `Y[n, m] += X[n, k] W[m, k]^T` (X, W bf16; Y f32) where X's rows lie `ldx`
     /// values apart (a column block of a wider matrix).
+    ///
+    /// # Safety
+    /// `x` holds `n` rows `ldx` apart of at least `k` bf16, `w` `m * k` bf16 and `y` `n * m` f32:
+    /// device addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn linear_bf16_acc(&self, x: u64, ldx: usize, w: u64, y: u64, n: usize, m: usize, k: usize) -> Result<()> {
+    pub unsafe fn linear_bf16_acc(
+        &self,
+        x: u64,
+        ldx: usize,
+        w: u64,
+        y: u64,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
         self.linear_bf16_strided(x, ldx, w, y, n, m, k, 1.0)
     }
 
+    /// # Safety
+    /// As [`Gpu::linear_bf16_acc`].
     #[allow(clippy::too_many_arguments)]
-    fn linear_bf16_strided(
+    unsafe fn linear_bf16_strided(
         &self,
         x: u64,
         ldx: usize,

@@ -81,7 +81,11 @@ impl Gpu {
 
     /// Runs [`Fp8BlockGemm`] on the stream. [`KernelError::Unsupported`] when this cuBLASLt has no
     /// kernel for it (before 12.9, or not a Hopper GPU, or this output type).
-    pub fn gemm_fp8_block(&self, g: &Fp8BlockGemm) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every address in `g` is a device address of this context holding the operand or scales its
+    /// sizes describe.
+    pub unsafe fn gemm_fp8_block(&self, g: &Fp8BlockGemm) -> Result<()> {
         if !g.k.is_multiple_of(crate::fp8::BLOCK) || !g.rows_p.is_multiple_of(4) || !g.n.is_multiple_of(16) {
             return Err(KernelError::Invalid(format!(
                 "block-scaled FP8 GEMM needs K % 128 == 0, rows % 4 == 0 and N % 16 == 0 (got K {}, rows {}, N {})",

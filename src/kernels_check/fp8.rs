@@ -57,7 +57,9 @@ impl Ctx<'_> {
         gpu.htod(&x, ptr(&xd))?;
         let qd = gpu.alloc::<u32>(want.q.len() / 4)?;
         let sd = gpu.alloc::<f32>(want.scales.len())?;
-        gpu.act_quant_fp8(ptr(&xd), rows, k, ptr(&qd), ptr(&sd))?;
+        // SAFETY: the activations and the (padded) e4m3 and scale outputs are live buffers of this GPU
+        // sized for these rows and channels.
+        unsafe { gpu.act_quant_fp8(ptr(&xd), rows, k, ptr(&qd), ptr(&sd)) }?;
         let mut q = vec![0u32; want.q.len() / 4];
         let mut s = vec![0f32; want.scales.len()];
         gpu.dtoh(ptr(&qd), &mut q)?;
@@ -66,7 +68,9 @@ impl Ctx<'_> {
         let bad = bytes.iter().zip(&want.q).filter(|(a, b)| a != b).count()
             + s.iter().zip(&want.scales).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         let total = want.q.len() + want.scales.len();
-        let us = self.time(|| gpu.act_quant_fp8(ptr(&xd), rows, k, ptr(&qd), ptr(&sd)).map_err(kerr))?;
+        // SAFETY: the activations and the (padded) e4m3 and scale outputs are live buffers of this GPU
+        // sized for these rows and channels.
+        let us = self.time(|| unsafe { gpu.act_quant_fp8(ptr(&xd), rows, k, ptr(&qd), ptr(&sd)) }.map_err(kerr))?;
         let moved = (rows * k * 4 + want.q.len() + want.scales.len() * 4) as f64;
         self.push_exact("act_quant_fp8", format!("{rows} x {k}"), bad, total, us, moved);
         Ok(())
@@ -112,18 +116,22 @@ impl Ctx<'_> {
             let gpu = self.cu.gpu();
             let rows_p = fp8::padded_rows(rows);
             let w8 = gpu.alloc::<u32>(n * k / 4)?;
-            gpu.qbytes_fp8(&wg.quant().expect("compressed"), ptr(&w8))?;
+            // SAFETY: the FP8 weight and the output of all its bytes are live buffers of this GPU.
+            unsafe { gpu.qbytes_fp8(&wg.quant().expect("compressed"), ptr(&w8)) }?;
             let mut unpacked = vec![0u32; n * k / 4];
             gpu.dtoh(ptr(&w8), &mut unpacked)?;
             let bad =
                 unpacked.iter().flat_map(|w| w.to_le_bytes()).zip(w.weight_bytes()).filter(|(a, b)| a != *b).count();
             let q = wg.quant().expect("compressed");
-            let us = self.time(|| gpu.qbytes_fp8(&q, ptr(&w8)).map_err(kerr))?;
+            // SAFETY: the FP8 weight and the output of all its bytes are live buffers of this GPU.
+            let us = self.time(|| unsafe { gpu.qbytes_fp8(&q, ptr(&w8)) }.map_err(kerr))?;
             let moved = 2.0 * (n * k) as f64;
             self.push_exact("qbytes_fp8", format!("{n} x {k}"), bad, n * k, us, moved);
             let x8 = gpu.alloc::<u32>(rows_p * k / 4)?;
             let xs = gpu.alloc::<f32>(k / BLOCK * rows_p)?;
-            gpu.act_quant_fp8(xg.ptr(), rows, k, ptr(&x8), ptr(&xs))?;
+            // SAFETY: the activations and the (padded) e4m3 and scale outputs are live buffers of this GPU
+            // sized for these rows and channels.
+            unsafe { gpu.act_quant_fp8(xg.ptr(), rows, k, ptr(&x8), ptr(&xs)) }?;
             let ws = gpu.alloc::<u8>(LT_WORKSPACE_BYTES)?;
             let y_bf16 = path == Fp8Out::Bf16;
             let y = gpu.alloc::<f32>(rows_p * n)?;
@@ -140,7 +148,9 @@ impl Ctx<'_> {
                 workspace: ptr(&ws),
                 workspace_bytes: LT_WORKSPACE_BYTES,
             };
-            let us = self.time(|| gpu.gemm_fp8_block(&g).map_err(kerr))?;
+            // SAFETY: the FP8 operands, their block scales and the output are live buffers of this GPU of
+            // the GEMM's sizes.
+            let us = self.time(|| unsafe { gpu.gemm_fp8_block(&g) }.map_err(kerr))?;
             self.push("cublaslt fp8 block gemm", shape.clone(), 0.0, 1.0, us, 0.0, flops, Ceiling::Fp8Tc);
         }
 

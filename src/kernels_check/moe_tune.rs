@@ -83,9 +83,13 @@ impl Ctx<'_> {
                     let gg16 = GemmKernel::Tiled { v2: true, bm: 16 };
                     let label = format!("{shape_name} {b} tok, {e}x{n}x{k}, {} tiles, {touched} experts", n_tiles[0]);
                     g.memset(yp, 0xff, words * 2)?;
-                    g.grouped_gemm(gg16, &gg)?;
+                    // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+                    // launch are live buffers of this GPU of the sizes it gives.
+                    unsafe { g.grouped_gemm(gg16, &gg) }?;
                     let want = read(&out)?;
-                    let us = self.time(|| g.grouped_gemm(gg16, &gg).map_err(kerr))?;
+                    // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+                    // launch are live buffers of this GPU of the sizes it gives.
+                    let us = self.time(|| unsafe { g.grouped_gemm(gg16, &gg) }.map_err(kerr))?;
                     let base_err = if want.iter().all(|v| v.is_finite()) { 0.0 } else { f64::INFINITY };
                     self.push(
                         &format!("gg16 v2 {op}"),
@@ -99,9 +103,14 @@ impl Ctx<'_> {
                     );
                     let run = |ctx: &mut Self, cfg: PersistentGemm| -> Result<f64> {
                         g.memset(yp, 0xff, words * 2)?;
-                        g.grouped_gemm(GemmKernel::Persistent(cfg), &gg)?;
+                        // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+                        // launch are live buffers of this GPU of the sizes it gives.
+                        unsafe { g.grouped_gemm(GemmKernel::Persistent(cfg), &gg) }?;
                         let err = rel_err(&read(&out)?, &want);
-                        let us = ctx.time(|| g.grouped_gemm(GemmKernel::Persistent(cfg), &gg).map_err(kerr))?;
+                        // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+                        // launch are live buffers of this GPU of the sizes it gives.
+                        let us =
+                            ctx.time(|| unsafe { g.grouped_gemm(GemmKernel::Persistent(cfg), &gg) }.map_err(kerr))?;
                         let per_sm = g.persistent_blocks_per_sm(cfg, silu)?;
                         let name = format!("ggp{}/{}/{} pf{} {op}", cfg.bn, cfg.bk, cfg.stages, cfg.prefetch);
                         let shape = format!("{label}, {per_sm}/SM");

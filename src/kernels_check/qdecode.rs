@@ -54,7 +54,9 @@ impl Ctx<'_> {
         for ((src, is_bf16, label), (order, tag, position)) in
             [(ptr(&xf), false, "f32"), (ptr(&xb), true, "bf16")].into_iter().flat_map(|s| orders.map(|o| (s, o)))
         {
-            gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd))?;
+            // SAFETY: the activations and the e4m3 and scale outputs are live buffers of this GPU sized
+            // for these rows and channels.
+            unsafe { gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd)) }?;
             let (mut q, mut s) = (vec![0u32; rows * k / 4], vec![0f32; rows * k / BLOCK]);
             gpu.dtoh(ptr(&qd), &mut q)?;
             gpu.dtoh(ptr(&sd), &mut s)?;
@@ -68,8 +70,10 @@ impl Ctx<'_> {
                     bad += (s[r * (k / BLOCK) + b].to_bits() != want.scales[b * want.rows_p + r].to_bits()) as usize;
                 }
             }
-            let us =
-                self.time(|| gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd)).map_err(kerr))?;
+            // SAFETY: the activations and the e4m3 and scale outputs are live buffers of this GPU sized
+            // for these rows and channels.
+            let quant = || unsafe { gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd)) };
+            let us = self.time(|| quant().map_err(kerr))?;
             let moved = (rows * k * if is_bf16 { 3 } else { 5 }) as f64;
             let total = rows * k + rows * k / BLOCK;
             self.push_exact(&format!("act_quant_fp8_mma{tag} {label}"), format!("{rows} x {k}"), bad, total, us, moved);

@@ -270,9 +270,13 @@ impl Ctx<'_> {
         // The tiled kernel on bf16 activations, split over the input channels as the backend does.
         let tiled = |splits: usize, part: u64| -> cleave_engine::Result<()> {
             let y = if splits > 1 { part } else { ptr(&out) };
-            g.qgemm(&w, &QGemm { x: x.bf16(), y, splits, ..c.g }).map_err(kerr)?;
+            // SAFETY: the weights, the input rows, the tile lists and the outputs named in the launch are
+            // live buffers of this GPU sized for these rows and this weight.
+            unsafe { g.qgemm(&w, &QGemm { x: x.bf16(), y, splits, ..c.g }) }.map_err(kerr)?;
             if splits > 1 {
-                g.qgemm_reduce(part, ptr(&out), splits, rows, n, None).map_err(kerr)?;
+                // SAFETY: the split partials and the outputs are live buffers of this GPU of these rows and
+                // columns.
+                unsafe { g.qgemm_reduce(part, ptr(&out), splits, rows, n, None) }.map_err(kerr)?;
             }
             Ok(())
         };
@@ -311,9 +315,13 @@ impl Ctx<'_> {
                     _ => c.g,
                 };
                 let run = QGemm { x: xp, x_scales: xs, y, splits, streamk, ..base };
-                g.qgemm_persistent(&w, &run, cfg, None).map_err(kerr)?;
+                // SAFETY: the weights, the input rows (and FP8 scales), the tile lists and the outputs named
+                // in the launch are live buffers of this GPU sized for these rows and this weight.
+                unsafe { g.qgemm_persistent(&w, &run, cfg, None) }.map_err(kerr)?;
                 if splits > 1 {
-                    g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows, n, None).map_err(kerr)?;
+                    // SAFETY: the split partials and the outputs are live buffers of this GPU of these rows and
+                    // columns.
+                    unsafe { g.qgemm_reduce(ptr(&part), ptr(&out), splits, rows, n, None) }.map_err(kerr)?;
                 }
                 Ok(())
             };
@@ -343,7 +351,9 @@ impl Ctx<'_> {
                 let run = || -> cleave_engine::Result<()> {
                     for (cfg, base) in [(s16, pair[0]), (s8, pair[1])] {
                         let run = QGemm { x: x.bf16(), y: ptr(&out), streamk: true, ..base };
-                        g.qgemm_persistent(&w, &run, cfg, None).map_err(kerr)?;
+                        // SAFETY: the weights, the input rows (and FP8 scales), the tile lists and the outputs named
+                        // in the launch are live buffers of this GPU sized for these rows and this weight.
+                        unsafe { g.qgemm_persistent(&w, &run, cfg, None) }.map_err(kerr)?;
                     }
                     Ok(())
                 };
@@ -383,7 +393,9 @@ impl Activations {
         let fp8 = g.alloc::<u32>((rows * k).div_ceil(4))?;
         let scales = g.alloc::<f32>((rows * k.div_ceil(128)).max(1))?;
         if k.is_multiple_of(128) {
-            g.act_quant_fp8_mma(Fp8Order::Mma, ptr(&bf16), true, rows, k, ptr(&fp8), ptr(&scales))?;
+            // SAFETY: the activations and the e4m3 and scale outputs are live buffers of this GPU sized
+            // for these rows and channels.
+            unsafe { g.act_quant_fp8_mma(Fp8Order::Mma, ptr(&bf16), true, rows, k, ptr(&fp8), ptr(&scales)) }?;
         }
         Ok(Activations { bf16, fp8, scales })
     }

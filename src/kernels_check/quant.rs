@@ -156,16 +156,22 @@ impl Ctx<'_> {
                 let gpu = self.cu.gpu();
                 let (a, b) = (gpu.alloc::<u16>(n * k)?, gpu.alloc::<u16>(n * k)?);
                 gpu.memset(ptr(&b), 0xff, n * k * 2)?;
-                gpu.qdequant_with(&q, ptr(&a), Expansion::PerValue)?;
+                // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+                // GPU.
+                unsafe { gpu.qdequant_with(&q, ptr(&a), Expansion::PerValue) }?;
                 let bytes = (n * k) as f64 * (w.bytes_per_value() + 2.0);
                 for (how, label) in [(Expansion::PerValue, "reference"), (Expansion::Rows, "rows")] {
                     gpu.memset(ptr(&b), 0xff, n * k * 2)?;
-                    gpu.qdequant_with(&q, ptr(&b), how)?;
+                    // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+                    // GPU.
+                    unsafe { gpu.qdequant_with(&q, ptr(&b), how) }?;
                     let (mut va, mut vb) = (vec![0u16; n * k], vec![0u16; n * k]);
                     gpu.dtoh(ptr(&a), &mut va)?;
                     gpu.dtoh(ptr(&b), &mut vb)?;
                     let differing = va.iter().zip(&vb).filter(|(x, y)| x != y).count();
-                    let us = self.time(|| gpu.qdequant_with(&q, ptr(&b), how).map_err(kerr))?;
+                    // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+                    // GPU.
+                    let us = self.time(|| unsafe { gpu.qdequant_with(&q, ptr(&b), how) }.map_err(kerr))?;
                     self.push_exact(
                         &format!("expand {fmt} {label}"),
                         format!("{n} x {k}"),

@@ -196,7 +196,11 @@ impl std::str::FromStr for PersistentGemm {
 impl Gpu {
     /// Grouped GEMM over expert row tiles (see moe.cu) with `kernel`. Both kernels take the same
     /// operands; each reads tiles from `moe_align` with its `bm`.
-    pub fn grouped_gemm(&self, kernel: GemmKernel, g: &GroupedGemm) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every address in `g` is a live device allocation of this context: the input rows, the expert
+    /// weights (`experts * n * k` bf16), the tile lists from `moe_align`, and the output rows.
+    pub unsafe fn grouped_gemm(&self, kernel: GemmKernel, g: &GroupedGemm) -> Result<()> {
         let (n, k) = (g.n, g.k);
         if k % 8 != 0 || (g.silu && n % 2 != 0) || n > i32::MAX as usize || k > i32::MAX as usize {
             return Err(KernelError::Invalid(format!(
@@ -278,7 +282,10 @@ impl Gpu {
     /// weights have, per group and 128-column block, one scale for the even columns and one for
     /// the odd (DeepSeek's 128 x 128 blocks, gate/up interleaved or not; the faster kernel), else
     /// every column's scale is read.
-    pub fn qgemm_wgmma_fp8(&self, w: &QWeights, g: &QGemm, stages: usize, paired_scales: bool) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Gpu::qgemm`], with `g.x` e4m3 and `g.x_scales` its scales.
+    pub unsafe fn qgemm_wgmma_fp8(&self, w: &QWeights, g: &QGemm, stages: usize, paired_scales: bool) -> Result<()> {
         let s = w.shape;
         if !self.has_wgmma() || !Self::wgmma_fp8_takes(&s) || g.tiles == 0 {
             return Err(KernelError::Invalid(format!(
@@ -327,8 +334,13 @@ impl Gpu {
     }
 
     /// Reference precision: the f32 expert MLP (gate/up with SiLU, then down) per sorted row.
+    ///
+    /// # Safety
+    /// `x` holds the tokens' `h` f32 rows, `sorted_tok` and `row_expert` `rows` u32, `gate_up` and
+    /// `down` every expert's f32 weights, `act` `rows * i` f32 and `y` `rows * h` f32: device addresses
+    /// of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_f32(
+    pub unsafe fn moe_f32(
         &self,
         x: u64,
         sorted_tok: u64,

@@ -243,7 +243,11 @@ impl Gpu {
     /// leaves them (`g.x` e4m3, `g.x_scales`); AWQ takes bf16 `g.x`. Split-K (`g.splits`) only
     /// for dense f32 outputs, a divisor of the k-tiles ([`Gpu::qgp_splits`]); stream-K
     /// (`g.streamk`) with one split. A dense f32 result of one split may be cut in two (`cut`).
-    pub fn qgemm_persistent(&self, w: &QWeights, g: &QGemm, cfg: QPersist, cut: Option<QCut>) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Gpu::qgemm`]; FP8 weights also read `g.x_scales`, `g.x` then e4m3; with `cut` the output's
+    /// last `n - cut.first` columns go to `cut.rest` (`rows` of them).
+    pub unsafe fn qgemm_persistent(&self, w: &QWeights, g: &QGemm, cfg: QPersist, cut: Option<QCut>) -> Result<()> {
         let s = w.shape;
         let kt = s.kp() / cfg.bk;
         let fp8_ok = s.format != QFormat::Fp8E4m3 || (s.k.is_multiple_of(128) && g.x_scales != 0);
@@ -315,8 +319,12 @@ impl Gpu {
     /// [`Gpu::qgemm_wgmma_fp8`] (`crate::fp8::act_quant` is the reference; the bytes are permuted
     /// within each 32-channel unit in `order`, see qdecode.cu): f32 or bf16 `x [rows, k]` -> e4m3
     /// `[rows, k]` at `q`, f32 scales `[rows, k / 128]` at `scales`.
+    ///
+    /// # Safety
+    /// `x` holds `rows * k` f32 (or bf16 with `bf16`), `q` `rows * k` bytes and `scales`
+    /// `rows * k / 128` f32: device addresses of this context.
     #[allow(clippy::too_many_arguments)]
-    pub fn act_quant_fp8_mma(
+    pub unsafe fn act_quant_fp8_mma(
         &self,
         order: Fp8Order,
         x: u64,
@@ -338,7 +346,11 @@ impl Gpu {
     /// Quantizes f32 activations `x [rows, k]` per token per 128 channels (`crate::fp8::act_quant`
     /// is the reference): e4m3 `[rows_p, k]` at `q`, token-major f32 scales `[k / 128, rows_p]` at
     /// `scales`, `rows_p = fp8::padded_rows(rows)` (the block-scaled prefill GEMM's layout).
-    pub fn act_quant_fp8(&self, x: u64, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `x` holds `rows * k` f32, `q` `rows_p * k` bytes and `scales` `rows_p * k / 128` f32
+    /// (`rows_p = fp8::padded_rows(rows)`): device addresses of this context.
+    pub unsafe fn act_quant_fp8(&self, x: u64, rows: usize, k: usize, q: u64, scales: u64) -> Result<()> {
         self.act_quant("act_quant_fp8", x, rows, crate::fp8::padded_rows(rows), k, q, scales)
     }
 

@@ -172,7 +172,12 @@ fn qg_shape(bm: usize, format: QFormat, silu: bool) -> Result<(&'static str, usi
 
 impl Gpu {
     /// Runs [`QGemm`] over `w`.
-    pub fn qgemm(&self, w: &QWeights, g: &QGemm) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every address in `w` and `g` is a live device allocation of this context: the weights as
+    /// `w.shape` describes them, the input rows and tile lists `g` names, and outputs of `g.rows`
+    /// (or the tiles' rows) by `w.shape.n` (times `g.splits` partials).
+    pub unsafe fn qgemm(&self, w: &QWeights, g: &QGemm) -> Result<()> {
         let s = w.shape;
         if !QShape::supported(s.k, s.group)
             || (g.silu && (!s.n.is_multiple_of(2) || g.splits > 1))
@@ -203,7 +208,11 @@ impl Gpu {
 
     /// The f32 `[rows, n]` result of a dense GEMM from its `splits` split-K partials at `part`
     /// (`part + z * rows * n`; one split copies) into `y`, or with `cut` into `y` and `cut.rest`.
-    pub fn qgemm_reduce(
+    ///
+    /// # Safety
+    /// `part` holds `splits * rows * n` f32, `y` `rows * n` f32 (with `cut`: `rows * cut.first`, and
+    /// `cut.rest` the remaining `rows * (n - cut.first)`): device addresses of this context.
+    pub unsafe fn qgemm_reduce(
         &self,
         part: u64,
         y: u64,
@@ -229,7 +238,11 @@ impl Gpu {
 
     /// Expands `w` to bf16 `[experts * n, k]` at `out`: AWQ with groups and inputs of a multiple
     /// of 32 by rows of k-tiles (`qdequant_awq_rows`), anything else by the per-value reference.
-    pub fn qdequant(&self, w: &QWeights, out: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every address in `w` is a live device allocation of this context holding the weights as
+    /// `w.shape` describes them; `out` holds `experts * n * k` bf16.
+    pub unsafe fn qdequant(&self, w: &QWeights, out: u64) -> Result<()> {
         let how = if Self::awq_rows(w) { Expansion::Rows } else { Expansion::PerValue };
         self.qdequant_with(w, out, how)
     }
@@ -240,7 +253,10 @@ impl Gpu {
     }
 
     /// [`Gpu::qdequant`] by the kernel `how` names, for kernels-check to compare them.
-    pub fn qdequant_with(&self, w: &QWeights, out: u64, how: Expansion) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Gpu::qdequant`].
+    pub unsafe fn qdequant_with(&self, w: &QWeights, out: u64, how: Expansion) -> Result<()> {
         let s = w.shape;
         let (name, grid) = match (s.format, how) {
             (QFormat::AwqInt4, Expansion::PerValue) => ("qdequant_awq", self.grid1((s.experts * s.n * s.k) as u64)),
@@ -277,7 +293,11 @@ impl Gpu {
 
     /// Matrix 0 of an FP8 stack as row-major e4m3 bytes `[n, k]` at `out` (for
     /// [`Gpu::gemm_fp8_block`]).
-    pub fn qbytes_fp8(&self, w: &QWeights, out: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every address in `w` is a live device allocation of this context holding the FP8 weights as
+    /// `w.shape` describes them; `out` holds `experts * n * k` bytes.
+    pub unsafe fn qbytes_fp8(&self, w: &QWeights, out: u64) -> Result<()> {
         let s = w.shape;
         if s.format != QFormat::Fp8E4m3 || !s.k.is_multiple_of(4) {
             return Err(KernelError::Invalid(format!("qbytes_fp8 takes FP8 weights with K % 4 == 0 (K {})", s.k)));

@@ -209,7 +209,10 @@ pub(super) fn mla_attention(
             unsafe { gpu.mla_absorb_q(q_in, qk, kv_b, dims, ptr(&q_lat)) }.map_err(kerr)?;
         } else {
             let (o, lo) = (ptr(&q_lat), heads * l);
-            gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, o, lo, l, heads)).map_err(kerr)?;
+            // SAFETY: the operands and the output are live buffers of this GPU holding the matrices the
+            // GEMM's sizes and leading dimensions describe.
+            unsafe { gpu.gemm(&gemm(l, rows, d.nope, kv_b, l, a, false, q_in, lq, qk, false, o, lo, l, heads)) }
+                .map_err(kerr)?;
         }
         let k = p.kernel(var.mla, gpu.has_wgmma());
         let splits = p.splits(&k, gpu.sm_count, gpu.mla_decode_blocks_per_sm(&k).map_err(kerr)?);
@@ -246,7 +249,10 @@ pub(super) fn mla_attention(
             unsafe { gpu.mla_absorb_out(o, kv_b, dims, out.ptr(), out_bf16) }.map_err(kerr)?;
         } else {
             let (y, ly) = (out.ptr(), heads * d.v);
-            gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, o, heads * l, l, false, y, ly, d.v, heads)).map_err(kerr)?;
+            // SAFETY: the operands and the output are live buffers of this GPU holding the matrices the
+            // GEMM's sizes and leading dimensions describe.
+            unsafe { gpu.gemm(&gemm(d.v, rows, l, kv_v, l, a, true, o, heads * l, l, false, y, ly, d.v, heads)) }
+                .map_err(kerr)?;
         }
     }
     for s in batch.seqs.iter().filter(|s| expand(s)) {
@@ -308,7 +314,9 @@ fn expanded(
     let kv = be.alloc_u16(ctx * heads * kvw)?;
     let mut g = gemm(heads * kvw, ctx, l, kv_b, l, 0, true, ptr(&lat), w, 0, false, ptr(&kv), heads * kvw, 0, 1);
     g.c_bf16 = true;
-    gpu.gemm(&g).map_err(kerr)?;
+    // SAFETY: the operands and the output are live buffers of this GPU holding the matrices the
+    // GEMM's sizes and leading dimensions describe.
+    unsafe { gpu.gemm(&g) }.map_err(kerr)?;
     let (q0, o0) = (s.q_start * heads * qk * 2, s.q_start * heads * d.v * 4);
     // SAFETY: the query, key/value and output rows of this chunk are live buffers of this GPU with
     // the leading dimensions passed.

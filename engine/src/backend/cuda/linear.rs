@@ -28,11 +28,13 @@ impl CudaBackend {
         }
         match &w.data {
             WeightData::F32(w32) => {
-                self.gpu.linear_f32(x.ptr(), ptr(w32), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?
+                // SAFETY: input, weight and output are live buffers of this GPU of the GEMM's sizes.
+                unsafe { self.gpu.linear_f32(x.ptr(), ptr(w32), y.ptr(), x.rows, w.out, w.inp) }.map_err(kerr)?
             }
             WeightData::Bf16(b) => {
                 let xb = self.bf16_in(x)?;
-                self.gpu.linear_bf16(xb.ptr(), ptr(b), y.ptr(), x.rows, w.out, w.inp).map_err(kerr)?;
+                // SAFETY: input, weight and output are live buffers of this GPU of the GEMM's sizes.
+                unsafe { self.gpu.linear_bf16(xb.ptr(), ptr(b), y.ptr(), x.rows, w.out, w.inp) }.map_err(kerr)?;
             }
             WeightData::Quant(q) => self.linear_quant(x, q, &y)?,
         }

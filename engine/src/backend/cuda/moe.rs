@@ -269,7 +269,10 @@ pub(super) fn experts(
     if let (ExpertData::F32 { gate_up, down }, Some(row_expert)) = (&ex.data, &row_expert) {
         let act = be.alloc_f32(a * i)?;
         let (gu, dn) = (ptr(gate_up), ptr(down));
-        gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(row_expert), gu, dn, ptr(&act), ptr(&y), a, h, i).map_err(kerr)?;
+        // SAFETY: the tokens, the sorted rows, the f32 expert weights, the activation scratch and the
+        // output are live buffers of this GPU of the sizes moe_f32 reads and writes.
+        unsafe { gpu.moe_f32(x.ptr(), ptr(&sorted_tok), ptr(row_expert), gu, dn, ptr(&act), ptr(&y), a, h, i) }
+            .map_err(kerr)?;
         return combine(be, x, ptr(&y), ptr(&inv), r, ex, false, end);
     }
     // The input's bf16 shadow (an RMSNorm output) when it has one.
@@ -298,8 +301,12 @@ pub(super) fn experts(
                 _ => GemmKernel::Tiled { v2: v.gemm_v2, bm },
             };
             let gate_up = GroupedGemm { w: ptr(gate_up), ..bf16_gate_up };
-            gpu.grouped_gemm(kernel, &gate_up).map_err(kerr)?;
-            gpu.grouped_gemm(kernel, &down_of(&gate_up, ptr(down), ptr(&y))).map_err(kerr)?;
+            // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+            // launch are live buffers of this GPU of the sizes it gives.
+            unsafe { gpu.grouped_gemm(kernel, &gate_up) }.map_err(kerr)?;
+            // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+            // launch are live buffers of this GPU of the sizes it gives.
+            unsafe { gpu.grouped_gemm(kernel, &down_of(&gate_up, ptr(down), ptr(&y))) }.map_err(kerr)?;
         }
         ExpertData::Quant { gate_up, down } => {
             let g = QGemm {
@@ -341,8 +348,12 @@ pub(super) fn experts(
                     be.qgemm_decode(down, QIn::Bf16 { ptr: ptr(&act), rows: a }, g, None)?;
                 }
             } else {
-                gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }).map_err(kerr)?;
-                gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g })
+                // SAFETY: the weights, the input rows, the tile lists and the outputs named in the launch are
+                // live buffers of this GPU sized for these rows and this weight.
+                unsafe { gpu.qgemm(&gate_up.view(), &QGemm { x: xb.ptr(), ..g }) }.map_err(kerr)?;
+                // SAFETY: the weights, the input rows, the tile lists and the outputs named in the launch are
+                // live buffers of this GPU sized for these rows and this weight.
+                unsafe { gpu.qgemm(&down.view(), &QGemm { silu: false, x: ptr(&act), rowidx: 0, y: ptr(&y), ..g }) }
                     .map_err(kerr)?;
             }
         }
@@ -441,10 +452,18 @@ fn awq_expanded_experts(
     };
     let values = |q: &QWeights| q.shape.experts * q.shape.n * q.shape.k;
     let wide = be.buf::<u16>(values(&gu).max(values(&dn)))?;
-    gpu.qdequant(&gu, ptr(&wide)).map_err(kerr)?;
-    gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &GroupedGemm { w: ptr(&wide), ..gemm }).map_err(kerr)?;
-    gpu.qdequant(&dn, ptr(&wide)).map_err(kerr)?;
-    gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &down_of(&gemm, ptr(&wide), y)).map_err(kerr)
+    // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+    // GPU.
+    unsafe { gpu.qdequant(&gu, ptr(&wide)) }.map_err(kerr)?;
+    // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+    // launch are live buffers of this GPU of the sizes it gives.
+    unsafe { gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &GroupedGemm { w: ptr(&wide), ..gemm }) }.map_err(kerr)?;
+    // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+    // GPU.
+    unsafe { gpu.qdequant(&dn, ptr(&wide)) }.map_err(kerr)?;
+    // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
+    // launch are live buffers of this GPU of the sizes it gives.
+    unsafe { gpu.grouped_gemm(GemmKernel::Wgmma(cfg), &down_of(&gemm, ptr(&wide), y)) }.map_err(kerr)
 }
 
 /// The down GEMM after the gate/up GEMM `gate_up`: its SiLU output through bf16 weights at `w`
@@ -466,12 +485,20 @@ fn fp8_wgmma_experts(
 ) -> Result<()> {
     let gpu = be.gpu();
     let (h, i, a) = (gate_up.shape.k, down.shape.k, g.rows);
-    let gemm = |w: &QuantWeight, g: &QGemm| gpu.qgemm_wgmma_fp8(&w.view(), g, stages, w.paired_scales).map_err(kerr);
+    // SAFETY: the FP8 weights, the e4m3 activations and scales, the tile lists and the outputs
+    // named in the launch are live buffers of this GPU sized for them.
+    let gemm = |w: &QuantWeight, g: &QGemm| {
+        unsafe { gpu.qgemm_wgmma_fp8(&w.view(), g, stages, w.paired_scales) }.map_err(kerr)
+    };
     let (xq, xs) = (be.buf::<u32>(x.rows * h / 4)?, be.buf::<f32>(x.rows * h / BLOCK)?);
-    gpu.act_quant_fp8_mma(Fp8Order::Wgmma, x.ptr(), false, x.rows, h, ptr(&xq), ptr(&xs)).map_err(kerr)?;
+    // SAFETY: the activations and the e4m3 and scale outputs are live buffers of this GPU sized
+    // for these rows and channels.
+    unsafe { gpu.act_quant_fp8_mma(Fp8Order::Wgmma, x.ptr(), false, x.rows, h, ptr(&xq), ptr(&xs)) }.map_err(kerr)?;
     gemm(gate_up, &QGemm { x: ptr(&xq), x_scales: ptr(&xs), ..g })?;
     let (aq, asc) = (be.buf::<u32>(a * i / 4)?, be.buf::<f32>(a * i / BLOCK)?);
-    gpu.act_quant_fp8_mma(Fp8Order::Wgmma, g.y, true, a, i, ptr(&aq), ptr(&asc)).map_err(kerr)?;
+    // SAFETY: the activations and the e4m3 and scale outputs are live buffers of this GPU sized
+    // for these rows and channels.
+    unsafe { gpu.act_quant_fp8_mma(Fp8Order::Wgmma, g.y, true, a, i, ptr(&aq), ptr(&asc)) }.map_err(kerr)?;
     let dn = QGemm { silu: false, x: ptr(&aq), x_scales: ptr(&asc), rowidx: 0, y, ..g };
     gemm(down, &dn)
 }
@@ -495,8 +522,12 @@ fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: u64) ->
                 })
             };
             let (bgu, bdn) = (be.buf::<u16>(s * 2 * i * h)?, be.buf::<u16>(s * h * i)?);
-            gpu.qdequant(&slots(gate_up)?, ptr(&bgu)).map_err(kerr)?;
-            gpu.qdequant(&slots(down)?, ptr(&bdn)).map_err(kerr)?;
+            // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+            // GPU.
+            unsafe { gpu.qdequant(&slots(gate_up)?, ptr(&bgu)) }.map_err(kerr)?;
+            // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+            // GPU.
+            unsafe { gpu.qdequant(&slots(down)?, ptr(&bdn)) }.map_err(kerr)?;
             expanded = (bgu, bdn);
             (ptr(&expanded.0), ptr(&expanded.1))
         }
@@ -505,12 +536,15 @@ fn shared_dense(be: &CudaBackend, x: &CudaTensor, ex: &CudaExperts, out: u64) ->
     let xb = be.bf16_in(x)?;
     let gu = be.alloc_f32(n * s * 2 * i)?;
     let act = be.alloc_u16(n * s * i)?;
-    gpu.linear_bf16(xb.ptr(), wgu, ptr(&gu), n, s * 2 * i, h).map_err(kerr)?;
+    // SAFETY: input, weight and output are live buffers of this GPU of the GEMM's sizes.
+    unsafe { gpu.linear_bf16(xb.ptr(), wgu, ptr(&gu), n, s * 2 * i, h) }.map_err(kerr)?;
     // SAFETY: input (rows x 2 half) and outputs (rows x half) are live buffers of this GPU.
     unsafe { gpu.silu_mul(ptr(&gu), 0, ptr(&act), n, s * i, true) }.map_err(kerr)?;
     for j in 0..s {
         let (a, w) = (ptr(&act) + (j * i * 2) as u64, wdn + (j * h * i * 2) as u64);
-        gpu.linear_bf16_acc(a, s * i, w, out, n, h, i).map_err(kerr)?;
+        // SAFETY: input (rows at its leading dimension), weight and output are live buffers of this
+        // GPU of the GEMM's sizes.
+        unsafe { gpu.linear_bf16_acc(a, s * i, w, out, n, h, i) }.map_err(kerr)?;
     }
     Ok(())
 }

@@ -144,8 +144,11 @@ impl CudaBackend {
             }
             let xb = self.bf16_in(x)?;
             let wb = self.buf::<u16>(n * q.shape.k)?;
-            self.gpu.qdequant(&q, ptr(&wb)).map_err(kerr)?;
-            return self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k).map_err(kerr);
+            // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
+            // GPU.
+            unsafe { self.gpu.qdequant(&q, ptr(&wb)) }.map_err(kerr)?;
+            // SAFETY: input, weight and output are live buffers of this GPU of the GEMM's sizes.
+            return unsafe { self.gpu.linear_bf16(xb.ptr(), ptr(&wb), y.ptr(), rows, n, q.shape.k) }.map_err(kerr);
         }
         self.qgemm_decode(w, QIn::F32(x), QGemm::dense(rows, y.ptr()), None)
     }
@@ -167,7 +170,9 @@ impl CudaBackend {
             }
             _ => {
                 let y = self.linear(x, w)?;
-                self.gpu.qgemm_reduce(y.ptr(), a.ptr(), 1, rows, n, Some(cut)).map_err(kerr)?;
+                // SAFETY: the split partials and the outputs are live buffers of this GPU of these rows and
+                // columns.
+                unsafe { self.gpu.qgemm_reduce(y.ptr(), a.ptr(), 1, rows, n, Some(cut)) }.map_err(kerr)?;
             }
         }
         Ok((a, b))
@@ -209,7 +214,10 @@ impl CudaBackend {
                     QIn::F32(t) => (t.ptr(), false),
                     QIn::Bf16 { ptr, .. } => (*ptr, true),
                 };
-                self.gpu.act_quant_fp8_mma(Fp8Order::Mma, src, is_bf16, rows, k, ptr(&x8), ptr(&xs)).map_err(kerr)?;
+                // SAFETY: the activations and the e4m3 and scale outputs are live buffers of this GPU sized
+                // for these rows and channels.
+                unsafe { self.gpu.act_quant_fp8_mma(Fp8Order::Mma, src, is_bf16, rows, k, ptr(&x8), ptr(&xs)) }
+                    .map_err(kerr)?;
                 let g = QGemm { x: ptr(&x8), x_scales: ptr(&xs), ..g };
                 fp8 = Some((x8, xs));
                 g
@@ -242,12 +250,18 @@ impl CudaBackend {
         };
         let run = QGemm { y: part.as_ref().map_or(g.y, |p| ptr(p)), splits, streamk, ..g };
         match persistent {
-            Some(cfg) => self.gpu.qgemm_persistent(&q, &run, cfg, kernel_cut),
-            None => self.gpu.qgemm(&q, &run),
+            // SAFETY: the weights, the input rows (and FP8 scales), the tile lists and the outputs named
+            // in the launch are live buffers of this GPU sized for these rows and this weight.
+            Some(cfg) => unsafe { self.gpu.qgemm_persistent(&q, &run, cfg, kernel_cut) },
+            // SAFETY: the weights, the input rows, the tile lists and the outputs named in the launch are
+            // live buffers of this GPU sized for these rows and this weight.
+            None => unsafe { self.gpu.qgemm(&q, &run) },
         }
         .map_err(kerr)?;
         if let Some(p) = part {
-            self.gpu.qgemm_reduce(ptr(&p), g.y, splits, g.rows, n, cut).map_err(kerr)?;
+            // SAFETY: the split partials and the outputs are live buffers of this GPU of these rows and
+            // columns.
+            unsafe { self.gpu.qgemm_reduce(ptr(&p), g.y, splits, g.rows, n, cut) }.map_err(kerr)?;
         }
         drop((bf16, fp8));
         Ok(())
@@ -266,10 +280,13 @@ impl CudaBackend {
         let (rows, n, k) = (x.rows, q.shape.n, q.shape.k);
         let rows_p = fp8::padded_rows(rows);
         let w8 = self.buf::<u32>(n * k / 4)?;
-        self.gpu.qbytes_fp8(q, ptr(&w8)).map_err(kerr)?;
+        // SAFETY: the FP8 weight and the output of all its bytes are live buffers of this GPU.
+        unsafe { self.gpu.qbytes_fp8(q, ptr(&w8)) }.map_err(kerr)?;
         let x8 = self.buf::<u32>(rows_p * k / 4)?;
         let xs = self.buf::<f32>(k / BLOCK * rows_p)?;
-        self.gpu.act_quant_fp8(x.ptr(), rows, k, ptr(&x8), ptr(&xs)).map_err(kerr)?;
+        // SAFETY: the activations and the (padded) e4m3 and scale outputs are live buffers of this GPU
+        // sized for these rows and channels.
+        unsafe { self.gpu.act_quant_fp8(x.ptr(), rows, k, ptr(&x8), ptr(&xs)) }.map_err(kerr)?;
         let ws = self.buf::<u32>(LT_WORKSPACE_BYTES / 4)?;
         for &out in tries {
             // The GEMM writes rows_p rows: straight into `y` when f32 and unpadded.
@@ -290,7 +307,9 @@ impl CudaBackend {
                 workspace: ptr(&ws),
                 workspace_bytes: LT_WORKSPACE_BYTES,
             };
-            match self.gpu.gemm_fp8_block(&g) {
+            // SAFETY: the FP8 operands, their block scales and the output are live buffers of this GPU of
+            // the GEMM's sizes.
+            match unsafe { self.gpu.gemm_fp8_block(&g) } {
                 Ok(()) => {}
                 Err(KernelError::Unsupported(why)) => {
                     tracing::debug!(%why, "block-scaled FP8 GEMM: output type not supported");
