@@ -167,7 +167,11 @@ impl Gpu {
     /// Launches `name` on the stream, with programmatic dependent launch where [`Gpu::set_pdl`]'s
     /// level takes it. `args` are the kernel's parameters in order, each as the little-endian bits
     /// of a pointer (`u64`), `int`/`unsigned` or `float`.
-    pub(crate) fn launch(
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameters in number and type, and every address among them is
+    /// a device allocation of this context holding what the kernel reads or writes there.
+    pub(crate) unsafe fn launch(
         &self,
         name: &'static str,
         grid: (u32, u32, u32),
@@ -299,7 +303,10 @@ impl Gpu {
     }
 
     /// Fills `bytes` bytes at `ptr` with `value`.
-    pub fn memset(&self, ptr: u64, value: u8, bytes: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// `ptr` holds `bytes` bytes: a device address of this context.
+    pub unsafe fn memset(&self, ptr: u64, value: u8, bytes: usize) -> Result<()> {
         if bytes > 0 {
             unsafe { drv::memset_d8_async(ptr, value, bytes, self.stream.cu_stream()) }?;
         }
@@ -307,7 +314,10 @@ impl Gpu {
     }
 
     /// Host -> device copy of raw values to `ptr` (ordered on the stream).
-    pub fn htod<T>(&self, src: &[T], ptr: u64) -> Result<()> {
+    ///
+    /// # Safety
+    /// `ptr` holds `src.len()` values of `T`: a device address of this context.
+    pub unsafe fn htod<T>(&self, src: &[T], ptr: u64) -> Result<()> {
         self.no_capture("copy from the host")?;
         if !src.is_empty() {
             self.ctx.bind_to_thread()?;
@@ -317,7 +327,11 @@ impl Gpu {
     }
 
     /// Device -> host copy into `dst`, then waits for it.
-    pub fn dtoh<T>(&self, ptr: u64, dst: &mut [T]) -> Result<()> {
+    ///
+    /// # Safety
+    /// `ptr` holds `dst.len()` values of `T`, each a valid `T` (plain numbers: every bit pattern is one):
+    /// a device address of this context.
+    pub unsafe fn dtoh<T>(&self, ptr: u64, dst: &mut [T]) -> Result<()> {
         self.no_capture("copy to the host")?;
         if !dst.is_empty() {
             self.ctx.bind_to_thread()?;
@@ -327,7 +341,10 @@ impl Gpu {
     }
 
     /// Device -> device copy.
-    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// `dst` and `src` each hold `bytes` bytes, not overlapping: device addresses of this context.
+    pub unsafe fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         if bytes > 0 {
             unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }?;
         }

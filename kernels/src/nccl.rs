@@ -143,14 +143,21 @@ impl NcclComm {
 
     /// Queues every send and receive of one transfer on `gpu`'s stream as one NCCL group.
     /// Profiled as `nccl_p2p` ([`Gpu::profile_start`]).
-    pub fn transfer(&self, gpu: &Gpu, sends: &[P2p], recvs: &[P2p]) -> Result<()> {
+    ///
+    /// # Safety
+    /// Every send's `ptr` holds its `bytes` on this GPU until the transfer completes, and every
+    /// receive's `ptr` as many bytes that nothing else uses until then.
+    pub unsafe fn transfer(&self, gpu: &Gpu, sends: &[P2p], recvs: &[P2p]) -> Result<()> {
         let t = gpu.prof_mark()?;
         self.transfer_on(gpu, &gpu.stream, sends, recvs)?;
         gpu.prof_end("nccl_p2p", t)
     }
 
     /// Like [`NcclComm::transfer`], on `stream`.
-    pub fn transfer_on(
+    ///
+    /// # Safety
+    /// As [`NcclComm::transfer`].
+    pub unsafe fn transfer_on(
         &self,
         gpu: &Gpu,
         stream: &cudarc::driver::CudaStream,

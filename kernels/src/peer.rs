@@ -118,14 +118,20 @@ impl PeerAllReduce {
 
     /// This rank's endpoint: `region` from [`PeerAllReduce::region`], `bases` every rank's region
     /// pointer in rank order (peer access to their GPUs already enabled).
-    pub fn connect(gpu: &Gpu, region: PeerMem, bases: &[u64], rank: usize) -> Result<Self> {
+    ///
+    /// # Safety
+    /// Each of `bases` is the [`PeerMem::ptr`] of that rank's region, made by
+    /// [`PeerAllReduce::region`] for the same `max_f32`: [`PeerAllReduce::all_reduce_f32`] writes
+    /// into them.
+    pub unsafe fn connect(gpu: &Gpu, region: PeerMem, bases: &[u64], rank: usize) -> Result<Self> {
         let ranks = bases.len();
         if !(2..=PEER_MAX_RANKS).contains(&ranks) || rank >= ranks || bases[rank] != region.ptr {
             return Err(KernelError::Invalid(format!("peer all-reduce: rank {rank} of {ranks} (2 to 8)")));
         }
         let cap = (region.bytes - PEER_TAIL) / 2;
         let table = gpu.peer_mem(ranks * 8)?;
-        gpu.htod(bases, table.ptr)?;
+        // SAFETY: `table` was just allocated with one u64 per rank.
+        unsafe { gpu.htod(bases, table.ptr) }?;
         Ok(PeerAllReduce { region, table, rank, ranks, cap })
     }
 
@@ -165,7 +171,8 @@ impl PeerAllReduce {
     /// Reads the status word (synchronizes the stream).
     pub fn timed_out(&self, gpu: &Gpu) -> Result<bool> {
         let mut s = [0u32];
-        gpu.dtoh(self.region.ptr + (2 * self.cap + PEER_TAIL - 4) as u64, &mut s)?;
+        // SAFETY: the region's last word (inside its `2 cap + PEER_TAIL` bytes) is the u32 status.
+        unsafe { gpu.dtoh(self.region.ptr + (2 * self.cap + PEER_TAIL - 4) as u64, &mut s) }?;
         Ok(s[0] != 0)
     }
 }

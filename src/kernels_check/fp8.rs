@@ -54,7 +54,9 @@ impl Ctx<'_> {
         let want = fp8::act_quant(&x, rows, k);
         let gpu = self.cu.gpu();
         let xd = gpu.alloc::<f32>(x.len())?;
-        gpu.htod(&x, ptr(&xd))?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { gpu.htod(&x, ptr(&xd)) }?;
         let qd = gpu.alloc::<u32>(want.q.len() / 4)?;
         let sd = gpu.alloc::<f32>(want.scales.len())?;
         // SAFETY: the activations and the (padded) e4m3 and scale outputs are live buffers of this GPU
@@ -62,8 +64,12 @@ impl Ctx<'_> {
         unsafe { gpu.act_quant_fp8(ptr(&xd), rows, k, ptr(&qd), ptr(&sd)) }?;
         let mut q = vec![0u32; want.q.len() / 4];
         let mut s = vec![0f32; want.scales.len()];
-        gpu.dtoh(ptr(&qd), &mut q)?;
-        gpu.dtoh(ptr(&sd), &mut s)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { gpu.dtoh(ptr(&qd), &mut q) }?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { gpu.dtoh(ptr(&sd), &mut s) }?;
         let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
         let bad = bytes.iter().zip(&want.q).filter(|(a, b)| a != b).count()
             + s.iter().zip(&want.scales).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
@@ -119,7 +125,9 @@ impl Ctx<'_> {
             // SAFETY: the FP8 weight and the output of all its bytes are live buffers of this GPU.
             unsafe { gpu.qbytes_fp8(&wg.quant().expect("compressed"), ptr(&w8)) }?;
             let mut unpacked = vec![0u32; n * k / 4];
-            gpu.dtoh(ptr(&w8), &mut unpacked)?;
+            // SAFETY: the source is a live allocation of this GPU holding as many values of the
+            // destination's plain numeric type.
+            unsafe { gpu.dtoh(ptr(&w8), &mut unpacked) }?;
             let bad =
                 unpacked.iter().flat_map(|w| w.to_le_bytes()).zip(w.weight_bytes()).filter(|(a, b)| a != *b).count();
             let q = wg.quant().expect("compressed");

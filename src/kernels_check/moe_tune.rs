@@ -41,7 +41,9 @@ impl Ctx<'_> {
                 let dt = DecodeTiles::new(g, &ids, e, top_k, false)?;
                 let (sorted, tiles, meta, max_tiles) = (&dt.sorted, &dt.tiles, &dt.meta, dt.max_tiles);
                 let mut n_tiles = [0i32];
-                g.dtoh(ptr(meta), &mut n_tiles)?;
+                // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                // destination's plain numeric type.
+                unsafe { g.dtoh(ptr(meta), &mut n_tiles) }?;
                 let x = g.alloc::<u16>(b * h)?;
                 // SAFETY: the destination is a live buffer of this GPU of n bf16.
                 unsafe { g.fill_uniform_bf16(ptr(&x), b * h, 9, -1.0, 1.0) }?;
@@ -60,7 +62,9 @@ impl Ctx<'_> {
                     // bf16 outputs are compared through their bit patterns widened to f32.
                     let read = |o: &CudaSlice<u16>| -> Result<Vec<f32>> {
                         let mut v = vec![0u16; words];
-                        g.dtoh(ptr(o), &mut v)?;
+                        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                        // destination's plain numeric type.
+                        unsafe { g.dtoh(ptr(o), &mut v) }?;
                         Ok(if silu {
                             v.iter().map(|&x| f32::from_bits((x as u32) << 16)).collect()
                         } else {
@@ -82,7 +86,8 @@ impl Ctx<'_> {
                     };
                     let gg16 = GemmKernel::Tiled { v2: true, bm: 16 };
                     let label = format!("{shape_name} {b} tok, {e}x{n}x{k}, {} tiles, {touched} experts", n_tiles[0]);
-                    g.memset(yp, 0xff, words * 2)?;
+                    // SAFETY: the address and byte count lie within one live allocation of this GPU.
+                    unsafe { g.memset(yp, 0xff, words * 2) }?;
                     // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
                     // launch are live buffers of this GPU of the sizes it gives.
                     unsafe { g.grouped_gemm(gg16, &gg) }?;
@@ -102,7 +107,8 @@ impl Ctx<'_> {
                         Ceiling::Mem,
                     );
                     let run = |ctx: &mut Self, cfg: PersistentGemm| -> Result<f64> {
-                        g.memset(yp, 0xff, words * 2)?;
+                        // SAFETY: the address and byte count lie within one live allocation of this GPU.
+                        unsafe { g.memset(yp, 0xff, words * 2) }?;
                         // SAFETY: the input rows, the expert weights, the tile lists and the output rows named in the
                         // launch are live buffers of this GPU of the sizes it gives.
                         unsafe { g.grouped_gemm(GemmKernel::Persistent(cfg), &gg) }?;
@@ -173,7 +179,9 @@ impl DecodeTiles {
     pub fn new(g: &Gpu, ids: &[u32], experts: usize, top_k: usize, halves: bool) -> Result<Self> {
         let a = ids.len();
         let id_buf = g.alloc::<u32>(a)?;
-        g.htod(ids, ptr(&id_buf))?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { g.htod(ids, ptr(&id_buf)) }?;
         let max_tiles = Gpu::moe_max_tiles(a, experts, 16);
         let max_halves = if halves { Gpu::moe_max_halves(a, experts) } else { 0 };
         let (sorted, inv) = (g.alloc::<i32>(a)?, g.alloc::<i32>(a)?);
@@ -203,17 +211,25 @@ impl DecodeTiles {
     /// The same sorted rows in tiles of at most `bm` (< 16) rows: each 16-row tile cut in order.
     pub fn cut(&self, g: &Gpu, bm: usize) -> Result<(CudaSlice<i32>, CudaSlice<i32>, usize)> {
         let mut meta = [0i32];
-        g.dtoh(ptr(&self.meta), &mut meta)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { g.dtoh(ptr(&self.meta), &mut meta) }?;
         let mut tiles = vec![0i32; 3 * meta[0] as usize];
-        g.dtoh(ptr(&self.tiles), &mut tiles)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { g.dtoh(ptr(&self.tiles), &mut tiles) }?;
         let cut: Vec<i32> = tiles
             .chunks(3)
             .flat_map(|t| (0..t[2]).step_by(bm).flat_map(move |j| [t[0], t[1] + j, (t[2] - j).min(bm as i32)]))
             .collect();
         let max_tiles = cut.len() / 3;
         let (tiles, meta) = (g.alloc::<i32>(cut.len().max(3))?, g.alloc::<i32>(1)?);
-        g.htod(&cut, ptr(&tiles))?;
-        g.htod(&[max_tiles as i32], ptr(&meta))?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { g.htod(&cut, ptr(&tiles)) }?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { g.htod(&[max_tiles as i32], ptr(&meta)) }?;
         Ok((tiles, meta, max_tiles))
     }
 }

@@ -72,7 +72,10 @@ fn rank(r: usize, id: NcclId, nb: usize, barrier: Arc<Barrier>, seed: u64) -> Re
     };
     let raw_t = time(&mut |c: &mut NcclComm| {
         let p = [P2p { ptr: raw_p, bytes, peer: 1 - r }];
-        if r == 0 { c.transfer(be.gpu(), &p, &[]) } else { c.transfer(be.gpu(), &[], &p) }.map_err(|e| anyhow!("{e}"))
+        let (sends, recvs): (&[P2p], &[P2p]) = if r == 0 { (&p, &[]) } else { (&[], &p) };
+        // SAFETY: `raw` (at raw_p) holds `bytes` on this GPU and outlives the transfer, which
+        // `time` waits for before the next one.
+        unsafe { c.transfer(be.gpu(), sends, recvs) }.map_err(|e| anyhow!("{e}"))
     })?;
     let blocks_t = time(&mut |c: &mut NcclComm| {
         if r == 0 { be.kv_send(c, &cache, &src, &dst, 1) } else { be.kv_recv(c, &mut cache, &dst, &src, 0) }

@@ -44,8 +44,12 @@ impl Ctx<'_> {
         let gpu = self.cu.gpu();
         let bf: Vec<u16> = x.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
         let (xf, xb) = (gpu.alloc::<f32>(x.len())?, gpu.alloc::<u16>(x.len())?);
-        gpu.htod(&x, ptr(&xf))?;
-        gpu.htod(&bf, ptr(&xb))?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { gpu.htod(&x, ptr(&xf)) }?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { gpu.htod(&bf, ptr(&xb)) }?;
         let (qd, sd) = (gpu.alloc::<u32>(rows * k / 4)?, gpu.alloc::<f32>(rows * k / BLOCK)?);
         let orders = [
             (Fp8Order::Mma, "", fp8::mma_position as fn(usize) -> usize),
@@ -58,8 +62,12 @@ impl Ctx<'_> {
             // for these rows and channels.
             unsafe { gpu.act_quant_fp8_mma(order, src, is_bf16, rows, k, ptr(&qd), ptr(&sd)) }?;
             let (mut q, mut s) = (vec![0u32; rows * k / 4], vec![0f32; rows * k / BLOCK]);
-            gpu.dtoh(ptr(&qd), &mut q)?;
-            gpu.dtoh(ptr(&sd), &mut s)?;
+            // SAFETY: the source is a live allocation of this GPU holding as many values of the
+            // destination's plain numeric type.
+            unsafe { gpu.dtoh(ptr(&qd), &mut q) }?;
+            // SAFETY: the source is a live allocation of this GPU holding as many values of the
+            // destination's plain numeric type.
+            unsafe { gpu.dtoh(ptr(&sd), &mut s) }?;
             let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
             let mut bad = 0usize;
             for r in 0..rows {

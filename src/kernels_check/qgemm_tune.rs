@@ -57,19 +57,31 @@ impl Synthetic {
                 |grp, c| (5 + h(grp, c, 4) % 6) as u8,
             )
             .expect("f16 scales");
-            g.htod(&p.words, ptr(&words) + (d * per.0 * 4) as u64)?;
-            g.htod(&p.scales, ptr(&scales) + (d * per.1) as u64)?;
+            // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+            // source.
+            unsafe { g.htod(&p.words, ptr(&words) + (d * per.0 * 4) as u64) }?;
+            // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+            // source.
+            unsafe { g.htod(&p.scales, ptr(&scales) + (d * per.1) as u64) }?;
             if zw > 0 {
-                g.htod(&p.zeros, ptr(&zeros) + (d * zw * 4) as u64)?;
+                // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+                // source.
+                unsafe { g.htod(&p.zeros, ptr(&zeros) + (d * zw * 4) as u64) }?;
             }
             g.sync()?;
         }
         for e in distinct..shape.experts {
             let d = e % distinct;
-            g.dtod(ptr(&words) + (e * per.0 * 4) as u64, ptr(&words) + (d * per.0 * 4) as u64, per.0 * 4)?;
-            g.dtod(ptr(&scales) + (e * per.1) as u64, ptr(&scales) + (d * per.1) as u64, per.1)?;
+            // SAFETY: source and destination are distinct live allocations of this GPU of at least the
+            // bytes copied.
+            unsafe { g.dtod(ptr(&words) + (e * per.0 * 4) as u64, ptr(&words) + (d * per.0 * 4) as u64, per.0 * 4) }?;
+            // SAFETY: source and destination are distinct live allocations of this GPU of at least the
+            // bytes copied.
+            unsafe { g.dtod(ptr(&scales) + (e * per.1) as u64, ptr(&scales) + (d * per.1) as u64, per.1) }?;
             if zw > 0 {
-                g.dtod(ptr(&zeros) + (e * zw * 4) as u64, ptr(&zeros) + (d * zw * 4) as u64, zw * 4)?;
+                // SAFETY: source and destination are distinct live allocations of this GPU of at least the
+                // bytes copied.
+                unsafe { g.dtod(ptr(&zeros) + (e * zw * 4) as u64, ptr(&zeros) + (d * zw * 4) as u64, zw * 4) }?;
             }
         }
         Ok(Synthetic { words, scales, zeros, shape })
@@ -259,7 +271,9 @@ impl Ctx<'_> {
         let out = g.alloc::<u32>(c.out_words)?;
         let read = |o: &CudaSlice<u32>| -> Result<Vec<f32>> {
             let mut v = vec![0u32; c.out_words];
-            g.dtoh(ptr(o), &mut v)?;
+            // SAFETY: the source is a live allocation of this GPU holding as many values of the
+            // destination's plain numeric type.
+            unsafe { g.dtoh(ptr(o), &mut v) }?;
             Ok(if c.g.silu {
                 v.iter().flat_map(|&x| [f32::from_bits(x << 16), f32::from_bits(x & 0xffff0000)]).collect()
             } else {
@@ -292,7 +306,8 @@ impl Ctx<'_> {
         };
         let most = p_splits.iter().copied().chain([t_splits]).max().unwrap_or(1);
         let part = g.alloc::<f32>((most * rows * n).max(1))?;
-        g.memset(ptr(&out), 0xff, c.out_words * 4)?;
+        // SAFETY: the address and byte count lie within one live allocation of this GPU.
+        unsafe { g.memset(ptr(&out), 0xff, c.out_words * 4) }?;
         tiled(t_splits, ptr(&part))?;
         let tiled_out = read(&out)?;
         let t_us = self.time(|| tiled(t_splits, ptr(&part)))?;
@@ -325,7 +340,8 @@ impl Ctx<'_> {
                 }
                 Ok(())
             };
-            g.memset(ptr(&out), 0xff, c.out_words * 4)?;
+            // SAFETY: the address and byte count lie within one live allocation of this GPU.
+            unsafe { g.memset(ptr(&out), 0xff, c.out_words * 4) }?;
             run()?;
             let got = read(&out)?;
             let err = match &want {
@@ -357,7 +373,8 @@ impl Ctx<'_> {
                     }
                     Ok(())
                 };
-                g.memset(ptr(&out), 0xff, c.out_words * 4)?;
+                // SAFETY: the address and byte count lie within one live allocation of this GPU.
+                unsafe { g.memset(ptr(&out), 0xff, c.out_words * 4) }?;
                 run()?;
                 let got = read(&out)?;
                 let err = want.as_ref().map_or(0.0, |v| rel_err(&got, v));

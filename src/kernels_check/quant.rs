@@ -155,19 +155,25 @@ impl Ctx<'_> {
                 let q = wg.quant().ok_or_else(|| anyhow::anyhow!("linear {fmt} {n}x{k}: the loader expanded it"))?;
                 let gpu = self.cu.gpu();
                 let (a, b) = (gpu.alloc::<u16>(n * k)?, gpu.alloc::<u16>(n * k)?);
-                gpu.memset(ptr(&b), 0xff, n * k * 2)?;
+                // SAFETY: the address and byte count lie within one live allocation of this GPU.
+                unsafe { gpu.memset(ptr(&b), 0xff, n * k * 2) }?;
                 // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
                 // GPU.
                 unsafe { gpu.qdequant_with(&q, ptr(&a), Expansion::PerValue) }?;
                 let bytes = (n * k) as f64 * (w.bytes_per_value() + 2.0);
                 for (how, label) in [(Expansion::PerValue, "reference"), (Expansion::Rows, "rows")] {
-                    gpu.memset(ptr(&b), 0xff, n * k * 2)?;
+                    // SAFETY: the address and byte count lie within one live allocation of this GPU.
+                    unsafe { gpu.memset(ptr(&b), 0xff, n * k * 2) }?;
                     // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
                     // GPU.
                     unsafe { gpu.qdequant_with(&q, ptr(&b), how) }?;
                     let (mut va, mut vb) = (vec![0u16; n * k], vec![0u16; n * k]);
-                    gpu.dtoh(ptr(&a), &mut va)?;
-                    gpu.dtoh(ptr(&b), &mut vb)?;
+                    // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                    // destination's plain numeric type.
+                    unsafe { gpu.dtoh(ptr(&a), &mut va) }?;
+                    // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                    // destination's plain numeric type.
+                    unsafe { gpu.dtoh(ptr(&b), &mut vb) }?;
                     let differing = va.iter().zip(&vb).filter(|(x, y)| x != y).count();
                     // SAFETY: the compressed weight and the bf16 output of all its values are live buffers of this
                     // GPU.

@@ -84,8 +84,12 @@ impl Ctx<'_> {
                 let a = n * k;
                 let (logits, bias) = (self.rng.vec(n * experts, 4.0), self.rng.vec(experts, 0.3));
                 let (lg, bg) = (g.alloc::<f32>(logits.len()).map_err(kerr)?, g.alloc::<f32>(experts).map_err(kerr)?);
-                g.htod(&logits, ptr(&lg)).map_err(kerr)?;
-                g.htod(&bias, ptr(&bg)).map_err(kerr)?;
+                // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+                // source.
+                unsafe { g.htod(&logits, ptr(&lg)) }.map_err(kerr)?;
+                // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+                // source.
+                unsafe { g.htod(&bias, ptr(&bg)) }.map_err(kerr)?;
                 // moe_route's results (0), moe_route_align's (1).
                 let (ids0, w0) = (g.alloc::<u32>(a).map_err(kerr)?, g.alloc::<f32>(a).map_err(kerr)?);
                 let (ids1, w1) = (g.alloc::<u32>(a).map_err(kerr)?, g.alloc::<f32>(a).map_err(kerr)?);
@@ -114,10 +118,18 @@ impl Ctx<'_> {
                 unsafe { g.moe_route_align(&fused, &align) }.map_err(kerr)?;
                 let (mut want_ids, mut want_w, mut ids, mut w) =
                     (vec![0u32; a], vec![0f32; a], vec![0u32; a], vec![0f32; a]);
-                g.dtoh(ptr(&ids0), &mut want_ids).map_err(kerr)?;
-                g.dtoh(ptr(&w0), &mut want_w).map_err(kerr)?;
-                g.dtoh(ptr(&ids1), &mut ids).map_err(kerr)?;
-                g.dtoh(ptr(&w1), &mut w).map_err(kerr)?;
+                // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                // destination's plain numeric type.
+                unsafe { g.dtoh(ptr(&ids0), &mut want_ids) }.map_err(kerr)?;
+                // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                // destination's plain numeric type.
+                unsafe { g.dtoh(ptr(&w0), &mut want_w) }.map_err(kerr)?;
+                // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                // destination's plain numeric type.
+                unsafe { g.dtoh(ptr(&ids1), &mut ids) }.map_err(kerr)?;
+                // SAFETY: the source is a live allocation of this GPU holding as many values of the
+                // destination's plain numeric type.
+                unsafe { g.dtoh(ptr(&w1), &mut w) }.map_err(kerr)?;
                 let (sort_differing, sort_total) = sort.against_reference(g, &align, &ids)?;
                 let differing = ids.iter().zip(&want_ids).filter(|(x, y)| x != y).count()
                     + w.iter().zip(&want_w).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
@@ -165,7 +177,9 @@ impl Ctx<'_> {
                     .collect();
                 let a = ids.len();
                 let id_buf = g.alloc::<u32>(a).map_err(kerr)?;
-                g.htod(&ids, ptr(&id_buf)).map_err(kerr)?;
+                // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+                // source.
+                unsafe { g.htod(&ids, ptr(&id_buf)) }.map_err(kerr)?;
                 let sort = SortBufs::new(g, a, experts, bm)?;
                 let align = sort.align(ptr(&id_buf), a, k, experts, first, bm, halves);
                 // SAFETY: the assignment ids and the sort's outputs (sized for the most tiles these
@@ -235,12 +249,20 @@ impl SortBufs {
     fn against_reference(&self, g: &Gpu, al: &Align, ids: &[u32]) -> Result<(usize, usize)> {
         let want = align_reference(ids, al.top_k, al.experts, al.first, al.bm, al.halves != 0);
         let (mut sorted, mut inv, mut meta) = (vec![0i32; ids.len()], vec![0i32; ids.len()], [0i32; 2]);
-        g.dtoh(ptr(&self.sorted), &mut sorted).map_err(kerr)?;
-        g.dtoh(ptr(&self.inv), &mut inv).map_err(kerr)?;
-        g.dtoh(ptr(&self.meta), &mut meta).map_err(kerr)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { g.dtoh(ptr(&self.sorted), &mut sorted) }.map_err(kerr)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { g.dtoh(ptr(&self.inv), &mut inv) }.map_err(kerr)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { g.dtoh(ptr(&self.meta), &mut meta) }.map_err(kerr)?;
         let triples = |buf: &CudaSlice<i32>, want: &[[i32; 3]]| -> Result<(usize, usize)> {
             let mut got = vec![0i32; 3 * want.len()];
-            g.dtoh(ptr(buf), &mut got).map_err(kerr)?;
+            // SAFETY: the source is a live allocation of this GPU holding as many values of the
+            // destination's plain numeric type.
+            unsafe { g.dtoh(ptr(buf), &mut got) }.map_err(kerr)?;
             Ok((got.iter().zip(want.iter().flatten()).filter(|(x, y)| x != y).count(), got.len()))
         };
         let (tiles_diff, tiles_n) = triples(&self.tiles, &want.tiles)?;

@@ -149,7 +149,10 @@ impl Gpu {
     }
 
     /// Copies `nb` whole blocks of `per_block` values between `src` and `dst` (one of them the cache).
-    fn kv_blocks(
+    ///
+    /// # Safety
+    /// As [`Gpu::kv_export`] and [`Gpu::kv_import`].
+    unsafe fn kv_blocks(
         &self,
         name: &'static str,
         src: u64,

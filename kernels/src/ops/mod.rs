@@ -1,5 +1,7 @@
 //! Typed launchers: one method per kernel, over raw device addresses (`u64`) and sizes. Callers
-//! own the buffers; these only check what the kernels assume and pick the launch shape.
+//! own the buffers; these only check what the kernels assume and pick the launch shape. Each is
+//! an `unsafe fn` whose `# Safety` section says what every address must hold: the launcher
+//! cannot see the allocations behind them.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -134,12 +136,18 @@ impl Gpu {
     }
 
     /// A grid-stride kernel over `total` elements: 256 threads, at most 16 blocks per SM.
-    fn launch_flat(&self, name: &'static str, total: usize, args: &[Arg]) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_flat(&self, name: &'static str, total: usize, args: &[Arg]) -> Result<()> {
         self.launch(name, (self.grid1(total as u64), 1, 1), 256, 0, args)
     }
 
     /// One block of `block` threads per row.
-    fn launch_rows(&self, name: &'static str, rows: usize, block: u32, args: &[Arg]) -> Result<()> {
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_rows(&self, name: &'static str, rows: usize, block: u32, args: &[Arg]) -> Result<()> {
         self.launch(name, (rows as u32, 1, 1), block, 0, args)
     }
 }

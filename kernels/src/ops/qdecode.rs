@@ -233,7 +233,8 @@ impl Gpu {
             }
         }
         let sk = StreamK { slots: self.alloc::<f32>(slots)?, flags: self.alloc::<u32>(flags)? };
-        self.memset(crate::ptr(&sk.flags), 0, flags * 4)?;
+        // SAFETY: `sk.flags` was just allocated with `flags` u32.
+        unsafe { self.memset(crate::ptr(&sk.flags), 0, flags * 4) }?;
         self.sync()?;
         Ok(sk)
     }
@@ -354,8 +355,10 @@ impl Gpu {
         self.act_quant("act_quant_fp8", x, rows, crate::fp8::padded_rows(rows), k, q, scales)
     }
 
+    /// # Safety
+    /// As [`Gpu::act_quant_fp8`] (`rows_p` rows of output).
     #[allow(clippy::too_many_arguments)]
-    fn act_quant(
+    unsafe fn act_quant(
         &self,
         name: &'static str,
         x: u64,

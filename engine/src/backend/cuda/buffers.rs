@@ -37,7 +37,8 @@ impl CudaBackend {
     pub(super) fn scratch<T: Elem>(&self, n: usize) -> Result<Buf<T>> {
         let b = self.buf::<T>(n)?;
         if self.poison.get() {
-            self.gpu.memset(ptr(&b), 0xff, n * std::mem::size_of::<T>()).map_err(kerr)?;
+            // SAFETY: the address and byte count lie within one live allocation of this GPU.
+            unsafe { self.gpu.memset(ptr(&b), 0xff, n * std::mem::size_of::<T>()) }.map_err(kerr)?;
         }
         Ok(b)
     }
@@ -79,7 +80,9 @@ impl CudaBackend {
                 return Ok(ptr(buf));
             }
             if data.len() <= buf.len() {
-                self.gpu.htod(data, ptr(buf)).map_err(kerr)?;
+                // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+                // source.
+                unsafe { self.gpu.htod(data, ptr(buf)) }.map_err(kerr)?;
                 v.clear();
                 v.extend_from_slice(data);
                 return Ok(ptr(buf));
@@ -89,7 +92,9 @@ impl CudaBackend {
         // would make the next step's transient buffers of that class allocate again.
         let len = class_bytes(data.len().max(1) * 4) / 4;
         let buf = Buf::unpooled(self.gpu.alloc::<u32>(len).map_err(kerr)?);
-        self.gpu.htod(data, ptr(&buf)).map_err(kerr)?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { self.gpu.htod(data, ptr(&buf)) }.map_err(kerr)?;
         let p = ptr(&buf);
         up.insert(key, (data.to_vec(), buf));
         Ok(p)

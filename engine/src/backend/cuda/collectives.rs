@@ -157,7 +157,9 @@ impl Collectives<CudaBackend> for NcclCollectives {
         let out = be.tensor(total, cols)?;
         let row_bytes = cols * 4;
         let offset = |r: usize| rows[..r].iter().sum::<usize>() * row_bytes;
-        be.gpu().dtod(out.ptr() + offset(me) as u64, x.ptr(), own * row_bytes).map_err(kerr)?;
+        // SAFETY: source and destination are distinct live allocations of this GPU of at least the
+        // bytes copied.
+        unsafe { be.gpu().dtod(out.ptr() + offset(me) as u64, x.ptr(), own * row_bytes) }.map_err(kerr)?;
         let Some(c) = self.comm(axis) else { return Ok(out) };
         // Rows differ per rank: every rank sends its rows to each peer and receives each peer's
         // rows at their offset, in one group.
@@ -166,7 +168,9 @@ impl Collectives<CudaBackend> for NcclCollectives {
         let recvs: Vec<P2p> = peers
             .map(|peer| P2p { ptr: out.ptr() + offset(peer) as u64, bytes: rows[peer] * row_bytes, peer })
             .collect();
-        c.borrow().transfer(be.gpu(), &sends, &recvs).map_err(kerr)?;
+        // SAFETY: every send and receive names a live buffer of this GPU of its byte count, kept
+        // until the transfer completes (the caller waits on it before reusing them).
+        unsafe { c.borrow().transfer(be.gpu(), &sends, &recvs) }.map_err(kerr)?;
         Ok(out)
     }
 

@@ -102,7 +102,9 @@ impl CudaBackend {
                     buf.len()
                 )));
             }
-            self.gpu.htod(data, ptr(buf)).map_err(kerr)?;
+            // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+            // source.
+            unsafe { self.gpu.htod(data, ptr(buf)) }.map_err(kerr)?;
             held.clear();
             held.extend_from_slice(data);
         }

@@ -47,7 +47,9 @@ pub(super) fn export(be: &CudaBackend, cache: &CudaKvCache, blocks: &[u32]) -> R
     }
     .map_err(kerr)?;
     let mut v = vec![0f32; blocks.len() * per];
-    be.gpu.dtoh(ptr(&out), &mut v).map_err(kerr)?;
+    // SAFETY: the source is a live allocation of this GPU holding as many values of the
+    // destination's plain numeric type.
+    unsafe { be.gpu.dtoh(ptr(&out), &mut v) }.map_err(kerr)?;
     Ok(v)
 }
 
@@ -64,7 +66,9 @@ pub(super) fn import(be: &CudaBackend, cache: &mut CudaKvCache, blocks: &[u32], 
         return Err(EngineError::Backend(format!("import_blocks: block {b} outside the cache")));
     }
     let src = be.buf::<f32>(data.len())?;
-    be.gpu.htod(data, ptr(&src)).map_err(kerr)?;
+    // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+    // source.
+    unsafe { be.gpu.htod(data, ptr(&src)) }.map_err(kerr)?;
     let bp = be.upload_u32("blocks", blocks)?;
     match &cache.f32 {
         // SAFETY: the f32 cache holds every block listed in the uploaded block ids, and the input
@@ -92,7 +96,9 @@ impl CudaBackend {
         peer: usize,
     ) -> Result<()> {
         let sends = Self::regions(cache, blocks, theirs, peer)?;
-        comm.transfer(&self.gpu, &sends, &[]).map_err(kerr)
+        // SAFETY: every send and receive names a live buffer of this GPU of its byte count, kept
+        // until the transfer completes (the caller waits on it before reusing them).
+        unsafe { comm.transfer(&self.gpu, &sends, &[]) }.map_err(kerr)
     }
 
     /// Queues receiving the peer's `theirs` into `blocks` of `cache`.
@@ -105,7 +111,9 @@ impl CudaBackend {
         peer: usize,
     ) -> Result<()> {
         let recvs = Self::regions(cache, blocks, theirs, peer)?;
-        comm.transfer(&self.gpu, &[], &recvs).map_err(kerr)
+        // SAFETY: every send and receive names a live buffer of this GPU of its byte count, kept
+        // until the transfer completes (the caller waits on it before reusing them).
+        unsafe { comm.transfer(&self.gpu, &[], &recvs) }.map_err(kerr)
     }
 
     /// The raw bf16 contents of `blocks` (tests and checksums).
@@ -115,7 +123,9 @@ impl CudaBackend {
         let mut at = 0;
         for p in Self::regions(cache, blocks, blocks, 0)? {
             let n = p.bytes / 2;
-            self.gpu.dtoh(p.ptr, &mut out[at..at + n]).map_err(kerr)?;
+            // SAFETY: the source is a live allocation of this GPU holding as many values of the
+            // destination's plain numeric type.
+            unsafe { self.gpu.dtoh(p.ptr, &mut out[at..at + n]) }.map_err(kerr)?;
             at += n;
         }
         Ok(out)

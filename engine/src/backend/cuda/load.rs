@@ -59,15 +59,21 @@ fn convert_into(
     };
     if dtype == SrcDtype::Bf16 && row_mul == 1 {
         let at = dst + ((row_base + row_off) * cols * 2) as u64;
-        return gpu.htod(&bytes, at).map_err(kerr);
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        return unsafe { gpu.htod(&bytes, at) }.map_err(kerr);
     }
     let raw = gpu.alloc::<u8>(bytes.len()).map_err(kerr)?;
-    gpu.htod(&bytes, ptr(&raw)).map_err(kerr)?;
+    // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+    // source.
+    unsafe { gpu.htod(&bytes, ptr(&raw)) }.map_err(kerr)?;
     let (scale, block) = match scale_inv {
         Some((s, block)) => {
             let host = s.to_f32()?;
             let buf = gpu.alloc::<f32>(host.len()).map_err(kerr)?;
-            gpu.htod(&host, ptr(&buf)).map_err(kerr)?;
+            // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+            // source.
+            unsafe { gpu.htod(&host, ptr(&buf)) }.map_err(kerr)?;
             (Some(buf), *block)
         }
         None => (None, [1, 1]),
@@ -99,7 +105,9 @@ pub(super) fn linear(be: &CudaBackend, parts: &[LinearSource<'_>]) -> Result<Cud
             host.extend(p.to_f32()?);
         }
         let w32 = be.gpu().alloc::<f32>(host.len()).map_err(kerr)?;
-        be.gpu().htod(&host, ptr(&w32)).map_err(kerr)?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { be.gpu().htod(&host, ptr(&w32)) }.map_err(kerr)?;
         return Ok(CudaWeight { data: WeightData::F32(w32), out, inp });
     }
     if !is_kv_b(parts) {
@@ -148,8 +156,12 @@ pub(super) fn experts(
         }
         let g = be.gpu();
         let (a, b) = (g.alloc::<f32>(gu.len()).map_err(kerr)?, g.alloc::<f32>(dn.len()).map_err(kerr)?);
-        g.htod(&gu, ptr(&a)).map_err(kerr)?;
-        g.htod(&dn, ptr(&b)).map_err(kerr)?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { g.htod(&gu, ptr(&a)) }.map_err(kerr)?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { g.htod(&dn, ptr(&b)) }.map_err(kerr)?;
         return done(ExpertData::F32 { gate_up: a, down: b });
     }
     let gate_ups: Vec<Vec<LinearSource<'_>>> = sources.iter().map(|s| vec![s.gate, s.up]).collect();

@@ -219,16 +219,24 @@ impl CudaBackend {
         let rows = ids.len() / top_k.max(1);
         let id_buf = self.buf::<u32>(ids.len())?;
         let w_buf = self.buf::<f32>(weights.len())?;
-        self.gpu.htod(ids, ptr(&id_buf)).map_err(kerr)?;
-        self.gpu.htod(weights, ptr(&w_buf)).map_err(kerr)?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { self.gpu.htod(ids, ptr(&id_buf)) }.map_err(kerr)?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { self.gpu.htod(weights, ptr(&w_buf)) }.map_err(kerr)?;
         Ok(CudaRouting { ids: id_buf, weights: w_buf, rows, top_k })
     }
 
     pub fn routing_to_host(&self, r: &CudaRouting) -> Result<(Vec<u32>, Vec<f32>)> {
         let mut ids = vec![0u32; r.rows * r.top_k];
         let mut w = vec![0f32; r.rows * r.top_k];
-        self.gpu.dtoh(ptr(&r.ids), &mut ids).map_err(kerr)?;
-        self.gpu.dtoh(ptr(&r.weights), &mut w).map_err(kerr)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { self.gpu.dtoh(ptr(&r.ids), &mut ids) }.map_err(kerr)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { self.gpu.dtoh(ptr(&r.weights), &mut w) }.map_err(kerr)?;
         Ok((ids, w))
     }
 
@@ -244,7 +252,9 @@ impl CudaBackend {
             return Ok(None);
         };
         let mut v = vec![0u16; t.len()];
-        self.gpu.dtoh(p, &mut v).map_err(kerr)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { self.gpu.dtoh(p, &mut v) }.map_err(kerr)?;
         Ok(Some(v))
     }
 
@@ -278,7 +288,9 @@ impl Backend for CudaBackend {
         // Exact size, outside the workspace: uploads are weights and tables that live long.
         let buf = Buf::unpooled(self.gpu.alloc::<f32>(rows * cols).map_err(kerr)?);
         let t = CudaTensor { buf, bf16: None, rows, cols };
-        self.gpu.htod(data, t.ptr()).map_err(kerr)?;
+        // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+        // source.
+        unsafe { self.gpu.htod(data, t.ptr()) }.map_err(kerr)?;
         Ok(t)
     }
 
@@ -286,7 +298,9 @@ impl Backend for CudaBackend {
         let n = t.len();
         let mut v = vec![0f32; n];
         if n < (1 << 18) {
-            self.gpu.dtoh(t.ptr(), &mut v).map_err(kerr)?;
+            // SAFETY: the source is a live allocation of this GPU holding as many values of the
+            // destination's plain numeric type.
+            unsafe { self.gpu.dtoh(t.ptr(), &mut v) }.map_err(kerr)?;
             return Ok(v);
         }
         let mut pinned = self.pinned.borrow_mut();
@@ -295,7 +309,9 @@ impl Backend for CudaBackend {
                 Some(unsafe { self.gpu.ctx.alloc_pinned::<f32>(n.next_power_of_two()) }.map_err(|e| kerr(e.into()))?);
         }
         let host = pinned.as_mut().expect("allocated").as_mut_slice().map_err(|e| kerr(e.into()))?;
-        self.gpu.dtoh(t.ptr(), &mut host[..n]).map_err(kerr)?;
+        // SAFETY: the source is a live allocation of this GPU holding as many values of the
+        // destination's plain numeric type.
+        unsafe { self.gpu.dtoh(t.ptr(), &mut host[..n]) }.map_err(kerr)?;
         use rayon::prelude::*;
         v.par_chunks_mut(1 << 16).zip(host[..n].par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
         Ok(v)
@@ -325,11 +341,13 @@ impl Backend for CudaBackend {
         let n = layout.num_blocks * layout.block_values();
         if self.precision == Precision::F32 {
             let f = self.gpu.alloc::<f32>(n).map_err(kerr)?;
-            self.gpu.memset(ptr(&f), 0, n * 4).map_err(kerr)?;
+            // SAFETY: the address and byte count lie within one live allocation of this GPU.
+            unsafe { self.gpu.memset(ptr(&f), 0, n * 4) }.map_err(kerr)?;
             return Ok(CudaKvCache { buf: self.gpu.alloc::<u16>(1).map_err(kerr)?, f32: Some(f), layout });
         }
         let buf = self.gpu.alloc::<u16>(n).map_err(kerr)?;
-        self.gpu.memset(ptr(&buf), 0, n * 2).map_err(kerr)?;
+        // SAFETY: the address and byte count lie within one live allocation of this GPU.
+        unsafe { self.gpu.memset(ptr(&buf), 0, n * 2) }.map_err(kerr)?;
         Ok(CudaKvCache { buf, f32: None, layout })
     }
 

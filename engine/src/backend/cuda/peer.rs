@@ -146,7 +146,9 @@ impl PeerLine {
             gpu.enable_peer_access(g).map_err(kerr)?;
         }
         let bases: Vec<u64> = slots.iter().map(|s| s.1).collect();
-        let reduce = PeerAllReduce::connect(gpu, region, &bases, me).map_err(kerr)?;
+        // SAFETY: `bases` are the ranks' regions, each made by `PeerAllReduce::region` for the
+        // same size and exchanged through the board above.
+        let reduce = unsafe { PeerAllReduce::connect(gpu, region, &bases, me) }.map_err(kerr)?;
         Ok(Some(PeerLine { reduce, board: board.clone() }))
     }
 

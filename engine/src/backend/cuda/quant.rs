@@ -107,16 +107,24 @@ pub(super) fn upload(
             paired &= pairs;
             if let Some(b) = b {
                 let dev = gpu.alloc::<f32>(b.len()).map_err(kerr)?;
-                gpu.htod(&b, ptr(&dev)).map_err(kerr)?;
+                // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+                // source.
+                unsafe { gpu.htod(&b, ptr(&dev)) }.map_err(kerr)?;
                 gpu.sync().map_err(kerr)?;
                 blocks = Some(Box::new(dev));
             }
             let stack = QWeights { shape, words: ptr(&words), scales: ptr(&scales), zeros: ptr(&zeros) };
             let dst = stack.matrices(c * 16 + i, 1).expect("a matrix of the stack");
-            gpu.htod(&p.words, dst.words).map_err(kerr)?;
-            gpu.htod(&p.scales, dst.scales).map_err(kerr)?;
+            // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+            // source.
+            unsafe { gpu.htod(&p.words, dst.words) }.map_err(kerr)?;
+            // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+            // source.
+            unsafe { gpu.htod(&p.scales, dst.scales) }.map_err(kerr)?;
             if !p.zeros.is_empty() {
-                gpu.htod(&p.zeros, dst.zeros).map_err(kerr)?;
+                // SAFETY: the destination is a live allocation of this GPU holding as many values as the
+                // source.
+                unsafe { gpu.htod(&p.zeros, dst.zeros) }.map_err(kerr)?;
             }
         }
         // The host buffers above must outlive their asynchronous copies.
@@ -318,7 +326,9 @@ impl CudaBackend {
                 Err(e) => return Err(kerr(e)),
             }
             if let Some(t) = &tmp_f32 {
-                self.gpu.dtod(y.ptr(), ptr(t), rows * n * 4).map_err(kerr)?;
+                // SAFETY: source and destination are distinct live allocations of this GPU of at least the
+                // bytes copied.
+                unsafe { self.gpu.dtod(y.ptr(), ptr(t), rows * n * 4) }.map_err(kerr)?;
             }
             if let Some(t) = &tmp_bf16 {
                 // SAFETY: source and destination are live buffers of this GPU of n values.

@@ -35,6 +35,8 @@ pub(super) fn sample(
     // buffers of this GPU of the sizes sample_rows reads and writes.
     unsafe { be.gpu.sample_rows(logits.ptr(), pp, mp, cleave_kernels::ptr(&out), launch) }.map_err(kerr)?;
     let mut host = vec![0u32; 2 * n];
-    be.gpu.dtoh(cleave_kernels::ptr(&out), &mut host).map_err(kerr)?;
+    // SAFETY: the source is a live allocation of this GPU holding as many values of the
+    // destination's plain numeric type.
+    unsafe { be.gpu.dtoh(cleave_kernels::ptr(&out), &mut host) }.map_err(kerr)?;
     Ok(host.chunks(2).map(|c| (c[0], f32::from_bits(c[1]))).collect())
 }

@@ -163,7 +163,9 @@ impl KvLink {
     ) -> Result<()> {
         let stream = gpu.xfer_stream().map_err(kerr)?;
         let comm = &mut self.comms.get_mut(&key).expect("created").1;
-        comm.transfer_on(gpu, &stream, regions, &[]).map_err(kerr)?;
+        // SAFETY: every send and receive names a live buffer of this GPU of its byte count, kept
+        // until the transfer completes (the caller waits on it before reusing them).
+        unsafe { comm.transfer_on(gpu, &stream, regions, &[]) }.map_err(kerr)?;
         let ev = stream.record_event(None).map_err(|e| xerr(format!("{e:?}")))?;
         let mut sent = false;
         loop {
@@ -333,7 +335,9 @@ impl KvPort<CudaBackend> for KvLink {
             let regions = CudaBackend::regions(cache, blocks, &src_blocks, 0)?;
             let Some((e, comm)) = self.comms.get(&key) else { return Ok(None) };
             let stream = gpu.xfer_stream().map_err(kerr)?;
-            comm.transfer_on(gpu, &stream, &[], &regions).map_err(kerr)?;
+            // SAFETY: every send and receive names a live buffer of this GPU of its byte count, kept
+            // until the transfer completes (the caller waits on it before reusing them).
+            unsafe { comm.transfer_on(gpu, &stream, &[], &regions) }.map_err(kerr)?;
             let ev = stream.record_event(None).map_err(|e| kerr(e.into()))?;
             self.pending.insert((src, req), (*e, ev));
         }
