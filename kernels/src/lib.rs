@@ -195,6 +195,57 @@ mod tests {
         }
     }
 
+    /// Functions of this crate that take a `u64` (by convention a raw device address) and are
+    /// safe, because they never write through it.
+    const SAFE_OVER_ADDRESSES: &[&str] = &[
+        "absorb_check", // checks a weight's alignment
+        "grid1",        // a count, not an address
+        "dense",        // builds a launch description (QGemm) for an unsafe launcher
+    ];
+
+    /// Every function over raw device addresses is an `unsafe fn` (the crate's rule: a launcher
+    /// cannot see the allocations behind its addresses), but those of [`SAFE_OVER_ADDRESSES`].
+    #[test]
+    fn functions_over_device_addresses_are_unsafe() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<(String, String)>) {
+            for e in std::fs::read_dir(dir).expect("source dir") {
+                let p = e.expect("entry").path();
+                if p.is_dir() {
+                    sources(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push((p.display().to_string(), std::fs::read_to_string(&p).expect("source")));
+                }
+            }
+        }
+        let mut files = Vec::new();
+        sources(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+        let mut safe = Vec::new();
+        for (path, src) in &files {
+            for (at, _) in src.match_indices("fn ") {
+                let rest = &src[at + 3..];
+                let Some(open) = rest.find('(') else { continue };
+                let name = &rest[..open];
+                if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    continue;
+                }
+                let (mut depth, mut end) = (1, open + 1);
+                for (i, c) in rest[open + 1..].char_indices() {
+                    depth += (c == '(') as i32 - (c == ')') as i32;
+                    if depth == 0 {
+                        end = open + 1 + i;
+                        break;
+                    }
+                }
+                let params = &rest[open + 1..end];
+                let over_u64 = params.split(',').any(|p| p.split(':').nth(1).is_some_and(|t| t.trim() == "u64"));
+                if over_u64 && !src[..at].ends_with("unsafe ") && !SAFE_OVER_ADDRESSES.contains(&name) {
+                    safe.push(format!("{path}: {name}"));
+                }
+            }
+        }
+        assert!(files.len() > 10 && safe.is_empty(), "safe functions over device addresses: {safe:?}");
+    }
+
     #[test]
     fn every_module_defines_its_kernels() {
         for (name, src, fns) in MODULES {
