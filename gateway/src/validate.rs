@@ -162,17 +162,9 @@ impl Validator<'_> {
         let f = Fields(&obj);
         self.check_model(&f)?;
         let mut req = self.common(&f, Endpoint::Chat)?;
-        let messages = messages(obj.get("messages"))?;
-        self.fits(message_bytes(&messages), "messages")?;
-        let kwargs = chat_template_kwargs(&f)?;
-        let tools = tools::request(&obj)?;
-        let opts = ChatOptions {
-            add_generation_prompt: f.bool("add_generation_prompt", true)?,
-            tools: tools.as_ref().and_then(ToolRequest::rendered),
-            kwargs: kwargs.as_ref(),
-        };
+        let (prompt, tools) = self.chat_prompt(&obj, &f)?;
+        req.prompt = prompt;
         let tok = self.tokenizer()?;
-        req.prompt = tok.encode_chat(&messages, opts)?;
         let mut constraint = structured::constraint(&obj)?;
         if let Some(t) = tools.as_ref().filter(|t| t.parses()) {
             let tokens = ToolTokens::of(tok).ok_or_else(|| {
@@ -198,6 +190,28 @@ impl Validator<'_> {
             req.params.guided = Some(Guided { constraint, after_token });
         }
         self.finish(&f, req, "messages")
+    }
+
+    /// A chat body's prompt: its `messages` through the chat template, with
+    /// `add_generation_prompt` (default true), `chat_template_kwargs` and the tools it declares
+    /// (returned too). The rendered template holds its special tokens (BOS) already, so nothing
+    /// is added.
+    fn chat_prompt(
+        &self,
+        obj: &Map<String, Value>,
+        f: &Fields<'_>,
+    ) -> Result<(Vec<u32>, Option<ToolRequest>), ApiError> {
+        let messages = messages(obj.get("messages"))?;
+        self.fits(message_bytes(&messages), "messages")?;
+        let kwargs = chat_template_kwargs(f)?;
+        let tools = tools::request(obj)?;
+        let opts = ChatOptions {
+            add_generation_prompt: f.bool("add_generation_prompt", true)?,
+            tools: tools.as_ref().and_then(ToolRequest::rendered),
+            kwargs: kwargs.as_ref(),
+        };
+        let prompt = self.tokenizer()?.encode_chat(&messages, opts)?;
+        Ok((prompt, tools))
     }
 
     /// Validates a `/v1/completions` body.
@@ -229,17 +243,7 @@ impl Validator<'_> {
         self.check_model(&f)?;
         let tok = self.tokenizer()?;
         if obj.contains_key("messages") {
-            let messages = messages(obj.get("messages"))?;
-            self.fits(message_bytes(&messages), "messages")?;
-            let kwargs = chat_template_kwargs(&f)?;
-            let tools = tools::request(&obj)?;
-            let opts = ChatOptions {
-                add_generation_prompt: f.bool("add_generation_prompt", true)?,
-                tools: tools.as_ref().and_then(ToolRequest::rendered),
-                kwargs: kwargs.as_ref(),
-            };
-            // The rendered template holds its special tokens (BOS) already, so nothing is added.
-            return Ok(tok.encode_chat(&messages, opts)?);
+            return Ok(self.chat_prompt(&obj, &f)?.0);
         }
         let prompt = f
             .opt::<String>("prompt")?
