@@ -1,15 +1,11 @@
 //! DeepSeek-V3 weights and forward pass: MLA attention over the paged latent cache, dense MLP
 //! for the first layers, MoE with shared experts after.
 
-use std::path::Path;
-
 use super::config::ModelConfig;
-use super::load::Loader;
-use super::rope::cos_sin_table;
 use crate::backend::{AddNorm, AttnBatch, Backend, MlaDims, Rotary, Router, RouterParams};
 use crate::error::{EngineError, Result};
 use crate::parallel::{Axis, Collectives, RankCoord};
-use crate::weights::{LoadFormat, Weights};
+use crate::weights::LoadFormat;
 
 /// The two projections of an attention layer's input: q's (`q_a_proj` under q LoRA, else
 /// `q_proj`) and `kv_a_proj_with_mqa`'s, apart or stacked into one weight
@@ -64,18 +60,18 @@ pub(super) struct Layer<B: Backend> {
 
 /// One rank's part of a loaded model (the whole model on a group of one).
 pub struct Model<B: Backend> {
-    cfg: ModelConfig,
-    coord: RankCoord,
-    embed: B::Tensor,
-    layers: Vec<Layer<B>>,
-    norm: B::Tensor,
+    pub(super) cfg: ModelConfig,
+    pub(super) coord: RankCoord,
+    pub(super) embed: B::Tensor,
+    pub(super) layers: Vec<Layer<B>>,
+    pub(super) norm: B::Tensor,
     /// On the ranks that sample (TP rank 0 of each DP rank).
-    lm_head: Option<B::Weight>,
-    cos_sin: B::Tensor,
-    max_len: usize,
+    pub(super) lm_head: Option<B::Weight>,
+    pub(super) cos_sin: B::Tensor,
+    pub(super) max_len: usize,
     /// This rank's heads.
-    dims: MlaDims,
-    router: RouterParams,
+    pub(super) dims: MlaDims,
+    pub(super) router: RouterParams,
 }
 
 /// How a model is loaded.
@@ -103,67 +99,6 @@ pub struct StepInput {
 }
 
 impl<B: Backend> Model<B> {
-    /// Loads the model in `dir` onto `be`: a group of one.
-    pub fn load(be: &B, dir: &Path, opts: LoadOptions) -> Result<Self> {
-        Self::load_shard(be, dir, opts, RankCoord::single())
-    }
-
-    /// Loads rank `coord`'s part of the model in `dir` (reading only that part).
-    pub fn load_shard(be: &B, dir: &Path, opts: LoadOptions, coord: RankCoord) -> Result<Self> {
-        let cfg = ModelConfig::from_dir(dir)?;
-        coord.par.validate(&cfg)?;
-        let weights = Weights::open(dir, &cfg, opts.format)?;
-        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let outside = weights.part(None);
-        let l = Loader { be, ck: &outside, cfg: &cfg, coord };
-        let embed = be.upload(&outside.f32("model.embed_tokens.weight", &[v, h])?, v, h)?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        let t0 = std::time::Instant::now();
-        let mut last = t0;
-        for i in 0..cfg.num_hidden_layers {
-            let part = weights.part(Some(i));
-            layers.push(Loader { be, ck: &part, cfg: &cfg, coord }.layer(i)?);
-            // A progress line per rank every 10 s of a long load (R1 is 163 files).
-            if last.elapsed().as_secs() >= 10 {
-                last = std::time::Instant::now();
-                let (layer, of, s) = (i + 1, cfg.num_hidden_layers, t0.elapsed().as_secs());
-                tracing::info!(rank = coord.rank(), layer, of, s, "loading");
-            }
-        }
-        let lm_name = if outside.contains("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
-        let lm_head = if coord.samples() { Some(l.linear(lm_name, v, h)?) } else { None };
-        let norm = l.vector("model.norm.weight", h)?;
-        let max_len = opts.max_len.unwrap_or(cfg.max_position_embeddings);
-        if max_len == 0 {
-            return Err(EngineError::InvalidRequest("max_model_len must be positive".into()));
-        }
-        let mtp = format!("model.layers.{}.", cfg.num_hidden_layers);
-        let unread: Vec<String> = weights.unread().into_iter().filter(|n| !n.starts_with(&mtp)).collect();
-        // A rank of a larger group reads only its part.
-        if !unread.is_empty() && coord.par.world() == 1 {
-            tracing::warn!(count = unread.len(), first = %unread[0], "checkpoint tensors not used by the model");
-        }
-        let cos_sin = be.upload(&cos_sin_table(&cfg, max_len), max_len, cfg.qk_rope_head_dim)?;
-        let dims = MlaDims {
-            heads: coord.heads(cfg.num_attention_heads).len(),
-            nope: cfg.qk_nope_head_dim,
-            rope: cfg.qk_rope_head_dim,
-            v: cfg.v_head_dim,
-            kv_lora: cfg.kv_lora_rank,
-            scale: cfg.softmax_scale(),
-        };
-        let router = RouterParams {
-            n_experts: cfg.n_routed_experts,
-            n_group: cfg.n_group,
-            topk_group: cfg.topk_group,
-            top_k: cfg.num_experts_per_tok,
-            norm_topk_prob: cfg.norm_topk_prob,
-            scaling: cfg.routed_scaling_factor,
-            shared: 0,
-        };
-        Ok(Model { embed, layers, norm, lm_head, cos_sin, max_len, dims, router, cfg, coord })
-    }
-
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }

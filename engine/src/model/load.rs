@@ -1,14 +1,80 @@
-//! Builds one rank's part of the model from a memory-mapped checkpoint: only this rank's heads,
-//! intermediate slices and experts are read (see [`crate::parallel`] for the placement).
+//! Builds one rank's part of the model from a memory-mapped checkpoint ([`Model::load_shard`]):
+//! only this rank's heads, intermediate slices and experts are read (see [`crate::parallel`] for
+//! the placement).
 
 use std::ops::Range;
+use std::path::Path;
 
 use super::config::ModelConfig;
-use super::deepseek::{Attention, Dense, InputProj, Layer, Mlp, SharedExperts};
-use crate::backend::{Backend, ExpertSource};
-use crate::error::Result;
+use super::deepseek::{Attention, Dense, InputProj, Layer, LoadOptions, Mlp, Model, SharedExperts};
+use super::rope::cos_sin_table;
+use crate::backend::{Backend, ExpertSource, MlaDims, RouterParams};
+use crate::error::{EngineError, Result};
 use crate::parallel::{ExpertShard, RankCoord};
-use crate::weights::{Checkpoint, LinearSource, OwnedLinear};
+use crate::weights::{Checkpoint, LinearSource, OwnedLinear, Weights};
+
+impl<B: Backend> Model<B> {
+    /// Loads the model in `dir` onto `be`: a group of one.
+    pub fn load(be: &B, dir: &Path, opts: LoadOptions) -> Result<Self> {
+        Self::load_shard(be, dir, opts, RankCoord::single())
+    }
+
+    /// Loads rank `coord`'s part of the model in `dir` (reading only that part).
+    pub fn load_shard(be: &B, dir: &Path, opts: LoadOptions, coord: RankCoord) -> Result<Self> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        coord.par.validate(&cfg)?;
+        let weights = Weights::open(dir, &cfg, opts.format)?;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let outside = weights.part(None);
+        let l = Loader { be, ck: &outside, cfg: &cfg, coord };
+        let embed = be.upload(&outside.f32("model.embed_tokens.weight", &[v, h])?, v, h)?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        let t0 = std::time::Instant::now();
+        let mut last = t0;
+        for i in 0..cfg.num_hidden_layers {
+            let part = weights.part(Some(i));
+            layers.push(Loader { be, ck: &part, cfg: &cfg, coord }.layer(i)?);
+            // A progress line per rank every 10 s of a long load (R1 is 163 files).
+            if last.elapsed().as_secs() >= 10 {
+                last = std::time::Instant::now();
+                let (layer, of, s) = (i + 1, cfg.num_hidden_layers, t0.elapsed().as_secs());
+                tracing::info!(rank = coord.rank(), layer, of, s, "loading");
+            }
+        }
+        let lm_name = if outside.contains("lm_head.weight") { "lm_head" } else { "model.embed_tokens" };
+        let lm_head = if coord.samples() { Some(l.linear(lm_name, v, h)?) } else { None };
+        let norm = l.vector("model.norm.weight", h)?;
+        let max_len = opts.max_len.unwrap_or(cfg.max_position_embeddings);
+        if max_len == 0 {
+            return Err(EngineError::InvalidRequest("max_model_len must be positive".into()));
+        }
+        let mtp = format!("model.layers.{}.", cfg.num_hidden_layers);
+        let unread: Vec<String> = weights.unread().into_iter().filter(|n| !n.starts_with(&mtp)).collect();
+        // A rank of a larger group reads only its part.
+        if !unread.is_empty() && coord.par.world() == 1 {
+            tracing::warn!(count = unread.len(), first = %unread[0], "checkpoint tensors not used by the model");
+        }
+        let cos_sin = be.upload(&cos_sin_table(&cfg, max_len), max_len, cfg.qk_rope_head_dim)?;
+        let dims = MlaDims {
+            heads: coord.heads(cfg.num_attention_heads).len(),
+            nope: cfg.qk_nope_head_dim,
+            rope: cfg.qk_rope_head_dim,
+            v: cfg.v_head_dim,
+            kv_lora: cfg.kv_lora_rank,
+            scale: cfg.softmax_scale(),
+        };
+        let router = RouterParams {
+            n_experts: cfg.n_routed_experts,
+            n_group: cfg.n_group,
+            topk_group: cfg.topk_group,
+            top_k: cfg.num_experts_per_tok,
+            norm_topk_prob: cfg.norm_topk_prob,
+            scaling: cfg.routed_scaling_factor,
+            shared: 0,
+        };
+        Ok(Model { embed, layers, norm, lm_head, cos_sin, max_len, dims, router, cfg, coord })
+    }
+}
 
 /// A linear weight's stored source and the rows (outputs) and columns (inputs) this rank keeps.
 struct Part<'a> {
