@@ -6,9 +6,22 @@
 use cleave_engine::{FinishReason, TokenOutput};
 
 use crate::reasoning::ReasoningSplitter;
-use crate::sse::ResponseMeta;
 use crate::tools::{ToolCallDelta, ToolCallParser};
 use crate::validate::Endpoint;
+
+/// What every chunk (streaming) or the one body (not streaming) of one response shares.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    /// `chatcmpl-...` or `cmpl-...`; also the request id in logs.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+    pub prompt_tokens: usize,
+    pub include_usage: bool,
+    pub logprobs: bool,
+}
 
 /// How a response's output is read.
 #[derive(Debug, Clone)]

@@ -20,10 +20,11 @@ use tracing::{debug, info, warn};
 
 use crate::backend::TokenEvents;
 use crate::choice::OutputParsing;
+use crate::choice::ResponseMeta;
 use crate::collect::Collector;
 use crate::errors::ApiError;
 use crate::reasoning::ReasoningSplitter;
-use crate::sse::{ResponseMeta, StreamFormatter};
+use crate::sse::StreamFormatter;
 use crate::validate::{Endpoint, GenerateRequest};
 use crate::State;
 

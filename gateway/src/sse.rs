@@ -12,7 +12,7 @@ use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 use serde::Serialize;
 
-use crate::choice::{ChoiceDelta, ChoiceState, OutputParsing};
+use crate::choice::{ChoiceDelta, ChoiceState, OutputParsing, ResponseMeta};
 use crate::errors::ApiError;
 use crate::openai::{
     ChatChunk, ChatChunkChoice, ChatDelta, Completion, CompletionChoice, DeltaReasoning, TokenStrings, ToolCallChunk,
@@ -29,20 +29,6 @@ pub fn write_event<T: Serialize>(out: &mut Vec<u8>, value: &T) {
     // Serializing these plain structs cannot fail; an error would only truncate the event.
     let _ = serde_json::to_writer(&mut *out, value);
     out.extend_from_slice(b"\n\n");
-}
-
-/// What every chunk of one response shares.
-#[derive(Debug, Clone)]
-pub struct ResponseMeta {
-    /// `chatcmpl-...` or `cmpl-...`; also the request id in logs.
-    pub id: String,
-    /// Unix seconds.
-    pub created: u64,
-    pub model: String,
-    pub endpoint: Endpoint,
-    pub prompt_tokens: usize,
-    pub include_usage: bool,
-    pub logprobs: bool,
 }
 
 /// Turns the token outputs of `n` choices into SSE bytes.
