@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod bench;
+pub mod chart;
 pub mod charts;
 pub mod cli;
 pub mod client;
@@ -11,6 +12,7 @@ pub mod dataset;
 pub mod metrics;
 pub mod mixed;
 pub mod multi_turn;
+pub mod points;
 pub mod report;
 pub mod runner;
 pub mod sharegpt;

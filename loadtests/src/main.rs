@@ -4,12 +4,12 @@ use anyhow::Result;
 use clap::Parser;
 
 use cleave_bench::cli::{Cli, Command};
-use cleave_bench::{batch, bench, charts, mixed, multi_turn, soak, sweep};
+use cleave_bench::{batch, bench, chart, mixed, multi_turn, soak, sweep};
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     if let Some(Command::Chart(args)) = cli.command {
-        return charts::main(args);
+        return chart::main(args);
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
