@@ -8,6 +8,8 @@
 # both can share one call: `bash kernels/bench/run200-zero-fold-h200.sh; bash kernels/bench/run199-ncu-dense.sh`.
 # First try (results/run199a-*): on 30 layers ncu's replays saved and restored most of the GPU's
 # memory, so neither pass finished in 90 s.
+# Ran on a84b4a3 ($P) and 7c77159 ($C), one H100, session 37: docs/benchmarks.md "Where the one-row
+# dense AWQ GEMMs wait", results/run199.tgz.
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-199}
 nvidia-smi --query-gpu=name --format=csv,noheader

@@ -7,6 +7,7 @@
 # Not run yet: session 36's tries got no machine three times, and the one H200 that came was
 # taken back before the call finished. Build 7c77159 as .carry/cleave.gz and the current source
 # as .carry/cleave-prev.gz, then run it (about 300 s).
+# Ran on a84b4a3 ($P) and 7c77159 ($C), session 37, but on an H100 (no H200 came): results/run200.tgz.
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-200}
 nvidia-smi --query-gpu=name --format=csv,noheader

@@ -6,6 +6,7 @@
 # run 199's list) and the 63 MB one (launch 7, o_proj), the 40 instructions with most stall
 # samples each. `timeout 200 bash kernels/bench/run201-sass-dense.sh [RUN]` with the current
 # source as .carry/cleave-prev.gz.
+# Ran on a84b4a3, one H100, session 37: results/run201-sass-*.txt.
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-201}
 nvidia-smi --query-gpu=name --format=csv,noheader
