@@ -70,6 +70,7 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal)?;
         // One stream per device: ordering is the stream's, so cudarc's per-buffer events are
         // pure overhead.
+        // SAFETY: no stream or buffer of this context exists yet, so none relies on the events.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let (maj, min) = ctx.compute_capability()?;
@@ -291,6 +292,8 @@ impl Gpu {
     /// Counted in [`Gpu::device_allocs`].
     pub fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.no_capture("allocate device memory")?;
+        // SAFETY: the memory is uninitialized, as this method's doc says; every caller writes it
+        // (a kernel's output, a copy) before reading it.
         let s = unsafe { self.stream.alloc::<T>(n.max(1)) }?;
         self.allocs.set(self.allocs.get() + 1);
         Ok(s)
@@ -308,6 +311,7 @@ impl Gpu {
     /// `ptr` holds `bytes` bytes: a device address of this context.
     pub unsafe fn memset(&self, ptr: u64, value: u8, bytes: usize) -> Result<()> {
         if bytes > 0 {
+            // SAFETY: the caller's contract (# Safety above): `bytes` bytes at `ptr` of this context.
             unsafe { drv::memset_d8_async(ptr, value, bytes, self.stream.cu_stream()) }?;
         }
         Ok(())
@@ -316,11 +320,15 @@ impl Gpu {
     /// Host -> device copy of raw values to `ptr` (ordered on the stream).
     ///
     /// # Safety
-    /// `ptr` holds `src.len()` values of `T`: a device address of this context.
+    /// `ptr` holds `src.len()` values of `T`: a device address of this context. `src` is pageable
+    /// host memory (not a pinned buffer, which the copy would read after this returns).
     pub unsafe fn htod<T>(&self, src: &[T], ptr: u64) -> Result<()> {
         self.no_capture("copy from the host")?;
         if !src.is_empty() {
             self.ctx.bind_to_thread()?;
+            // SAFETY: `ptr` holds `src.len()` values (the caller's contract). `src` is pageable
+            // (the contract again), and from pageable memory the driver has staged the bytes
+            // before the call returns (CUDA's documented behaviour), so `src` may go after it.
             unsafe { drv::memcpy_htod_async(ptr, src, self.stream.cu_stream()) }?;
         }
         Ok(())
@@ -335,6 +343,8 @@ impl Gpu {
         self.no_capture("copy to the host")?;
         if !dst.is_empty() {
             self.ctx.bind_to_thread()?;
+            // SAFETY: `ptr` holds `dst.len()` valid values of `T` (the caller's contract), and
+            // `dst` stays borrowed until the `sync` below has waited for the copy.
             unsafe { drv::memcpy_dtoh_async(dst, ptr, self.stream.cu_stream()) }?;
         }
         self.sync()
@@ -346,6 +356,8 @@ impl Gpu {
     /// `dst` and `src` each hold `bytes` bytes, not overlapping: device addresses of this context.
     pub unsafe fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         if bytes > 0 {
+            // SAFETY: `dst` and `src` each hold `bytes` bytes and do not overlap (the caller's
+            // contract).
             unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }?;
         }
         Ok(())
@@ -368,8 +380,10 @@ pub fn ptr<T>(s: &CudaSlice<T>) -> u64 {
 /// driver at every synchronization, so that steady-state steps do not call into the allocator.
 fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
     let mut pool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer and the device is this live context's.
     unsafe { drv_sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result()?;
     let mut threshold: u64 = u64::MAX;
+    // SAFETY: the release threshold attribute takes a pointer to a u64, which lives across the call.
     unsafe {
         drv_sys::cuMemPoolSetAttribute(
             pool,
