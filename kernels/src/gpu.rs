@@ -292,8 +292,9 @@ impl Gpu {
     /// Counted in [`Gpu::device_allocs`].
     pub fn alloc<T: cudarc::driver::DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
         self.no_capture("allocate device memory")?;
-        // SAFETY: the memory is uninitialized, as this method's doc says; every caller writes it
-        // (a kernel's output, a copy) before reading it.
+        // SAFETY: `T: DeviceRepr` is plain data and the memory is device memory, never read as
+        // Rust values in place: its bytes reach the host only through `dtoh`, whose contract asks
+        // for valid `T`s there (any bytes, for the plain numbers it is used with).
         let s = unsafe { self.stream.alloc::<T>(n.max(1)) }?;
         self.allocs.set(self.allocs.get() + 1);
         Ok(s)
