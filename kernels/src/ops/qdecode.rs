@@ -31,7 +31,8 @@ pub enum QMma {
     /// `mma.sync` with the tokens as the 16-row A operand and the weights as B.
     TokensA,
     /// `mma.sync` (AWQ, tiles of 8 rows) with the weights as the 16-row A operand and the tokens as
-    /// N: half the MMAs and scale folds of [`QMma::TokensA`] for 8 rows.
+    /// N: half the MMAs and scale folds of [`QMma::TokensA`] for 8 rows. Each warp streams its
+    /// own columns through its own part of every stage, with no block barrier.
     TokensN,
     /// Warpgroup MMAs (AWQ, sm_90a, 64 rows): the weights as the 64-row register operand, the
     /// tile's 64 tokens as N read by the tensor cores from shared memory, each weight unpacked once
@@ -152,7 +153,12 @@ impl QPersist {
             QFormat::AwqInt4 => self.bn / 8,
             QFormat::Fp8E4m3 => self.bm,
         };
-        let used = self.bm * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4;
+        // TokensN stages are four warps' private parts, each with its own copy of the token tile.
+        let token_copies = if self.mma == TokensN { 4 } else { 1 };
+        let used = token_copies * self.bm * self.bk * xb
+            + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4
+            + self.bn * sb
+            + tail * 4;
         if self.mma == Wgmma {
             used.next_multiple_of(1024)
         } else {
