@@ -537,6 +537,8 @@ extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_f32(QGP_ARGS)
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_5_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 5, 0, 8>(QGP_PASS); }
+extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_5_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 5, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 0, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }
