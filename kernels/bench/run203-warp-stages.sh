@@ -6,6 +6,8 @@
 # V2-Lite in AWQ at batch 1 and 64 if time is left.
 # `timeout 580 bash kernels/bench/run203-warp-stages.sh [RUN]` with the change built as
 # .carry/cleave.gz and the source before it as .carry/cleave-prev.gz.
+# Ran on bcb147c ($C) and a84b4a3 ($P), one H100, session 38: 3-6% slower everywhere, reverted
+# (results/run203.tgz). To run it again, build bcb147c as .carry/cleave.gz.
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-203}
 nvidia-smi --query-gpu=name --format=csv,noheader

@@ -63,24 +63,17 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                                               float* __restrict__ sk_ws, u32* __restrict__ sk_flag,
                                               float* __restrict__ Y2, int first) {
     constexpr int WPL = FMT == 0 ? 1 : 2, KU = BK / 32, NT = BN / 32, XB = FMT == 0 ? 2 : 1, SB = FMT == 0 ? 2 : 4;
-    // Warp-private stages (TOK 8 on mma.sync): each warp copies its own columns' weights, scales
-    // and zero points and its own copy of the token tile, and waits for them alone (cp.async wait
-    // and __syncwarp), so that no warp waits at a block barrier for another's copies. Its part of
-    // a stage is laid out as a whole stage of BN / 4 columns; CT threads copy a part.
-    constexpr bool WP = TOK == 8 && !WG;
-    constexpr int CT = WP ? 32 : 128, BNP = WP ? BN / 4 : BN;  // copying threads and columns per part
     constexpr int ACH = BK * XB / 16;                     // A chunks per row
     constexpr int BM = TOK * MT, A_BYTES = BM * ACH * 16, UCH = KU * 8 * WPL;  // UCH: B chunks per column block
-    constexpr int B_BYTES = (BNP / 8) * UCH * 16, S_BYTES = BNP * SB;
-    constexpr int Z_WORDS = FMT == 0 ? BNP / 8 : 0, XS_ROWS = FMT == 1 ? BM : 0;
+    constexpr int B_BYTES = (BN / 8) * UCH * 16, S_BYTES = BN * SB;
+    constexpr int Z_WORDS = FMT == 0 ? BN / 8 : 0, XS_ROWS = FMT == 1 ? BM : 0;
     constexpr int S_OFF = A_BYTES + B_BYTES, Z_OFF = S_OFF + S_BYTES;
     // wgmma reads the token tile as a 128-byte-swizzled operand: stages 1024-byte aligned.
-    constexpr int PART = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
-    constexpr int STAGE = WG ? (PART + 1023) / 1024 * 1024 : WP ? 4 * PART : PART;
+    constexpr int STAGE_USED = Z_OFF + (Z_WORDS + XS_ROWS) * 4, MT_BYTES = TOK * ACH * 16;
+    constexpr int STAGE = WG ? (STAGE_USED + 1023) / 1024 * 1024 : STAGE_USED;
     constexpr int NJ = TOK == 16 ? NT : NT / 2;  // accumulator tiles per row tile and warp
-    constexpr int CA = (BM * ACH + CT - 1) / CT, CB = (BNP / 8) * UCH / CT, SCH = S_BYTES / 16;
-    constexpr int ZT = CT / 2;  // the first thread copying zero points or FP8 token scales
-    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && PART % 16 == 0 && SCH <= ZT && (WG || MT <= 4), "shape");
+    constexpr int CA = (BM * ACH + 127) / 128, CB = (BN / 8) * UCH / 128, SCH = S_BYTES / 16;
+    static_assert(NT >= 1 && NT * 32 == BN && KU * 32 == BK && STAGE % 16 == 0 && SCH <= 64 && (WG || MT <= 4), "shape");
     static_assert(TOK == 16 || (TOK == 8 && FMT == 0 && NT % 2 == 0), "tokens as N: AWQ only, column-group pairs");
     static_assert(!WG || (TOK == 8 && BK == 64 && BN % 64 == 0 && MT == 8), "wgmma: 64-column slabs, 64 tokens");
     extern __shared__ __align__(128) unsigned char qsm[];
@@ -102,11 +95,9 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     const int steps = (int)(w1 - w0), i0 = (int)(w0 / KTI), i1 = (int)((w1 - 1) / KTI) + 1, kt_first = (int)(w0 % KTI);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int cw = warp * (BN / 4);  // this warp's first column within the item (mma.sync)
-    const int ct = WP ? lane : tid, cp0 = WP ? cw : 0;  // copying thread and first column of its part
     // The 8-column group of the item holding this warp's n-tile nt (TOK 8: pair nt / 2's half nt % 2):
     // the warp's own BN / 4 columns, or with wgmma rows 16 warp .. 16 warp + 15 of 64-column slab nt / 2.
     auto grp8 = [&](int nt) { return WG ? 8 * (nt >> 1) + 2 * warp + (nt & 1) : cw / 8 + nt; };
-    auto pgrp8 = [&](int nt) { return WP ? nt : grp8(nt); };  // the same group within the stage part
     // Item -> (tile, column block, split).
     auto decode = [&](int it, int& t, int& cb, int& z) {
         if (dense) {
@@ -148,16 +139,16 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     // of at least 8 chunks (128 bytes) and so meets every shared-memory bank once (runs of 4, 256
     // bytes apart, met half the banks twice: runs 169-170).
     constexpr int L = UCH / CB >= 8 ? UCH / CB : 8, NGP = L / (UCH / CB), CPG = UCH / L;
-    static_assert((BNP / 8) * UCH % CT == 0 && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
-    const int b_r = ct % L;
-    auto b_grp = [&](int k) { return ct / L + k * (CT / L); };
+    static_assert((BN / 8) * UCH % 128 == 0 && UCH % L == 0 && CB == NGP * CPG, "weight chunks per thread");
+    const int b_r = tid % L;
+    auto b_grp = [&](int k) { return tid / L + k * (128 / L); };
     const u32* b_src[NGP];
     u32 b_ok[NGP];
     const unsigned char* s_src = reinterpret_cast<const unsigned char*>(S);  // group 0 of the item's scales
     const u32* z_src = Z;
     const float* xs_src = XS;
     u32 s_ok = 0, z_ok = 0, xs_ok = 0;
-    const int a_c = (ct % ACH) * (16 / XB);  // the channel of this thread's A chunks within a k-tile
+    const int a_c = (tid % ACH) * (16 / XB);  // the channel of this thread's A chunks within a k-tile
     auto set_item = [&]() {
         int t, cb, z, e, rs, rc;
         decode(l_it, t, cb, z);
@@ -166,7 +157,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         const int kt_at = l_kt0 + l_kt;  // the item's first k-tile here (mid-item for a stream-K piece)
 #pragma unroll
         for (int j = 0; j < CA; j++) {
-            const int i = ct + CT * j, r = i / ACH;
+            const int i = tid + 128 * j, r = i / ACH;
             const bool ok = i < BM * ACH && r < rc;
             const int row = ok ? (rowidx ? rowidx[rs + r] : rs + r) : 0;
             a_ok[j] = ok;
@@ -174,36 +165,35 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         }
 #pragma unroll
         for (int k = 0; k < NGP; k++) {
-            const int nb = (cb * BN + cp0) / 8 + b_grp(k);
+            const int nb = cb * (BN / 8) + b_grp(k);
             b_ok[k] = nb * 8 < Np;
             b_src[k] = Wq + (((u64)e * (Np / 8) + (b_ok[k] ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + b_r * 4;
         }
-        if (ct < SCH) {
-            const int col = cb * BN + cp0 + ct * (16 / SB);
+        if (tid < SCH) {
+            const int col = cb * BN + tid * (16 / SB);
             s_ok = col < Np;
             s_src = reinterpret_cast<const unsigned char*>(S) + ((u64)e * KG * Np + (col < Np ? col : 0)) * SB;
         }
-        if (FMT == 0 && ct >= ZT && ct < ZT + Z_WORDS) {
-            const int w = (cb * BN + cp0) / 8 + ct - ZT;
+        if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS) {
+            const int w = cb * (BN / 8) + tid - 64;
             z_ok = w < Np / 8;
             z_src = Z + (u64)e * KG * (Np / 8) + (w < Np / 8 ? w : 0);
         }
-        if (FMT == 1 && ct >= ZT && ct < ZT + XS_ROWS) {
-            const int r = ct - ZT;
+        if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS) {
+            const int r = tid - 64;
             xs_ok = r < rc;
             xs_src = XS + (u64)(r < rc ? (rowidx ? rowidx[rs + r] : rs + r) : 0) * (K / 128);
         }
     };
     const u32 sq = WG ? (smem_u32(qsm) + 1023u) & ~1023u : smem_u32(qsm);
     unsigned char* const qs = qsm + (sq - smem_u32(qsm));
-    const u32 sp = sq + (WP ? warp * PART : 0);  // this warp's part of stage 0
     auto load = [&](int stage) {
-        const u32 st = sp + stage * STAGE;
+        const u32 st = sq + stage * STAGE;
         const int kt = l_kt0 + l_kt, k0 = kt * BK, grp = min(kt >> gshift, KG - 1);  // padding k-tiles: zeros
 #pragma unroll
         for (int j = 0; j < CA; j++) {
-            const int i = ct + CT * j;
-            if (CA * CT > BM * ACH && i >= BM * ACH) break;
+            const int i = tid + 128 * j;
+            if (CA * 128 > BM * ACH && i >= BM * ACH) break;
             cp_async16_if(st + qswz<ACH>(i / ACH, i % ACH), a_src[j], k0 + a_c < K ? a_ok[j] : 0u);
             a_src[j] += BK * XB;
         }
@@ -214,9 +204,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             for (int m = 0; m < CPG; m++) cp_async16_if(b_dst + m * L * 16, b_src[k] + m * L * 4, b_ok[k]);
             b_src[k] += KU * 32 * WPL;
         }
-        if (ct < SCH) cp_async16_if(st + S_OFF + ct * 16, s_src + grp * (Np * SB), s_ok);
-        if (FMT == 0 && ct >= ZT && ct < ZT + Z_WORDS) cp_async4_if(st + Z_OFF + (ct - ZT) * 4, z_src + grp * (Np / 8), z_ok);
-        if (FMT == 1 && ct >= ZT && ct < ZT + XS_ROWS) cp_async4_if(st + Z_OFF + (ct - ZT) * 4, xs_src + (k0 >> 7), xs_ok);
+        if (tid < SCH) cp_async16_if(st + S_OFF + tid * 16, s_src + grp * (Np * SB), s_ok);
+        if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS)
+            cp_async4_if(st + Z_OFF + (tid - 64) * 4, z_src + grp * (Np / 8), z_ok);
+        if (FMT == 1 && tid >= 64 && tid < 64 + XS_ROWS) cp_async4_if(st + Z_OFF + (tid - 64) * 4, xs_src + (k0 >> 7), xs_ok);
         if (++l_kt == KTI) {
             l_kt = 0;
             if (++l_it < i1) set_item();
@@ -247,17 +238,14 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
     for (int s = 0; s < steps; s++) {
         cp_async_wait<ST - 2>();
         if (WG) fence_proxy_async();
-        if (WP)
-            __syncwarp();
-        else
-            __syncthreads();
+        __syncthreads();
         if (s + ST - 1 < steps) load(ls);
         cp_async_commit();
         ls = ls + 1 == ST ? 0 : ls + 1;
-        const unsigned char* st = qs + (sp - sq) + cs * STAGE;
-        const u32 sst = sp + cs * STAGE;
+        const unsigned char* st = qs + cs * STAGE;
+        const u32 sst = sq + cs * STAGE;
         const u32* sb = reinterpret_cast<const u32*>(st + A_BYTES);
-        auto word = [&](int nt, int u) { return sb[(pgrp8(nt) * KU + u) * 32 + lane]; };  // AWQ: unit u of n-tile nt
+        auto word = [&](int nt, int u) { return sb[(grp8(nt) * KU + u) * 32 + lane]; };  // AWQ: unit u of n-tile nt
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -273,7 +261,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) zz[nt] = sz[grp8(nt)];
             } else {
-                lds_words(zz, sz + pgrp8(0));  // the warp's groups are consecutive
+                lds_words(zz, sz + cw / 8);  // the warp's groups are consecutive
             }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(zz[nt], 4 * g);
@@ -332,7 +320,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
-                const float s0 = h2f(ss[8 * pgrp8(2 * j) + g]), s1 = h2f(ss[8 * pgrp8(2 * j + 1) + g]);
+                const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
@@ -537,8 +525,6 @@ extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_f32(QGP_ARGS)
 extern "C" __global__ void __launch_bounds__(128) qgp_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 0, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_4_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 4, 1, 8>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_5_f32(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 5, 0, 8>(QGP_PASS); }
-extern "C" __global__ void __launch_bounds__(128) qgp8_awq_256_64_5_silu(QGP_ARGS) { qg_persistent<0, 1, 256, 64, 5, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_f32(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 0, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp8_awq_128_64_6_silu(QGP_ARGS) { qg_persistent<0, 1, 128, 64, 6, 1, 8>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_f32(QGP_ARGS) { qg_persistent<0, 4, 64, 64, 4, 0>(QGP_PASS); }

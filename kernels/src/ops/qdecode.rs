@@ -31,8 +31,7 @@ pub enum QMma {
     /// `mma.sync` with the tokens as the 16-row A operand and the weights as B.
     TokensA,
     /// `mma.sync` (AWQ, tiles of 8 rows) with the weights as the 16-row A operand and the tokens as
-    /// N: half the MMAs and scale folds of [`QMma::TokensA`] for 8 rows. Each warp streams its
-    /// own columns through its own part of every stage, with no block barrier.
+    /// N: half the MMAs and scale folds of [`QMma::TokensA`] for 8 rows.
     TokensN,
     /// Warpgroup MMAs (AWQ, sm_90a, 64 rows): the weights as the 64-row register operand, the
     /// tile's 64 tokens as N read by the tensor cores from shared memory, each weight unpacked once
@@ -45,10 +44,9 @@ pub enum QMma {
 type Compiled = (QFormat, usize, usize, usize, usize, QMma, &'static str, &'static str);
 
 /// Every compiled shape.
-const QGP_KERNELS: [Compiled; 20] = [
+const QGP_KERNELS: [Compiled; 19] = [
     (QFormat::AwqInt4, 64, 64, 64, 4, Wgmma, "qgw64_awq_64_64_4_f32", "qgw64_awq_64_64_4_silu"),
     (QFormat::AwqInt4, 8, 256, 64, 4, TokensN, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
-    (QFormat::AwqInt4, 8, 256, 64, 5, TokensN, "qgp8_awq_256_64_5_f32", "qgp8_awq_256_64_5_silu"),
     (QFormat::AwqInt4, 8, 128, 64, 6, TokensN, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
     (QFormat::AwqInt4, 16, 64, 64, 8, TokensA, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
     (QFormat::AwqInt4, 16, 64, 128, 4, TokensA, "qgp_awq_64_128_4_f32", "qgp_awq_64_128_4_silu"),
@@ -154,12 +152,7 @@ impl QPersist {
             QFormat::AwqInt4 => self.bn / 8,
             QFormat::Fp8E4m3 => self.bm,
         };
-        // TokensN stages are four warps' private parts, each with its own copy of the token tile.
-        let token_copies = if self.mma == TokensN { 4 } else { 1 };
-        let used = token_copies * self.bm * self.bk * xb
-            + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4
-            + self.bn * sb
-            + tail * 4;
+        let used = self.bm * self.bk * xb + (self.bn / 8) * (self.bk / 32) * 32 * wpl * 4 + self.bn * sb + tail * 4;
         if self.mma == Wgmma {
             used.next_multiple_of(1024)
         } else {
