@@ -31,16 +31,14 @@ use cleave_engine::backend::cpu::CpuBackend;
 use cleave_engine::backend::cuda::{CudaBackend, MlaDecode, Precision};
 use cleave_engine::weights::LoadFormat;
 
-/// Ceilings measured on the H200 test machines (GPU.md).
-pub const HBM_BYTES_PER_S: f64 = 4.3e12;
-
-/// The HBM ceiling of the GPU named `gpu_name` (device copy, read + write): the H200's above;
-/// an H100's as measured on the lent H100s (KINDS.md, about 3.0 TB/s).
+/// The HBM ceiling of the GPU named `gpu_name` in bytes/s (device copy, read + write): an
+/// H100's as measured on the lent H100s (KINDS.md, about 3.0 TB/s), else the H200's (4.3 TB/s,
+/// GPU.md).
 pub fn hbm_ceiling(gpu_name: &str) -> f64 {
     if gpu_name.contains("H100") {
         3.0e12
     } else {
-        HBM_BYTES_PER_S
+        4.3e12
     }
 }
 pub const TC_FLOPS: f64 = 790e12;
@@ -111,7 +109,7 @@ pub struct Args {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Ceiling {
-    /// Memory-bound: bytes/s over 4.3 TB/s.
+    /// Memory-bound: bytes/s over the GPU's HBM ceiling ([`hbm_ceiling`]).
     Mem,
     /// Tensor-core bound: FLOP/s over 790 TFLOP/s.
     Tc,
@@ -137,13 +135,14 @@ impl Row {
     pub fn ok(&self) -> bool {
         self.err.is_finite() && self.err <= self.tol
     }
-    fn ratio(&self) -> String {
+    /// The row's share of its ceiling, memory-bound rows against `hbm` bytes/s.
+    fn ratio(&self, hbm: f64) -> String {
         if !self.us.is_finite() {
             return "-".into();
         }
         let s = self.us * 1e-6;
         match self.ceiling {
-            Ceiling::Mem => format!("{:5.1}% HBM", 100.0 * self.bytes / s / HBM_BYTES_PER_S),
+            Ceiling::Mem => format!("{:5.1}% HBM", 100.0 * self.bytes / s / hbm),
             Ceiling::Tc => format!("{:5.1}% TC", 100.0 * self.flops / s / TC_FLOPS),
             Ceiling::Fp8Tc => format!("{:5.1}% FP8 TC", 100.0 * self.flops / s / FP8_TC_FLOPS),
             Ceiling::None => "-".into(),
@@ -221,9 +220,10 @@ impl XRng {
     }
 }
 
-fn print_table(rows: &[Row]) {
+fn print_table(rows: &[Row], hbm: f64) {
+    println!("\nmemory-bound rows against {:.1} TB/s of HBM", hbm / 1e12);
     println!(
-        "\n{:<24} {:<66} {:>9} {:>6} {:>10} {:>10} {:>9} {:>12}",
+        "{:<24} {:<66} {:>9} {:>6} {:>10} {:>10} {:>9} {:>12}",
         "op", "shape", "rel err", "tol", "median us", "GB/s", "TFLOP/s", "of ceiling"
     );
     for r in rows {
@@ -241,7 +241,7 @@ fn print_table(rows: &[Row]) {
             us,
             gbs,
             tf,
-            r.ratio()
+            r.ratio(hbm)
         );
     }
 }
@@ -369,7 +369,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         rows.append(&mut pctx.rows);
         cu.set_poison(false);
-        print_table(&rows);
+        print_table(&rows, hbm_ceiling(&g.name));
         failed += rows.iter().filter(|r| !r.ok()).count();
     }
     if a.golden.is_some() || !a.compare_model.is_empty() {

@@ -11,7 +11,7 @@ use cleave_kernels::ops::{Align, GemmKernel, GroupedGemm, PersistentGemm};
 use cleave_kernels::{ptr, Gpu};
 
 use super::ops::{kerr, Ctx};
-use super::{experts_touched, rel_err, Ceiling, HBM_BYTES_PER_S};
+use super::{experts_touched, hbm_ceiling, rel_err, Ceiling};
 
 /// Prefetch distances also tried with the fastest shape of each case.
 const OTHER_PREFETCH: [usize; 3] = [0, 2, 8];
@@ -142,7 +142,8 @@ impl Ctx<'_> {
                             }
                         }
                     }
-                    let hbm = |t: f64| 100.0 * bytes as f64 / (t * 1e-6) / HBM_BYTES_PER_S;
+                    let ceiling = hbm_ceiling(&self.cu.gpu().name);
+                    let hbm = |t: f64| 100.0 * bytes as f64 / (t * 1e-6) / ceiling;
                     summary.push(format!(
                         "  {label} {op}: gg16 v2 {us:.1} us ({:.1}% HBM), best ggp{}/{}/{} pf{} {best_us:.1} us ({:.1}% HBM)",
                         hbm(us),

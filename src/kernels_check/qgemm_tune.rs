@@ -14,7 +14,7 @@ use cleave_kernels::{ptr, Gpu};
 
 use super::moe_tune::DecodeTiles;
 use super::ops::{kerr, Ctx};
-use super::{experts_touched, rel_err, Ceiling, HBM_BYTES_PER_S};
+use super::{experts_touched, hbm_ceiling, rel_err, Ceiling};
 
 /// A random compressed stack on the device (the buffers behind a [`QWeights`]).
 struct Synthetic {
@@ -387,7 +387,8 @@ impl Ctx<'_> {
                 }
             }
         }
-        let hbm = |t: f64| 100.0 * c.bytes / (t * 1e-6) / HBM_BYTES_PER_S;
+        let ceiling = hbm_ceiling(&self.cu.gpu().name);
+        let hbm = |t: f64| 100.0 * c.bytes / (t * 1e-6) / ceiling;
         let best =
             best.map_or("none passed".to_string(), |(us, shape)| format!("{shape} {us:.1} us ({:.1}% HBM)", hbm(us)));
         summary.push(format!("  {tag} {}: tiled {t_us:.1} us ({:.1}% HBM), persistent {best}", c.label, hbm(t_us)));
