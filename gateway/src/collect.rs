@@ -6,8 +6,7 @@ use std::sync::Arc;
 use cleave_engine::tokenizer::Tokenizer;
 use cleave_engine::TokenOutput;
 
-use crate::choice::ResponseMeta;
-use crate::choice::{ChoiceState, OutputParsing, TokenLogprob};
+use crate::choice::{ChoiceState, OutputParsing, ResponseMeta, TokenLogprob};
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatCompletion, Completion, CompletionChoice, MessageFunction, MessageReasoning,
     MessageToolCall, TokenStrings, Usage,

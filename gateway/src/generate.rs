@@ -19,8 +19,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::backend::TokenEvents;
-use crate::choice::OutputParsing;
-use crate::choice::ResponseMeta;
+use crate::choice::{OutputParsing, ResponseMeta};
 use crate::collect::Collector;
 use crate::errors::ApiError;
 use crate::reasoning::ReasoningSplitter;

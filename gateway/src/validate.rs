@@ -162,9 +162,9 @@ impl Validator<'_> {
         let f = Fields(&obj);
         self.check_model(&f)?;
         let mut req = self.common(&f, Endpoint::Chat)?;
-        let (prompt, tools) = self.chat_prompt(&obj, &f)?;
-        req.prompt = prompt;
         let tok = self.tokenizer()?;
+        let (prompt, tools) = self.chat_prompt(tok, &obj, &f)?;
+        req.prompt = prompt;
         let mut constraint = structured::constraint(&obj)?;
         if let Some(t) = tools.as_ref().filter(|t| t.parses()) {
             let tokens = ToolTokens::of(tok).ok_or_else(|| {
@@ -192,12 +192,13 @@ impl Validator<'_> {
         self.finish(&f, req, "messages")
     }
 
-    /// A chat body's prompt: its `messages` through the chat template, with
+    /// A chat body's prompt: its `messages` through `tok`'s chat template, with
     /// `add_generation_prompt` (default true), `chat_template_kwargs` and the tools it declares
     /// (returned too). The rendered template holds its special tokens (BOS) already, so nothing
     /// is added.
     fn chat_prompt(
         &self,
+        tok: &Tokenizer,
         obj: &Map<String, Value>,
         f: &Fields<'_>,
     ) -> Result<(Vec<u32>, Option<ToolRequest>), ApiError> {
@@ -210,7 +211,7 @@ impl Validator<'_> {
             tools: tools.as_ref().and_then(ToolRequest::rendered),
             kwargs: kwargs.as_ref(),
         };
-        let prompt = self.tokenizer()?.encode_chat(&messages, opts)?;
+        let prompt = tok.encode_chat(&messages, opts)?;
         Ok((prompt, tools))
     }
 
@@ -243,7 +244,7 @@ impl Validator<'_> {
         self.check_model(&f)?;
         let tok = self.tokenizer()?;
         if obj.contains_key("messages") {
-            return Ok(self.chat_prompt(&obj, &f)?.0);
+            return Ok(self.chat_prompt(tok, &obj, &f)?.0);
         }
         let prompt = f
             .opt::<String>("prompt")?

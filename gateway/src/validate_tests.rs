@@ -165,3 +165,16 @@ fn completion_prompts_text_ids_and_limits() {
     );
     assert!(completion(&tok, json!({"prompt": vec![1; 100]})).is_err(), "no room left at all");
 }
+
+#[test]
+fn without_a_tokenizer_text_is_refused_and_token_ids_pass() {
+    let (info, d) = (info(), SamplingDefaults::default());
+    let v = Validator { info: &info, tokenizer: None, defaults: &d, max_n: 8 };
+    let no_tok = |r: Result<(), ApiError>| matches!(r, Err(ApiError::InvalidRequest(m)) if m.contains("no tokenizer"));
+    let messages = json!({"messages": [{"role": "user", "content": "hi"}]}).to_string();
+    assert!(no_tok(v.chat(messages.as_bytes()).map(|_| ())));
+    assert!(no_tok(v.tokenize(messages.as_bytes()).map(|_| ())));
+    assert!(no_tok(v.completion(json!({"prompt": "hi"}).to_string().as_bytes()).map(|_| ())));
+    let ids = v.completion(json!({"prompt": [5, 9, 13], "max_tokens": 2}).to_string().as_bytes()).unwrap();
+    assert_eq!(ids.prompt, vec![5, 9, 13]);
+}

@@ -5,8 +5,8 @@
 # against the build before ($P): qgemm_tune's rows of the 8-row and 16-row shapes with both
 # builds, and 30 V3 layers at batch 1. Asks whether the number of DRAM streams holds the
 # one-row dense GEMMs. `timeout 180 bash kernels/bench/run204-layout-probe.sh` with the probe
-# (commit after run 203's revert) as .carry/cleave.gz, the source before it as .carry/cleave-prev.gz.
-# The probe was commit e2117e5, reverted after the build: build e2117e5 as .carry/cleave.gz to run it.
+# (commit e2117e5, reverted in the source after the build) built as .carry/cleave.gz and the
+# source before it (fabaf5f) as .carry/cleave-prev.gz. Not run yet (session 38: no device time).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-204}
 nvidia-smi --query-gpu=name --format=csv,noheader
