@@ -273,7 +273,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64()
     );
     for m in &g.modules {
-        println!("  module {:<12} {} in {:.3} s", m.name, if m.cached { "from cache" } else { "compiled" }, m.seconds);
+        let replaced = match &m.replaced {
+            Some((dir, files)) => format!(" ({} from {})", files.join(", "), dir.display()),
+            None => String::new(),
+        };
+        let how = if m.cached { "from cache" } else { "compiled" };
+        println!("  module {:<12} {how} in {:.3} s{replaced}", m.name, m.seconds);
     }
     let mla = cleave_kernels::ops::MlaLaunch {
         rows: 1,

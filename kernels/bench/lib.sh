@@ -3,6 +3,9 @@
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
 export CLEAVE_KERNEL_CACHE=/tmp/cleave-kernels
 # The carried binaries travel gzipped; $P is an earlier build for A/B runs, when one came along.
+# Kernel variants need no build of their own: kernels/bench/variant.sh puts a commit's kernel
+# sources into .carry/variants/NAME, and CLEAVE_KERNEL_SOURCES=.carry/variants/NAME in a helper's
+# ENV compiles them in place of $C's embedded ones (kernels-check's module lines name them).
 for z in .carry/*.gz; do [ -f "${z%.gz}" ] || gunzip -k "$z"; done
 C=.carry/cleave; CB=.carry/cleave-bench; P=.carry/cleave-prev
 for b in $C $CB $P; do [ -f $b ] && chmod +x $b; done
@@ -193,11 +196,13 @@ share_steps() {
   grep -oE "moe_route_align [0-9.]+ms/[0-9]+" $f | head -1
 }
 
-# qgemm_tune_run TAG [BIN]: `kernels-check --stages qgemm_tune` with BIN (default $C) into
-# $OUT/runR-TAG.txt (150 s at most); prints the verdict and any failing row.
+# qgemm_tune_run TAG [BIN] [ENV...]: `kernels-check --stages qgemm_tune` with BIN (default $C)
+# and ENV set (e.g. CLEAVE_KERNEL_SOURCES=.carry/variants/NAME) into $OUT/runR-TAG.txt (150 s at
+# most); prints the verdict and any failing row.
 qgemm_tune_run() {
-  local f=$OUT/run$R-$1.txt
-  timeout 150 ${2:-$C} kernels-check --stages qgemm_tune > $f 2>&1
+  local f=$OUT/run$R-$1.txt b=$C; shift
+  [[ -n $1 && $1 != *=* ]] && { b=$1; shift; }
+  env "$@" timeout 150 $b kernels-check --stages qgemm_tune > $f 2>&1
   echo "$1 rc=$? $(( $(date +%s) - S )) s: $(tail -n 1 $f)"
   grep -iE "fail|panic|error" $f | head -5 | cut -c1-200
 }

@@ -177,17 +177,19 @@ mod tests {
     /// Compiles every module for sm_90a when libnvrtc can be opened (no GPU needed), so that
     /// syntax and PTX errors, spills and serialized wgmmas surface before a GPU run; skipped
     /// otherwise. With `CLEAVE_CUBIN_DIR` set, each module's CUBIN is written there as
-    /// `NAME.cubin`, for reading its SASS offline (`nvdisasm -c`, kernels/NOTES.md).
+    /// `NAME.cubin`, for reading its SASS offline (`nvdisasm -c`, kernels/NOTES.md); with
+    /// `CLEAVE_KERNEL_SOURCES` set, a variant's files are compiled in place of the embedded ones.
     #[test]
     fn modules_compile_for_hopper() {
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             eprintln!("skipped: libnvrtc is not on the library path");
             return;
         }
-        for (name, src, _) in crate::MODULES {
-            let full = format!("{}\n{src}", crate::COMMON);
-            let (cubin, log) = resource_report(name, &full, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
-            eprintln!("== {name}.cu: {} bytes of CUBIN\n{log}", cubin.len());
+        let replacements = crate::sources::Replacements::from_env().unwrap_or_else(|e| panic!("{e}"));
+        for (name, files, _) in crate::MODULES {
+            let src = replacements.module(files);
+            let (cubin, log) = resource_report(name, &src.text, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("== {name}.cu{}: {} bytes of CUBIN\n{log}", replaced_note(&src.replaced), cubin.len());
             assert!(!cubin.is_empty());
             if let Some(dir) = std::env::var_os("CLEAVE_CUBIN_DIR") {
                 let path = std::path::Path::new(&dir).join(format!("{name}.cubin"));
@@ -200,6 +202,14 @@ mod tests {
             let serialized: Vec<&str> =
                 log.lines().filter(|l| l.contains("wgmma.mma_async instructions are serialized")).collect();
             assert!(serialized.is_empty(), "{name}.cu: {serialized:?}")
+        }
+    }
+
+    fn replaced_note(files: &[&str]) -> String {
+        if files.is_empty() {
+            String::new()
+        } else {
+            format!(" (with {} from $CLEAVE_KERNEL_SOURCES)", files.join(", "))
         }
     }
 

@@ -4,6 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -11,7 +12,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::{blaslt, compile, ops, probe, smem_limit, KernelError, Result, COMMON, DYN_SMEM_MAX, MODULES};
+use crate::{blaslt, compile, ops, probe, smem_limit, sources, KernelError, Result, DYN_SMEM_MAX, MODULES};
 
 /// How one module was obtained at start-up.
 #[derive(Debug, Clone)]
@@ -19,6 +20,8 @@ pub struct ModuleReport {
     pub name: String,
     pub cached: bool,
     pub seconds: f64,
+    /// The files of the module that `$CLEAVE_KERNEL_SOURCES` replaced, with its directory.
+    pub replaced: Option<(PathBuf, Vec<&'static str>)>,
 }
 
 /// One profiled launch or GEMM: its name and the events before and after it.
@@ -91,10 +94,13 @@ impl Gpu {
         let mut funcs = HashMap::new();
         let mut modules = Vec::new();
         let mut reports = Vec::new();
-        for (mname, src, fnames) in MODULES {
-            let full = format!("{COMMON}\n{src}");
-            let c = compile::compile_cached(mname, &full, &arch, &gpu_key)?;
-            reports.push(ModuleReport { name: mname.to_string(), cached: c.cached, seconds: c.seconds });
+        let replacements = sources::Replacements::from_env()?;
+        for (mname, files, fnames) in MODULES {
+            let src = replacements.module(files);
+            let c = compile::compile_cached(mname, &src.text, &arch, &gpu_key)?;
+            let replaced =
+                replacements.dir().filter(|_| !src.replaced.is_empty()).map(|d| (d.to_path_buf(), src.replaced));
+            reports.push(ModuleReport { name: mname.to_string(), cached: c.cached, seconds: c.seconds, replaced });
             let m = ctx.load_module(Ptx::from_binary(c.cubin))?;
             for f in *fnames {
                 funcs.insert(*f, m.load_function(f)?);

@@ -1,6 +1,7 @@
 //! CUDA kernels for cleave: CUDA C sources (`src/cu/*.cu`, embedded with `include_str!`) compiled
 //! with NVRTC for the device's architecture (`sm_90a` on H100/H200) at first use and cached on
-//! disk, typed launchers over raw device pointers, cuBLAS GEMMs and an NCCL KV transport.
+//! disk, typed launchers over raw device pointers, cuBLAS GEMMs and an NCCL KV transport. For
+//! kernel experiments, `$CLEAVE_KERNEL_SOURCES` names files that replace embedded ones ([`sources`]).
 //!
 //! Everything is opened with dlopen at run time (cudarc `dynamic-loading`), so this crate builds
 //! and its non-GPU tests run on machines without CUDA; [`probe`] says whether a GPU is usable.
@@ -15,12 +16,21 @@ pub mod nccl;
 pub mod ops;
 pub mod peer;
 pub mod quant;
+pub mod sources;
 
 pub use cudarc;
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext};
 pub use gpu::{ptr, Arg, Gpu, ModuleReport};
 
-pub(crate) const COMMON: &str = include_str!("cu/common.cuh");
+/// One embedded CUDA source file: its name under `src/cu/` and its text.
+pub type CuFile = (&'static str, &'static str);
+macro_rules! cu {
+    ($f:literal) => {
+        ($f, include_str!(concat!("cu/", $f)))
+    };
+}
+/// The header every module starts with.
+pub(crate) const COMMON: CuFile = cu!("common.cuh");
 /// The dynamic shared memory [`Gpu::new`] lets the kernels that need more than 48 KB take (at most
 /// the device's opt-in limit: [`Gpu::dyn_smem_limit`]), but those of [`FULL_SMEM_KERNELS`].
 pub const DYN_SMEM_MAX: usize = 200 * 1024;
@@ -35,11 +45,11 @@ pub(crate) fn smem_limit(optin: usize, name: &str) -> usize {
         optin.min(DYN_SMEM_MAX)
     }
 }
-/// Kernel modules: name, source, functions.
-pub const MODULES: &[(&str, &str, &[&str])] = &[
+/// Kernel modules: name, source files (after [`COMMON`], in this order), functions.
+pub const MODULES: &[(&str, &[CuFile], &[&str])] = &[
     (
         "elementwise",
-        include_str!("cu/elementwise.cu"),
+        &[cu!("elementwise.cu")],
         &[
             "embedding_f32",
             "rms_norm_f32",
@@ -64,7 +74,7 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
     ),
     (
         "attention",
-        include_str!("cu/attention.cu"),
+        &[cu!("attention.cu")],
         &[
             "mla_decode",
             "mla_decode2",
@@ -75,22 +85,18 @@ pub const MODULES: &[(&str, &str, &[&str])] = &[
             "mla_ref_f32",
         ],
     ),
-    (
-        "mla_decode",
-        concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/mla_decode.cu"), include_str!("cu/mla_decode4.cu")),
-        ops::MLA_DECODE_KERNELS,
-    ),
-    ("prefill", include_str!("cu/prefill.cu"), &["gather_latent", ops::PREFILL_FLASH[0], ops::PREFILL_FLASH[1]]),
-    ("sample", include_str!("cu/sample.cu"), &["sample_rows"]),
-    ("gemv", include_str!("cu/gemv.cu"), ops::GEMV_KERNELS),
-    ("quant", include_str!("cu/quant.cu"), ops::QUANT_KERNELS),
-    ("qdecode", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/qdecode.cu")), ops::QDECODE_KERNELS),
-    ("wgmma", concat!(include_str!("cu/wgmma.cuh"), include_str!("cu/wgmma.cu")), ops::GGW_KERNELS),
-    ("peer", include_str!("cu/peer.cu"), &["peer_all_reduce_f32"]),
-    ("routing", include_str!("cu/routing.cu"), &["moe_route", "moe_align", "moe_route_align", "moe_combine"]),
+    ("mla_decode", &[cu!("wgmma.cuh"), cu!("mla_decode.cu"), cu!("mla_decode4.cu")], ops::MLA_DECODE_KERNELS),
+    ("prefill", &[cu!("prefill.cu")], &["gather_latent", ops::PREFILL_FLASH[0], ops::PREFILL_FLASH[1]]),
+    ("sample", &[cu!("sample.cu")], &["sample_rows"]),
+    ("gemv", &[cu!("gemv.cu")], ops::GEMV_KERNELS),
+    ("quant", &[cu!("quant.cu")], ops::QUANT_KERNELS),
+    ("qdecode", &[cu!("wgmma.cuh"), cu!("qdecode.cu")], ops::QDECODE_KERNELS),
+    ("wgmma", &[cu!("wgmma.cuh"), cu!("wgmma.cu")], ops::GGW_KERNELS),
+    ("peer", &[cu!("peer.cu")], &["peer_all_reduce_f32"]),
+    ("routing", &[cu!("routing.cu")], &["moe_route", "moe_align", "moe_route_align", "moe_combine"]),
     (
         "moe",
-        include_str!("cu/moe.cu"),
+        &[cu!("moe.cu")],
         &[
             "gg16_f32",
             "gg16_silu",
@@ -248,7 +254,8 @@ mod tests {
 
     #[test]
     fn every_module_defines_its_kernels() {
-        for (name, src, fns) in MODULES {
+        for (name, files, fns) in MODULES {
+            let src = sources::Replacements::default().module(files).text;
             for f in *fns {
                 assert!(src.contains(&format!(" {f}(")), "{name}.cu lacks kernel {f}");
             }
@@ -268,7 +275,7 @@ mod tests {
     /// (the source's template argument), smallest first.
     #[test]
     fn mla_combine_instances_hold_their_listed_splits() {
-        let (_, src, _) = MODULES.iter().find(|m| m.0 == "attention").expect("attention module");
+        let src = include_str!("cu/attention.cu");
         assert_eq!(ops::MLA_COMBINE_KERNELS.len(), ops::MLA_COMBINE_SPLITS.len());
         for (k, bound) in ops::MLA_COMBINE_KERNELS.iter().zip(ops::MLA_COMBINE_SPLITS) {
             let def = format!(" {k}(COMBINE_ARGS) {{ mla_combine_t<{bound}>(COMBINE_PASS); }}");

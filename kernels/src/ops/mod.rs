@@ -168,10 +168,11 @@ mod tests {
     #[test]
     fn pdl_kernels_are_loaded_and_wait() {
         for k in pdl_kernels() {
-            let (name, src, _) = crate::MODULES
+            let (name, files, _) = crate::MODULES
                 .iter()
                 .find(|(_, _, fns)| fns.contains(&k))
                 .unwrap_or_else(|| panic!("{k} is in no module"));
+            let src = crate::sources::Replacements::default().module(files).text;
             // pdl_enter (common.cuh) waits and lets the next one launch; qg_persistent waits
             // (pdl_wait) once its first weights are on their way and lets the next one launch last.
             assert!(

@@ -117,6 +117,11 @@ impl CudaBackend {
     pub fn with_precision(ordinal: usize, precision: Precision) -> Result<Self> {
         let variants = Variants::from_env()?;
         let gpu = Gpu::new(ordinal).map_err(kerr)?;
+        for m in &gpu.modules {
+            if let Some((dir, files)) = &m.replaced {
+                tracing::warn!(module = m.name, ?files, dir = %dir.display(), "kernel sources replaced (CLEAVE_KERNEL_SOURCES)");
+            }
+        }
         gpu.set_pdl(variants.pdl);
         Ok(CudaBackend {
             ws: Workspace::new(),
