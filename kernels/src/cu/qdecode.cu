@@ -235,85 +235,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         if (s < steps) load(s);
         cp_async_commit();
     }
-    // wgmma (WG): the k-tile at stage c: this lane's zero points and scales read, the weights
-    // unpacked into the four warps' A fragments (one 64-row operand per slab j, columns 64 j ..
-    // 64 j + 63) and the k-tile's 64 tokens as B, read by the tensor cores from the swizzled tile;
-    // its MMAs issued into p as one group. Every shared-memory read of the stage is done once the
-    // group is (the tokens by the MMAs, the rest before them).
-    auto wg_issue = [&](int c, float (&p)[MT][NJ][4], float (&sc)[NJ][2]) {
-        if constexpr (WG) {
-            const unsigned char* st = qs + c * STAGE;
-            const u32 sst = sq + c * STAGE;
-            const u32* sb = reinterpret_cast<const u32*>(st + A_BYTES);
-            const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
-            const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
-            u32 zz[NT];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(sz[grp8(nt)], 4 * g);
-#pragma unroll
-            for (int j = 0; j < NJ; j++) sc[j][0] = h2f(ss[8 * grp8(2 * j) + g]), sc[j][1] = h2f(ss[8 * grp8(2 * j + 1) + g]);
-#pragma unroll
-            for (int u = 0; u < KU; u++) {
-                u32 a[NJ][2][4];
-#pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    const u32 w0 = sb[(grp8(2 * j) * KU + u) * 32 + lane], w1 = sb[(grp8(2 * j + 1) * KU + u) * 32 + lane];
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        a[j][h][0] = awq_pair(w0, 2 * h, zz[2 * j]), a[j][h][1] = awq_pair(w1, 2 * h, zz[2 * j + 1]);
-                        a[j][h][2] = awq_pair(w0, 2 * h + 1, zz[2 * j]), a[j][h][3] = awq_pair(w1, 2 * h + 1, zz[2 * j + 1]);
-                    }
-                }
-                wg_fence();
-#pragma unroll
-                for (int j = 0; j < NJ; j++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) wgmma_tok_rs(p, j, a[j][h], wg_desc(sst + (2 * u + h) * 32), u + h);
-            }
-            wg_commit();
-        }
-    };
-    // acc += p times its k-tile's group scales (p[mt][j]: columns 8 grp8(2 j) + g (0, 1) and
-    // 8 grp8(2 j + 1) + g (2, 3), tokens 8 mt + 2 t4 and 8 mt + 2 t4 + 1), once p's MMAs are done.
-    auto wg_fold = [&](float (&p)[MT][NJ][4], const float (&sc)[NJ][2]) {
-        wg_fence_regs(reinterpret_cast<float(&)[MT * NJ * 4]>(p));
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                acc[mt][j][0] += sc[j][0] * p[mt][j][0], acc[mt][j][1] += sc[j][0] * p[mt][j][1];
-                acc[mt][j][2] += sc[j][1] * p[mt][j][2], acc[mt][j][3] += sc[j][1] * p[mt][j][3];
-            }
-    };
-    float part2[MT][NJ][4];  // wgmma: the second k-tile of a pair
     for (int s = 0; s < steps; s++) {
-        // wgmma: two k-tiles of one item at a time where the item has them, the first's MMAs
-        // folded while the second's run, so that one wait for MMAs is exposed per two k-tiles.
-        // The wait before the pair leaves one stage fewer in flight; the stage of the pair's
-        // first k-tile is refilled after both groups are done (no barrier needed: see wg_issue).
-        // Neither group is in flight across a branch, or ptxas would serialize the MMAs.
-        if (WG && c_kt + 1 < KTI && s + 1 < steps) {
-            cp_async_wait<(ST >= 3 ? ST - 3 : 0)>();
-            fence_proxy_async();
-            __syncthreads();
-            if (s + ST - 1 < steps) load(ls);
-            cp_async_commit();
-            ls = ls + 1 == ST ? 0 : ls + 1;
-            const int c1 = cs + 1 == ST ? 0 : cs + 1;
-            float sc0[NJ][2], sc1[NJ][2];
-            wg_issue(cs, part, sc0);
-            wg_issue(c1, part2, sc1);
-            wg_wait<1>();
-            wg_fold(part, sc0);
-            wg_wait<0>();
-            wg_fold(part2, sc1);
-            if (s + ST < steps) load(ls);
-            cp_async_commit();
-            ls = ls + 1 == ST ? 0 : ls + 1;
-            cs = c1 + 1 == ST ? 0 : c1 + 1;
-            s++;
-            if ((c_kt += 2) < KTI && s + 1 < steps) continue;
-        } else {
         cp_async_wait<ST - 2>();
         if (WG) fence_proxy_async();
         __syncthreads();
@@ -333,17 +255,43 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                     if (!WG) part[mt][nt][q] = 0.f;  // wgmma: the k-tile's first overwrites
         // AWQ: this lane's column's zero point in each of the warp's column groups.
         u32 zz[NT];
-        if (FMT == 0 && !WG) {  // (wgmma: wg_issue reads them)
-            lds_words(zz, reinterpret_cast<const u32*>(st + Z_OFF) + cw / 8);  // the warp's groups are consecutive
+        if (FMT == 0) {
+            const u32* sz = reinterpret_cast<const u32*>(st + Z_OFF);
+            if (WG) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) zz[nt] = sz[grp8(nt)];
+            } else {
+                lds_words(zz, sz + cw / 8);  // the warp's groups are consecutive
+            }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) zz[nt] = awq_zero_at(zz[nt], 4 * g);
         }
         if (FMT == 0 && TOK == 8) {
             if constexpr (WG) {
-                float sc[NJ][2];
-                wg_issue(cs, part, sc);
+                // As TOK 8, with the four warps' A fragments one 64-row operand per slab j (columns
+                // 64 j .. 64 j + 63) and the k-tile's 64 tokens as B, read by the tensor cores from
+                // the swizzled tile; each weight is unpacked once for all 64 tokens.
+#pragma unroll
+                for (int u = 0; u < KU; u++) {
+                    u32 a[NJ][2][4];
+#pragma unroll
+                    for (int j = 0; j < NJ; j++) {
+                        const u32 w0 = word(2 * j, u), w1 = word(2 * j + 1, u);
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            a[j][h][0] = awq_pair(w0, 2 * h, zz[2 * j]), a[j][h][1] = awq_pair(w1, 2 * h, zz[2 * j + 1]);
+                            a[j][h][2] = awq_pair(w0, 2 * h + 1, zz[2 * j]), a[j][h][3] = awq_pair(w1, 2 * h + 1, zz[2 * j + 1]);
+                        }
+                    }
+                    wg_fence();
+#pragma unroll
+                    for (int j = 0; j < NJ; j++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) wgmma_tok_rs(part, j, a[j][h], wg_desc(sst + (2 * u + h) * 32), u + h);
+                }
+                wg_commit();
                 wg_wait<0>();
-                wg_fold(part, sc);
+                wg_fence_regs(reinterpret_cast<float(&)[MT * NJ * 4]>(part));
             } else {
                 // Weights as the 16-row A operand (column groups 2j and 2j + 1 of the warp as rows g and
                 // g + 8: pairs 0 and 1 of their words are the k16 step's a0..a3, pairs 2 and 3 the next
@@ -368,17 +316,15 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
                 }
             }
             // part[mt][j]: columns 8 grp8(2 j) + g (0, 1) and 8 grp8(2 j + 1) + g (2, 3), tokens
-            // 8 mt + 2 t4 and 8 mt + 2 t4 + 1 (wgmma: folded by wg_fold).
-            if constexpr (!WG) {
-                const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
+            // 8 mt + 2 t4 and 8 mt + 2 t4 + 1.
+            const unsigned short* ss = reinterpret_cast<const unsigned short*>(st + S_OFF);
 #pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
+            for (int j = 0; j < NJ; j++) {
+                const float s0 = h2f(ss[8 * grp8(2 * j) + g]), s1 = h2f(ss[8 * grp8(2 * j + 1) + g]);
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
-                        acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
-                    }
+                for (int mt = 0; mt < MT; mt++) {
+                    acc[mt][j][0] += s0 * part[mt][j][0], acc[mt][j][1] += s0 * part[mt][j][1];
+                    acc[mt][j][2] += s1 * part[mt][j][2], acc[mt][j][3] += s1 * part[mt][j][3];
                 }
             }
         } else if (FMT == 0) {
@@ -444,7 +390,6 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         }
         cs = cs + 1 == ST ? 0 : cs + 1;
         if (++c_kt < KTI && s + 1 < steps) continue;
-        }
         // The piece's last k-tile: the item's (store its rows), or the block's last of a cut item.
         if (sk && c_first > 0) {
             // A later piece (the block's first): hand the partial sums over.
