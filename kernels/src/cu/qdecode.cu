@@ -119,10 +119,10 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         // before this one finishes.
         int t, cb, z;
         decode(i0, t, cb, z);
-        // PROBE: the first stages' k-tile-major runs.
-        const int g0 = cb * (BN / 8), ng = min(BN / 8, Np / 8 - g0);
-        if (tid < min(min(KTI - kt_first, steps), ST - 1))
-            prefetch_l2_bulk(Wq + ((u64)(z * KTI + kt_first + tid) * (Np / 8) + g0) * KU * 32 * WPL, ng * KU * 128 * WPL);
+        const int nb = cb * (BN / 8) + tid;
+        if (tid < BN / 8 && nb * 8 < Np)
+            prefetch_l2_bulk(Wq + ((u64)nb * KUT + (u64)(z * KTI + kt_first) * KU) * 32 * WPL,
+                             min(min(KTI - kt_first, steps), ST - 1) * KU * 128 * WPL);
         pdl_wait();
     }
     // Loader: item l_it, its k-tile l_kt (of KTI), and this thread's sources at that k-tile. Each
@@ -167,9 +167,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
         for (int k = 0; k < NGP; k++) {
             const int nb = cb * (BN / 8) + b_grp(k);
             b_ok[k] = nb * 8 < Np;
-            // PROBE (timing only, wrong results): the weights read as if laid out k-tile-major, all
-            // column groups of a k-tile contiguous, so that a block's stage is one 8 KB run.
-            b_src[k] = Wq + (u64)e * (Np / 8) * KUT * 32 * WPL + ((u64)kt_at * (Np / 8) + (b_ok[k] ? nb : 0)) * KU * 32 * WPL + b_r * 4;
+            b_src[k] = Wq + (((u64)e * (Np / 8) + (b_ok[k] ? nb : 0)) * KUT + (u64)kt_at * KU) * 32 * WPL + b_r * 4;
         }
         if (tid < SCH) {
             const int col = cb * BN + tid * (16 / SB);
@@ -204,7 +202,7 @@ __device__ __forceinline__ void qg_persistent(const void* __restrict__ X, const 
             const u32 b_dst = st + A_BYTES + (b_grp(k) * UCH + b_r) * 16;
 #pragma unroll
             for (int m = 0; m < CPG; m++) cp_async16_if(b_dst + m * L * 16, b_src[k] + m * L * 4, b_ok[k]);
-            b_src[k] += (Np / 8) * KU * 32 * WPL;
+            b_src[k] += KU * 32 * WPL;
         }
         if (tid < SCH) cp_async16_if(st + S_OFF + tid * 16, s_src + grp * (Np * SB), s_ok);
         if (FMT == 0 && tid >= 64 && tid < 64 + Z_WORDS)
