@@ -7,9 +7,10 @@
 # Then, with the same build, 30 V3 layers at batch 1 with every AWQ GEMM forced to 8x128/64/6
 # (NOTES item 6: it beat 8x256/64/4 on the one-row q_a, q_b and o_proj in run 203's qgemm_tune).
 # One build ($C, HEAD) and the probe's kernel source as a variant: on the development machine,
-# `bash kernels/bench/variant.sh probe204 e2117e5` (commit e2117e5 holds the probe, reverted in
-# the source after it), then `timeout 300 bash kernels/bench/run204-layout-probe.sh` with .carry
-# carried. Not run yet (sessions 38 and 39: no device time).
+# `bash kernels/bench/variant.sh probe204 a3f2b2a` (commit a3f2b2a holds the probe: e2117e5
+# rebased on the 6-stage wgmma instance, reverted in the source after it), then
+# `timeout 300 bash kernels/bench/run204-layout-probe.sh` with .carry carried. Not run yet
+# (sessions 38 and 39: no device time).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-204}
 V=CLEAVE_KERNEL_SOURCES=.carry/variants/probe204
