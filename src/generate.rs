@@ -40,6 +40,12 @@ pub struct Args {
     min_p: f32,
     #[arg(long, default_value_t = 1.0)]
     repetition_penalty: f32,
+    /// In [-2, 2]: subtracted from the logits of tokens the output already holds.
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    presence_penalty: f32,
+    /// In [-2, 2]: subtracted once per time the output holds a token.
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    frequency_penalty: f32,
     #[arg(long)]
     seed: Option<u64>,
     /// A stop string (repeatable).
@@ -155,6 +161,8 @@ fn drive<B: Backend>(mut engine: Engine<B>, a: Args) -> anyhow::Result<()> {
         top_k: a.top_k,
         min_p: a.min_p,
         repetition_penalty: a.repetition_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
         seed: a.seed,
         max_tokens: a.max_tokens.min(engine.max_model_len().saturating_sub(prompt.len())).max(1),
         min_tokens: a.min_tokens,

@@ -43,6 +43,14 @@ impl SamplingParams {
         if !(r > 0.0 && r.is_finite()) {
             return param("repetition_penalty", format!("`repetition_penalty` must be a finite number > 0, got {r}"));
         }
+        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return param(name, format!("`{name}` must be in [-2, 2], got {v}"));
+            }
+        }
+        if let Some(&(t, b)) = self.logit_bias.iter().find(|(_, b)| !(-100.0..=100.0).contains(b)) {
+            return param("logit_bias", format!("`logit_bias` values must be in [-100, 100], got {b} for token {t}"));
+        }
         if self.max_tokens == 0 {
             return param("max_tokens", "`max_tokens` must be at least 1".into());
         }
@@ -87,6 +95,9 @@ impl RequestLimits {
         if let Some(t) = params.stop_token_ids.iter().find(|&&t| t as usize >= self.vocab_size) {
             return param("stop_token_ids", format!("token id {t} is outside the vocabulary of {}", self.vocab_size));
         }
+        if let Some((t, _)) = params.logit_bias.iter().find(|(t, _)| *t as usize >= self.vocab_size) {
+            return param("logit_bias", format!("token id {t} is outside the vocabulary of {}", self.vocab_size));
+        }
         let max_tokens = params.max_tokens.max(1);
         if prompt.len() + max_tokens > self.max_model_len {
             return Err(RequestError::ContextLength {
@@ -122,6 +133,17 @@ mod tests {
             field(&[1], SamplingParams { repetition_penalty: f32::INFINITY, ..ok.clone() }),
             "repetition_penalty"
         );
+        assert_eq!(field(&[1], SamplingParams { presence_penalty: 2.5, ..ok.clone() }), "presence_penalty");
+        assert_eq!(field(&[1], SamplingParams { frequency_penalty: f32::NAN, ..ok.clone() }), "frequency_penalty");
+        assert_eq!(field(&[1], SamplingParams { logit_bias: vec![(3, 100.5)], ..ok.clone() }), "logit_bias");
+        assert_eq!(field(&[1], SamplingParams { logit_bias: vec![(100, 1.0)], ..ok.clone() }), "logit_bias");
+        let edges = SamplingParams {
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            logit_bias: vec![(99, -100.0)],
+            ..ok.clone()
+        };
+        assert_eq!(lim.check(&[1], &edges, "prompt"), Ok(()));
         assert_eq!(field(&[1], SamplingParams { max_tokens: 0, ..ok.clone() }), "max_tokens");
         assert_eq!(field(&[1], SamplingParams { min_tokens: 11, ..ok.clone() }), "min_tokens");
         let many = vec!["x".to_string(); MAX_STOP_STRINGS + 1];

@@ -1,5 +1,6 @@
-//! Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeded
-//! randomness, and the logprob of the chosen token under the unmodified model distribution.
+//! Token sampling: greedy, temperature, top-k, top-p, min-p, the repetition, presence and
+//! frequency penalties, logit bias, seeded randomness, and the logprob of the chosen token under
+//! the unmodified model distribution.
 
 /// How to pick tokens and when to stop, per request (OpenAI / vLLM semantics).
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +15,12 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// 1 disables; > 1 discourages tokens already in the prompt or output.
     pub repetition_penalty: f32,
+    /// In [-2, 2]; 0 disables. Subtracted from the logit of every token the output holds.
+    pub presence_penalty: f32,
+    /// In [-2, 2]; 0 disables. Subtracted from a token's logit once per time the output holds it.
+    pub frequency_penalty: f32,
+    /// Added to the logits of these tokens (values in [-100, 100]).
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: Option<u64>,
     pub max_tokens: usize,
     /// EOS and stop token ids are suppressed until this many tokens exist.
@@ -37,6 +44,9 @@ impl Default for SamplingParams {
             top_k: 0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
             max_tokens: 16,
             min_tokens: 0,
@@ -55,6 +65,20 @@ impl SamplingParams {
     pub fn greedy(max_tokens: usize) -> Self {
         SamplingParams { temperature: 0.0, max_tokens, ..Default::default() }
     }
+
+    /// Whether picking a token needs the sequence's tokens so far (a penalty is set).
+    pub fn needs_history(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+}
+
+/// A sequence's tokens so far, for the penalties: the repetition penalty counts the prompt and
+/// the output, the presence and frequency penalties the output alone (as vLLM).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct History<'a> {
+    pub tokens: &'a [u32],
+    /// How many of `tokens` are the prompt.
+    pub prompt_len: usize,
 }
 
 /// A sampled token.
@@ -145,33 +169,27 @@ pub fn skip_samples(rng: &mut Rng, p: &SamplingParams, n: usize) {
     }
 }
 
-/// Picks the next token. `history` holds the prompt and output so far (for the repetition
-/// penalty); `banned` tokens cannot be chosen (EOS before `min_tokens`).
-/// `banned` tokens are never chosen; with `allowed` (one bit per token, see
+/// Picks the next token. The logits are biased (`logit_bias`), then penalized for the tokens of
+/// `history` (repetition: prompt and output, dividing positive logits and multiplying negative
+/// ones; presence and frequency: the output, subtracted), as vLLM orders them. `banned` tokens
+/// are never chosen (EOS before `min_tokens`); with `allowed` (one bit per token, see
 /// [`crate::structured::allows`]) only its tokens are.
 pub fn sample(
     logits: &[f32],
     p: &SamplingParams,
     rng: &mut Rng,
-    history: &[u32],
+    history: History<'_>,
     banned: &[u32],
     allowed: Option<&[u32]>,
 ) -> Sampled {
     let logprobs = log_softmax(logits);
     let mut l = logits.to_vec();
-    if p.repetition_penalty != 1.0 {
-        let mut seen = vec![false; l.len()];
-        for &t in history {
-            if let Some(s) = seen.get_mut(t as usize) {
-                *s = true;
-            }
-        }
-        for (x, s) in l.iter_mut().zip(seen) {
-            if s {
-                *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
-            }
+    for &(t, b) in &p.logit_bias {
+        if let Some(x) = l.get_mut(t as usize) {
+            *x += b;
         }
     }
+    penalize(&mut l, p, history);
     for &b in banned {
         if let Some(x) = l.get_mut(b as usize) {
             *x = f32::NEG_INFINITY;
@@ -192,6 +210,34 @@ pub fn sample(
         Vec::new()
     };
     Sampled { token: token as u32, logprob: logprobs[token], top }
+}
+
+/// The repetition, presence and frequency penalties of `p` over `history`, applied to `l`.
+fn penalize(l: &mut [f32], p: &SamplingParams, history: History<'_>) {
+    if p.repetition_penalty != 1.0 {
+        let mut seen = vec![false; l.len()];
+        for &t in history.tokens {
+            if let Some(s) = seen.get_mut(t as usize) {
+                *s = true;
+            }
+        }
+        for (x, s) in l.iter_mut().zip(seen) {
+            if s {
+                *x = if *x > 0.0 { *x / p.repetition_penalty } else { *x * p.repetition_penalty };
+            }
+        }
+    }
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for &t in &history.tokens[history.prompt_len.min(history.tokens.len())..] {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, n) in counts {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x -= p.presence_penalty + p.frequency_penalty * n as f32;
+            }
+        }
+    }
 }
 
 /// One row for device-side sampling: which row of the logits, the settings that need no history
@@ -216,10 +262,11 @@ impl SampleRow {
     /// [`SampleRow::mask`] of an unconstrained row.
     pub const NO_MASK: u32 = u32::MAX;
 
-    /// Whether `p` can be applied without the token history or a banned list (no repetition
-    /// penalty, no top logprobs); `banned` says whether any token must be suppressed now.
+    /// Whether `p` can be applied without the token history, a bias or a banned list (no
+    /// penalty, no logit bias, no top logprobs); `banned` says whether any token must be
+    /// suppressed now.
     pub fn fits(p: &SamplingParams, banned: bool) -> bool {
-        p.repetition_penalty == 1.0 && p.top_logprobs == 0 && !banned
+        !p.needs_history() && p.logit_bias.is_empty() && p.top_logprobs == 0 && !banned
     }
 
     /// The row's settings from `p`, drawing `u` from `rng` when the choice is random.
@@ -327,7 +374,7 @@ mod tests {
         let l = [1.0, 3.0, 2.0];
         let mut p = params(0.0);
         p.repetition_penalty = 2.0;
-        let s = sample(&l, &p, &mut Rng::new(0), &[1], &[], None);
+        let s = sample(&l, &p, &mut Rng::new(0), History { tokens: &[1], prompt_len: 1 }, &[], None);
         // The penalty halves token 1's logit to 1.5, so token 2 wins; the logprob is the raw one.
         assert_eq!(s.token, 2);
         assert!((s.logprob - log_softmax(&l)[2]).abs() < 1e-6);
@@ -341,7 +388,7 @@ mod tests {
         let draw_all = |seed| {
             (0..200)
                 .map(|_| 0)
-                .scan(Rng::new(seed), |r, _| Some(sample(&l, &p, r, &[], &[], None).token))
+                .scan(Rng::new(seed), |r, _| Some(sample(&l, &p, r, History::default(), &[], None).token))
                 .collect::<Vec<_>>()
         };
         let a = draw_all(7);
@@ -360,10 +407,10 @@ mod tests {
         let mut p = params(1.0);
         p.top_p = 0.5;
         let mut rng = Rng::new(3);
-        assert!((0..100).all(|_| sample(&l, &p, &mut rng, &[], &[], None).token == 0));
+        assert!((0..100).all(|_| sample(&l, &p, &mut rng, History::default(), &[], None).token == 0));
         let mut p = params(1.0);
         p.min_p = 0.5;
-        assert!((0..200).all(|_| sample(&l, &p, &mut rng, &[], &[], None).token < 2));
+        assert!((0..200).all(|_| sample(&l, &p, &mut rng, History::default(), &[], None).token < 2));
     }
 
     #[test]
@@ -398,11 +445,52 @@ mod tests {
     }
 
     #[test]
+    fn presence_and_frequency_penalties_count_the_output_only() {
+        // Tokens 0 and 1 start level at 2.0; the prompt holds token 0 three times, the output
+        // token 1 twice and token 2 once.
+        let l = [2.0, 2.0, 1.5, 0.0];
+        let h = History { tokens: &[0, 0, 0, 1, 2, 1], prompt_len: 3 };
+        let greedy = |presence, frequency| {
+            let p = SamplingParams { presence_penalty: presence, frequency_penalty: frequency, ..params(0.0) };
+            sample(&l, &p, &mut Rng::new(0), h, &[], None)
+        };
+        // Presence 0.4: token 1 -> 1.6, token 2 -> 1.1, token 0 (prompt only) stays 2.0.
+        assert_eq!(greedy(0.4, 0.0).token, 0);
+        // Frequency 0.3 alone: token 1 -> 1.4, token 2 -> 1.2: token 0 still wins.
+        assert_eq!(greedy(0.0, 0.3).token, 0);
+        // Negative values encourage repeats: presence -0.1 and frequency -0.2 take token 1 to 2.5.
+        let s = greedy(-0.1, -0.2);
+        assert_eq!(s.token, 1);
+        assert!((s.logprob - log_softmax(&l)[1]).abs() < 1e-6, "the logprob stays the model's");
+        // The output alone: with every token in the prompt, nothing changes.
+        let p = SamplingParams { presence_penalty: 2.0, frequency_penalty: 2.0, ..params(0.0) };
+        let all_prompt = History { tokens: &[0, 1], prompt_len: 2 };
+        assert_eq!(sample(&[1.0, 3.0], &p, &mut Rng::new(0), all_prompt, &[], None).token, 1);
+        assert!(p.needs_history() && !SampleRow::fits(&p, false));
+    }
+
+    #[test]
+    fn logit_bias_adds_before_the_penalties_and_never_reaches_the_logprob() {
+        let l = [3.0, 1.0, 0.0];
+        let p = SamplingParams { logit_bias: vec![(2, 5.0), (9, 100.0)], ..params(0.0) };
+        let s = sample(&l, &p, &mut Rng::new(0), History::default(), &[], None);
+        assert_eq!(s.token, 2, "a token id past the logits is skipped");
+        assert!((s.logprob - log_softmax(&l)[2]).abs() < 1e-6);
+        let p = SamplingParams { logit_bias: vec![(0, -100.0)], ..params(1.0) };
+        let mut rng = Rng::new(4);
+        assert!((0..100).all(|_| sample(&l, &p, &mut rng, History::default(), &[], None).token != 0));
+        // The repetition penalty divides the biased logit: (1 + 3) / 2 = 2 < 3 - 0.5.
+        let p = SamplingParams { logit_bias: vec![(1, 3.0), (0, -0.5)], repetition_penalty: 2.0, ..params(0.0) };
+        assert_eq!(sample(&l, &p, &mut Rng::new(0), History { tokens: &[1], prompt_len: 1 }, &[], None).token, 0);
+        assert!(!SampleRow::fits(&p, false));
+    }
+
+    #[test]
     fn banned_tokens_are_never_chosen_and_top_logprobs_sorted() {
         let l = [9.0, 1.0, 2.0];
         let mut p = params(0.0);
         p.top_logprobs = 2;
-        let s = sample(&l, &p, &mut Rng::new(1), &[], &[0], None);
+        let s = sample(&l, &p, &mut Rng::new(1), History::default(), &[0], None);
         assert_eq!(s.token, 2);
         assert_eq!(s.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 2]);
     }

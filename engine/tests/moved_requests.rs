@@ -125,6 +125,36 @@ fn seeded_sampling_continues_its_random_stream_after_a_move() {
 }
 
 #[test]
+fn penalties_count_the_same_output_after_a_move() {
+    // The tokens a resumed request already emitted are prefilled with its prompt on the new
+    // rank, yet the presence and frequency penalties still count them as output.
+    let params = SamplingParams {
+        presence_penalty: 1.5,
+        frequency_penalty: 1.0,
+        logit_bias: vec![(40, 2.0)],
+        ignore_eos: true,
+        ..SamplingParams::greedy(20)
+    };
+    let mut differ = 0;
+    for (len, seed) in [(90, 11), (150, 12), (7, 1)] {
+        let p = prompt(len, seed);
+        let mut e = engine();
+        let (mut direct, mut plain) = (Vec::new(), Vec::new());
+        e.add_request(req(&p, &params, false)).unwrap();
+        run(&mut e, &mut direct);
+        let unpenalized = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(20) };
+        e.add_request(req(&p, &unpenalized, false)).unwrap();
+        run(&mut e, &mut plain);
+        differ += usize::from(text(&plain) != text(&direct));
+        assert_eq!(text(&transferred(&p, &params)), text(&direct), "prompt {len}/{seed} after a transfer");
+        for k in [1, 5] {
+            assert_eq!(text(&resumed(&p, &params, k)), text(&direct), "prompt {len}/{seed} resumed after {k}");
+        }
+    }
+    assert!(differ > 0, "the penalties changed no output");
+}
+
+#[test]
 fn resuming_with_nothing_left_to_generate_is_refused() {
     let mut e = engine();
     let p = prompt(10, 1);

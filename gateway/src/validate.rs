@@ -111,6 +111,25 @@ impl Fields<'_> {
     }
 }
 
+/// `logit_bias`: token ids (as strings, OpenAI's form) to biases, clamped to [-100, 100] as
+/// vLLM does; the ids are checked against the vocabulary with the other limits.
+fn logit_bias(f: &Fields) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(m) = f.opt::<Map<String, Value>>("logit_bias")? else { return Ok(Vec::new()) };
+    let mut out = Vec::with_capacity(m.len());
+    for (k, v) in &m {
+        let t = k
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| ApiError::field("logit_bias", format!("`logit_bias` keys must be token ids, got \"{k}\"")))?;
+        let b = v.as_f64().filter(|b| b.is_finite()).ok_or_else(|| {
+            ApiError::field("logit_bias", format!("`logit_bias` values must be numbers, got {} for token {t}", kind(v)))
+        })?;
+        out.push((t, b.clamp(-100.0, 100.0) as f32));
+    }
+    out.sort_by_key(|&(t, _)| t);
+    Ok(out)
+}
+
 fn positive(f: &Fields, key: &str) -> Result<Option<usize>, ApiError> {
     match f.int(key)? {
         Some(v) if v <= 0 => Err(ApiError::field(key, format!("`{key}` must be at least 1, got {v}"))),
@@ -319,14 +338,9 @@ impl Validator<'_> {
         };
         p.min_p = f.num("min_p")?.map_or(d.min_p, |m| m as f32);
         p.repetition_penalty = f.num("repetition_penalty")?.map_or(d.repetition_penalty, |r| r as f32);
-        for key in ["presence_penalty", "frequency_penalty"] {
-            if f.num(key)?.is_some_and(|v| v != 0.0) {
-                return Err(ApiError::field(key, format!("`{key}` is not supported; use repetition_penalty")));
-            }
-        }
-        if f.opt::<Map<String, Value>>("logit_bias")?.is_some_and(|m| !m.is_empty()) {
-            return Err(ApiError::field("logit_bias", "`logit_bias` is not supported"));
-        }
+        p.presence_penalty = f.num("presence_penalty")?.map_or(0.0, |v| v as f32);
+        p.frequency_penalty = f.num("frequency_penalty")?.map_or(0.0, |v| v as f32);
+        p.logit_bias = logit_bias(f)?;
         p.seed = match f.0.get("seed") {
             None | Some(Value::Null) => None,
             Some(Value::Number(n)) if n.is_u64() => n.as_u64(),

@@ -49,6 +49,7 @@ fn chat_parameters_map_to_engine_params() {
         json!({"model": "m", "messages": [{"role": "developer", "content": "sys"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
                "temperature": 0, "top_p": 0.5, "top_k": -1, "min_p": 0.1, "seed": -1, "stop": "x", "stop_token_ids": [7], "ignore_eos": true,
                "min_tokens": 2, "repetition_penalty": 1.1, "skip_special_tokens": false, "max_tokens": 9, "max_completion_tokens": 5,
+               "presence_penalty": 0.5, "frequency_penalty": -1.5, "logit_bias": {"12": 150, " 7": -3.5},
                "n": 2, "stream": true, "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 4,
                "include_reasoning": false, "some_future_field": {"x": 1}}),
     )
@@ -64,6 +65,8 @@ fn chat_parameters_map_to_engine_params() {
         (1.1, false, 5, 4),
         "max_completion_tokens wins"
     );
+    assert_eq!((p.presence_penalty, p.frequency_penalty), (0.5, -1.5));
+    assert_eq!(p.logit_bias, vec![(7, -3.5), (12, 100.0)], "ids sorted, biases clamped to [-100, 100] as vLLM");
     assert_eq!((r.n, r.stream, r.include_usage, r.logprobs, r.include_reasoning), (2, true, true, Some(4), false));
     let text = tok.decode(&r.prompt, false).unwrap();
     assert!(text.starts_with("<｜begin▁of▁sentence｜>sys<｜User｜>ab"), "{text}");
@@ -96,7 +99,14 @@ fn each_bad_field_is_named() {
         ("logprobs", json!(3)),
         ("top_logprobs", json!(21)),
         ("min_tokens", json!(5)),
-        ("presence_penalty", json!(0.5)),
+        ("presence_penalty", json!(2.5)),
+        ("presence_penalty", json!("0.5")),
+        ("frequency_penalty", json!(-3)),
+        ("logit_bias", json!([1])),
+        ("logit_bias", json!({"abc": 1})),
+        ("logit_bias", json!({"-1": 1})),
+        ("logit_bias", json!({"5": "x"})),
+        ("logit_bias", json!({"400": 1})),
         ("chat_template_kwargs", json!([1])),
         ("messages", json!([])),
         ("messages", json!("hi")),
@@ -112,6 +122,7 @@ fn each_bad_field_is_named() {
     assert_eq!(param(with("messages", json!(["x"]))), "messages[0]");
     assert!(matches!(with("model", json!("other")), Err(ApiError::ModelNotFound(m)) if m == "other"));
     assert!(with("frequency_penalty", json!(0)).is_ok(), "zero penalties are accepted");
+    assert!(with("logit_bias", json!({})).is_ok() && with("logit_bias", Value::Null).is_ok());
     assert!(with("messages", json!([{"role": "assistant", "content": null}, {"role": "user", "content": "x"}])).is_ok());
     assert!(matches!(
         chat(&tok, &d, json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 99})),

@@ -249,3 +249,37 @@ async fn models_health_metrics_tokenize_detokenize() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "not_found");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_and_penalties_over_http() {
+    let s = TestServer::golden(16).await;
+    let (_, t) = s.json("/tokenize", &json!({"prompt": "q", "add_special_tokens": false})).await;
+    let q = t["tokens"][0].as_u64().unwrap();
+    let (_, want) = s.json("/detokenize", &json!({"tokens": [q, q, q, q]})).await;
+    // OpenAI's form: token ids as string keys; +100 makes the token every greedy pick.
+    let body = json!({"prompt": "abc", "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+                      "logit_bias": {q.to_string(): 100}, "presence_penalty": 0.5, "frequency_penalty": 0.5});
+    let (status, v) = s.json("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], want["prompt"], "{v}");
+    let chat_body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+                           "logit_bias": {q.to_string(): 100}});
+    let (status, v) = s.json("/v1/chat/completions", &chat_body).await;
+    assert_eq!(status, 200, "{v}");
+    let (_, want3) = s.json("/detokenize", &json!({"tokens": [q, q, q]})).await;
+    let reply = &v["choices"][0]["message"];
+    let got =
+        format!("{}{}", reply["reasoning_content"].as_str().unwrap_or(""), reply["content"].as_str().unwrap_or(""));
+    assert_eq!(got, want3["prompt"].as_str().unwrap(), "{v}");
+    for (key, value) in [
+        ("logit_bias", json!({"100000": 1})),
+        ("logit_bias", json!({"x": 1})),
+        ("presence_penalty", json!(2.5)),
+        ("frequency_penalty", json!(-2.5)),
+    ] {
+        let mut b = body.clone();
+        b[key] = value;
+        let (status, v) = s.json("/v1/completions", &b).await;
+        assert_eq!((status, v["error"]["param"].as_str()), (400, Some(key)), "{v}");
+    }
+}

@@ -11,7 +11,7 @@ use super::{Engine, FinishReason, ReqState, TokenOutput};
 use crate::backend::{AttnSeq, Backend};
 use crate::error::Result;
 use crate::runner::{RankBatch, RankOutput, StepPlan};
-use crate::sampler::{sample, SampleRow, Sampled};
+use crate::sampler::{sample, History, SampleRow, Sampled};
 use crate::scheduler::{Scheduled, SeqId};
 use crate::structured::{GuideStep, MaskBoard, Masks};
 
@@ -126,7 +126,12 @@ impl<B: Backend> Engine<B> {
                 let &(j, banned) = rows.get(id)?;
                 let seq = sched.get(*id).expect("scheduled sequence exists");
                 let p = &st.params;
-                let history = if p.repetition_penalty != 1.0 { &seq.tokens[..] } else { &[] };
+                // The output is the last `generated` tokens (a resumed request's emitted tokens
+                // are prefilled here with its prompt, but stay output).
+                let history = match p.needs_history() {
+                    true => History { tokens: &seq.tokens, prompt_len: seq.tokens.len() - st.generated },
+                    false => History::default(),
+                };
                 let allowed = masks.get(id).and_then(|m| m.as_ref().ok()).map(Vec::as_slice);
                 Some((*id, sample(&o.host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, banned, allowed)))
             })
