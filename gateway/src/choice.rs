@@ -18,7 +18,10 @@ pub struct ResponseMeta {
     pub created: u64,
     pub model: String,
     pub endpoint: Endpoint,
+    /// Over all the response's prompts.
     pub prompt_tokens: usize,
+    /// `n`: choice `i` belongs to prompt `i / choices_per_prompt`.
+    pub choices_per_prompt: usize,
     pub include_usage: bool,
     pub logprobs: bool,
 }

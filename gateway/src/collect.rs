@@ -72,7 +72,7 @@ impl Collector {
 
     /// Token counts.
     pub fn usage(&self) -> Usage {
-        Usage::of(self.meta.prompt_tokens, &self.choices)
+        Usage::of(self.meta.prompt_tokens, &self.choices, self.meta.choices_per_prompt)
     }
 
     /// The response body.
@@ -163,6 +163,7 @@ mod tests {
             model: "m".into(),
             endpoint,
             prompt_tokens: 3,
+            choices_per_prompt: 1,
             include_usage: false,
             logprobs,
         }

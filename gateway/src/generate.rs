@@ -73,48 +73,56 @@ pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}-{a:016x}{:016x}", mix(a ^ c.wrapping_mul(0x9e3779b97f4a7c15)))
 }
 
-/// Submits one backend request per choice (choice `i` with seed `seed + i`) and merges their
-/// streams, each item tagged with its choice index.
-async fn submit_all(state: &State, req: &GenerateRequest) -> Result<Merged, ApiError> {
+/// Submits one backend request per prompt and choice (prompt `p`'s choice `j` is choice
+/// `p n + j`, with seed `seed + j`, as vLLM indexes them) and merges their streams, each item
+/// tagged with its choice index.
+async fn submit_all(state: &State, reqs: &[GenerateRequest], n: usize) -> Result<Merged, ApiError> {
     let at_limit = |limit| {
         state.metrics.rejected.inc();
         ApiError::TooManyRequests { limit, retry_after_s: state.cfg.retry_after_s }
     };
     // All choices fit, or none is submitted (a partial submit would hold slots while it aborts).
     let limit = state.cfg.max_concurrent_requests;
-    if state.backend.load().running + req.n > limit {
+    if state.backend.load().running + reqs.len() * n > limit {
         return Err(at_limit(limit));
     }
-    let mut streams: Vec<TokenEvents> = Vec::with_capacity(req.n);
-    for i in 0..req.n {
-        let mut params = req.params.clone();
-        params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
-        // On an error the streams submitted so far are dropped here, which aborts them.
-        match state.backend.submit(req.prompt.clone(), params).await {
-            Ok(s) => streams.push(s),
-            Err(ApiError::TooManyRequests { limit, .. }) => return Err(at_limit(limit)),
-            Err(e) => return Err(e),
+    let mut streams: Vec<TokenEvents> = Vec::with_capacity(reqs.len() * n);
+    for req in reqs {
+        for j in 0..n {
+            let mut params = req.params.clone();
+            params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
+            // On an error the streams submitted so far are dropped here, which aborts them.
+            match state.backend.submit(req.prompt.clone(), params).await {
+                Ok(s) => streams.push(s),
+                Err(ApiError::TooManyRequests { limit, .. }) => return Err(at_limit(limit)),
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(select_all(streams.into_iter().enumerate().map(|(i, s)| s.map(move |e| (i, e)))).boxed())
 }
 
-/// Serves a validated generation request.
-pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp::reply::Response, ApiError> {
-    let admission = count_in_flight(&state, req.n);
+/// Serves a validated generation request: one per prompt, alike but for the prompt and its
+/// `max_tokens` (a chat has one).
+pub(crate) async fn run(state: Arc<State>, reqs: Vec<GenerateRequest>) -> Result<warp::reply::Response, ApiError> {
+    let Some(req) = reqs.first() else { return Err(ApiError::Internal("a request without a prompt".into())) };
+    let choices = reqs.len() * req.n;
+    let admission = count_in_flight(&state, choices);
     let prefix = if req.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     let meta = ResponseMeta {
         id: new_id(prefix),
         created: unix_now(),
         model: state.info.served_model_name.clone(),
         endpoint: req.endpoint,
-        prompt_tokens: req.prompt.len(),
+        prompt_tokens: reqs.iter().map(|r| r.prompt.len()).sum(),
+        choices_per_prompt: req.n,
         include_usage: req.include_usage,
         logprobs: req.logprobs.is_some(),
     };
-    info!(request_id = %meta.id, prompt_tokens = req.prompt.len(), n = req.n, stream = req.stream, max_tokens = req.params.max_tokens, "admitted");
-    let merged =
-        submit_all(&state, &req).await.inspect_err(|e| warn!(request_id = %meta.id, error = %e, "submit failed"))?;
+    info!(request_id = %meta.id, prompt_tokens = meta.prompt_tokens, prompts = reqs.len(), n = req.n, stream = req.stream, max_tokens = req.params.max_tokens, "admitted");
+    let merged = submit_all(&state, &reqs, req.n)
+        .await
+        .inspect_err(|e| warn!(request_id = %meta.id, error = %e, "submit failed"))?;
     let think_start = state.tokenizer.as_ref().and_then(|t| t.token_to_id("<think>"));
     let parsing = OutputParsing {
         splitter: ReasoningSplitter::for_prompt(&req.prompt, think_start, state.info.think_end_id),
@@ -122,7 +130,7 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
         tools: req.tools.clone(),
     };
     if req.stream {
-        let fmt = StreamFormatter::new(meta, state.tokenizer.clone(), req.n, parsing);
+        let fmt = StreamFormatter::new(meta, state.tokenizer.clone(), choices, parsing);
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream_task(state.clone(), merged, fmt, tx));
         let body = SseBody { rx, _admission: admission };
@@ -132,7 +140,7 @@ pub(crate) async fn run(state: Arc<State>, req: GenerateRequest) -> Result<warp:
         h.insert("cache-control", warp::http::HeaderValue::from_static("no-cache"));
         return Ok(res);
     }
-    let collector = Collector::new(meta.clone(), state.tokenizer.clone(), req.n, parsing);
+    let collector = Collector::new(meta.clone(), state.tokenizer.clone(), choices, parsing);
     let body = collect(&state, &meta, merged, collector).await?;
     drop(admission);
     let mut res = warp::reply::Response::new(Bytes::from(body).into());

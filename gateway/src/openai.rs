@@ -26,10 +26,14 @@ pub struct PromptTokensDetails {
 }
 
 impl Usage {
-    /// The usage of a response's choices so far.
-    pub fn of(prompt_tokens: usize, choices: &[ChoiceState]) -> Self {
+    /// The usage of a response's choices so far, `per_prompt` choices to each prompt: the cached
+    /// prompt tokens are each prompt's (the most any of its choices found), summed.
+    pub fn of(prompt_tokens: usize, choices: &[ChoiceState], per_prompt: usize) -> Self {
         let completion_tokens = choices.iter().map(|c| c.completion_tokens).sum();
-        let cached_tokens = choices.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
+        let cached_tokens = choices
+            .chunks(per_prompt.max(1))
+            .map(|group| group.iter().map(|c| c.cached_tokens).max().unwrap_or(0))
+            .sum();
         Usage {
             prompt_tokens,
             completion_tokens,

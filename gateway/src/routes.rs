@@ -233,7 +233,8 @@ async fn get(state: &State, path: &str) -> Result<Response, ApiError> {
 
 /// A POST body, parsed and tokenized.
 enum Parsed {
-    Generate(Box<crate::validate::GenerateRequest>),
+    /// One request per prompt (chat: one).
+    Generate(Vec<crate::validate::GenerateRequest>),
     Tokenized(Vec<u32>),
     Detokenize(Vec<u32>),
 }
@@ -252,8 +253,8 @@ async fn parse(state: &Arc<State>, path: &'static str, body: Bytes) -> Result<Pa
             max_n: st.max_n(),
         };
         match path {
-            "/v1/chat/completions" => v.chat(&body).map(|r| Parsed::Generate(Box::new(r))),
-            "/v1/completions" => v.completion(&body).map(|r| Parsed::Generate(Box::new(r))),
+            "/v1/chat/completions" => v.chat(&body).map(|r| Parsed::Generate(vec![r])),
+            "/v1/completions" => v.completion(&body).map(Parsed::Generate),
             "/tokenize" => v.tokenize(&body).map(Parsed::Tokenized),
             "/detokenize" => v.detokenize(&body).map(Parsed::Detokenize),
             _ => Err(ApiError::NotFound(path.to_string())),
@@ -267,7 +268,7 @@ async fn post(state: &Arc<State>, path: &'static str, body: Bytes) -> Result<Res
         return inject_fault(state, &body);
     }
     match parse(state, path, body).await? {
-        Parsed::Generate(req) => generate::run(state.clone(), *req).await,
+        Parsed::Generate(reqs) => generate::run(state.clone(), reqs).await,
         Parsed::Tokenized(tokens) => Ok(json_response(
             StatusCode::OK,
             &json!({"count": tokens.len(), "max_model_len": state.info.max_model_len, "tokens": tokens, "token_strs": null}),

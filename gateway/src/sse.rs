@@ -65,7 +65,7 @@ impl StreamFormatter {
 
     /// Token counts so far.
     pub fn usage(&self) -> Usage {
-        Usage::of(self.meta.prompt_tokens, &self.choices)
+        Usage::of(self.meta.prompt_tokens, &self.choices, self.meta.choices_per_prompt)
     }
 
     fn event<T: Serialize>(&mut self, out: &mut Vec<u8>, value: &T) {
@@ -219,6 +219,7 @@ mod tests {
             model: "m".into(),
             endpoint,
             prompt_tokens: 5,
+            choices_per_prompt: 1,
             include_usage,
             logprobs,
         }

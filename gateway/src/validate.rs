@@ -234,24 +234,36 @@ impl Validator<'_> {
         Ok((prompt, tools))
     }
 
-    /// Validates a `/v1/completions` body.
-    pub fn completion(&self, body: &[u8]) -> Result<GenerateRequest, ApiError> {
+    /// Validates a `/v1/completions` body: one request per prompt (OpenAI's `prompt` may list
+    /// several), alike but for the prompt and its default `max_tokens` (each prompt's own room).
+    pub fn completion(&self, body: &[u8]) -> Result<Vec<GenerateRequest>, ApiError> {
         let obj = parse_object(body)?;
         let f = Fields(&obj);
         self.check_model(&f)?;
-        let mut req = self.common(&f, Endpoint::Completion)?;
-        req.prompt = self.completion_prompt(obj.get("prompt"))?;
+        let req = self.common(&f, Endpoint::Completion)?;
+        let prompts = self.completion_prompts(obj.get("prompt"), req.n)?;
+        let req = self.completion_options(&f, &obj, req)?;
+        prompts.into_iter().map(|prompt| self.finish(&f, GenerateRequest { prompt, ..req.clone() }, "prompt")).collect()
+    }
+
+    /// A completion's own options, on the request every prompt shares.
+    fn completion_options(
+        &self,
+        f: &Fields,
+        obj: &Map<String, Value>,
+        mut req: GenerateRequest,
+    ) -> Result<GenerateRequest, ApiError> {
         if f.bool("echo", false)? {
             return Err(ApiError::field("echo", "`echo` is not supported"));
         }
         if f.int("best_of")?.is_some_and(|b| b as usize != req.n) {
             return Err(ApiError::field("best_of", "`best_of` other than `n` is not supported"));
         }
-        if let Some(constraint) = structured::constraint(&obj)? {
+        if let Some(constraint) = structured::constraint(obj)? {
             self.tokenizer()?;
             req.params.guided = Some(Guided { constraint, after_token: None });
         }
-        self.finish(&f, req, "prompt")
+        Ok(req)
     }
 
     /// Validates a `/tokenize` body (vLLM's shape): `prompt` (with `add_special_tokens`, default
@@ -283,7 +295,11 @@ impl Validator<'_> {
         Ok(ids)
     }
 
-    fn completion_prompt(&self, v: Option<&Value>) -> Result<Vec<u32>, ApiError> {
+    /// `prompt` as OpenAI takes it: a string, a list of strings, a list of token ids, or a list
+    /// of token-id lists; at most as many prompts as run `n` choices each within `max_n`
+    /// sequences (counted before any is tokenized).
+    fn completion_prompts(&self, v: Option<&Value>, n: usize) -> Result<Vec<Vec<u32>>, ApiError> {
+        const SHAPES: &str = "a string, a list of strings, a list of token ids, or a list of token-id lists";
         let one_text = |s: &str| -> Result<Vec<u32>, ApiError> {
             self.fits(s.len(), "prompt")?;
             Ok(self.tokenizer()?.encode(s, true)?)
@@ -293,24 +309,33 @@ impl Validator<'_> {
                 .iter()
                 .map(|x| x.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32))
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    ApiError::field("prompt", "`prompt` must be a string, a list of one string, or a list of token ids")
-                })
+                .ok_or_else(|| ApiError::field("prompt", format!("`prompt` must be {SHAPES}")))
         };
-        let prompt = match v {
+        let prompts = match v {
             None | Some(Value::Null) => return Err(ApiError::field("prompt", "`prompt` is required")),
-            Some(Value::String(s)) => one_text(s)?,
+            Some(Value::String(s)) => vec![one_text(s)?],
             Some(Value::Array(items)) => match items.as_slice() {
-                [Value::String(s)] => one_text(s)?,
-                [Value::Array(inner)] => ids(inner)?,
-                [Value::Number(_), ..] => ids(items)?,
                 [] => return Err(ApiError::field("prompt", "`prompt` is empty")),
-                _ => {
+                [Value::Number(_), ..] => vec![ids(items)?],
+                _ if items.len() * n > self.max_n => {
                     return Err(ApiError::field(
                         "prompt",
-                        "a list of several prompts is not supported; send one prompt per request",
+                        format!(
+                            "{} prompts of n = {n} choices each are {} sequences; one request runs at most {}",
+                            items.len(),
+                            items.len() * n,
+                            self.max_n
+                        ),
                     ))
                 }
+                _ => items
+                    .iter()
+                    .map(|item| match item {
+                        Value::String(s) => one_text(s),
+                        Value::Array(inner) => ids(inner),
+                        _ => Err(ApiError::field("prompt", format!("`prompt` must be {SHAPES}"))),
+                    })
+                    .collect::<Result<_, _>>()?,
             },
             Some(other) => {
                 return Err(ApiError::field(
@@ -319,7 +344,7 @@ impl Validator<'_> {
                 ))
             }
         };
-        Ok(prompt)
+        Ok(prompts)
     }
 
     /// Everything but the prompt and the output length.

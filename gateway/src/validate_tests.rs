@@ -20,7 +20,15 @@ fn chat(tok: &Tokenizer, d: &SamplingDefaults, body: Value) -> Result<GenerateRe
     Validator { info: &info, tokenizer: Some(tok), defaults: d, max_n: 8 }.chat(body.to_string().as_bytes())
 }
 
+/// A completion of one prompt.
 fn completion(tok: &Tokenizer, body: Value) -> Result<GenerateRequest, ApiError> {
+    completions(tok, body).map(|mut reqs| {
+        assert_eq!(reqs.len(), 1, "one prompt");
+        reqs.remove(0)
+    })
+}
+
+fn completions(tok: &Tokenizer, body: Value) -> Result<Vec<GenerateRequest>, ApiError> {
     let info = info();
     Validator { info: &info, tokenizer: Some(tok), defaults: &SamplingDefaults::default(), max_n: 8 }
         .completion(body.to_string().as_bytes())
@@ -152,10 +160,34 @@ fn completion_prompts_text_ids_and_limits() {
         7,
         "completions read max_tokens"
     );
+    // Several prompts: one request each, alike but for the prompt and its default max_tokens.
+    let many = completions(&tok, json!({"prompt": ["hello", "a b c d"], "n": 2, "temperature": 0.5})).unwrap();
+    assert_eq!(
+        many.iter().map(|r| r.prompt.clone()).collect::<Vec<_>>(),
+        [tok.encode("hello", true).unwrap(), tok.encode("a b c d", true).unwrap()]
+    );
+    assert_eq!(
+        many.iter().map(|r| r.params.max_tokens).collect::<Vec<_>>(),
+        many.iter().map(|r| 100 - r.prompt.len()).collect::<Vec<_>>()
+    );
+    assert!(many.iter().all(|r| r.n == 2 && r.params.temperature == 0.5));
+    let lists = completions(&tok, json!({"prompt": [[5, 6], [7]], "max_tokens": 4})).unwrap();
+    assert_eq!(
+        lists.iter().map(|r| (r.prompt.clone(), r.params.max_tokens)).collect::<Vec<_>>(),
+        [(vec![5, 6], 4), (vec![7], 4)]
+    );
+    let param_of = |body: Value| match completions(&tok, body) {
+        Err(ApiError::InvalidField { param, message }) => (param, message),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(param_of(json!({"prompt": ["a", 5]})).0, "prompt");
+    assert_eq!(param_of(json!({"prompt": [[5], [400]]})).0, "prompt", "each prompt's ids are checked");
+    let (p, m) = param_of(json!({"prompt": ["a", "b", "c"], "n": 3}));
+    assert!(p == "prompt" && m.contains("9 sequences") && m.contains("at most 8"), "{m}");
+    assert!(matches!(completions(&tok, json!({"prompt": [[1], vec![1; 100]]})), Err(ApiError::ContextLength { .. })));
     for bad in [
         json!({}),
         json!({"prompt": []}),
-        json!({"prompt": ["a", "b"]}),
         json!({"prompt": [1, 400]}),
         json!({"prompt": 5}),
         json!({"prompt": "x", "echo": true}),
@@ -187,5 +219,5 @@ fn without_a_tokenizer_text_is_refused_and_token_ids_pass() {
     assert!(no_tok(v.tokenize(messages.as_bytes()).map(|_| ())));
     assert!(no_tok(v.completion(json!({"prompt": "hi"}).to_string().as_bytes()).map(|_| ())));
     let ids = v.completion(json!({"prompt": [5, 9, 13], "max_tokens": 2}).to_string().as_bytes()).unwrap();
-    assert_eq!(ids.prompt, vec![5, 9, 13]);
+    assert_eq!(ids[0].prompt, vec![5, 9, 13]);
 }

@@ -283,3 +283,53 @@ async fn logit_bias_and_penalties_over_http() {
         assert_eq!((status, v["error"]["param"].as_str()), (400, Some(key)), "{v}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_prompts_in_one_completion_request() {
+    let s = TestServer::golden(16).await;
+    let prompts = ["abc", "hello world", "x"];
+    let one = |p: &str| json!({"prompt": p, "max_tokens": 5, "temperature": 0, "ignore_eos": true});
+    let mut alone = Vec::new();
+    let mut prompt_tokens = 0;
+    for p in prompts {
+        let (_, v) = s.json("/v1/completions", &one(p)).await;
+        alone.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+        prompt_tokens += v["usage"]["prompt_tokens"].as_u64().unwrap();
+    }
+    // As vLLM: prompt p's choice j is choice p n + j; usage sums over the prompts.
+    let body = json!({"prompt": prompts, "max_tokens": 5, "temperature": 0, "ignore_eos": true, "n": 2});
+    let (status, v) = s.json("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 6);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["text"], alone[i / 2].as_str(), "choice {i}");
+        assert_eq!(c["finish_reason"], "length");
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(v["usage"]["completion_tokens"], 30);
+    // Streamed: the same texts, gathered by index.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = s.stream("/v1/completions", &streamed).await;
+    let mut texts = vec![String::new(); 6];
+    let mut usage = None;
+    for e in events.iter().filter_map(|e| if let Event::Json(v) = e { Some(v) } else { None }) {
+        for c in e["choices"].as_array().unwrap() {
+            texts[c["index"].as_u64().unwrap() as usize] += c["text"].as_str().unwrap();
+        }
+        if !e["usage"].is_null() {
+            usage = Some(e["usage"].clone());
+        }
+    }
+    assert_eq!(texts, (0..6).map(|i| alone[i / 2].clone()).collect::<Vec<_>>());
+    assert_eq!(usage.unwrap()["prompt_tokens"], prompt_tokens);
+    // Token-id lists too; one prompt past the context refuses the whole request.
+    let (status, v) = s.json("/v1/completions", &json!({"prompt": [[5, 6], [7]], "max_tokens": 2})).await;
+    assert_eq!((status, v["choices"].as_array().map(Vec::len)), (200, Some(2)), "{v}");
+    let (status, v) = s.json("/v1/completions", &json!({"prompt": [[5], vec![5; 5000]], "max_tokens": 2})).await;
+    assert_eq!((status, v["error"]["param"].as_str()), (400, Some("prompt")), "{v}");
+    assert_eq!(s.wait_idle().blocks_in_use(), 0);
+}

@@ -197,6 +197,18 @@ def check_sampling_controls(client, model, url):
     print(f"sampling controls: logit_bias forced '777'; penalties accepted ({r.usage.completion_tokens} tokens)")
 
 
+def check_prompt_lists(client, model):
+    """Several prompts in one completions request (lm-eval-harness sends batches so): choice
+    p n + j is prompt p's choice j, each as that prompt alone gives it."""
+    prompts = ["12 + 30 =", "7 + 8 ="]
+    alone = [client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0).choices[0].text
+             for p in prompts]
+    r = client.completions.create(model=model, prompt=prompts, max_tokens=6, temperature=0, n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3], r
+    assert [c.text for c in r.choices] == [alone[0], alone[0], alone[1], alone[1]], (r, alone)
+    print(f"prompt lists: {len(r.choices)} choices for {len(prompts)} prompts, {r.usage.prompt_tokens} prompt tokens")
+
+
 def auth_headers():
     """What vllm bench serve sends when OPENAI_API_KEY is set (here: the server's key, if any)."""
     key = os.environ.get("CLEAVE_API_KEY")
@@ -271,6 +283,7 @@ def main():
         client = OpenAI(base_url=url + "/v1", api_key=os.environ.get("CLEAVE_API_KEY", "none"))
         check_tools(client, client.models.list().data[0].id)
         check_sampling_controls(client, client.models.list().data[0].id, url)
+        check_prompt_lists(client, client.models.list().data[0].id)
     finally:
         if proc:
             proc.terminate()
