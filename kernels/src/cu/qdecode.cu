@@ -536,8 +536,6 @@ extern "C" __global__ void __launch_bounds__(128) qgp64_awq_64_64_4_silu(QGP_ARG
 #endif
 extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_f32(QGP_ARGS) { QGW(8, 64, 4, 0); }
 extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_4_silu(QGP_ARGS) { QGW(8, 64, 4, 1); }
-extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_6_f32(QGP_ARGS) { QGW(8, 64, 6, 0); }
-extern "C" __global__ void __launch_bounds__(128) qgw64_awq_64_64_6_silu(QGP_ARGS) { QGW(8, 64, 6, 1); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 0>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp64_fp8_64_128_4_silu(QGP_ARGS) { qg_persistent<1, 4, 64, 128, 4, 1>(QGP_PASS); }
 extern "C" __global__ void __launch_bounds__(128) qgp_fp8_64_128_4_f32(QGP_ARGS) { qg_persistent<1, 1, 64, 128, 4, 0>(QGP_PASS); }

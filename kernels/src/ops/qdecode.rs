@@ -44,9 +44,8 @@ pub enum QMma {
 type Compiled = (QFormat, usize, usize, usize, usize, QMma, &'static str, &'static str);
 
 /// Every compiled shape.
-const QGP_KERNELS: [Compiled; 20] = [
+const QGP_KERNELS: [Compiled; 19] = [
     (QFormat::AwqInt4, 64, 64, 64, 4, Wgmma, "qgw64_awq_64_64_4_f32", "qgw64_awq_64_64_4_silu"),
-    (QFormat::AwqInt4, 64, 64, 64, 6, Wgmma, "qgw64_awq_64_64_6_f32", "qgw64_awq_64_64_6_silu"),
     (QFormat::AwqInt4, 8, 256, 64, 4, TokensN, "qgp8_awq_256_64_4_f32", "qgp8_awq_256_64_4_silu"),
     (QFormat::AwqInt4, 8, 128, 64, 6, TokensN, "qgp8_awq_128_64_6_f32", "qgp8_awq_128_64_6_silu"),
     (QFormat::AwqInt4, 16, 64, 64, 8, TokensA, "qgp_awq_64_64_8_f32", "qgp_awq_64_64_8_silu"),
