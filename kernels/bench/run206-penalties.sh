@@ -4,6 +4,7 @@
 # on the host from downloaded logits: `cleave generate` at float32 with both penalties, CUDA
 # against the CPU reference, token ids and logprobs. `timeout 300 bash
 # kernels/bench/run206-penalties.sh` with HEAD's build as .carry/cleave.gz.
+# Not run yet: session 39's calls for it got no machine (H100 and H200, five tries).
 source kernels/bench/lib.sh
 S=$(date +%s); R=${1:-206}
 nvidia-smi --query-gpu=name --format=csv,noheader
