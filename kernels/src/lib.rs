@@ -45,7 +45,7 @@ pub(crate) fn smem_limit(optin: usize, name: &str) -> usize {
         optin.min(DYN_SMEM_MAX)
     }
 }
-/// Kernel modules: name, source files (after [`COMMON`], in this order), functions.
+/// Kernel modules: name, source files (after `common.cuh`, in this order), functions.
 pub const MODULES: &[(&str, &[CuFile], &[&str])] = &[
     (
         "elementwise",

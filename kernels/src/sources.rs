@@ -63,7 +63,7 @@ impl Replacements {
         self.dir.as_deref()
     }
 
-    /// The source of a module made of `files`: [`COMMON`], a newline, then the files in order.
+    /// The source of a module made of `files`: `common.cuh`, a newline, then the files in order.
     pub fn module(&self, files: &[CuFile]) -> ModuleSource {
         let mut replaced = Vec::new();
         let mut pick = |(name, text): CuFile| match self.files.get(name) {
@@ -82,7 +82,7 @@ impl Replacements {
     }
 }
 
-/// Every embedded file name, [`COMMON`] first.
+/// Every embedded file name, `common.cuh` first.
 fn known_files() -> Vec<&'static str> {
     let mut names = vec![COMMON.0];
     for (_, files, _) in MODULES {
