@@ -68,17 +68,35 @@ impl SamplingParams {
 
     /// Whether picking a token needs the sequence's tokens so far (a penalty is set).
     pub fn needs_history(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.counts_output()
+    }
+
+    /// Whether the presence or frequency penalty is set (they read [`OutputCounts`]).
+    pub fn counts_output(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }
 
-/// A sequence's tokens so far, for the penalties: the repetition penalty counts the prompt and
-/// the output, the presence and frequency penalties the output alone (as vLLM).
+/// How many times a sequence's output holds each token.
+pub type OutputCounts = std::collections::HashMap<u32, u32>;
+
+/// `tokens` counted.
+pub fn count_output(tokens: &[u32]) -> OutputCounts {
+    let mut counts = OutputCounts::new();
+    for &t in tokens {
+        *counts.entry(t).or_default() += 1;
+    }
+    counts
+}
+
+/// A sequence's tokens so far, for the penalties, as vLLM reads them: the repetition penalty
+/// the prompt and the output (`tokens`), the presence and frequency penalties the output alone
+/// (`output_counts`, which the engine keeps as tokens arrive, so a pick makes no pass over the
+/// output).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct History<'a> {
     pub tokens: &'a [u32],
-    /// How many of `tokens` are the prompt.
-    pub prompt_len: usize,
+    pub output_counts: Option<&'a OutputCounts>,
 }
 
 /// A sampled token.
@@ -227,12 +245,8 @@ fn penalize(l: &mut [f32], p: &SamplingParams, history: History<'_>) {
             }
         }
     }
-    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-        let mut counts = std::collections::HashMap::<u32, u32>::new();
-        for &t in &history.tokens[history.prompt_len.min(history.tokens.len())..] {
-            *counts.entry(t).or_default() += 1;
-        }
-        for (t, n) in counts {
+    if p.counts_output() {
+        for (&t, &n) in history.output_counts.into_iter().flatten() {
             if let Some(x) = l.get_mut(t as usize) {
                 *x -= p.presence_penalty + p.frequency_penalty * n as f32;
             }
@@ -374,7 +388,7 @@ mod tests {
         let l = [1.0, 3.0, 2.0];
         let mut p = params(0.0);
         p.repetition_penalty = 2.0;
-        let s = sample(&l, &p, &mut Rng::new(0), History { tokens: &[1], prompt_len: 1 }, &[], None);
+        let s = sample(&l, &p, &mut Rng::new(0), History { tokens: &[1], output_counts: None }, &[], None);
         // The penalty halves token 1's logit to 1.5, so token 2 wins; the logprob is the raw one.
         assert_eq!(s.token, 2);
         assert!((s.logprob - log_softmax(&l)[2]).abs() < 1e-6);
@@ -449,7 +463,8 @@ mod tests {
         // Tokens 0 and 1 start level at 2.0; the prompt holds token 0 three times, the output
         // token 1 twice and token 2 once.
         let l = [2.0, 2.0, 1.5, 0.0];
-        let h = History { tokens: &[0, 0, 0, 1, 2, 1], prompt_len: 3 };
+        let counts = count_output(&[1, 2, 1]);
+        let h = History { tokens: &[0, 0, 0, 1, 2, 1], output_counts: Some(&counts) };
         let greedy = |presence, frequency| {
             let p = SamplingParams { presence_penalty: presence, frequency_penalty: frequency, ..params(0.0) };
             sample(&l, &p, &mut Rng::new(0), h, &[], None)
@@ -464,7 +479,7 @@ mod tests {
         assert!((s.logprob - log_softmax(&l)[1]).abs() < 1e-6, "the logprob stays the model's");
         // The output alone: with every token in the prompt, nothing changes.
         let p = SamplingParams { presence_penalty: 2.0, frequency_penalty: 2.0, ..params(0.0) };
-        let all_prompt = History { tokens: &[0, 1], prompt_len: 2 };
+        let all_prompt = History { tokens: &[0, 1], output_counts: Some(&OutputCounts::new()) };
         assert_eq!(sample(&[1.0, 3.0], &p, &mut Rng::new(0), all_prompt, &[], None).token, 1);
         assert!(p.needs_history() && !SampleRow::fits(&p, false));
     }
@@ -481,7 +496,7 @@ mod tests {
         assert!((0..100).all(|_| sample(&l, &p, &mut rng, History::default(), &[], None).token != 0));
         // The repetition penalty divides the biased logit: (1 + 3) / 2 = 2 < 3 - 0.5.
         let p = SamplingParams { logit_bias: vec![(1, 3.0), (0, -0.5)], repetition_penalty: 2.0, ..params(0.0) };
-        assert_eq!(sample(&l, &p, &mut Rng::new(0), History { tokens: &[1], prompt_len: 1 }, &[], None).token, 0);
+        assert_eq!(sample(&l, &p, &mut Rng::new(0), History { tokens: &[1], output_counts: None }, &[], None).token, 0);
         assert!(!SampleRow::fits(&p, false));
     }
 

@@ -16,7 +16,7 @@ use crate::model::{LoadOptions, Model};
 use crate::parallel::{InProcGroup, ParallelConfig};
 use crate::request_check::RequestLimits;
 use crate::runner::{CacheSize, ModelRunner};
-use crate::sampler::{skip_samples, Rng, SamplingParams};
+use crate::sampler::{count_output, skip_samples, OutputCounts, Rng, SamplingParams};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqId, Sequence};
 use crate::stop::StopMatcher;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
@@ -108,6 +108,8 @@ struct ReqState {
     guide: Option<crate::structured::Guide>,
     rng: Rng,
     generated: usize,
+    /// The output counted, for the presence and frequency penalties (empty without them).
+    output_counts: OutputCounts,
     detok: Option<IncrementalDecoder>,
     stop: StopMatcher,
     prefill_only: bool,
@@ -420,6 +422,7 @@ impl<B: Backend> Engine<B> {
             guide,
             params: r.params.clone(),
             generated: emitted.len(),
+            output_counts: if r.params.counts_output() { count_output(emitted) } else { OutputCounts::new() },
             detok,
             stop,
             prefill_only: r.prefill_only,

@@ -126,11 +126,9 @@ impl<B: Backend> Engine<B> {
                 let &(j, banned) = rows.get(id)?;
                 let seq = sched.get(*id).expect("scheduled sequence exists");
                 let p = &st.params;
-                // The output is the last `generated` tokens (a resumed request's emitted tokens
-                // are prefilled here with its prompt, but stay output).
-                let history = match p.needs_history() {
-                    true => History { tokens: &seq.tokens, prompt_len: seq.tokens.len() - st.generated },
-                    false => History::default(),
+                let history = History {
+                    tokens: if p.repetition_penalty != 1.0 { &seq.tokens } else { &[] },
+                    output_counts: p.counts_output().then_some(&st.output_counts),
                 };
                 let allowed = masks.get(id).and_then(|m| m.as_ref().ok()).map(Vec::as_slice);
                 Some((*id, sample(&o.host[j * vocab..(j + 1) * vocab], p, &mut st.rng, history, banned, allowed)))
@@ -203,6 +201,9 @@ impl<B: Backend> Engine<B> {
         let total_len = seq.tokens.len() + 1;
         let cached_tokens = seq.cached_tokens;
         st.generated += 1;
+        if p.counts_output() {
+            *st.output_counts.entry(s.token).or_default() += 1;
+        }
         let mut finish = None;
         if (!p.ignore_eos && self.eos.contains(&s.token)) || p.stop_token_ids.contains(&s.token) {
             finish = Some(FinishReason::Stop);
